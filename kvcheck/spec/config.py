@@ -1,0 +1,262 @@
+"""The configuration vocabulary shared by every part of kvcheck.
+
+Owns: the layer mix, the cache-group structure derived from it, pool capacities, tiers,
+admission caps and the small-model bounds. Frozen dataclasses; `Config.from_dict` is the one
+place that turns untrusted JSON into a config and says clearly what is wrong with it.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+LAYER_KINDS = ("full", "swa", "hca", "csa")
+
+# The five cache objects (brief §2). Full-attention KV pages are swa_window pages with an
+# infinite window: "raw KV for positions [max(0, L-W+1), L)" with W = inf is all of [0, L).
+OBJECT_KINDS = ("compressed_kv", "tail", "swa_window", "indexer", "on_disk")
+DEVICE_KINDS = ("compressed_kv", "tail", "swa_window", "indexer")
+
+# Which device object kinds a group of each layer kind keeps.
+GROUP_OBJECTS: dict[str, tuple[str, ...]] = {
+    "full": ("swa_window",),
+    "swa": ("swa_window",),
+    "hca": ("compressed_kv", "tail", "swa_window"),   # swa_window = the raw SWA branch
+    "csa": ("compressed_kv", "tail", "swa_window", "indexer"),
+}
+
+
+class ConfigError(ValueError):
+    """Bad or impossible configuration: reported as one line, exit code 2."""
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One attention layer. `window` for swa and the SWA branch of hca/csa; `m` the
+    compression block (tokens per compressed entry); `topk` the indexer's selection size."""
+
+    kind: str
+    window: int | None = None
+    m: int | None = None
+    topk: int | None = None
+
+    def key(self) -> tuple:
+        return (self.kind, self.window, self.m, self.topk)
+
+
+@dataclass(frozen=True)
+class Group:
+    """A cache group: the layers that share one spec (vLLM's KVCacheGroupSpec). Layers with the
+    same kind and parameters share pages, so the spec tracks objects per group, not per layer."""
+
+    index: int
+    kind: str
+    window: int | None          # None = infinite (full attention)
+    m: int | None
+    topk: int | None
+    layers: tuple[int, ...]
+    page_tokens: int
+
+    @property
+    def objects(self) -> tuple[str, ...]:
+        return GROUP_OBJECTS[self.kind]
+
+    @property
+    def name(self) -> str:
+        return f"g{self.index}:{self.kind}"
+
+
+DEFAULT_LAYERS = (
+    LayerSpec("swa", window=6),
+    LayerSpec("csa", window=6, m=8, topk=2),
+    LayerSpec("hca", window=6, m=16),
+    LayerSpec("csa", window=6, m=8, topk=2),
+    LayerSpec("full"),
+)
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything the spec, the reference engine and the checkers agree on.
+
+    Sizes are in tokens unless named `*_blocks`. `blocks` and `requests` bound the abstract
+    model (the shared prefix has `blocks` logical blocks; `requests` request slots)."""
+
+    layers: tuple[LayerSpec, ...] = DEFAULT_LAYERS
+    block_size: int = 4
+    # Tokens per physical page, per layer kind. The hit is aligned to the LCM of these
+    # (funnel layer 1); the hash block is `block_size`, which must divide every page size.
+    page_tokens: dict[str, int] = field(default_factory=dict)
+    # Pool capacities in objects (pages/entries) per device object kind.
+    capacity: dict[str, int] = field(default_factory=lambda: {
+        "compressed_kv": 4, "tail": 4, "swa_window": 10, "indexer": 3})
+    reserve: int = 1            # pages per pool kept back from restores for new requests
+    tiers: tuple[str, ...] = ("device", "host", "disk")
+    max_inflight: int = 2       # admission cap on transfers in flight (offload + prefetch)
+    max_active: int = 2         # admission cap on requests holding leases
+    blocks: int = 4             # bound: logical blocks of the shared prefix
+    requests: int = 2           # bound: request slots
+    max_version: int = 1        # bound: how many times each version may be bumped
+    seed: int = 0
+
+    # ---- derived structure -------------------------------------------------------------
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @property
+    def groups(self) -> tuple[Group, ...]:
+        seen: dict[tuple, list[int]] = {}
+        for i, layer in enumerate(self.layers):
+            seen.setdefault(layer.key(), []).append(i)
+        out = []
+        for gi, (key, idxs) in enumerate(seen.items()):
+            kind, window, m, topk = key
+            out.append(Group(gi, kind, None if kind == "full" else window, m, topk,
+                             tuple(idxs), self.page_tokens.get(kind, self.block_size)))
+        return tuple(out)
+
+    @property
+    def align_blocks(self) -> int:
+        """Funnel layer 1: a hit must be a whole number of LCM pages across all groups."""
+        lcm = 1
+        for g in self.groups:
+            lcm = lcm * g.page_tokens // math.gcd(lcm, g.page_tokens)
+        return lcm // self.block_size
+
+    @property
+    def offload_enabled(self) -> bool:
+        return "host" in self.tiers or "disk" in self.tiers
+
+    def window_lo_block(self, window: int | None, k: int) -> int:
+        """First logical block whose raw KV a query at position L = k*B may read."""
+        if window is None:
+            return 0
+        lo_tok = max(0, k * self.block_size - window + 1)
+        return lo_tok // self.block_size
+
+    def has_compressed(self, g: Group, j: int) -> bool:
+        """Does block j complete at least one compressed entry of group g?"""
+        b = self.block_size
+        return ((j + 1) * b) // g.m > (j * b) // g.m
+
+    def needs_tail(self, g: Group, j: int) -> bool:
+        """Does the boundary after block j fall inside a compression block (so a tail
+        snapshot of tokens [m*(L//m), L) is needed to resume there)?"""
+        return ((j + 1) * self.block_size) % g.m != 0
+
+    def tail_start_block(self, g: Group, k: int) -> int:
+        """Block whose start is the tail's start at boundary k (the junction with the last entry)."""
+        return (g.m * ((k * self.block_size) // g.m)) // self.block_size
+
+    # ---- validation --------------------------------------------------------------------
+    def validate(self) -> None:
+        if not self.layers:
+            raise ConfigError("config: 'layers' must list at least one layer")
+        if self.block_size < 1:
+            raise ConfigError(f"config: block_size must be >= 1, got {self.block_size}")
+        for i, layer in enumerate(self.layers):
+            where = f"config: layers[{i}] ({layer.kind})"
+            if layer.kind not in LAYER_KINDS:
+                raise ConfigError(f"{where}: unknown layer kind; expected one of {', '.join(LAYER_KINDS)}")
+            if layer.kind in ("swa", "hca", "csa"):
+                if layer.window is None or layer.window < 1:
+                    raise ConfigError(f"{where}: window must be >= 1, got {layer.window}")
+            if layer.kind in ("hca", "csa"):
+                if layer.m is None or layer.m < 1:
+                    raise ConfigError(f"{where}: compression block m must be >= 1, got {layer.m}")
+                if layer.m % self.block_size and self.block_size % layer.m:
+                    raise ConfigError(
+                        f"{where}: compression block m={layer.m} and block_size={self.block_size} "
+                        "must nest (one divides the other) so entries map onto logical blocks")
+            if layer.kind == "csa" and (layer.topk is None or layer.topk < 1):
+                raise ConfigError(f"{where}: indexer topk must be >= 1, got {layer.topk}")
+        for kind, pt in self.page_tokens.items():
+            if kind not in LAYER_KINDS:
+                raise ConfigError(f"config: page_tokens: unknown layer kind {kind!r}")
+            if pt < 1 or pt % self.block_size:
+                raise ConfigError(f"config: page_tokens[{kind}]={pt} must be a positive multiple "
+                                  f"of block_size={self.block_size}")
+        for kind, cap in self.capacity.items():
+            if kind not in DEVICE_KINDS:
+                raise ConfigError(f"config: capacity: unknown object kind {kind!r}; "
+                                  f"expected one of {', '.join(DEVICE_KINDS)}")
+            if not isinstance(cap, int) or cap < 0:
+                raise ConfigError(f"config: capacity[{kind}] must be a non-negative integer, got {cap!r}")
+        for name in ("reserve", "max_inflight", "max_active", "max_version"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 0:
+                raise ConfigError(f"config: {name} must be a non-negative integer, got {v!r}")
+        for name in ("blocks", "requests"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or not 1 <= v <= 64:
+                raise ConfigError(f"config: {name} must be an integer in 1..64, got {v!r}")
+        for t in self.tiers:
+            if t not in ("device", "host", "disk"):
+                raise ConfigError(f"config: unknown tier {t!r}; expected device, host, disk")
+        if "device" not in self.tiers:
+            raise ConfigError("config: tiers must include 'device'")
+
+    def cap(self, kind: str) -> int:
+        """Capacity of a device pool; unlisted kinds are unbounded (every object fits)."""
+        return self.capacity.get(kind, 1 << 30)
+
+    # ---- (de)serialisation -------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["layers"] = [{k: v for k, v in asdict(l).items() if v is not None} for l in self.layers]
+        d["tiers"] = list(self.tiers)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "Config":
+        if not isinstance(data, dict):
+            raise ConfigError("config: expected a JSON object at the top level")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"config: unknown key(s) {', '.join(map(repr, unknown))}; "
+                              f"known keys: {', '.join(sorted(known))}")
+        kw = dict(data)
+        if "layers" in kw:
+            layers = []
+            if not isinstance(kw["layers"], list):
+                raise ConfigError("config: 'layers' must be a list")
+            for i, l in enumerate(kw["layers"]):
+                if isinstance(l, str):
+                    l = {"kind": l}
+                if not isinstance(l, dict):
+                    raise ConfigError(f"config: layers[{i}] must be an object or a kind name")
+                bad = sorted(set(l) - {"kind", "window", "m", "topk"})
+                if bad:
+                    raise ConfigError(f"config: layers[{i}]: unknown key(s) {', '.join(map(repr, bad))}")
+                if "kind" not in l:
+                    raise ConfigError(f"config: layers[{i}]: missing 'kind'")
+                layers.append(LayerSpec(**l))
+            kw["layers"] = tuple(layers)
+        if "tiers" in kw:
+            kw["tiers"] = tuple(kw["tiers"])
+        for name in ("page_tokens", "capacity"):
+            if name in kw and not isinstance(kw[name], dict):
+                raise ConfigError(f"config: {name!r} must be an object")
+        try:
+            return cls(**kw)
+        except TypeError as e:  # pragma: no cover - wrong value types
+            raise ConfigError(f"config: {e}") from None
+
+    @classmethod
+    def load(cls, path: str | Path | None) -> "Config":
+        """Read a JSON config file; None gives the embedded default."""
+        if path is None:
+            return cls()
+        p = Path(path)
+        try:
+            text = p.read_text()
+        except OSError as e:
+            raise ConfigError(f"config: cannot read {p}: {e.strerror or e}") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"config: {p} is not valid JSON: {e.msg} at line {e.lineno}") from None
+        return cls.from_dict(data)
