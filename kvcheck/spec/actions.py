@@ -1,0 +1,511 @@
+"""The action table: every way the cache state may change, as (parameters, guard, effect).
+
+Owns Next. Each action is a function of a `Ctx` (the pre-state view, the logic, the config,
+the planted fault) and its parameters; it returns the guard and records the effect as writes
+to state slots, computed from the pre-state only (TLA+'s primed variables). The same function
+runs concretely, compiles to Python, and becomes a z3 transition relation.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from .config import DEVICE_KINDS, Config
+from .funnel import Decision
+from .logic import Expr, Logic
+from .objects import (D_DURABLE, D_LOADING, D_NONE, D_OFFLOADING, D_QUARANTINED,
+                      D_UNVERIFIED, EVICTED, POOL, PREFETCH, R_BOUND, R_DECIDED, R_IDLE,
+                      R_PREEMPTED, R_RUNNING, R_WAITING, READY, WRITING, live)
+from .state import Layout, ObjSlot, View
+
+
+class Ctx:
+    """What an action body sees: the pre-state and helpers for the lease/pin semantics."""
+
+    def __init__(self, v: View, L: Logic, lay: Layout, fault: str | None) -> None:
+        self.v, self.L, self.lay, self.cfg, self.fault = v, L, lay, lay.cfg, fault
+        self.writes: dict[int, Any] = {}
+        self._ref_delta: dict[int, list[Any]] = {}
+
+    # ---- writes ---------------------------------------------------------------------
+    def set(self, key: tuple, value: Any) -> None:
+        self.writes[self.lay.index[key]] = value
+
+    def set_obj(self, o: ObjSlot, f: str, value: Any) -> None:
+        self.set(("o", o.group, o.kind, o.block, f), value)
+
+    def add_ref(self, o: ObjSlot, delta: Any) -> None:
+        if isinstance(delta, int) and delta == 0:
+            return
+        self._ref_delta.setdefault(self.lay.o(o.group, o.kind, o.block, "ref"), []).append(delta)
+
+    def finish(self) -> dict[int, Any]:
+        for idx, deltas in self._ref_delta.items():
+            val = self.v.vec[idx]
+            for d in deltas:
+                val = val + d
+            self.writes[idx] = val
+        return self.writes
+
+    # ---- lease semantics ------------------------------------------------------------
+    def ob(self, o: ObjSlot) -> Any:
+        return self.v.obj(o.group, o.kind, o.block)
+
+    def held(self, o: ObjSlot, win: Any, pos: Any) -> Any:
+        """Does a holder resumed at `pos` with SWA pins from `win` hold object o?
+        compressed/indexer: every block before pos; tail: only the snapshot at pos;
+        swa_window: pages in [win, pos) (full attention: all of [0, pos))."""
+        L, j = self.L, o.block
+        if o.kind in ("compressed_kv", "indexer"):
+            return j < pos
+        if o.kind == "tail":
+            return pos == j + 1
+        if self.cfg.groups[o.group].window is None:
+            return j < pos
+        return L.And(win <= j, j < pos)
+
+    def active(self, r: int) -> Any:
+        st = self.v.req(r).rst
+        return self.L.Or(st == R_BOUND, st == R_RUNNING)
+
+    def holds(self, r: int, o: ObjSlot) -> Any:
+        q = self.v.req(r)
+        return self.L.And(self.active(r), self.held(o, q.rwin, q.rpos))
+
+    def gpin(self, o: ObjSlot) -> Any:
+        return self.L.And(self.v.graph == 1, self.held(o, self.v.gwin, self.v.gpos))
+
+    def retain_lo(self, kexpr: Any) -> Any:
+        """First block of the SWA pages a request resumed at k keeps (widest finite window)."""
+        wins = [g.window for g in self.cfg.groups if g.window is not None]
+        table = [min((self.cfg.window_lo_block(w, k) for w in wins), default=k)
+                 for k in range(self.cfg.blocks + 1)]
+        return self.L.Table(kexpr, table)
+
+    def lease_current(self, r: int) -> Any:
+        q, v = self.v.req(r), self.v
+        return self.L.And(q.rver == v.cur_ver, q.rix == v.cur_ix, q.rabi == v.cur_abi)
+
+    def occupancy(self, kind: str) -> Any:
+        return self.L.Count(live(self.ob(o).st, self.L) for o in self.lay.objects if o.kind == kind)
+
+    def n_active(self) -> Any:
+        return self.L.Count(self.active(r) for r in range(self.cfg.requests))
+
+    def current(self, o: ObjSlot) -> Any:
+        """Written by the current versions (content and layout)."""
+        ob, v = self.ob(o), self.v
+        cur = v.cur_ix if o.kind == "indexer" else v.cur_ver
+        return self.L.And(ob.ver == cur, ob.abi == v.cur_abi)
+
+    def block_objects(self, j: int) -> list[ObjSlot]:
+        return [o for o in self.lay.objects if o.block == j]
+
+    def release(self, r: int) -> None:
+        """Drop every pin request r holds (finish, preempt, stale lease)."""
+        q = self.v.req(r)
+        for o in self.lay.objects:
+            if self.held(o, q.rwin, q.rpos) is False:
+                continue
+            self.add_ref(o, self.L.If(self.holds(r, o), -1, 0))
+
+    def pin(self, win: Any, pos: Any) -> None:
+        for o in self.lay.objects:
+            h = self.held(o, win, pos)
+            if isinstance(h, bool) and not h:
+                continue
+            self.add_ref(o, self.L.If(h, 1, 0))
+
+    def preempt_running(self) -> None:
+        """A version change drains running requests: they lose their pins and must re-look-up."""
+        L = self.L
+        for r in range(self.cfg.requests):
+            q = self.v.req(r)
+            running = q.rst == R_RUNNING
+            self.set(("r", r, "rst"), L.If(running, R_PREEMPTED, q.rst))
+            for o in self.lay.objects:
+                h = self.held(o, q.rwin, q.rpos)
+                if isinstance(h, bool) and not h:
+                    continue
+                self.add_ref(o, L.If(L.And(running, h), -1, 0))
+
+
+@dataclass(frozen=True)
+class Action:
+    name: str
+    doc: str
+    params: Callable[[Layout], list[dict[str, Any]]]
+    body: Callable[..., Any]
+
+
+ACTIONS: dict[str, Action] = {}
+
+
+def action(params: Callable[[Layout], Iterable[dict[str, Any]]] | None = None):
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        name = fn.__name__.rstrip("_")
+        ps = (lambda lay: list(params(lay))) if params else (lambda lay: [{}])
+        ACTIONS[name] = Action(name, (fn.__doc__ or "").strip().split("\n")[0], ps, fn)
+        return fn
+    return deco
+
+
+def per_request(lay: Layout) -> Iterable[dict[str, Any]]:
+    return ({"r": r} for r in range(lay.cfg.requests))
+
+
+def per_block(lay: Layout) -> Iterable[dict[str, Any]]:
+    return ({"j": j} for j in range(lay.cfg.blocks))
+
+
+def per_object(lay: Layout) -> Iterable[dict[str, Any]]:
+    return ({"g": o.group, "kind": o.kind, "j": o.block} for o in lay.objects)
+
+
+def per_object_kind(kinds: tuple[str, ...]):
+    return lambda lay: ({"g": o.group, "kind": o.kind, "j": o.block}
+                        for o in lay.objects if o.kind in kinds)
+
+
+# ---- requests ---------------------------------------------------------------------------
+
+@action(lambda lay: ({"r": r, "n": n} for r in range(lay.cfg.requests)
+                     for n in range(1, lay.cfg.blocks + 1)))
+def submit(c: Ctx, r: int, n: int) -> Any:
+    """A request arrives whose prompt covers n blocks of the shared prefix (then its own suffix)."""
+    q = c.v.req(r)
+    for f, val in (("rst", R_WAITING), ("rlen", n), ("rk", 0), ("rpos", 0), ("rwin", 0),
+                   ("rdec", 0), ("rver", 0), ("rix", 0), ("rabi", 0)):
+        c.set(("r", r, f), val)
+    return q.rst == R_IDLE
+
+
+@action(per_request)
+def lookup(c: Ctx, r: int) -> Any:
+    """Check: the funnel decides REUSE(k)/PARTIAL(k)/PREFETCH/RECOMPUTE; leases record versions."""
+    L, v, q = c.L, c.v, c.v.req(r)
+    d = Decision(v, L, c.cfg, r, c.fault)
+    pf = d.kind == PREFETCH
+    c.set(("r", r, "rst"), L.If(pf, R_WAITING, R_DECIDED))
+    c.set(("r", r, "rdec"), d.kind)
+    c.set(("r", r, "rk"), L.If(pf, 0, d.k))
+    c.set(("r", r, "rver"), v.cur_ver)
+    c.set(("r", r, "rix"), v.cur_ix)
+    c.set(("r", r, "rabi"), v.cur_abi)
+    return q.rst == R_WAITING
+
+
+def _bind_valid(c: Ctx, r: int) -> Any:
+    d = Decision(c.v, c.L, c.cfg, r, c.fault)
+    return c.L.And(c.lease_current(r), d.ok_at(c.L, c.v.req(r).rk))
+
+
+@action(per_request)
+def bind(c: Ctx, r: int) -> Any:
+    """Bind: atomically re-check the decision under the same versions and pin its objects."""
+    L, q = c.L, c.v.req(r)
+    lo = L.let(c.retain_lo(q.rk))
+    c.set(("r", r, "rst"), R_BOUND)
+    c.set(("r", r, "rpos"), q.rk)
+    c.set(("r", r, "rwin"), lo)
+    c.pin(lo, q.rk)
+    return L.And(q.rst == R_DECIDED, c.n_active() < c.cfg.max_active, _bind_valid(c, r))
+
+
+@action(per_request)
+def bind_stale(c: Ctx, r: int) -> Any:
+    """The state changed between check and bind: the decision is dropped, look up again."""
+    q = c.v.req(r)
+    c.set(("r", r, "rst"), R_WAITING)
+    return c.L.And(q.rst == R_DECIDED, c.L.Not(_bind_valid(c, r)))
+
+
+@action(per_request)
+def use(c: Ctx, r: int) -> Any:
+    """Use: re-validate the lease's versions at the moment of reading, then run."""
+    q = c.v.req(r)
+    c.set(("r", r, "rst"), R_RUNNING)
+    if c.fault == "no_revalidation_at_use":
+        return q.rst == R_BOUND
+    return c.L.And(q.rst == R_BOUND, c.lease_current(r))
+
+
+@action(per_request)
+def use_stale(c: Ctx, r: int) -> Any:
+    """Use found a stale lease: unpin and fall back to a fresh lookup (never error out)."""
+    q = c.v.req(r)
+    c.set(("r", r, "rst"), R_WAITING)
+    c.release(r)
+    return c.L.And(q.rst == R_BOUND, c.L.Not(c.lease_current(r)))
+
+
+@action(lambda lay: ({"r": r, "j": j} for r in range(lay.cfg.requests) for j in range(lay.cfg.blocks)))
+def append(c: Ctx, r: int, j: int) -> Any:
+    """Write block j's tokens: raw KV pages and tail now; the compressed entry and the indexer
+    keys start WRITING (compress / indexer_sync finish them). Publishes the block's hash."""
+    L, v, q = c.L, c.v, c.v.req(r)
+    guard = [q.rst == R_RUNNING, q.rpos == j, j < q.rlen]
+    new_live: dict[str, list[Any]] = {}
+    for o in c.block_objects(j):
+        ob = c.ob(o)
+        rewrite = L.let(L.Not(L.And(live(ob.st, L), c.current(o))))
+        guard.append(L.Not(L.And(rewrite, L.Or(ob.ref > 0, c.gpin(o)))))
+        fresh = WRITING if o.kind in ("compressed_kv", "indexer") else READY
+        cur = v.cur_ix if o.kind == "indexer" else v.cur_ver
+        pool = POOL["tail"] if (c.fault == "shared_free_list" and o.kind == "swa_window") else POOL[o.kind]
+        c.set_obj(o, "st", L.If(rewrite, fresh, ob.st))
+        c.set_obj(o, "ver", L.If(rewrite, cur, ob.ver))
+        c.set_obj(o, "abi", L.If(rewrite, v.cur_abi, ob.abi))
+        c.set_obj(o, "aln", L.If(rewrite, 1, ob.aln))
+        c.set_obj(o, "pool", L.If(rewrite, pool, ob.pool))
+        new_live.setdefault(o.kind, []).append(L.Not(live(ob.st, L)))
+    if c.fault != "admission_ignored":
+        for kind, fresh in new_live.items():
+            guard.append(c.occupancy(kind) + L.Count(fresh) <= c.cfg.cap(kind))
+    for o in c.lay.objects:
+        before, after = c.held(o, q.rwin, j), c.held(o, q.rwin, j + 1)
+        if isinstance(before, Expr) and isinstance(after, Expr) and before.src == after.src:
+            continue
+        if not isinstance(before, Expr) and not isinstance(after, Expr) and before == after:
+            continue
+        c.add_ref(o, L.If(after, 1, 0) - L.If(before, 1, 0))
+    c.set(("r", r, "rpos"), j + 1)
+    c.set(("b", j, "hashed"), 1)
+    return L.And(*guard)
+
+
+@action(per_request)
+def slide(c: Ctx, r: int) -> Any:
+    """Window slide: release the SWA pages that fell out of every window the request needs."""
+    L, q = c.L, c.v.req(r)
+    lo = L.let(c.retain_lo(q.rpos))
+    c.set(("r", r, "rwin"), lo)
+    for o in c.lay.objects:
+        if o.kind == "swa_window" and c.cfg.groups[o.group].window is not None:
+            c.add_ref(o, L.If(L.And(q.rwin <= o.block, o.block < lo, o.block < q.rpos), -1, 0))
+    return L.And(q.rst == R_RUNNING, q.rwin < lo)
+
+
+@action(per_request)
+def finish(c: Ctx, r: int) -> Any:
+    """The request completes and releases everything it holds."""
+    L, q = c.L, c.v.req(r)
+    c.set(("r", r, "rst"), R_IDLE)
+    c.release(r)
+    if c.fault == "refcount_double_decrement":
+        for o in c.lay.objects:
+            if o.kind == "tail":
+                c.add_ref(o, L.If(c.held(o, q.rwin, q.rpos), -1, 0))
+    return L.And(q.rst == R_RUNNING, q.rpos == q.rlen)
+
+
+@action(per_request)
+def preempt(c: Ctx, r: int) -> Any:
+    """Preemption: a decided, bound or running request is descheduled and unpins."""
+    L, q = c.L, c.v.req(r)
+    c.set(("r", r, "rst"), R_PREEMPTED)
+    c.release(r)
+    return L.In(q.rst, (R_DECIDED, R_BOUND, R_RUNNING))
+
+
+@action(per_request)
+def resume(c: Ctx, r: int) -> Any:
+    """A preempted request comes back and must look up again."""
+    q = c.v.req(r)
+    c.set(("r", r, "rst"), R_WAITING)
+    return q.rst == R_PREEMPTED
+
+
+# ---- per-object lifecycle -----------------------------------------------------------------
+
+@action(per_object_kind(("compressed_kv",)))
+def compress(c: Ctx, g: int, kind: str, j: int) -> Any:
+    """The compressor finishes an entry from its tail tokens (writing -> ready)."""
+    o = ObjSlot(g, kind, j)
+    c.set_obj(o, "st", READY)
+    return c.ob(o).st == WRITING
+
+
+@action(per_object_kind(("indexer",)))
+def indexer_sync(c: Ctx, g: int, kind: str, j: int) -> Any:
+    """The indexer catches up with the KV of an entry (it may lag; writing -> ready)."""
+    o = ObjSlot(g, kind, j)
+    c.set_obj(o, "st", READY)
+    return c.ob(o).st == WRITING
+
+
+@action(per_object)
+def evict(c: Ctx, g: int, kind: str, j: int) -> Any:
+    """Per-type eviction from the object's own pool: never pinned, graph-captured or being
+    offloaded (the hash stays: the object is a tombstone)."""
+    L, o = c.L, ObjSlot(g, kind, j)
+    ob = c.ob(o)
+    c.set_obj(o, "st", EVICTED)
+    if c.fault == "eviction_ignores_pins":
+        return live(ob.st, L)
+    return L.And(live(ob.st, L), ob.ref == 0, L.Not(c.gpin(o)), c.v.disk(j).dst != D_OFFLOADING)
+
+
+@action(per_object)
+def migrate(c: Ctx, g: int, kind: str, j: int) -> Any:
+    """Compaction moves an unpinned page to another (aligned) address."""
+    L, o = c.L, ObjSlot(g, kind, j)
+    ob = c.ob(o)
+    c.set_obj(o, "gmv", 1)
+    c.set_obj(o, "aln", 1)
+    if c.fault == "graph_pages_migrated":
+        return L.And(ob.st == READY, ob.ref == 0)
+    return L.And(ob.st == READY, ob.ref == 0, L.Not(c.gpin(o)))
+
+
+# ---- tiers ------------------------------------------------------------------------------
+
+@action(per_block)
+def offload_start(c: Ctx, j: int) -> Any:
+    """Write-back of block j's objects to host/disk begins (the header records the versions)."""
+    L, v, d = c.L, c.v, c.v.disk(j)
+    if not c.cfg.offload_enabled:
+        return False
+    c.set(("b", j, "dst"), D_OFFLOADING)
+    c.set(("b", j, "dver"), v.cur_ver)
+    c.set(("b", j, "dix"), v.cur_ix)
+    c.set(("b", j, "dabi"), v.cur_abi)
+    c.set(("b", j, "dbad"), 0)
+    c.set(("g", "inflight"), v.inflight + 1)
+    objs = [L.And(c.ob(o).st == READY, c.current(o)) for o in c.block_objects(j)]
+    return L.And(L.In(d.dst, (D_NONE, D_QUARANTINED)), v.inflight < c.cfg.max_inflight, *objs)
+
+
+@action(per_block)
+def offload_ack(c: Ctx, j: int) -> Any:
+    """The write is durable (fsync + rename acknowledged)."""
+    v = c.v
+    c.set(("b", j, "dst"), D_DURABLE)
+    c.set(("g", "inflight"), v.inflight - 1)
+    return v.disk(j).dst == D_OFFLOADING
+
+
+def _restore_fits(c: Ctx, j: int, reserve: int) -> list[Any]:
+    L, out = c.L, []
+    missing: dict[str, list[Any]] = {}
+    for o in c.block_objects(j):
+        missing.setdefault(o.kind, []).append(L.Not(live(c.ob(o).st, L)))
+    for kind, m in missing.items():
+        out.append(c.occupancy(kind) + L.Count(m) <= c.cfg.cap(kind) - reserve)
+    return out
+
+
+@action(per_block)
+def prefetch_start(c: Ctx, j: int) -> Any:
+    """Start loading block j's copy back (only within the restore budget: pool capacity minus
+    the reserve kept for new requests)."""
+    L, v = c.L, c.v
+    c.set(("b", j, "dst"), D_LOADING)
+    c.set(("g", "inflight"), v.inflight + 1)
+    some_missing = L.Or(*[L.Not(live(c.ob(o).st, L)) for o in c.block_objects(j)])
+    return L.And(v.disk(j).dst == D_DURABLE, some_missing, v.inflight < c.cfg.max_inflight,
+                 *_restore_fits(c, j, c.cfg.reserve))
+
+
+@action(per_block)
+def prefetch_complete(c: Ctx, j: int) -> Any:
+    """The bytes arrived: loaded but not yet verified ('registered' is not 'ready')."""
+    v = c.v
+    c.set(("b", j, "dst"), D_UNVERIFIED)
+    c.set(("g", "inflight"), v.inflight - 1)
+    return v.disk(j).dst == D_LOADING
+
+
+@action(lambda lay: ({"j": j, "aligned": a} for j in range(lay.cfg.blocks) for a in (1, 0)))
+def verify_ok(c: Ctx, j: int, aligned: int) -> Any:
+    """Checksum and header verified: the missing objects become ready again (placed at an
+    aligned address, or not: a bounce buffer may leave them misaligned)."""
+    L, v, d = c.L, c.v, c.v.disk(j)
+    for o in c.block_objects(j):
+        ob = c.ob(o)
+        gone = L.let(L.Not(live(ob.st, L)))
+        c.set_obj(o, "st", L.If(gone, READY, ob.st))
+        c.set_obj(o, "ver", L.If(gone, d.dix if o.kind == "indexer" else d.dver, ob.ver))
+        c.set_obj(o, "abi", L.If(gone, d.dabi, ob.abi))
+        c.set_obj(o, "aln", L.If(gone, aligned, ob.aln))
+        c.set_obj(o, "pool", L.If(gone, POOL[o.kind], ob.pool))
+        c.set_obj(o, "gmv", L.If(gone, 1, ob.gmv))
+    c.set(("b", j, "dst"), D_DURABLE)
+    c.set(("b", j, "hashed"), 1)
+    return L.And(d.dst == D_UNVERIFIED, d.dbad == 0, d.dver == v.cur_ver, d.dabi == v.cur_abi,
+                 *_restore_fits(c, j, 0))
+
+
+@action(per_block)
+def checksum_fail(c: Ctx, j: int) -> Any:
+    """Checksum or header mismatch: the copy is quarantined, never served."""
+    L, v, d = c.L, c.v, c.v.disk(j)
+    c.set(("b", j, "dst"), D_QUARANTINED)
+    return L.And(d.dst == D_UNVERIFIED, L.Or(d.dbad == 1, d.dver != v.cur_ver, d.dabi != v.cur_abi))
+
+
+@action(per_block)
+def corrupt(c: Ctx, j: int) -> Any:
+    """The copy's bytes are damaged (torn write, bit flip, truncation)."""
+    d = c.v.disk(j)
+    c.set(("b", j, "dbad"), 1)
+    return c.L.And(c.L.In(d.dst, (D_OFFLOADING, D_DURABLE, D_LOADING)), d.dbad == 0)
+
+
+# ---- versions and graphs ----------------------------------------------------------------
+
+def _bump(c: Ctx, field: str) -> Any:
+    val = getattr(c.v, field)
+    c.set(("g", field), val + 1)
+    c.preempt_running()
+    return val < c.cfg.max_version
+
+
+@action()
+def bump_model(c: Ctx) -> Any:
+    """New weights or quantization: every compressed entry, tail and page becomes stale."""
+    return _bump(c, "cur_ver")
+
+
+@action()
+def bump_indexer(c: Ctx) -> Any:
+    """New indexer version: indexer keys become stale."""
+    return _bump(c, "cur_ix")
+
+
+@action()
+def bump_abi(c: Ctx) -> Any:
+    """New kernel ABI / layout / dtype: every stored layout becomes foreign."""
+    return _bump(c, "cur_abi")
+
+
+@action(per_request)
+def capture(c: Ctx, r: int) -> Any:
+    """Capture an execution graph over a running request's pages at their current addresses."""
+    L, v, q = c.L, c.v, c.v.req(r)
+    c.set(("g", "graph"), 1)
+    c.set(("g", "gwin"), q.rwin)
+    c.set(("g", "gpos"), q.rpos)
+    for o in c.lay.objects:
+        c.set_obj(o, "gmv", 0)
+    return L.And(v.graph == 0, q.rst == R_RUNNING)
+
+
+@action()
+def release_graph(c: Ctx) -> Any:
+    """Release the captured graph; its pages become ordinary again."""
+    c.set(("g", "graph"), 0)
+    c.set(("g", "gwin"), 0)
+    c.set(("g", "gpos"), 0)
+    return c.v.graph == 1
+
+
+def run_body(act: Action, v: View, L: Logic, lay: Layout, fault: str | None,
+             params: dict[str, Any]) -> tuple[Any, dict[int, Any]]:
+    c = Ctx(v, L, lay, fault)
+    guard = act.body(c, **params)
+    return guard, c.finish()
+
+
+ACTION_NAMES = tuple(ACTIONS)
+assert len(DEVICE_KINDS) == 4 and R_IDLE == 0 and D_LOADING == 3 and D_UNVERIFIED == 4

@@ -1,0 +1,143 @@
+"""The four-layer validation funnel and the decision REUSE(k) | PARTIAL(k) | PREFETCH | RECOMPUTE.
+
+Owns what a lookup answers. Layers run cheapest first at each candidate k: (1) whole-block /
+LCM alignment, (2) ABI/layout and version fingerprints, (3) the intersection of every cache
+group's object states, (4) byte-level hardware alignment. The usable length is the largest
+aligned k at which all four pass; the first failing layer names the degradation reason.
+Spec faults are planted here as named deviations; the invariants check against objects.py.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .config import Config
+from .logic import Logic
+from .objects import (D_DURABLE, D_LOADING, D_UNVERIFIED, PARTIAL, PREFETCH, READY,
+                      RECOMPUTE, REASON_BIT, REUSE, live, needed_objects)
+
+
+def _needed(cfg: Config, k: int, fault: str | None) -> list[tuple[int, str, int]]:
+    """(group, kind, block) of every object the funnel checks for a resume at k."""
+    out = []
+    for g in cfg.groups:
+        need = needed_objects(cfg, g, k)
+        if fault == "window_off_by_one" and "swa_window" in need and need["swa_window"]:
+            need["swa_window"] = need["swa_window"][1:]          # first page of the window unchecked
+        if fault == "tail_junction_not_checked" and need.get("tail"):
+            start = cfg.tail_start_block(g, k)                   # any older snapshot of this entry
+            if cfg.needs_tail(g, start):
+                need["tail"] = [start]
+        for kind, blocks in need.items():
+            out.extend((g.index, kind, j) for j in blocks)
+    return out
+
+
+def restorable(v: Any, L: Logic, j: int) -> Any:
+    """Block j has an intact-looking copy that a load can bring back (durable or in flight)."""
+    d = v.disk(j)
+    return L.And(L.In(d.dst, (D_DURABLE, D_LOADING, D_UNVERIFIED)), d.dbad == 0,
+                 d.dver == v.cur_ver, d.dabi == v.cur_abi)
+
+
+def layers_at(v: Any, L: Logic, cfg: Config, k: int, fault: str | None) -> list[tuple[Any, Any]]:
+    """[(passes, reason_bits_if_it_fails)] for the four layers at a concrete k >= 1."""
+    need = _needed(cfg, k, fault)
+    # layer 1: alignment
+    l1 = (k % cfg.align_blocks == 0, REASON_BIT["lcm_alignment"])
+    # layer 2: fingerprints of the objects that are present
+    abi, ver, ixv = [], [], []
+    for g, kind, j in need:
+        o = v.obj(g, kind, j)
+        here = live(o.st, L)
+        if fault != "abi_ignored":
+            abi.append(L.Implies(here, o.abi == v.cur_abi))
+        if kind == "indexer":
+            if fault != "decision_ignores_indexer_version":
+                ixv.append(L.Implies(here, o.ver == v.cur_ix))
+        elif not (fault == "compressed_version_ignored" and kind == "compressed_kv"):
+            ver.append(L.Implies(here, o.ver == v.cur_ver))
+    abi_ok, ver_ok, ix_ok = L.let(L.And(*abi)), L.let(L.And(*ver)), L.let(L.And(*ixv))
+    l2_bits = L.let(L.If(abi_ok, 0, REASON_BIT["abi_mismatch"]) + L.If(ver_ok, 0, REASON_BIT["model_version"])
+                    + L.If(ix_ok, 0, REASON_BIT["indexer_version"]))
+    l2 = (L.And(abi_ok, ver_ok, ix_ok), l2_bits)
+    # layer 3: intersection of all groups' states (ready = complete, compressed, synced)
+    per_reason: dict[str, list[Any]] = {}
+    missing_restorable = []
+    for g, kind, j in need:
+        o = v.obj(g, kind, j)
+        ok = o.st == READY
+        if fault == "prefetch_counted_as_hit":
+            ok = L.Or(ok, L.In(v.disk(j).dst, (D_LOADING, D_UNVERIFIED)))
+        reason = {"compressed_kv": "compressed_missing", "tail": "tail_missing",
+                  "swa_window": "window_incomplete", "indexer": "indexer_lagging"}[kind]
+        per_reason.setdefault(reason, []).append(ok)
+        missing_restorable.append(L.And(L.Not(ok), restorable(v, L, j)))
+    l3_parts = {r: L.let(L.And(*c)) for r, c in per_reason.items()}
+    on_disk = L.let(L.Or(*missing_restorable))
+    l3_bits: Any = 0
+    for r, part in l3_parts.items():
+        l3_bits = l3_bits + L.If(part, 0, REASON_BIT[r])
+    l3_bits = l3_bits + L.If(on_disk, REASON_BIT["on_disk_not_ready"], 0)
+    l3 = (L.And(*l3_parts.values()), l3_bits)
+    # layer 4: hardware alignment of physical addresses
+    l4 = (L.let(L.And(*[v.obj(g, kind, j).aln == 1 for g, kind, j in need])), REASON_BIT["misaligned"])
+    return [l1, l2, l3, l4]
+
+
+def prefetch_ok_at(v: Any, L: Logic, cfg: Config, k: int, fault: str | None) -> Any:
+    """Would k be usable once every restorable copy is loaded and verified?"""
+    if k % cfg.align_blocks:
+        return False
+    conds = []
+    for g, kind, j in _needed(cfg, k, fault):
+        o = v.obj(g, kind, j)
+        cur = v.cur_ix if kind == "indexer" else v.cur_ver
+        here_ok = L.And(o.st == READY, o.ver == cur, o.abi == v.cur_abi)
+        copy_ok = L.And(L.Not(live(o.st, L)), restorable(v, L, j),
+                        v.disk(j).dix == v.cur_ix if kind == "indexer" else True)
+        conds.append(L.Or(here_ok, copy_ok))
+    return L.And(*conds)
+
+
+class Decision:
+    """The decision of request r's lookup as terms of the chosen logic."""
+
+    def __init__(self, v: Any, L: Logic, cfg: Config, r: int, fault: str | None) -> None:
+        req = v.req(r)
+        n = cfg.blocks
+        self.ok: dict[int, Any] = {0: True}
+        self.hit: dict[int, Any] = {0: True}
+        layers: dict[int, list[tuple[Any, Any]]] = {}
+        prefix: Any = True
+        for k in range(1, n + 1):
+            prefix = L.let(L.And(prefix, v.disk(k - 1).hashed == 1))
+            self.hit[k] = L.let(L.And(prefix, k <= req.rlen))
+            layers[k] = layers_at(v, L, cfg, k, fault)
+            self.ok[k] = L.let(L.And(*[p for p, _ in layers[k]]))
+        kstar: Any = 0
+        hmax: Any = 0
+        for k in range(1, n + 1):
+            kstar = L.If(L.And(self.hit[k], self.ok[k]), k, kstar)
+            hmax = L.If(self.hit[k], k, hmax)
+        self.k = L.let(kstar)
+        self.logical = L.let(hmax)
+        pf = []
+        for k in range(1, n + 1):
+            pf.append(L.And(self.hit[k], L.Not(self.ok[k]), self.k < k,
+                            prefetch_ok_at(v, L, cfg, k, fault)))
+        self.prefetch = L.let(L.Or(*pf))
+        self.kind = L.let(L.If(self.prefetch, PREFETCH,
+                               L.If(L.And(self.k == self.logical, self.k > 0), REUSE,
+                                    L.If(self.k > 0, PARTIAL, RECOMPUTE))))
+        # reasons: why the longest logical hit was degraded (its first failing layer)
+        bits: Any = 0
+        for k in range(1, n + 1):
+            first: Any = 0
+            for passes, why in reversed(layers[k]):
+                first = L.If(passes, first, why)
+            bits = L.If(L.And(self.logical == k, self.k < k), first, bits)
+        self.reasons = bits
+
+    def ok_at(self, L: Logic, kexpr: Any) -> Any:
+        """The funnel passes at a state-dependent k (used to re-check at bind)."""
+        return L.Or(*[L.And(kexpr == k, ok) for k, ok in self.ok.items()])

@@ -1,0 +1,172 @@
+"""The five cache objects: their lifecycle states, their pools, and their recovery conditions.
+
+Owns the vocabulary every engine speaks (state names, pool ids, decision kinds, degradation
+reasons) and, per object kind, the predicate "this object is usable for resuming at block k".
+The recovery predicates here are the ground truth the hit-soundness invariants check against;
+the funnel (which may carry planted faults) is written separately in funnel.py.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .config import DEVICE_KINDS, OBJECT_KINDS, Config, Group
+from .logic import Logic
+
+# ---- device object lifecycle (compressed_kv, tail, swa_window, indexer) -----------------
+FREE, WRITING, READY, EVICTED = 0, 1, 2, 3
+DEVICE_STATES = ("free", "writing", "ready", "evicted")
+# WRITING means: allocated, content not final. For compressed_kv: the entry is still being
+# compressed from its tail; for indexer: the indexer lags the KV (not yet synced); tail and
+# swa_window pages are written in one step and never sit in WRITING.
+
+# ---- on-disk copy lifecycle (one per logical block; the offloaded copy of all its objects) --
+D_NONE, D_OFFLOADING, D_DURABLE, D_LOADING, D_UNVERIFIED, D_QUARANTINED = 0, 1, 2, 3, 4, 5
+DISK_STATES = ("none", "offloading", "durable", "loading", "loaded_unverified", "quarantined")
+
+# ---- requests ------------------------------------------------------------------------
+R_IDLE, R_WAITING, R_DECIDED, R_BOUND, R_RUNNING, R_PREEMPTED = 0, 1, 2, 3, 4, 5
+REQUEST_STATES = ("idle", "waiting", "decided", "bound", "running", "preempted")
+# decided: looked up (check done), not yet bound; bound: pinned + leased, not yet used;
+# running: lease re-validated at use, computing from rpos on.
+
+# ---- decisions -----------------------------------------------------------------------
+D_NO, RECOMPUTE, PARTIAL, PREFETCH, REUSE = 0, 1, 2, 3, 4
+DECISIONS = ("none", "RECOMPUTE", "PARTIAL", "PREFETCH", "REUSE")
+DECISION_KINDS = ("REUSE", "PARTIAL", "PREFETCH", "RECOMPUTE")
+
+# ---- physical pools: one per device object kind (five-state routing by structure) ------
+POOL = {kind: i for i, kind in enumerate(DEVICE_KINDS)}
+
+# ---- degradation reasons (bits), named by the funnel layer that raises them ------------
+REASONS = (
+    ("lcm_alignment", 1),          # layer 1: hit not a whole number of LCM pages
+    ("abi_mismatch", 2),           # layer 2: kernel ABI / layout fingerprint differs
+    ("model_version", 4),          # layer 2: written by another model/compressor version
+    ("indexer_version", 8),        # layer 2: indexer keys from another indexer version
+    ("compressed_missing", 16),    # layer 3: a compressed entry is evicted or unfinished
+    ("tail_missing", 32),          # layer 3: the tail snapshot at the hit point is gone
+    ("window_incomplete", 64),     # layer 3: a page inside the SWA window is gone
+    ("indexer_lagging", 128),      # layer 3: indexer not synced with the KV
+    ("on_disk_not_ready", 256),    # layer 3: data registered on disk/host but not loaded
+    ("misaligned", 512),           # layer 4: physical address not hardware-aligned
+)
+REASON_BIT = dict(REASONS)
+
+
+def reason_names(bits: int) -> list[str]:
+    return [name for name, bit in REASONS if bits & bit]
+
+
+@dataclass(frozen=True)
+class ObjectKind:
+    name: str
+    layers: str
+    states: tuple[str, ...]
+    recovery_condition: str
+    hit_validation: str
+    eviction: str
+    cost_of_loss: str
+
+
+OBJECTS: tuple[ObjectKind, ...] = (
+    ObjectKind(
+        "compressed_kv", "compressed layers (csa, hca)", DEVICE_STATES,
+        "one entry per complete compression block w < L//m, ready (not evicted, not still "
+        "compressing), written by the current model/compressor version",
+        "entries of every block before k present, version == current, ABI == current",
+        "conservative: evicted last; only when unpinned and not graph-captured",
+        "the layer cannot continue; recomputing costs the whole prefix"),
+    ObjectKind(
+        "tail", "compressed layers (csa, hca)", DEVICE_STATES,
+        "raw KV and gate of tokens [m*(L//m), L), contiguous, junction with the last entry "
+        "exact: the snapshot taken at exactly L",
+        "the tail snapshot of the block ending at L present and current (not an older one)",
+        "fast: any tail not at a request's current position may go",
+        "a single missing page makes it unusable; no approximate splice"),
+    ObjectKind(
+        "swa_window", "swa layers, the SWA branch of csa/hca, full layers (W = infinity)",
+        DEVICE_STATES,
+        "raw KV for positions [max(0, L-W+1), L): every page of the window present",
+        "every page from block (L-W+1)//B to k-1 present, current, aligned",
+        "pages outside every retained window first",
+        "attention reads the wrong history range"),
+    ObjectKind(
+        "indexer", "sparse (csa) layers", DEVICE_STATES,
+        "indexer keys for the same entries as the compressed KV, same indexer version, "
+        "synced (not lagging the KV)",
+        "indexer keys of every block before k ready (synced) and of the current indexer version",
+        "with its compressed entries",
+        "sparse layers select the wrong entries; quality drops silently"),
+    ObjectKind(
+        "on_disk", "any layer (offloaded copy of a whole block)", DISK_STATES,
+        "the offloaded copy is durable (write-back acknowledged), loaded back, checksum and "
+        "header verified, readiness acknowledged: 'registered' is not 'ready'",
+        "a block whose device objects are missing is never a hit while its copy is in flight; "
+        "it is PREFETCH",
+        "quarantined on checksum/header failure; overwritten by a new offload",
+        "a registered-but-not-ready copy served as a hit reads placeholder data"),
+)
+assert tuple(o.name for o in OBJECTS) == OBJECT_KINDS
+
+
+def live(st: Any, L: Logic) -> Any:
+    return L.Or(st == WRITING, st == READY)
+
+
+# ---- recovery conditions (ground truth) -------------------------------------------------
+# Each takes a state view `v` (see state.py), the logic, the config, a group and a concrete
+# block count k >= 1 (resume at token L = k * block_size), and returns a predicate.
+
+def needed_objects(cfg: Config, g: Group, k: int) -> dict[str, list[int]]:
+    """Blocks whose objects of each kind a resume at k reads (the recovery set)."""
+    out: dict[str, list[int]] = {}
+    if "compressed_kv" in g.objects:
+        out["compressed_kv"] = [j for j in range(k) if cfg.has_compressed(g, j)]
+    if "indexer" in g.objects:
+        out["indexer"] = [j for j in range(k) if cfg.has_compressed(g, j)]
+    if "tail" in g.objects:
+        out["tail"] = [k - 1] if k >= 1 and cfg.needs_tail(g, k - 1) else []
+    if "swa_window" in g.objects:
+        lo = cfg.window_lo_block(g.window, k)
+        out["swa_window"] = list(range(lo, k))
+    return out
+
+
+def recovery(kind: str, v: Any, L: Logic, cfg: Config, k: int) -> Any:
+    """Every group's objects of `kind` meet their recovery condition at k (ground truth)."""
+    conds = []
+    for g in cfg.groups:
+        need = needed_objects(cfg, g, k).get(kind, [])
+        for j in need:
+            o = v.obj(g.index, kind, j)
+            cur = v.cur_ix if kind == "indexer" else v.cur_ver
+            conds.append(L.And(o.st == READY, o.ver == cur))
+    return L.And(*conds)
+
+
+def layout_ok(v: Any, L: Logic, cfg: Config, k: int) -> Any:
+    """Every object a resume at k reads has the current ABI and an aligned address."""
+    conds = []
+    for g in cfg.groups:
+        for kind, blocks in needed_objects(cfg, g, k).items():
+            for j in blocks:
+                o = v.obj(g.index, kind, j)
+                conds.append(L.And(o.abi == v.cur_abi, o.aln == 1))
+    return L.And(*conds)
+
+
+def resident(v: Any, L: Logic, cfg: Config, k: int) -> Any:
+    """No block in the hit is served from an on-disk copy that is registered but not ready:
+    every needed object of a block with a copy in flight or unverified is on the device."""
+    conds = []
+    for j in range(k):
+        in_flight = L.In(v.disk(j).dst, (D_LOADING, D_UNVERIFIED))
+        objs = []
+        for g in cfg.groups:
+            for kind, blocks in needed_objects(cfg, g, k).items():
+                if j in blocks:
+                    objs.append(v.obj(g.index, kind, j).st == READY)
+        if objs:
+            conds.append(L.Implies(in_flight, L.And(*objs)))
+    return L.And(*conds)
