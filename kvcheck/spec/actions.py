@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable
 from .config import DEVICE_KINDS, Config
 from .funnel import Decision
 from .logic import Expr, Logic
-from .objects import (D_DURABLE, D_LOADING, D_NONE, D_OFFLOADING, D_QUARANTINED,
+from .objects import (current_version, header_version, D_DURABLE, D_LOADING, D_NONE, D_OFFLOADING, D_QUARANTINED,
                       D_UNVERIFIED, EVICTED, POOL, PREFETCH, R_BOUND, R_DECIDED, R_IDLE,
                       R_PREEMPTED, R_RUNNING, R_WAITING, READY, WRITING, live)
 from .state import Layout, ObjSlot, View
@@ -84,7 +84,8 @@ class Ctx:
 
     def lease_current(self, r: int) -> Any:
         q, v = self.v.req(r), self.v
-        return self.L.And(q.rver == v.cur_ver, q.rix == v.cur_ix, q.rabi == v.cur_abi)
+        return self.L.And(q.rver == v.cur_ver, q.rix == v.cur_ix, q.rabi == v.cur_abi,
+                          q.rcmp == v.cur_cmp)
 
     def occupancy(self, kind: str) -> Any:
         return self.L.Count(live(self.ob(o).st, self.L) for o in self.lay.objects if o.kind == kind)
@@ -95,8 +96,7 @@ class Ctx:
     def current(self, o: ObjSlot) -> Any:
         """Written by the current versions (content and layout)."""
         ob, v = self.ob(o), self.v
-        cur = v.cur_ix if o.kind == "indexer" else v.cur_ver
-        return self.L.And(ob.ver == cur, ob.abi == v.cur_abi)
+        return self.L.And(ob.ver == current_version(v, o.kind), ob.abi == v.cur_abi)
 
     def block_objects(self, j: int) -> list[ObjSlot]:
         return [o for o in self.lay.objects if o.block == j]
@@ -175,7 +175,7 @@ def submit(c: Ctx, r: int, n: int) -> Any:
     """A request arrives whose prompt covers n blocks of the shared prefix (then its own suffix)."""
     q = c.v.req(r)
     for f, val in (("rst", R_WAITING), ("rlen", n), ("rk", 0), ("rpos", 0), ("rwin", 0),
-                   ("rdec", 0), ("rver", 0), ("rix", 0), ("rabi", 0)):
+                   ("rdec", 0), ("rver", 0), ("rix", 0), ("rabi", 0), ("rcmp", 0)):
         c.set(("r", r, f), val)
     return q.rst == R_IDLE
 
@@ -192,6 +192,7 @@ def lookup(c: Ctx, r: int) -> Any:
     c.set(("r", r, "rver"), v.cur_ver)
     c.set(("r", r, "rix"), v.cur_ix)
     c.set(("r", r, "rabi"), v.cur_abi)
+    c.set(("r", r, "rcmp"), v.cur_cmp)
     return q.rst == R_WAITING
 
 
@@ -251,7 +252,7 @@ def append(c: Ctx, r: int, j: int) -> Any:
         rewrite = L.let(L.Not(L.And(live(ob.st, L), c.current(o))))
         guard.append(L.Not(L.And(rewrite, L.Or(ob.ref > 0, c.gpin(o)))))
         fresh = WRITING if o.kind in ("compressed_kv", "indexer") else READY
-        cur = v.cur_ix if o.kind == "indexer" else v.cur_ver
+        cur = current_version(v, o.kind)
         pool = POOL["tail"] if (c.fault == "shared_free_list" and o.kind == "swa_window") else POOL[o.kind]
         c.set_obj(o, "st", L.If(rewrite, fresh, ob.st))
         c.set_obj(o, "ver", L.If(rewrite, cur, ob.ver))
@@ -369,6 +370,7 @@ def offload_start(c: Ctx, j: int) -> Any:
     c.set(("b", j, "dst"), D_OFFLOADING)
     c.set(("b", j, "dver"), v.cur_ver)
     c.set(("b", j, "dix"), v.cur_ix)
+    c.set(("b", j, "dcmp"), v.cur_cmp)
     c.set(("b", j, "dabi"), v.cur_abi)
     c.set(("b", j, "dbad"), 0)
     c.set(("g", "inflight"), v.inflight + 1)
@@ -425,7 +427,7 @@ def verify_ok(c: Ctx, j: int, aligned: int) -> Any:
         ob = c.ob(o)
         gone = L.let(L.Not(live(ob.st, L)))
         c.set_obj(o, "st", L.If(gone, READY, ob.st))
-        c.set_obj(o, "ver", L.If(gone, d.dix if o.kind == "indexer" else d.dver, ob.ver))
+        c.set_obj(o, "ver", L.If(gone, header_version(v, o.kind, j), ob.ver))
         c.set_obj(o, "abi", L.If(gone, d.dabi, ob.abi))
         c.set_obj(o, "aln", L.If(gone, aligned, ob.aln))
         c.set_obj(o, "pool", L.If(gone, POOL[o.kind], ob.pool))
@@ -463,8 +465,14 @@ def _bump(c: Ctx, field: str) -> Any:
 
 @action()
 def bump_model(c: Ctx) -> Any:
-    """New weights or quantization: every compressed entry, tail and page becomes stale."""
+    """New weights: tails and raw KV pages become stale (entries carry the compressor's version)."""
     return _bump(c, "cur_ver")
+
+
+@action()
+def bump_compressor(c: Ctx) -> Any:
+    """New compressor (compressed-KV quantization or format): compressed entries become stale."""
+    return _bump(c, "cur_cmp")
 
 
 @action()

@@ -12,12 +12,13 @@ from typing import Any
 
 from .config import Config
 from .logic import Logic
-from .objects import (D_DURABLE, D_LOADING, D_UNVERIFIED, PARTIAL, PREFETCH, READY,
+from .objects import (current_version, header_version, D_DURABLE, D_LOADING, D_UNVERIFIED, PARTIAL, PREFETCH, READY,
                       RECOMPUTE, REASON_BIT, REUSE, live, needed_objects)
 
 
-def _needed(cfg: Config, k: int, fault: str | None) -> list[tuple[int, str, int]]:
-    """(group, kind, block) of every object the funnel checks for a resume at k."""
+def _needed(cfg: Config, k: int, fault: str | None = None) -> list[tuple[int, str, int]]:
+    """(group, kind, block) of every object a resume at k reads. With `fault`, the set whose
+    presence layer 3 checks (the coverage faults live here; layers 2 and 4 see the true set)."""
     out = []
     for g in cfg.groups:
         need = needed_objects(cfg, g, k)
@@ -41,7 +42,7 @@ def restorable(v: Any, L: Logic, j: int) -> Any:
 
 def layers_at(v: Any, L: Logic, cfg: Config, k: int, fault: str | None) -> list[tuple[Any, Any]]:
     """[(passes, reason_bits_if_it_fails)] for the four layers at a concrete k >= 1."""
-    need = _needed(cfg, k, fault)
+    need = _needed(cfg, k)
     # layer 1: alignment
     l1 = (k % cfg.align_blocks == 0, REASON_BIT["lcm_alignment"])
     # layer 2: fingerprints of the objects that are present
@@ -55,7 +56,7 @@ def layers_at(v: Any, L: Logic, cfg: Config, k: int, fault: str | None) -> list[
             if fault != "decision_ignores_indexer_version":
                 ixv.append(L.Implies(here, o.ver == v.cur_ix))
         elif not (fault == "compressed_version_ignored" and kind == "compressed_kv"):
-            ver.append(L.Implies(here, o.ver == v.cur_ver))
+            ver.append(L.Implies(here, o.ver == current_version(v, kind)))
     abi_ok, ver_ok, ix_ok = L.let(L.And(*abi)), L.let(L.And(*ver)), L.let(L.And(*ixv))
     l2_bits = L.let(L.If(abi_ok, 0, REASON_BIT["abi_mismatch"]) + L.If(ver_ok, 0, REASON_BIT["model_version"])
                     + L.If(ix_ok, 0, REASON_BIT["indexer_version"]))
@@ -63,7 +64,7 @@ def layers_at(v: Any, L: Logic, cfg: Config, k: int, fault: str | None) -> list[
     # layer 3: intersection of all groups' states (ready = complete, compressed, synced)
     per_reason: dict[str, list[Any]] = {}
     missing_restorable = []
-    for g, kind, j in need:
+    for g, kind, j in _needed(cfg, k, fault):
         o = v.obj(g, kind, j)
         ok = o.st == READY
         if fault == "prefetch_counted_as_hit":
@@ -89,12 +90,11 @@ def prefetch_ok_at(v: Any, L: Logic, cfg: Config, k: int, fault: str | None) -> 
     if k % cfg.align_blocks:
         return False
     conds = []
-    for g, kind, j in _needed(cfg, k, fault):
+    for g, kind, j in _needed(cfg, k):
         o = v.obj(g, kind, j)
-        cur = v.cur_ix if kind == "indexer" else v.cur_ver
+        cur = current_version(v, kind)
         here_ok = L.And(o.st == READY, o.ver == cur, o.abi == v.cur_abi)
-        copy_ok = L.And(L.Not(live(o.st, L)), restorable(v, L, j),
-                        v.disk(j).dix == v.cur_ix if kind == "indexer" else True)
+        copy_ok = L.And(L.Not(live(o.st, L)), restorable(v, L, j), header_version(v, kind, j) == cur)
         conds.append(L.Or(here_ok, copy_ok))
     return L.And(*conds)
 

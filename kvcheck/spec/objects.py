@@ -114,6 +114,19 @@ def live(st: Any, L: Logic) -> Any:
     return L.Or(st == WRITING, st == READY)
 
 
+# Which version stamp an object kind is written with, and where a disk header records it.
+VERSION_OF = {"compressed_kv": "cur_cmp", "indexer": "cur_ix", "tail": "cur_ver", "swa_window": "cur_ver"}
+HEADER_OF = {"compressed_kv": "dcmp", "indexer": "dix", "tail": "dver", "swa_window": "dver"}
+
+
+def current_version(v: Any, kind: str) -> Any:
+    return getattr(v, VERSION_OF[kind])
+
+
+def header_version(v: Any, kind: str, j: int) -> Any:
+    return getattr(v.disk(j), HEADER_OF[kind])
+
+
 # ---- recovery conditions (ground truth) -------------------------------------------------
 # Each takes a state view `v` (see state.py), the logic, the config, a group and a concrete
 # block count k >= 1 (resume at token L = k * block_size), and returns a predicate.
@@ -140,8 +153,7 @@ def recovery(kind: str, v: Any, L: Logic, cfg: Config, k: int) -> Any:
         need = needed_objects(cfg, g, k).get(kind, [])
         for j in need:
             o = v.obj(g.index, kind, j)
-            cur = v.cur_ix if kind == "indexer" else v.cur_ver
-            conds.append(L.And(o.st == READY, o.ver == cur))
+            conds.append(L.And(o.st == READY, o.ver == current_version(v, kind)))
     return L.And(*conds)
 
 

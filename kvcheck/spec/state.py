@@ -16,7 +16,8 @@ from .objects import (D_NONE, DECISIONS, DEVICE_STATES, DISK_STATES, FREE, R_IDL
 # Per device object (group g, kind, block j):
 OBJ_FIELDS = {
     "st": "lifecycle state: free | writing | ready | evicted",
-    "ver": "version stamp it was written with (model/compressor; indexer version for indexer)",
+    "ver": "version stamp it was written with: compressor version for compressed_kv, indexer "
+           "version for indexer, model version for tail and swa_window",
     "abi": "kernel ABI / layout fingerprint it was written with",
     "aln": "1 if its physical address meets the hardware alignment",
     "pool": "physical pool its page came from (must be its own kind's pool)",
@@ -29,6 +30,7 @@ BLOCK_FIELDS = {
     "dst": "on-disk copy state: none | offloading | durable | loading | loaded_unverified | quarantined",
     "dver": "model version recorded in the copy's header",
     "dix": "indexer version recorded in the copy's header",
+    "dcmp": "compressor version recorded in the copy's header",
     "dabi": "ABI/layout recorded in the copy's header",
     "dbad": "1 if the copy's bytes are corrupted (torn write, bit flip)",
 }
@@ -43,11 +45,13 @@ REQ_FIELDS = {
     "rver": "model version at lease time (re-validated at use)",
     "rix": "indexer version at lease time",
     "rabi": "ABI at lease time",
+    "rcmp": "compressor version at lease time",
 }
 # Globals:
 GLOBAL_FIELDS = {
-    "cur_ver": "current model/compressor version",
+    "cur_ver": "current model version (weights)",
     "cur_ix": "current indexer version",
+    "cur_cmp": "current compressor version (compressed-KV quantization/format)",
     "cur_abi": "current kernel ABI / layout version",
     "inflight": "transfers in flight (offloads + prefetches)",
     "graph": "1 while a captured execution graph is live",

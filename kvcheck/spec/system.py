@@ -87,13 +87,13 @@ class Spec:
         self.lay = Layout(self.cfg)
         self.sym = _sym_vec(self.lay.size)
         self.instances: list[Instance] = []
-        self.by_label: dict[str, Instance] = {}
+        self.by_key: dict[tuple, Instance] = {}
         for act in ACTIONS.values():
             for params in act.params(self.lay):
                 inst = self._build(act, params)
                 if inst is not None:
                     self.instances.append(inst)
-                    self.by_label[inst.label()] = inst
+                    self.by_key[(inst.action, tuple(sorted(inst.params.items())))] = inst
         self.actions = sorted({i.action for i in self.instances}, key=list(ACTIONS).index)
         self.conjuncts: list[Conjunct] = []
         self._build_invariants()
@@ -197,7 +197,10 @@ class Spec:
         return {"kind": DECISIONS[kind], "k": k, "logical": logical, "reasons": reason_names(bits)}
 
     def instance(self, action: str, params: dict[str, Any]) -> Instance:
-        inst = self.by_label.get(Instance(0, action, params, None, None, frozenset(), ()).label())  # type: ignore[arg-type]
+        try:
+            inst = self.by_key.get((action, tuple(sorted(params.items()))))
+        except TypeError:
+            inst = None
         if inst is None:
             raise KeyError(f"no action {action} with parameters {params} in this config")
         return inst

@@ -46,7 +46,8 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     "gemma3_text": dict(_COMMON, intermediate_size=128, num_hidden_layers=6, num_key_value_heads=2,
                         head_dim=16, query_pre_attn_scalar=16, sliding_window=8),
     "gpt_oss": dict(_COMMON, intermediate_size=64, num_hidden_layers=4, num_key_value_heads=2,
-                    head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=8),
+                    head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
+                    max_position_embeddings=131072),  # = YaRN factor 32 x original 4096 (no warning)
     "deepseek_v3": dict(_COMMON, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=3,
                         num_key_value_heads=4, n_shared_experts=1, n_routed_experts=8, kv_lora_rank=32,
                         q_lora_rank=48, qk_rope_head_dim=8, v_head_dim=16, qk_nope_head_dim=16,
@@ -793,10 +794,15 @@ def _finite(x: float) -> float:
 def _explanation(rows: list[dict[str, Any]], first_layer: int | None) -> dict[str, Any] | None:
     """The cache object that best explains the divergence: a corrupted restored object first,
     else the first-divergent layer's object with the largest difference after the suffix."""
-    if not rows:
-        return None
     restored = [r for r in rows if r["stage"] == "restored_snapshot"]
     pool = restored or rows
+    if first_layer is not None and not any(r["layer"] <= first_layer for r in pool):
+        return dict(stage=None, layer=first_layer, object=None, kind="computation",
+                    max_abs_diff=None,
+                    note="every cache object of this layer matches a one-shot prefill: the difference "
+                         "arises in the layer's computation on the reused state, not in the stored state")
+    if not pool:
+        return None
     if first_layer is not None and any(r["layer"] == first_layer for r in pool):
         pool = [r for r in pool if r["layer"] == first_layer]
     else:

@@ -1,0 +1,278 @@
+"""The `kvcheck` command line.
+
+Owns argument parsing, exit codes (brief §6), and turning every bad input into one clear line
+on stderr with exit code 2. Every command has `--json`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from .. import __version__
+from ..spec import faults as faultlib
+from ..spec.actions import ACTIONS
+from ..spec.config import Config, ConfigError
+from ..spec.invariants import INVARIANTS
+from ..spec.objects import DECISION_KINDS, OBJECTS, REASONS
+from ..spec.state import BLOCK_FIELDS, GLOBAL_FIELDS, OBJ_FIELDS, REQ_FIELDS
+from ..spec.system import Spec
+from ..spec.trace import Trace, TraceError
+from .gate import EXIT_USAGE, run_gate
+
+FUNNEL = [
+    {"layer": 1, "name": "lcm_alignment",
+     "checks": "the hit is a whole number of LCM pages across all cache groups",
+     "reasons": ["lcm_alignment"]},
+    {"layer": 2, "name": "fingerprint",
+     "checks": "kernel ABI / layout and version stamps (model, compressor, indexer) of every "
+               "present object match the current ones", "reasons": ["abi_mismatch", "model_version", "indexer_version"]},
+    {"layer": 3, "name": "group_intersection",
+     "checks": "every cache group's recovery condition holds (intersection, not union): entries "
+               "compressed, tail at the hit point, window pages present, indexer synced; on-disk "
+               "copies in flight are not ready",
+     "reasons": ["compressed_missing", "tail_missing", "window_incomplete", "indexer_lagging", "on_disk_not_ready"]},
+    {"layer": 4, "name": "hardware_alignment",
+     "checks": "every physical address the resume reads is hardware-aligned", "reasons": ["misaligned"]},
+]
+
+EXIT_CODES = """exit codes:
+  0   holds            10  invariant violated      11  differential mismatch
+  2   usage/bad input  12  Z3 counterexample       13  spec/SUT conformance mismatch
+  3   could not decide (coverage below the profile minimum, solver unknown)"""
+
+
+class UsageError(Exception):
+    """Bad input: one line on stderr, exit 2."""
+
+
+def _emit(args: argparse.Namespace, data: Any, text: Callable[[], str]) -> None:
+    if args.json:
+        print(json.dumps(data, indent=1))
+    else:
+        print(text())
+
+
+def _config(args: argparse.Namespace) -> Config:
+    return Config.load(getattr(args, "config", None))
+
+
+# ---- commands ---------------------------------------------------------------------------
+
+def cmd_spec(args: argparse.Namespace) -> int:
+    cfg = _config(args)
+    spec = Spec(cfg)
+    data = {
+        "objects": [{"name": o.name, "layers": o.layers, "states": list(o.states),
+                     "recovery_condition": o.recovery_condition, "hit_validation": o.hit_validation,
+                     "eviction": o.eviction, "cost_of_loss": o.cost_of_loss} for o in OBJECTS],
+        "actions": [{"name": a.name, "doc": a.doc,
+                     "instances": sum(1 for i in spec.instances if i.action == a.name),
+                     "params": sorted({k for i in spec.instances if i.action == a.name for k in i.params})}
+                    for a in ACTIONS.values()],
+        "funnel": FUNNEL,
+        "invariants": [{"name": i.name, "kind": i.kind, "doc": i.doc} for i in INVARIANTS.values()],
+        "decisions": list(DECISION_KINDS),
+        "degradation_reasons": [name for name, _ in REASONS],
+        "state": {"per_object": OBJ_FIELDS, "per_block": BLOCK_FIELDS, "per_request": REQ_FIELDS,
+                  "global": GLOBAL_FIELDS, "slots": spec.lay.size},
+        "groups": [{"name": g.name, "layers": list(g.layers), "window": g.window, "m": g.m,
+                    "topk": g.topk, "objects": list(g.objects)} for g in cfg.groups],
+        "config": cfg.to_dict(),
+    }
+
+    def text() -> str:
+        lines = [f"kvcheck spec: {len(cfg.layers)} layers in {len(cfg.groups)} cache groups, "
+                 f"{cfg.blocks} blocks x {cfg.block_size} tokens, {cfg.requests} requests; "
+                 f"{spec.lay.size} state slots, {len(spec.instances)} action instances", "", "objects:"]
+        lines += [f"  {o.name:14} {o.layers}\n  {'':14} recovery: {o.recovery_condition}" for o in OBJECTS]
+        lines += ["", "funnel:"] + [f"  {f['layer']}. {f['name']}: {f['checks']}" for f in FUNNEL]
+        lines += ["", "decisions: " + " | ".join(DECISION_KINDS), "", "actions:"]
+        lines += [f"  {a['name']:18} {a['doc']}" for a in data["actions"]]
+        lines += ["", "invariants:"] + [f"  {i.name:26} [{i.kind}] {i.doc}" for i in INVARIANTS.values()]
+        return "\n".join(lines)
+
+    _emit(args, data, text)
+    return 0
+
+
+def cmd_faults(args: argparse.Namespace) -> int:
+    data = {"faults": [f.to_dict() for f in faultlib.FAULTS.values()]}
+
+    def text() -> str:
+        lines = [f"{len(faultlib.FAULTS)} faults (a fault counts as caught only by its expected check):", ""]
+        for f in faultlib.FAULTS.values():
+            lines.append(f"  {f.name:34} [{f.layer}] expected: {f.expected}")
+            lines.append(f"  {'':34} {f.bug_class}; mirrors: {f.mirrors}")
+        return "\n".join(lines)
+
+    _emit(args, data, text)
+    return 0
+
+
+def _progress_enabled(args: argparse.Namespace) -> bool:
+    return not args.json and sys.stderr.isatty() and not os.environ.get("CI")
+
+
+def cmd_gate(args: argparse.Namespace) -> int:
+    cfg = _config(args)
+    if args.fault is not None:
+        faultlib.get(args.fault)
+    out = Path(args.out)
+    _check_writable(out)
+    progress = None
+    bar = None
+    if _progress_enabled(args):
+        from rich.progress import Progress
+        bar = Progress(transient=True)
+        bar.start()
+        task = bar.add_task("random walks", total=None)
+        progress = lambda n, total: bar.update(task, completed=n, total=total)  # noqa: E731
+    try:
+        code, rep = run_gate(cfg, out, args.config, args.fault, args.seed, args.steps, progress=progress)
+    finally:
+        if bar is not None:
+            bar.stop()
+
+    def text() -> str:
+        w = rep["engines"]["walk"]
+        cov = w["coverage"]
+        lines = [f"kvcheck gate: {rep['verdict']} (exit {code})",
+                 f"  walk: {w['steps']} steps, {w['episodes']} episodes, {w['seconds']} s, "
+                 f"{w['steps_per_s']} steps/s, {w['invariants_checked']} invariants after every step",
+                 "  decisions: " + ", ".join(f"{k} {v}" for k, v in cov["decisions"].items()),
+                 f"  actions reached: {sum(1 for v in cov['actions'].values() if v)}/{len(cov['actions'])}",
+                 f"  seed: {rep['seed']}   rerun: {rep['command']}"]
+        if "violation" in rep:
+            v = rep["violation"]
+            lines.append(f"  violated: {', '.join(v['invariants'])} at `{v['action']}`")
+            if "fault_result" in rep:
+                fr = rep["fault_result"]
+                lines.append(f"  fault {rep['fault']}: expected {fr['expected']} -> "
+                             + ("caught" if fr["caught"] else f"MIS-ATTRIBUTED (caught by {', '.join(fr['caught_by'])})"))
+            lines.append(f"  shrunk trace ({len(v['trace_steps'])} steps):")
+            lines += [f"    {i:3}. {s}" for i, s in enumerate(v["trace_steps"])]
+            lines.append(f"  replay: {v['replay']}")
+        if rep.get("coverage_missing"):
+            lines.append("  coverage below the minimum: " + "; ".join(rep["coverage_missing"]))
+        if rep.get("fault_result") and not rep["fault_result"]["caught"] and "violation" not in rep:
+            lines.append(f"  fault {rep['fault']} SURVIVED: no violation within the budget")
+        lines.append(f"  report: {out / 'report.md'}")
+        return "\n".join(lines)
+
+    _emit(args, rep, text)
+    return code
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from .replay import replay_trace, sut_by_name
+    trace = Trace.load(args.trace)
+    try:
+        sut = sut_by_name(args.sut, trace.fault) if args.sut else None
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    code, out = replay_trace(trace, sut)
+
+    def text() -> str:
+        lines = [f"kvcheck replay {args.trace}: {out['steps']} steps on the spec"
+                 + (f" and {out['sut']}" if out.get("sut") else "")
+                 + (f" (fault {out['fault']})" if out.get("fault") else "")]
+        if "divergence" in out:
+            d = out["divergence"]
+            lines.append(f"  diverged at step {d['step']} `{d['action']}`: {d['why']}")
+        elif "violation" in out:
+            v = out["violation"]
+            lines.append(f"  reproduced: {', '.join(v['invariants'])} violated at step {v['step']} `{v['action']}`")
+            lines += [f"    {w}" for w in v["where"][:5]]
+        else:
+            lines.append("  every step enabled, decisions as recorded, no invariant violated")
+        lines.append(f"  exit {code}")
+        return "\n".join(lines)
+
+    out["exit_code"] = code
+    _emit(args, out, text)
+    return code
+
+
+def _check_writable(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".kvcheck-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise UsageError(f"cannot write to output directory {out}: {e.strerror or e}") from None
+
+
+# ---- parser ----------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="kvcheck",
+        description="Verify prefix-cache reuse in hybrid-attention LLM serving: a prefix-cache "
+                    "hit must be usable (every per-layer cache object complete, current and "
+                    "readable) and reuse must equal a full recompute.",
+        epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"kvcheck {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    def add(name: str, fn: Callable[[argparse.Namespace], int], help: str, config: bool = True):
+        sp = sub.add_parser(name, help=help, description=help, epilog=EXIT_CODES,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+        sp.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+        if config:
+            sp.add_argument("--config", metavar="FILE", help="JSON config (default: the embedded default)")
+        sp.set_defaults(fn=fn)
+        return sp
+
+    add("spec", cmd_spec, "describe the executable spec: objects, actions, funnel, invariants, decisions")
+    add("faults", cmd_faults, "list every planted fault and the check expected to catch it", config=False)
+    g = add("gate", cmd_gate, "the CI profile: run every engine at CI bounds, one verdict, a report")
+    g.add_argument("--out", metavar="DIR", default="kvcheck-report", help="report directory (default: %(default)s)")
+    g.add_argument("--fault", metavar="NAME", help="plant a fault; the run must fail with its expected invariant")
+    g.add_argument("--seed", type=int, default=0, help="seed of every random choice (default: %(default)s)")
+    g.add_argument("--steps", type=_positive_int, default=None,
+                   help="walk steps (default: 10000 clean, up to 400000 with --fault)")
+    r = add("replay", cmd_replay, "replay a trace on the spec (and a system under test)", config=False)
+    r.add_argument("trace", metavar="TRACE", help="trace file (JSON, kvcheck-trace/1)")
+    r.add_argument("--sut", metavar="NAME", help="also replay on this system under test (spec)")
+    return p
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "fn", None):
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return args.fn(args)
+    except (ConfigError, TraceError, faultlib.UnknownFault, UsageError) as e:
+        print(f"kvcheck {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"kvcheck {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,168 @@
+"""`kvcheck gate`: the CI profile of every engine present, one verdict.
+
+Owns the profile (minimum steps and coverage), the verdict and its exit code, and the report
+directory. Today's engine: seeded random walks of the spec with every invariant checked after
+every step. With `--fault NAME` the same walk must fail, and with the fault's expected
+invariant; the shrunk counterexample is saved as a trace with its replay command.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from .. import __version__
+from ..fuzz.walk import Walker, shrink, to_trace
+from ..spec import faults as faultlib
+from ..spec.config import DEVICE_KINDS, Config
+from ..spec.objects import DECISION_KINDS, DISK_STATES
+from ..spec.state import Layout
+from ..spec.system import Spec
+
+EXIT_OK, EXIT_USAGE, EXIT_UNDECIDED = 0, 2, 3
+EXIT_INVARIANT, EXIT_DIFF, EXIT_Z3, EXIT_CONFORMANCE = 10, 11, 12, 13
+
+
+@dataclass(frozen=True)
+class Profile:
+    """CI bounds. A run that ends below these minimums proved nothing: exit 3."""
+
+    steps: int = 10_000
+    fault_steps: int = 400_000       # budget to find a planted fault
+    fault_seconds: float = 120.0
+    shrink_seconds: float = 10.0
+
+    def required_states(self, cfg: Config) -> list[str]:
+        """Object states every clean run must reach (vacuity check)."""
+        kinds = {o.kind for o in Layout(cfg).objects}
+        out = []
+        for kind in DEVICE_KINDS:
+            if kind not in kinds:
+                continue
+            for st in ("ready", "evicted") + (("writing",) if kind in ("compressed_kv", "indexer") else ()):
+                out.append(f"{kind}:{st}")
+        if cfg.offload_enabled:
+            out += [f"on_disk:{st}" for st in DISK_STATES if st != "none"]
+        return out
+
+
+def write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def run_gate(cfg: Config, out: Path, config_path: str | None = None, fault: str | None = None,
+             seed: int = 0, steps: int | None = None, profile: Profile = Profile(),
+             progress: Callable[[int, int], None] | None = None) -> tuple[int, dict[str, Any]]:
+    if fault is not None:
+        f = faultlib.get(fault)
+        if f.layer != "spec":
+            raise faultlib.UnknownFault(f"{fault} (a {f.layer} fault: the gate plants spec faults only)")
+    spec = Spec(cfg, fault)
+    target = steps if steps is not None else (profile.fault_steps if fault else profile.steps)
+    walker = Walker(spec, seed=seed)
+    res = walker.run(target, seconds=profile.fault_seconds if fault else None,
+                     progress=(lambda n: progress(n, target)) if progress else None)
+    cov = res.coverage
+    cmd = ["kvcheck", "gate", "--seed", str(seed)]
+    if config_path:
+        cmd += ["--config", config_path]
+    if fault:
+        cmd += ["--fault", fault]
+    report: dict[str, Any] = {
+        "kvcheck": __version__, "command": shlex.join(cmd), "seed": seed, "fault": fault,
+        "config": cfg.to_dict(),
+        "engines": {"walk": {
+            "steps": cov.steps, "episodes": cov.episodes, "seconds": round(res.seconds, 3),
+            "steps_per_s": round(cov.steps / max(res.seconds, 1e-9)),
+            "invariants_checked": len({k.invariant for k in spec.conjuncts}),
+            "conjuncts": len(spec.conjuncts),
+            "coverage": cov.to_dict(), "metrics": res.metrics.to_dict()}},
+    }
+    code = EXIT_OK
+    if res.violation is not None:
+        v = res.violation
+        keep = set(v.invariants)
+        short = shrink(spec, v.trace, keep, profile.shrink_seconds)
+        trace = to_trace(spec, short, seed)
+        name = f"counterexample-{fault or 'clean'}-seed{seed}.json"
+        path = trace.save(out / name)
+        caught_by = trace.violation["invariants"] if trace.violation else v.invariants
+        report["violation"] = {
+            "step": v.step, "action": v.action, "invariants": v.invariants,
+            "where": [f"{inv}: {w}" for inv, w in v.violations][:20],
+            "trace": str(path), "trace_steps": [s.label() for s in trace.steps],
+            "replay": f"kvcheck replay {shlex.quote(str(path))}"}
+        if fault:
+            expected = faultlib.get(fault).expected
+            report["fault_result"] = {"expected": expected, "caught_by": caught_by,
+                                      "caught": expected in caught_by}
+        code = EXIT_INVARIANT
+        report["verdict"] = "violated"
+    else:
+        missing = []
+        if cov.steps < (steps if steps is not None else profile.steps):
+            missing.append(f"steps {cov.steps} < {steps or profile.steps}")
+        missing += [f"action {a}" for a in spec.actions if cov.actions.get(a, 0) == 0]
+        missing += [f"decision {d}" for d in DECISION_KINDS if cov.decisions.get(d, 0) == 0]
+        missing += [f"state {s}" for s in profile.required_states(cfg) if cov.object_states.get(s, 0) == 0]
+        report["coverage_missing"] = missing
+        if fault:
+            expected = faultlib.get(fault).expected
+            report["fault_result"] = {"expected": expected, "caught_by": [], "caught": False}
+            report["verdict"] = "fault survived"
+            code = EXIT_OK
+        elif missing:
+            report["verdict"] = "undecided: coverage below the profile minimum"
+            code = EXIT_UNDECIDED
+        else:
+            report["verdict"] = "holds"
+    report["exit_code"] = code
+    write_atomic(out / "report.json", json.dumps(report, indent=1) + "\n")
+    write_atomic(out / "report.md", render_md(report))
+    return code, report
+
+
+def render_md(rep: dict[str, Any]) -> str:
+    w = rep["engines"]["walk"]
+    cov, met = w["coverage"], w["metrics"]
+    lines = [f"# kvcheck gate: {rep['verdict']}", "",
+             f"- command: `{rep['command']}` (exit {rep['exit_code']})",
+             f"- kvcheck {rep['kvcheck']}, seed {rep['seed']}, fault: {rep['fault'] or 'none'}",
+             f"- random walks of the spec: {w['steps']} steps in {w['episodes']} episodes, "
+             f"{w['seconds']} s ({w['steps_per_s']} steps/s); {w['invariants_checked']} invariants "
+             f"({w['conjuncts']} conjuncts) checked after every step", ""]
+    if "violation" in rep:
+        v = rep["violation"]
+        lines += ["## Violation", "", f"- first violating step {v['step']}: `{v['action']}`",
+                  f"- invariants: {', '.join(v['invariants'])}"]
+        if "fault_result" in rep:
+            fr = rep["fault_result"]
+            lines.append(f"- planted fault expected `{fr['expected']}`: "
+                         f"{'caught' if fr['caught'] else 'NOT caught by it (mis-attributed)'}")
+        lines += [f"- shrunk trace ({len(v['trace_steps'])} steps): `{v['trace']}`",
+                  f"- replay: `{v['replay']}`", "", "```"] + v["trace_steps"] + ["```", ""]
+    if rep.get("coverage_missing"):
+        lines += ["## Coverage below the minimum", ""] + [f"- {m}" for m in rep["coverage_missing"]] + [""]
+    lines += ["## Decisions", "", "| decision | count |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in cov["decisions"].items()]
+    lines += ["", "## Actions", "", "| action | count |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in cov["actions"].items()]
+    lines += ["", "## Object states reached", "", "| kind:state | entries |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in cov["object_states"].items()]
+    lines += ["", "## Metrics", "",
+              f"- lookups: {met['lookups']}",
+              f"- logical hit rate (blocks): {met['logical_hit_rate']}; usable hit rate: {met['usable_hit_rate']}",
+              f"- lookups with a logical hit: {met['logical_hit_share']}; with a usable hit: {met['usable_hit_share']}",
+              "", "| degradation reason | count |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in met["degradations"].items()]
+    lines += ["", "## State transitions", "", "| transition | count |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in cov["transitions"].items()]
+    return "\n".join(lines) + "\n"

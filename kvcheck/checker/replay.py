@@ -1,0 +1,80 @@
+"""`kvcheck replay TRACE`: run a trace from any engine on the spec (and on a system under test,
+when one is named) and report the first step where they diverge.
+
+Owns conformance in the spec -> SUT direction for recorded traces: each step must be enabled,
+each lookup must answer what the trace expected, and the invariants must fail exactly where
+the trace says they did.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..spec.sut import ActionRejected, SpecSUT, SystemUnderTest
+from ..spec.system import Spec
+from ..spec.trace import Trace
+from .gate import EXIT_CONFORMANCE, EXIT_INVARIANT, EXIT_OK
+
+
+def replay_trace(trace: Trace, sut: SystemUnderTest | None = None) -> tuple[int, dict[str, Any]]:
+    spec = Spec(trace.config, trace.fault)
+    s = spec.init()
+    if sut is not None:
+        sut.reset(trace.config)
+    out: dict[str, Any] = {"steps": len(trace.steps), "fault": trace.fault,
+                           "sut": getattr(sut, "name", None)}
+    for n, step in enumerate(trace.steps):
+        try:
+            inst = spec.instance(step.action, step.params)
+        except KeyError as e:
+            out["divergence"] = {"step": n, "action": step.label(), "why": f"spec: {e.args[0]}"}
+            return EXIT_CONFORMANCE, out
+        if not inst.guard(s):
+            out["divergence"] = {"step": n, "action": step.label(), "why": "not enabled in the spec"}
+            return EXIT_CONFORMANCE, out
+        decision = spec.decide(s, step.params["r"]) if step.action == "lookup" else None
+        s = inst.effect(s)
+        if decision is not None and "decision" in step.expect and step.expect["decision"] != decision:
+            out["divergence"] = {"step": n, "action": step.label(), "why": "spec decision differs from the trace",
+                                 "expected": step.expect["decision"], "spec": decision}
+            return EXIT_CONFORMANCE, out
+        if sut is not None:
+            try:
+                obs = sut.apply(step.action, step.params)
+            except ActionRejected as e:
+                out["divergence"] = {"step": n, "action": step.label(), "why": f"SUT rejected it: {e}"}
+                return EXIT_CONFORMANCE, out
+            if decision is not None and obs.get("decision") != decision:
+                out["divergence"] = {"step": n, "action": step.label(), "why": "SUT decision differs from the spec",
+                                     "spec": decision, "sut": obs.get("decision")}
+                return EXIT_CONFORMANCE, out
+            seen = sut.observe()
+            if seen is not None and tuple(seen) != s:
+                diff = [spec.lay.names[i] for i, (a, b) in enumerate(zip(seen, s)) if a != b][:10]
+                out["divergence"] = {"step": n, "action": step.label(),
+                                     "why": "SUT abstract state differs from the spec",
+                                     "slots": [".".join(map(str, k)) for k in diff]}
+                return EXIT_CONFORMANCE, out
+        bad = spec.check(s)
+        expected = step.expect.get("violations")
+        if bad:
+            got = sorted({inv for inv, _ in bad})
+            out["violation"] = {"step": n, "action": step.label(), "invariants": got,
+                                "where": [f"{inv}: {w}" for inv, w in bad][:20]}
+            if expected is not None and expected != got:
+                out["divergence"] = {"step": n, "action": step.label(),
+                                     "why": "violated invariants differ from the trace",
+                                     "expected": expected, "got": got}
+                return EXIT_CONFORMANCE, out
+            return EXIT_INVARIANT, out
+        if expected:
+            out["divergence"] = {"step": n, "action": step.label(),
+                                 "why": "the trace expected a violation here; none occurred",
+                                 "expected": expected}
+            return EXIT_CONFORMANCE, out
+    return EXIT_OK, out
+
+
+def sut_by_name(name: str, fault: str | None) -> SystemUnderTest:
+    if name == "spec":
+        return SpecSUT(fault)
+    raise ValueError(f"unknown system under test {name!r}; available: spec")

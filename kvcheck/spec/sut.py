@@ -1,0 +1,67 @@
+"""The adapter protocol: a system under test is whatever can be driven by the spec's actions and
+observed through the spec's state.
+
+Owns the contract between the spec and every engine implementation (the reference engine,
+vLLM's cache manager, a user's own). It lives with the spec so that reference/ needs nothing
+from fuzz/. `SpecSUT` is the spec itself behind the protocol: the oracle, and the negative
+control every engine is compared with.
+"""
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from .config import Config
+from .system import Spec
+
+
+class ActionRejected(Exception):
+    """The SUT refuses an action (its guard does not hold there)."""
+
+
+@runtime_checkable
+class SystemUnderTest(Protocol):
+    name: str
+
+    def reset(self, cfg: Config) -> None:
+        """Start from the spec's Init for this config (empty caches, idle requests)."""
+
+    def apply(self, action: str, params: dict[str, Any]) -> dict[str, Any]:
+        """Perform one spec action. Returns observations (for `lookup`: {"decision": {...}}).
+        Raises ActionRejected when the action is not enabled in the SUT's current state."""
+
+    def observe(self) -> tuple[int, ...] | None:
+        """The abstraction function: the SUT's state mapped onto the spec's state tuple
+        (Layout order), or None when the SUT cannot expose it."""
+
+
+class SpecSUT:
+    """The executable spec as a system under test."""
+
+    name = "spec"
+
+    def __init__(self, fault: str | None = None) -> None:
+        self.fault = fault
+        self.spec: Spec | None = None
+        self.state: tuple[int, ...] = ()
+
+    def reset(self, cfg: Config) -> None:
+        if self.spec is None or self.spec.cfg != cfg:
+            self.spec = Spec(cfg, self.fault)
+        self.state = self.spec.init()
+
+    def apply(self, action: str, params: dict[str, Any]) -> dict[str, Any]:
+        assert self.spec is not None, "reset() first"
+        try:
+            inst = self.spec.instance(action, params)
+        except KeyError as e:
+            raise ActionRejected(str(e.args[0])) from None
+        if not inst.guard(self.state):
+            raise ActionRejected(f"{inst.label()} is not enabled")
+        obs: dict[str, Any] = {}
+        if action == "lookup":
+            obs["decision"] = self.spec.decide(self.state, params["r"])
+        self.state = inst.effect(self.state)
+        return obs
+
+    def observe(self) -> tuple[int, ...]:
+        return self.state
