@@ -129,6 +129,19 @@ class Layout:
             s[self.r(r, "rst")] = R_IDLE
         return tuple(s)
 
+    def domains(self) -> list[tuple[int, int]]:
+        """TypeOK: the (lo, hi) range of every slot in every state reachable without faults."""
+        cfg, n, mv = self.cfg, self.cfg.blocks, self.cfg.max_version
+        ranges = {"st": (0, 3), "ver": (0, mv), "abi": (0, mv), "aln": (0, 1), "pool": (0, 3),
+                  "ref": (0, cfg.requests), "gmv": (0, 1),
+                  "hashed": (0, 1), "dst": (0, 5), "dver": (0, mv), "dix": (0, mv), "dcmp": (0, mv),
+                  "dabi": (0, mv), "dbad": (0, 1),
+                  "rst": (0, 5), "rlen": (0, n), "rk": (0, n), "rpos": (0, n), "rwin": (0, n),
+                  "rdec": (0, 4), "rver": (0, mv), "rix": (0, mv), "rabi": (0, mv), "rcmp": (0, mv),
+                  "cur_ver": (0, mv), "cur_ix": (0, mv), "cur_cmp": (0, mv), "cur_abi": (0, mv),
+                  "inflight": (0, cfg.max_inflight), "graph": (0, 1), "gwin": (0, n), "gpos": (0, n)}
+        return [ranges[key[-1]] for key in self.names]
+
     def describe(self, s: Sequence[int]) -> dict[str, Any]:
         """A readable dict of a concrete state (for traces and counterexamples)."""
         out: dict[str, Any] = {}
