@@ -21,7 +21,7 @@ from ..spec.objects import DECISION_KINDS, OBJECTS, REASONS
 from ..spec.state import BLOCK_FIELDS, GLOBAL_FIELDS, OBJ_FIELDS, REQ_FIELDS
 from ..spec.system import Spec
 from ..spec.trace import Trace, TraceError
-from .gate import EXIT_USAGE, run_gate
+from .gate import EXIT_DIFF, EXIT_USAGE, run_gate
 
 FUNNEL = [
     {"layer": 1, "name": "lcm_alignment",
@@ -197,6 +197,47 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return code
 
 
+def cmd_diff(args: argparse.Namespace) -> int:
+    """Reuse vs full recompute. `--sut transformers`: a Hugging Face model built from a config."""
+    if args.sut != "transformers":
+        raise UsageError("the reference-engine differential (--sut reference) is not built yet; "
+                         "use --sut transformers --model-type NAME")
+    from ..fuzz.adapters import transformers as hf
+    if not args.model_type:
+        raise UsageError("--sut transformers needs --model-type NAME (supported: "
+                         + ", ".join(hf.SUPPORTED_MODEL_TYPES) + ")")
+    try:
+        res = hf.run_diff(args.model_type, config_json=args.config_json, dtype=args.dtype,
+                          scenarios=args.scenarios, seed=args.seed, fault=args.fault)
+    except hf.AdapterError as e:
+        raise UsageError(str(e)) from None
+    code = EXIT_DIFF if res["verdict"] == "divergent" else 0
+    res["exit_code"] = code
+    res["command"] = " ".join(["kvcheck", "diff", "--sut", "transformers", "--model-type", args.model_type,
+                               "--dtype", args.dtype, "--scenarios", str(args.scenarios), "--seed", str(args.seed)]
+                              + (["--config-json", args.config_json] if args.config_json else [])
+                              + (["--fault", args.fault] if args.fault else []))
+
+    def text() -> str:
+        lines = [f"kvcheck diff --sut transformers: {res['model_type']} ({res['dtype']}, transformers "
+                 f"{res['transformers_version']}): {res['verdict']} (exit {code})",
+                 f"  tolerance {res['tolerance']:.3g} ({res.get('tolerance_method', 'calibrated')})",
+                 "  " + ", ".join(f"{k} {v}" for k, v in res["counts"].items()),
+                 f"  {'prefix':>6} {'boundary':16} {'suffix':14} {'max|dlogit|':>12} {'first pos':>9} "
+                 f"{'flips':>5} verdict"]
+        for sc in res["scenarios"]:
+            lines.append(f"  {sc['prefix_len']:>6} {str(sc.get('prefix_boundary', '')):16} "
+                         f"{sc['suffix_mode']:14} {sc['max_abs_diff']:12.3g} "
+                         f"{str(sc.get('first_divergent_position')):>9} {sc.get('argmax_flips', 0):>5} "
+                         f"{sc['verdict']}" + (f"  layer {sc.get('first_divergent_layer')}"
+                                               if sc["verdict"] == "divergent" else ""))
+        lines.append(f"  seed {args.seed}; rerun: {res['command']}")
+        return "\n".join(lines)
+
+    _emit(args, res, text)
+    return code
+
+
 def _check_writable(out: Path) -> None:
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -239,6 +280,17 @@ def build_parser() -> argparse.ArgumentParser:
     r = add("replay", cmd_replay, "replay a trace on the spec (and a system under test)", config=False)
     r.add_argument("trace", metavar="TRACE", help="trace file (JSON, kvcheck-trace/1)")
     r.add_argument("--sut", metavar="NAME", help="also replay on this system under test (spec)")
+    d = add("diff", cmd_diff, "differential oracle: output with cache reuse vs a full recompute", config=False)
+    d.add_argument("--sut", default="transformers", choices=["reference", "transformers"],
+                   help="system under test (default: %(default)s; the reference engine comes later)")
+    d.add_argument("--model-type", metavar="NAME", help="transformers model_type (e.g. mistral, gemma3_text)")
+    d.add_argument("--config-json", metavar="FILE", help="JSON overrides of the tiny default model config")
+    d.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16"],
+                   help="model dtype (default: %(default)s)")
+    d.add_argument("--scenarios", type=_positive_int, default=20, help="scenarios (default: %(default)s)")
+    d.add_argument("--seed", type=int, default=0, help="seed of every random choice (default: %(default)s)")
+    d.add_argument("--fault", metavar="NAME", help="plant a cache corruption (transformers: "
+                   "drop_window_position, perturb_key; NAME@LAYER picks the layer)")
     return p
 
 

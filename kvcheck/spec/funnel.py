@@ -93,7 +93,7 @@ def prefetch_ok_at(v: Any, L: Logic, cfg: Config, k: int, fault: str | None) -> 
     for g, kind, j in _needed(cfg, k):
         o = v.obj(g, kind, j)
         cur = current_version(v, kind)
-        here_ok = L.And(o.st == READY, o.ver == cur, o.abi == v.cur_abi)
+        here_ok = L.And(o.st == READY, o.ver == cur, o.abi == v.cur_abi, o.aln == 1)
         copy_ok = L.And(L.Not(live(o.st, L)), restorable(v, L, j), header_version(v, kind, j) == cur)
         conds.append(L.Or(here_ok, copy_ok))
     return L.And(*conds)
