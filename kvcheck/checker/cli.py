@@ -21,6 +21,7 @@ from ..spec.objects import DECISION_KINDS, OBJECTS, REASONS
 from ..spec.state import BLOCK_FIELDS, GLOBAL_FIELDS, OBJ_FIELDS, REQ_FIELDS
 from ..spec.system import Spec
 from ..spec.trace import Trace, TraceError
+from ..fuzz.suts import SutError
 from .gate import EXIT_DIFF, EXIT_USAGE, run_gate
 
 FUNNEL = [
@@ -238,6 +239,64 @@ def cmd_diff(args: argparse.Namespace) -> int:
     return code
 
 
+def cmd_fuzz(args: argparse.Namespace) -> int:
+    """Hypothesis stateful campaign against a system under test, in lockstep with the spec."""
+    from ..fuzz.campaign import Budget, run_campaign, run_workers
+    cfg = _config(args)
+    try:
+        budget = Budget.parse(args.budget)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if args.fault is not None:
+        faultlib.get(args.fault)
+    out = Path(args.out)
+    _check_writable(out)
+    if args.workers > 1:
+        res = run_workers(cfg, args.sut, budget, args.seed, args.fault, args.db, out, args.workers)
+    else:
+        bar = task = None
+        if _progress_enabled(args):
+            from rich.progress import Progress
+            bar = Progress(transient=True)
+            bar.start()
+            task = bar.add_task(f"fuzz {args.sut} ({budget.describe()})", total=None)
+        try:
+            res = run_campaign(cfg, args.sut, budget, args.seed, args.fault, args.db, out,
+                               progress=(lambda n: bar.update(task, completed=n)) if bar else None)
+        finally:
+            if bar is not None:
+                bar.stop()
+    cmd = ["kvcheck", "fuzz", "--sut", args.sut, "--budget", args.budget, "--seed", str(args.seed)]
+    if args.config:
+        cmd += ["--config", args.config]
+    if args.fault:
+        cmd += ["--fault", args.fault]
+    res["command"] = " ".join(cmd)
+    code = res["exit_code"]
+    if code == 0 and res["coverage"]["actions_missing"] and not res.get("interrupted"):
+        res["verdict"] = "undecided: actions never exercised"
+        code = res["exit_code"] = 3
+    else:
+        res.setdefault("verdict", "holds" if code == 0 else "failed")
+
+    def text() -> str:
+        lines = [f"kvcheck fuzz --sut {args.sut}: {res['verdict']} (exit {code})",
+                 f"  {res['steps']} steps in {res['seconds']} s ({res['steps_per_s']} steps/s), "
+                 f"budget {budget.describe()}" + (", interrupted" if res.get("interrupted") else ""),
+                 "  decisions: " + ", ".join(f"{k} {v}" for k, v in res["coverage"]["decisions"].items()),
+                 f"  actions exercised: {len(res['coverage']['actions'])}"
+                 + (f"; never: {', '.join(res['coverage']['actions_missing'])}" if res["coverage"]["actions_missing"] else ""),
+                 f"  seed {args.seed}; rerun: {res['command']}"]
+        for f in res["findings"]:
+            lines.append(f"  FINDING [{f['kind']}] {', '.join(f['checks'])}: {f['message']}")
+            lines += [f"    {i:3}. {s}" for i, s in enumerate(f["trace_steps"])]
+            lines.append(f"  trace: {f['trace']}\n  reproducer: {f['reproducer']}\n  replay: {f['replay']}")
+        return "\n".join(lines)
+
+    _emit(args, res, text)
+    return code
+
+
 def _check_writable(out: Path) -> None:
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -280,6 +339,15 @@ def build_parser() -> argparse.ArgumentParser:
     r = add("replay", cmd_replay, "replay a trace on the spec (and a system under test)", config=False)
     r.add_argument("trace", metavar="TRACE", help="trace file (JSON, kvcheck-trace/1)")
     r.add_argument("--sut", metavar="NAME", help="also replay on this system under test (spec)")
+    z = add("fuzz", cmd_fuzz, "Hypothesis stateful campaign: drive a system under test in lockstep with the spec")
+    z.add_argument("--sut", default="spec", metavar="NAME",
+                   help="spec (default) or MODULE:CLASS implementing kvcheck.spec.sut.SystemUnderTest")
+    z.add_argument("--budget", default="60s", help="time (60s, 5m) or steps (20000) (default: %(default)s)")
+    z.add_argument("--seed", type=int, default=0, help="campaign seed (default: %(default)s)")
+    z.add_argument("--workers", type=_positive_int, default=1, help="processes sharing the example database")
+    z.add_argument("--fault", metavar="NAME", help="plant a fault in the SUT")
+    z.add_argument("--db", metavar="DIR", help="Hypothesis example database directory (replayed first)")
+    z.add_argument("--out", metavar="DIR", default="kvcheck-report", help="where traces go (default: %(default)s)")
     d = add("diff", cmd_diff, "differential oracle: output with cache reuse vs a full recompute", config=False)
     d.add_argument("--sut", default="transformers", choices=["reference", "transformers"],
                    help="system under test (default: %(default)s; the reference engine comes later)")
@@ -291,7 +359,27 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=int, default=0, help="seed of every random choice (default: %(default)s)")
     d.add_argument("--fault", metavar="NAME", help="plant a cache corruption (transformers: "
                    "drop_window_position, perturb_key; NAME@LAYER picks the layer)")
+    pr = add("prove", _lazy("prove", "cmd_prove"), "Z3: inductive proofs of every invariant, BMC, hit soundness")
+    pr.add_argument("--blocks", type=_positive_int, default=None, help="override config.blocks")
+    pr.add_argument("--depth", type=int, default=None, help="BMC depth (default: 4 clean, 14 when induction fails)")
+    pr.add_argument("--fault", metavar="NAME", help="plant a spec fault; BMC must find it")
+    pr.add_argument("--out", metavar="DIR", default=None, help="write prove.json and traces here")
+    ex = add("explore", _lazy("explore", "cmd_explore"), "exhaustive explicit-state exploration of the spec (BFS)")
+    ex.add_argument("--max-states", type=_positive_int, default=2_000_000, help="state budget (default: %(default)s)")
+    ex.add_argument("--fault", metavar="NAME", help="plant a spec fault; BFS finds the shortest violation")
+    ex.add_argument("--graph", metavar="FILE", default=None, help="export the state graph (.graphml, or .dot)")
+    ex.add_argument("--out", metavar="DIR", default=None, help="write explore.json, diagrams and traces here")
+    rp = add("report", _lazy("report", "cmd_report"), "render the report directory as Markdown (and HTML)", config=False)
+    rp.add_argument("--in", dest="in_dir", metavar="DIR", default="kvcheck-report", help="report directory (default: %(default)s)")
+    rp.add_argument("--html", action="store_true", help="also write one self-contained report.html")
     return p
+
+
+def _lazy(module: str, name: str) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        import importlib
+        return getattr(importlib.import_module(f"kvcheck.checker.{module}"), name)(args)
+    return run
 
 
 def _positive_int(text: str) -> int:
@@ -312,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         return args.fn(args)
-    except (ConfigError, TraceError, faultlib.UnknownFault, UsageError) as e:
+    except (ConfigError, TraceError, faultlib.UnknownFault, UsageError, SutError) as e:
         print(f"kvcheck {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..spec.sut import ActionRejected, SpecSUT, SystemUnderTest
+from ..fuzz.suts import resolve_sut
+from ..spec.sut import ActionRejected, SystemUnderTest, observed_mismatch
 from ..spec.system import Spec
 from ..spec.trace import Trace
 from .gate import EXIT_CONFORMANCE, EXIT_INVARIANT, EXIT_OK
@@ -47,9 +48,8 @@ def replay_trace(trace: Trace, sut: SystemUnderTest | None = None) -> tuple[int,
                 out["divergence"] = {"step": n, "action": step.label(), "why": "SUT decision differs from the spec",
                                      "spec": decision, "sut": obs.get("decision")}
                 return EXIT_CONFORMANCE, out
-            seen = sut.observe()
-            if seen is not None and tuple(seen) != s:
-                diff = [spec.lay.names[i] for i, (a, b) in enumerate(zip(seen, s)) if a != b][:10]
+            diff = [spec.lay.names[i] for i in observed_mismatch(sut.observe(), s)][:10]
+            if diff:
                 out["divergence"] = {"step": n, "action": step.label(),
                                      "why": "SUT abstract state differs from the spec",
                                      "slots": [".".join(map(str, k)) for k in diff]}
@@ -75,6 +75,4 @@ def replay_trace(trace: Trace, sut: SystemUnderTest | None = None) -> tuple[int,
 
 
 def sut_by_name(name: str, fault: str | None) -> SystemUnderTest:
-    if name == "spec":
-        return SpecSUT(fault)
-    raise ValueError(f"unknown system under test {name!r}; available: spec")
+    return resolve_sut(name, fault)()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from .attention import KV_TILE
-from .projection import linear
+from .projection import linear, pad_dim
 
 
 def index_scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor,
@@ -21,10 +21,11 @@ def index_scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor,
     if E == 0:
         return q.new_zeros(T, 0)
     n = -(-E // KV_TILE) * KV_TILE
-    kp = torch.cat([keys, keys.new_zeros(n - E, Di)])
+    kp = pad_dim(keys, 0, 0, n - E)
     qf = q.reshape(T * Hi, Di)
     tiles = [linear(qf, kp[a:a + KV_TILE].t().contiguous()) for a in range(0, n, KV_TILE)]
-    dots = torch.cat(tiles, dim=1)[:, :E].reshape(T, Hi, E).clamp(min=0)
+    dots = (tiles[0] if len(tiles) == 1 else torch.cat(tiles, dim=1))[:, :E]
+    dots = dots.reshape(T, Hi, E).clamp(min=0)
     score = w[:, 0, None] * dots[:, 0]
     for h in range(1, Hi):
         score = score + w[:, h, None] * dots[:, h]

@@ -14,13 +14,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvcheck.kernels.attention import (attend_gathered, attend_range, finish, new_carry)
+from kvcheck.kernels.activation import silu
+from kvcheck.kernels.attention import attend_gathered, attend_range, finish, new_carry
 from kvcheck.kernels.compression import compress
 from kvcheck.kernels.indexer import index_scores
 from kvcheck.kernels.norm import rms_norm, rope
 from kvcheck.kernels.projection import linear
 from kvcheck.kernels.topk import topk_desc
-from kvcheck.spec.config import Config, LayerSpec
+from kvcheck.kernels.attention import KV_TILE
+from kvcheck.kernels.projection import ROW_TILE
+from kvcheck.spec.config import GROUP_OBJECTS, Config, LayerSpec
 
 VOCAB = 256
 
@@ -36,12 +39,7 @@ OBJECT_FIELDS: dict[str, tuple[str, ...]] = {
     "tail": ("tail_kv", "tail_gate"),
     "indexer": ("idx_keys", "idx_tail_kv", "idx_tail_gate"),
 }
-KIND_OBJECTS: dict[str, tuple[str, ...]] = {
-    "full": ("swa_window",),
-    "swa": ("swa_window",),
-    "hca": ("compressed_kv", "tail", "swa_window"),
-    "csa": ("compressed_kv", "tail", "swa_window", "indexer"),
-}
+KIND_OBJECTS: dict[str, tuple[str, ...]] = GROUP_OBJECTS   # the spec's one definition
 
 
 @dataclass
@@ -123,7 +121,12 @@ class HybridLM:
     """Tiny hybrid LM. width 64, 4 heads of 16, MLP 128, indexer 4 heads of 16, vocab 256."""
 
     def __init__(self, config: Config | None = None, *, seed: int | None = None, width: int = 64,
-                 n_heads: int = 4, mlp: int = 128, idx_heads: int = 4, idx_dim: int = 16):
+                 n_heads: int = 4, mlp: int = 128, idx_heads: int = 4, idx_dim: int = 16,
+                 inference_mode: bool = True):
+        # inference_mode: run forwards under torch.inference_mode (~17% faster decode: no
+        # autograd dispatch). Returned logits and new state tensors are then inference tensors:
+        # read, copy, compare and clone them freely; clone before editing one in place.
+        self.inference_mode = inference_mode
         self.config = config or Config()
         self.seed = self.config.seed if seed is None else seed
         self.width, self.n_heads, self.head_dim = width, n_heads, width // n_heads
@@ -157,6 +160,9 @@ class HybridLM:
             "model": self.fingerprint[:16],
             "compressor": self._digest(lambda n: n.endswith((".wc", ".cbias")))[:16],
             "indexer": self._digest(lambda n: n.endswith((".wi", ".ibias")))[:16],
+            # the reduction order of the batch-invariant kernels: caches computed under another
+            # tiling are numerically different (still correct, but not bitwise reusable)
+            "kernels": f"torch-ref/kv{KV_TILE}/row{ROW_TILE}",
         }
 
     def _digest(self, pick, with_config: bool = False) -> str:
@@ -187,12 +193,32 @@ class HybridLM:
     def restore(self, snapshot: ModelState) -> ModelState:
         return snapshot.snapshot()
 
+    def object_rows(self, layer: int, L: int) -> dict[str, tuple[int, int, str]]:
+        """What row r of each cached tensor of `layer` holds at position L: {field: (lo, hi,
+        unit)}, row r = unit index lo + r; unit "pos" = token position, "entry" = compressed
+        entry id (block w covers positions [w*m, (w+1)*m)). For paging objects out and back."""
+        spec = self.config.layers[layer]
+        lo = 0 if spec.kind == "full" else max(0, L - spec.window + 1)
+        rows = {"win_k": (lo, L, "pos"), "win_v": (lo, L, "pos")}
+        if spec.kind in ("hca", "csa"):
+            e, t0 = L // spec.m, spec.m * (L // spec.m)
+            rows |= {"comp": (0, e, "entry"), "tail_kv": (t0, L, "pos"),
+                     "tail_gate": (t0, L, "pos")}
+            if spec.kind == "csa":
+                rows |= {"idx_keys": (0, e, "entry"), "idx_tail_kv": (t0, L, "pos"),
+                         "idx_tail_gate": (t0, L, "pos")}
+        return rows
+
     # ---- forward ----------------------------------------------------------------------
     def prefill(self, tokens, state: ModelState | None = None,
                 trace: dict | None = None) -> tuple[torch.Tensor, ModelState]:
         """Run tokens (list/1-D tensor of ints in 0..255) after `state` (None = empty).
         Returns (logits [T, 256] for the new tokens, new state); `state` is left untouched.
-        `trace`, if given, receives {"select.<layer>": [T, topk] csa selections}."""
+        `trace`, if given, receives {"select.<layer>": [T, topk] csa selections (sorted
+        ascending; -1 = empty slot, sorts first)}."""
+        if self.inference_mode and not torch.is_inference_mode_enabled():
+            with torch.inference_mode():
+                return self.prefill(tokens, state, trace)
         state = self.new_state() if state is None else state
         tok = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
         L0, T = state.position, tok.shape[0]
@@ -235,7 +261,7 @@ class HybridLM:
         hi = pos + 1
         lo = torch.zeros_like(pos) if W is None else (pos - W + 1).clamp(min=0)
         c = new_carry(H, T, D)
-        attend_range(q, ks, vs, lo0, lo, hi, c)
+        attend_range(q, ks, vs, lo0, lo, hi, c, span=(max(0, L0 - W + 1) if W else 0, L1))
 
         if spec.kind in ("hca", "csa"):
             m = spec.m
@@ -248,7 +274,8 @@ class HybridLM:
             ek = comp[:, :HD].reshape(-1, H, D)
             ev = comp[:, HD:].reshape(-1, H, D)
             if spec.kind == "hca":
-                attend_range(q, ek, ev, 0, torch.zeros_like(limit), limit, c)
+                attend_range(q, ek, ev, 0, torch.zeros_like(limit), limit, c,
+                             span=(0, L1 // m))
             else:
                 Hi, Di = self.idx_heads, self.idx_dim
                 ip = proj[:, 7 * HD:]
@@ -262,19 +289,19 @@ class HybridLM:
                 if keys.shape[0] != comp.shape[0]:
                     raise StateError(f"{p}indexer: {keys.shape[0]} keys for {comp.shape[0]} entries")
                 sel = topk_desc(index_scores(iq, iw, keys, limit), spec.topk)
-                # attend over the selected *set*: ascending entry order, empty slots last
-                sel = torch.sort(torch.where(sel < 0, 1 << 40, sel), dim=1).values
-                sel = torch.where(sel == 1 << 40, -1, sel)
+                # attend over the selected *set*: ascending entry order (empty slots, -1, sort
+                # first and add exact zeros, so only the order of real entries matters)
+                sel = torch.sort(sel, dim=1).values
                 if trace is not None:
                     trace[f"select.{i}"] = sel
-                g = sel.clamp(min=0)
-                if ek.shape[0] == 0:
-                    ek, ev = ek.new_zeros(1, H, D), ev.new_zeros(1, H, D)
-                attend_gathered(q, ek[g], ev[g], sel >= 0, c)
+                src = comp if comp.shape[0] else comp.new_zeros(1, 2 * HD)
+                picked = src[sel.clamp(min=0)]                        # [T, k, 2*H*D]
+                attend_gathered(q, picked[..., :HD].reshape(T, -1, H, D),
+                                picked[..., HD:].reshape(T, -1, H, D), sel >= 0, c)
         att = finish(c).reshape(T, HD)
         h = x + linear(att, w[p + "wo"])
         hn = rms_norm(h, w[p + "norm2"])
-        h = h + linear(torch.nn.functional.silu(linear(hn, w[p + "w1"])), w[p + "w2"])
+        h = h + linear(silu(linear(hn, w[p + "w1"])), w[p + "w2"])
         return h, out
 
     @staticmethod
@@ -285,6 +312,8 @@ class HybridLM:
         akv = torch.cat([_need(f"{name}tail_kv", tail_kv, L0 - t0), kv])
         ag = torch.cat([_need(f"{name}tail_gate", tail_gate, L0 - t0), gate])
         nb = L1 // m - L0 // m
+        if nb == 0:                                   # no block completes: tail grows only
+            return comp, akv, ag
         C = kv.shape[1]
         new = compress(akv[:nb * m].reshape(nb, m, C), ag[:nb * m].reshape(nb, m, C), bias)
         return torch.cat([comp, new]), akv[nb * m:], ag[nb * m:]

@@ -91,7 +91,7 @@ class Config:
     page_tokens: dict[str, int] = field(default_factory=dict)
     # Pool capacities in objects (pages/entries) per device object kind.
     capacity: dict[str, int] = field(default_factory=lambda: {
-        "compressed_kv": 3, "tail": 4, "swa_window": 13, "indexer": 2})
+        "compressed_kv": 4, "tail": 4, "swa_window": 13, "indexer": 3})
     reserve: int = 1            # pages per pool kept back from restores for new requests
     tiers: tuple[str, ...] = ("device", "host", "disk")
     max_inflight: int = 2       # admission cap on transfers in flight (offload + prefetch)

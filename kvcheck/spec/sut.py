@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Protocol, runtime_checkable
 
 from .config import Config
-from .system import Spec
+from .system import Spec, spec_for
 
 
 class ActionRejected(Exception):
@@ -20,7 +20,11 @@ class ActionRejected(Exception):
 
 @runtime_checkable
 class SystemUnderTest(Protocol):
+    """`name` for reports; `actions`: the spec actions it implements (None: all of them) —
+    engines only drive those."""
+
     name: str
+    actions: frozenset[str] | None
 
     def reset(self, cfg: Config) -> None:
         """Start from the spec's Init for this config (empty caches, idle requests)."""
@@ -29,15 +33,27 @@ class SystemUnderTest(Protocol):
         """Perform one spec action. Returns observations (for `lookup`: {"decision": {...}}).
         Raises ActionRejected when the action is not enabled in the SUT's current state."""
 
-    def observe(self) -> tuple[int, ...] | None:
-        """The abstraction function: the SUT's state mapped onto the spec's state tuple
-        (Layout order), or None when the SUT cannot expose it."""
+    def observe(self) -> tuple[int, ...] | dict[int, int] | None:
+        """The abstraction function: the SUT's state mapped onto the spec's state — the whole
+        tuple (Layout order), a partial {slot: value} map of the slots it can abstract, or
+        None when it exposes no state (then only decisions are compared)."""
+
+
+def observed_mismatch(seen: tuple[int, ...] | dict[int, int] | None,
+                      spec_state: tuple[int, ...]) -> list[int]:
+    """Slots where an observation disagrees with the spec's state."""
+    if seen is None:
+        return []
+    if isinstance(seen, dict):
+        return [i for i, v in seen.items() if spec_state[i] != v]
+    return [i for i, (a, b) in enumerate(zip(seen, spec_state)) if a != b]
 
 
 class SpecSUT:
     """The executable spec as a system under test."""
 
     name = "spec"
+    actions = None
 
     def __init__(self, fault: str | None = None) -> None:
         self.fault = fault
@@ -46,7 +62,7 @@ class SpecSUT:
 
     def reset(self, cfg: Config) -> None:
         if self.spec is None or self.spec.cfg != cfg:
-            self.spec = Spec(cfg, self.fault)
+            self.spec = spec_for(cfg, self.fault)
         self.state = self.spec.init()
 
     def apply(self, action: str, params: dict[str, Any]) -> dict[str, Any]:

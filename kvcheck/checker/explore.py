@@ -1,0 +1,454 @@
+"""`kvcheck explore`: exhaustive explicit-state exploration of the spec (breadth first).
+
+Owns the explicit-state engine. States are the spec's flat tuples; successors come from the
+compiled action instances (`Spec.instances`). Request slots are interchangeable in the spec
+(every per-request action exists for every slot, invariants and decisions quantify over all
+slots, no slot index is stored in the state), so states are canonicalised by sorting the
+per-request field blocks (symmetry reduction; tests check it against a brute-force count and
+that successor sets commute with the permutation). BFS order makes the first violating state
+found a shortest one; its path is saved as a trace in the shared format.
+
+Also reported: per-action coverage, `sometimes` properties (every decision kind and every object
+state reached: the vacuity check), deadlocks (a request not idle and nothing enabled), states
+from which "every request idle" is unreachable, and the per-kind state diagrams observed.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import subprocess
+import time
+from array import array
+from collections import Counter, deque
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from ..spec import faults as faultlib
+from ..spec.config import Config, LayerSpec
+from ..spec.objects import DECISIONS, DECISION_KINDS, DEVICE_STATES, DISK_STATES, R_IDLE
+from ..spec.system import Spec
+from ..spec.trace import Step, Trace
+
+EXIT_OK, EXIT_UNDECIDED, EXIT_INVARIANT = 0, 3, 10
+
+# The CI profile: small enough to be explored exhaustively in well under a minute on one core.
+CI_CONFIG = Config(layers=(LayerSpec("csa", window=6, m=12, topk=1),), blocks=3, requests=1,
+                   capacity={"compressed_kv": 1, "tail": 1, "swa_window": 2, "indexer": 1},
+                   max_inflight=1, max_active=1)
+# A larger profile for planted faults: BFS stops at the first (shortest) violation.
+FAULT_CONFIG = Config(layers=(LayerSpec("csa", window=6, m=12, topk=1),), blocks=3, requests=1,
+                      capacity={"compressed_kv": 1, "tail": 1, "swa_window": 3, "indexer": 1},
+                      max_inflight=1, max_active=1)
+
+
+class Canon:
+    """Symmetry reduction over request slots: sort the per-request field blocks."""
+
+    def __init__(self, spec: Spec) -> None:
+        lay = spec.lay
+        self.n = spec.cfg.requests
+        self.lo = lay.r(0, "rst")
+        self.w = lay.r(1, "rst") - self.lo if self.n > 1 else 0
+        self.hi = self.lo + self.w * self.n
+
+    def __call__(self, s: tuple) -> tuple:
+        if self.n == 1:
+            return s
+        lo, w = self.lo, self.w
+        blocks = sorted(s[lo + i * w: lo + (i + 1) * w] for i in range(self.n))
+        out = s[:lo]
+        for b in blocks:
+            out += b
+        return out + s[self.hi:]
+
+
+@dataclass
+class ExploreResult:
+    states: int
+    transitions: int
+    depth: int
+    seconds: float
+    exhaustive: bool
+    violation: dict[str, Any] | None
+    report: dict[str, Any]
+
+
+def _state_name(kind: str, v: int) -> str:
+    names = DISK_STATES if kind == "on_disk" else DEVICE_STATES
+    return names[v] if 0 <= v < len(names) else str(v)
+
+
+def explore(cfg: Config, fault: str | None = None, max_states: int = 2_000_000,
+            symmetry: bool = True, keep_graph: bool = False, liveness: bool = True,
+            seconds: float | None = None) -> tuple[Spec, ExploreResult, Any]:
+    spec = Spec(cfg, fault)
+    canon = Canon(spec) if symmetry else (lambda s: s)
+    insts = spec.instances
+    t0 = time.perf_counter()
+    init = canon(spec.init())
+    ids: dict[tuple, int] = {init: 0}
+    states: list[tuple] = [init]
+    parent = array("l", [-1])
+    via = array("l", [-1])
+    depth_of = array("l", [0])
+    src, dst = array("l"), array("l")          # edges (quotient graph), kept for liveness/graph
+    keep_edges = liveness or keep_graph
+    act_count: Counter = Counter()
+    trans: set[tuple[str, int, int]] = set()
+    deadlocks = 0
+    deadlock_example = -1
+    rst_slots = [spec.lay.r(r, "rst") for r in range(cfg.requests)]
+    violation = None
+    bad0 = spec.check(init)
+    if bad0:
+        violation = (0, None, bad0)
+    q = 0
+    exhaustive = True
+    deadline = t0 + seconds if seconds else None
+    while violation is None and q < len(states):
+        if len(states) >= max_states or (deadline and time.perf_counter() > deadline):
+            exhaustive = False
+            break
+        s = states[q]
+        sid = q
+        q += 1
+        d1 = depth_of[sid] + 1
+        any_enabled = False
+        for inst in insts:
+            if not inst.guard(s):
+                continue
+            any_enabled = True
+            t = inst.effect(s)
+            act_count[inst.index] += 1
+            for slot, kind in inst.state_slots:
+                a, b = s[slot], t[slot]
+                if a != b:
+                    trans.add((kind, a, b))
+            c = canon(t)
+            tid = ids.get(c)
+            if tid is None:
+                tid = len(states)
+                ids[c] = tid
+                states.append(c)
+                parent.append(sid)
+                via.append(inst.index)
+                depth_of.append(d1)
+                bad = spec.check_after(inst, t)
+                if bad:
+                    violation = (tid, inst, bad)
+                    break
+            if keep_edges:
+                src.append(sid)
+                dst.append(tid)
+        if not any_enabled and any(s[i] != R_IDLE for i in rst_slots):
+            deadlocks += 1
+            if deadlock_example < 0:
+                deadlock_example = sid
+    if violation is not None:
+        exhaustive = False
+    seconds_taken = time.perf_counter() - t0
+    n = len(states)
+
+    # ---- coverage and sometimes properties ---------------------------------------------
+    by_action: Counter = Counter()
+    for idx, cnt in act_count.items():
+        by_action[insts[idx].action] += cnt
+    for a in spec.actions:
+        by_action.setdefault(a, 0)
+    lay = spec.lay
+    rdec = [lay.r(r, "rdec") for r in range(cfg.requests)]
+    dec_seen = {DECISIONS[v] for v in {s[i] for s in states for i in rdec}} & set(DECISION_KINDS)
+    obj_states: set[str] = set()
+    kinds_present = {o.kind for o in lay.objects}
+    for k in kinds_present:
+        obj_states.add(f"{k}:free")
+    if cfg.offload_enabled:
+        obj_states.add("on_disk:none")
+    for kind, a, b in trans:
+        obj_states.add(f"{kind}:{_state_name(kind, b)}")
+    required = [f"{k}:{st}" for k in sorted(kinds_present) for st in
+                (("free", "writing", "ready", "evicted") if k in ("compressed_kv", "indexer")
+                 else ("free", "ready", "evicted"))]
+    if cfg.offload_enabled:
+        required += [f"on_disk:{st}" for st in DISK_STATES]
+    sometimes = {f"decision {d}": d in dec_seen for d in DECISION_KINDS}
+    sometimes.update({f"state {s_}": s_ in obj_states for s_ in required})
+    sometimes.update({f"action {a}": by_action[a] > 0 for a in spec.actions})
+
+    # ---- liveness: can every request get back to idle? -----------------------------------
+    stuck = None
+    if liveness and exhaustive:
+        idle = [i for i, s in enumerate(states) if all(s[j] == R_IDLE for j in rst_slots)]
+        radj: list[list[int]] = [[] for _ in range(n)]
+        for a, b in zip(src, dst):
+            radj[b].append(a)
+        good = bytearray(n)
+        dq = deque(idle)
+        for i in idle:
+            good[i] = 1
+        while dq:
+            x = dq.popleft()
+            for p in radj[x]:
+                if not good[p]:
+                    good[p] = 1
+                    dq.append(p)
+        stuck_ids = [i for i in range(n) if not good[i]]
+        stuck = {"count": len(stuck_ids)}
+        if stuck_ids:
+            first = min(stuck_ids, key=lambda i: depth_of[i])
+            stuck["example_path"] = [insts[i].label() for i in _path(parent, via, first)]
+
+    graph = None
+    if keep_graph:
+        import networkx as nx
+        graph = nx.DiGraph()
+        for i, st in enumerate(states):
+            graph.add_node(i, state=",".join(map(str, st)), depth=int(depth_of[i]))
+        for a, b in zip(src, dst):
+            graph.add_edge(a, b)
+
+    viol_rep = None
+    if violation is not None:
+        tid, inst, bad = violation
+        path = [insts[i] for i in _path(parent, via, tid)]
+        viol_rep = {"depth": len(path), "action": inst.label() if inst else "init",
+                    "invariants": sorted({i for i, _ in bad}),
+                    "where": [f"{i}: {w}" for i, w in bad][:20],
+                    "path": path}
+    report = {
+        "states": n, "transitions": len(src) if keep_edges else sum(act_count.values()),
+        "depth": max(depth_of) if n else 0, "seconds": round(seconds_taken, 3),
+        "states_per_s": round(n / max(seconds_taken, 1e-9)), "exhaustive": exhaustive,
+        "max_states": max_states, "symmetry": symmetry and cfg.requests > 1,
+        "actions": dict(sorted(by_action.items())),
+        "decisions": sorted(dec_seen, key=DECISION_KINDS.index),
+        "object_states": sorted(obj_states),
+        "transitions_observed": sorted(f"{k}:{_state_name(k, a)}->{_state_name(k, b)}" for k, a, b in trans),
+        "sometimes": sometimes,
+        "sometimes_missing": [k for k, ok in sometimes.items() if not ok],
+        "deadlocks": deadlocks,
+        "deadlock_example": ([insts[i].label() for i in _path(parent, via, deadlock_example)]
+                             if deadlock_example >= 0 else None),
+        "idle_unreachable": stuck,
+    }
+    res = ExploreResult(n, report["transitions"], report["depth"], seconds_taken, exhaustive,
+                        viol_rep, report)
+    return spec, res, graph
+
+
+def _path(parent: array, via: array, tid: int) -> list[int]:
+    out = []
+    while parent[tid] >= 0:
+        out.append(via[tid])
+        tid = parent[tid]
+    return out[::-1]
+
+
+def concrete_steps(spec: Spec, path: list[Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The BFS path runs on canonical states; re-play it concretely from Init, choosing at each
+    step the instance (same action) whose successor has the expected canonical form."""
+    canon = Canon(spec)
+    s = spec.init()
+    cs = canon(s)
+    out = []
+    for inst in path:
+        target = canon(inst.effect(cs))
+        for cand in spec.instances:
+            if cand.action == inst.action and cand.guard(s) and canon(cand.effect(s)) == target:
+                out.append((cand.action, dict(cand.params)))
+                s = cand.effect(s)
+                cs = target
+                break
+        else:  # pragma: no cover - symmetry reduction unsound
+            raise RuntimeError(f"could not concretise step {inst.label()}")
+    return out
+
+
+# ---- state diagrams ---------------------------------------------------------------------
+
+def diagrams(report: dict[str, Any]) -> dict[str, str]:
+    """One DOT digraph per object kind, from the transitions observed."""
+    edges: dict[str, list[tuple[str, str]]] = {}
+    for t in report["transitions_observed"]:
+        kind, rest = t.split(":", 1)
+        a, b = rest.split("->")
+        edges.setdefault(kind, []).append((a, b))
+    out = {}
+    for kind, es in sorted(edges.items()):
+        lines = [f'digraph "{kind}" {{', "  rankdir=LR;", f'  label="{kind}"; labelloc=t;',
+                 '  node [shape=ellipse, fontname="Helvetica"];']
+        for a, b in es:
+            lines.append(f'  "{a}" -> "{b}";')
+        lines.append("}")
+        out[kind] = "\n".join(lines) + "\n"
+    return out
+
+
+def svg_diagram(kind: str, edges: list[tuple[str, str]]) -> str:
+    """A self-made SVG (no graphviz): states on a circle, arrows between them."""
+    import math
+    nodes = sorted({x for e in edges for x in e}, key=lambda x: (DEVICE_STATES + DISK_STATES).index(x)
+                   if x in DEVICE_STATES + DISK_STATES else 99)
+    W, H, R = 420, 320, 110
+    pos = {n: (W / 2 + R * math.cos(2 * math.pi * i / len(nodes) - math.pi / 2),
+               H / 2 + 10 + R * math.sin(2 * math.pi * i / len(nodes) - math.pi / 2))
+           for i, n in enumerate(nodes)}
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}">',
+             '<defs><marker id="ah" markerWidth="10" markerHeight="8" refX="9" refY="4" orient="auto">'
+             '<path d="M0,0 L10,4 L0,8 z" fill="#444"/></marker></defs>',
+             f'<text x="{W / 2}" y="18" text-anchor="middle" font-family="sans-serif" font-size="14" '
+             f'font-weight="bold">{kind}</text>']
+    for a, b in edges:
+        (x1, y1), (x2, y2) = pos[a], pos[b]
+        dx, dy = x2 - x1, y2 - y1
+        d = math.hypot(dx, dy) or 1
+        ox, oy = -dy / d * 6, dx / d * 6           # offset so a->b and b->a do not overlap
+        sx, sy = x1 + dx / d * 38 + ox, y1 + dy / d * 16 + oy
+        ex, ey = x2 - dx / d * 38 + ox, y2 - dy / d * 16 + oy
+        parts.append(f'<line x1="{sx:.1f}" y1="{sy:.1f}" x2="{ex:.1f}" y2="{ey:.1f}" stroke="#444" '
+                     'stroke-width="1.4" marker-end="url(#ah)"/>')
+    for n, (x, y) in pos.items():
+        parts.append(f'<ellipse cx="{x:.1f}" cy="{y:.1f}" rx="40" ry="16" fill="#e8f0fe" stroke="#1a5ab8"/>')
+        parts.append(f'<text x="{x:.1f}" y="{y + 4:.1f}" text-anchor="middle" font-family="sans-serif" '
+                     f'font-size="11">{n}</text>')
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"
+
+
+def write_diagrams(report: dict[str, Any], out: Path) -> dict[str, dict[str, str]]:
+    """DOT always; PNG through graphviz `dot` when it is installed, else a self-made SVG."""
+    out.mkdir(parents=True, exist_ok=True)
+    files: dict[str, dict[str, str]] = {}
+    dot = shutil.which("dot")
+    edges: dict[str, list[tuple[str, str]]] = {}
+    for t in report["transitions_observed"]:
+        kind, rest = t.split(":", 1)
+        a, b = rest.split("->")
+        edges.setdefault(kind, []).append((a, b))
+    for kind, text in diagrams(report).items():
+        p = out / f"states-{kind}.dot"
+        p.write_text(text)
+        files[kind] = {"dot": str(p)}
+        if dot:
+            png = out / f"states-{kind}.png"
+            try:
+                subprocess.run([dot, "-Tpng", "-o", str(png), str(p)], check=True,
+                               capture_output=True, timeout=30)
+                files[kind]["png"] = str(png)
+                continue
+            except (OSError, subprocess.SubprocessError):
+                pass
+        svg = out / f"states-{kind}.svg"
+        svg.write_text(svg_diagram(kind, edges[kind]))
+        files[kind]["svg"] = str(svg)
+    return files
+
+
+# ---- the command ------------------------------------------------------------------------
+
+def run_explore(cfg: Config, out: Path | None = None, fault: str | None = None,
+                max_states: int = 2_000_000, graph_file: str | None = None,
+                config_path: str | None = None, seconds: float | None = None) -> tuple[int, dict[str, Any]]:
+    if fault is not None:
+        f = faultlib.get(fault)
+        if f.layer != "spec":
+            raise faultlib.UnknownFault(f"{fault} (a {f.layer} fault: explore plants spec faults only)")
+    spec, res, graph = explore(cfg, fault, max_states, keep_graph=graph_file is not None,
+                               liveness=fault is None, seconds=seconds)
+    rep = dict(res.report)
+    cmd = ["kvcheck", "explore"] + (["--config", config_path] if config_path else []) \
+        + (["--fault", fault] if fault else [])
+    rep.update({"command": shlex.join(cmd), "fault": fault, "config": cfg.to_dict()})
+    code = EXIT_OK
+    if res.violation is not None:
+        v = res.violation
+        steps = concrete_steps(spec, v.pop("path"))
+        from ..fuzz.walk import to_trace
+        tr = to_trace(spec, steps, None, engine="explore")
+        tr.meta = {"depth": len(steps), "found_by": "kvcheck explore (BFS: shortest)"}
+        dest = (out or Path("kvcheck-report")) / f"explore-counterexample-{fault or 'clean'}.json"
+        path = tr.save(dest)
+        v["trace"] = str(path)
+        v["steps"] = [s.label() for s in tr.steps]
+        v["replay"] = f"kvcheck replay {shlex.quote(str(path))}"
+        rep["violation"] = v
+        code = EXIT_INVARIANT
+        if fault:
+            expected = faultlib.get(fault).expected
+            rep["fault_result"] = {"expected": expected, "caught_by": v["invariants"],
+                                   "caught": expected in v["invariants"]}
+        rep["verdict"] = "violated"
+    elif fault:
+        rep["fault_result"] = {"expected": faultlib.get(fault).expected, "caught_by": [], "caught": False}
+        rep["verdict"] = "fault survived" + ("" if res.exhaustive else " (max-states hit)")
+        code = EXIT_OK if res.exhaustive else EXIT_UNDECIDED
+    elif not res.exhaustive and rep["sometimes_missing"]:
+        rep["verdict"] = "undecided: max-states hit before exhaustion, coverage incomplete"
+        code = EXIT_UNDECIDED
+    else:
+        rep["verdict"] = "holds" + ("" if res.exhaustive else " (bounded: max-states hit)")
+    if out is not None:
+        rep["diagrams"] = write_diagrams(rep, out)
+    if graph is not None and graph_file:
+        import networkx as nx
+        gp = Path(graph_file)
+        gp.parent.mkdir(parents=True, exist_ok=True)
+        if gp.suffix == ".dot":
+            lines = ["digraph states {"] + [f"  {a} -> {b};" for a, b in graph.edges] + ["}"]
+            gp.write_text("\n".join(lines) + "\n")
+        else:
+            nx.write_graphml(graph, gp)
+        rep["graph"] = str(gp)
+    rep["exit_code"] = code
+    return code, rep
+
+
+def render_text(rep: dict[str, Any]) -> str:
+    lines = [f"kvcheck explore: {rep['verdict']} (exit {rep['exit_code']})",
+             f"  {rep['states']} distinct states ({'symmetry-reduced, ' if rep['symmetry'] else ''}"
+             f"{'exhaustive' if rep['exhaustive'] else 'not exhaustive'}), {rep['transitions']} transitions, "
+             f"depth {rep['depth']}, {rep['seconds']} s ({rep['states_per_s']} states/s)",
+             "  decisions reached: " + (", ".join(rep["decisions"]) or "none"),
+             f"  actions reached: {sum(1 for v in rep['actions'].values() if v)}/{len(rep['actions'])}",
+             f"  deadlocks: {rep['deadlocks']}"]
+    if rep.get("idle_unreachable") is not None:
+        lines.append(f"  states from which every-request-idle is unreachable: {rep['idle_unreachable']['count']}")
+    if rep["sometimes_missing"]:
+        lines.append("  sometimes-properties NOT reached: " + ", ".join(rep["sometimes_missing"]))
+    if "violation" in rep:
+        v = rep["violation"]
+        lines.append(f"  shortest violation ({v['depth']} steps): {', '.join(v['invariants'])}")
+        lines += [f"    {i:3}. {s}" for i, s in enumerate(v["steps"])]
+        lines.append(f"  replay: {v['replay']}")
+    if "fault_result" in rep:
+        fr = rep["fault_result"]
+        lines.append(f"  fault {rep['fault']}: expected {fr['expected']} -> "
+                     + ("caught" if fr["caught"] else
+                        (f"MIS-ATTRIBUTED (caught by {', '.join(fr['caught_by'])})" if fr["caught_by"] else "SURVIVED")))
+    if rep.get("graph"):
+        lines.append(f"  graph: {rep['graph']}")
+    return "\n".join(lines)
+
+
+def cmd_explore(args: Any) -> int:
+    from .cli import UsageError, _emit
+    from .gate import write_atomic
+    if args.config:
+        cfg = Config.load(args.config)
+    else:
+        cfg = FAULT_CONFIG if args.fault else CI_CONFIG
+    if args.fault is not None:
+        faultlib.get(args.fault)
+    out = Path(args.out) if getattr(args, "out", None) else None
+    if out is not None:
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UsageError(f"cannot write to {out}: {e.strerror or e}") from None
+    code, rep = run_explore(cfg, out, args.fault, args.max_states, args.graph, args.config)
+    if out is not None:
+        write_atomic(out / "explore.json", json.dumps(rep, indent=1) + "\n")
+    _emit(args, rep, lambda: render_text(rep))
+    return code

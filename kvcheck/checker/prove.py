@@ -1,0 +1,454 @@
+"""`kvcheck prove`: Z3 inductive proofs, bounded model checking and the hit-soundness theorem,
+all from the spec's symbolic semantics (the same action bodies and invariants, given `Z3Logic`).
+
+Owns three obligations:
+
+- **Induction** per invariant I: Init => I, and, for every action instance separately,
+  TypeOK /\\ (every invariant) /\\ (every auxiliary invariant) /\\ guard => I' (the post-state
+  after the instance's writes). Exact frame reasoning: a conjunct whose read set (from the
+  compiled spec) misses the instance's write set cannot change and is not re-checked. A failure
+  is a counterexample-to-induction (CTI): a pre-state, an action and a post-state, which need not
+  be reachable.
+- **BMC** from Init to depth K (one incremental solver, a push/pop per depth): a real
+  violation, reported as a trace in the shared trace format with its `kvcheck replay` command.
+- **Hit soundness** at the lookup step: under the invariants, a REUSE(k) or PARTIAL(k) decision
+  of the funnel implies every recovery condition at k (`recovery` of every object kind,
+  `layout_ok`, `resident` from objects.py).
+
+The auxiliary invariants (AUX below) are what makes the named invariants inductive; they are
+proved by the same induction (they are part of the hypothesis and each is itself an obligation).
+"""
+from __future__ import annotations
+
+import shlex
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from ..spec import faults as faultlib
+from ..spec.actions import ACTIONS, Ctx, run_body
+from ..spec.config import Config
+from ..spec.funnel import Decision
+from ..spec.invariants import INVARIANTS
+from ..spec.logic import TRACE, Expr, Logic
+from ..spec.objects import (DECISIONS, OBJECT_KINDS, PARTIAL, R_BOUND, REUSE, layout_ok,
+                            recovery, resident)
+from ..spec.state import View
+from ..spec.system import Spec
+from ..spec.trace import Step, Trace
+
+EXIT_OK, EXIT_UNDECIDED, EXIT_Z3 = 0, 3, 12
+
+
+# ---- auxiliary invariants ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Aux:
+    name: str
+    doc: str
+    conjuncts: Callable[[Ctx], list[tuple[str, Any]]]
+
+
+def _type_ok(c: Ctx) -> list[tuple[str, Any]]:
+    vec, L = c.v.vec, c.L
+    out = []
+    for key, (lo, hi), x in zip(c.lay.names, c.lay.domains(), vec):
+        out.append((".".join(map(str, key[1:])), L.And(lo <= x, x <= hi)))
+    return out
+
+
+def _bound_pins_lease(c: Ctx) -> list[tuple[str, Any]]:
+    L, out = c.L, []
+    for r in range(c.cfg.requests):
+        q = c.v.req(r)
+        out.append((f"request {r}", L.Implies(q.rst == R_BOUND,
+                                              L.And(q.rpos == q.rk, q.rwin == c.retain_lo(q.rk)))))
+    return out
+
+
+def _lease_not_ahead(c: Ctx) -> list[tuple[str, Any]]:
+    L, v, out = c.L, c.v, []
+    for r in range(c.cfg.requests):
+        q = v.req(r)
+        out.append((f"request {r}", L.And(q.rver <= v.cur_ver, q.rix <= v.cur_ix,
+                                          q.rabi <= v.cur_abi, q.rcmp <= v.cur_cmp)))
+    return out
+
+
+AUX: dict[str, Aux] = {a.name: a for a in (
+    Aux("type_ok", "TypeOK: every slot stays in its declared range (Layout.domains). Assumed by "
+        "every induction step, so it must be proved too.", _type_ok),
+    Aux("bound_pins_lease", "A bound request is positioned at its lease and pins exactly what a "
+        "resume there reads: rpos == rk and rwin == retain_lo(rk). Without it a CTI has a bound "
+        "request whose needed pages have ref 0, so `evict` may take them.", _bound_pins_lease),
+    Aux("lease_not_ahead", "A lease never records a version newer than the current one "
+        "(rver <= cur_ver, rix <= cur_ix, rabi <= cur_abi, rcmp <= cur_cmp). Without it a CTI "
+        "has a stale lease from 'the future' that a version bump makes current again.",
+        _lease_not_ahead),
+)}
+
+
+# ---- results ----------------------------------------------------------------------------
+
+@dataclass
+class Obligation:
+    name: str
+    kind: str                 # invariant | auxiliary | theorem
+    status: str = "proved"    # proved | violated | unknown
+    method: str = "induction"
+    bound: int | None = None
+    seconds: float = 0.0
+    trace: str | None = None
+    cti: dict[str, Any] | None = None
+    note: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {"name": self.name, "kind": self.kind, "status": self.status, "method": self.method,
+             "bound": self.bound, "seconds": round(self.seconds, 3), "trace": self.trace}
+        if self.cti:
+            d["cti"] = self.cti
+        if self.note:
+            d["note"] = self.note
+        return d
+
+
+class Prover:
+    def __init__(self, cfg: Config, fault: str | None = None, timeout_ms: int = 60_000) -> None:
+        import z3
+        from ..spec.logic import Z3Logic
+        self.z3, self.Z = z3, Z3Logic()
+        self.cfg, self.fault = cfg, fault
+        self.spec = Spec(cfg, fault)
+        self.lay = self.spec.lay
+        self.timeout_ms = timeout_ms
+        self.x = [z3.Int(f"s{i}") for i in range(self.lay.size)]
+        # read sets of every conjunct (named invariants and auxiliaries), from the compiled spec
+        self.reads: dict[tuple[str, str], frozenset[int]] = {}
+        for k in self.spec.conjuncts:
+            self.reads[(k.invariant, k.where)] = k.reads
+        c = Ctx(View(self.spec.sym, self.lay), TRACE, self.lay, fault)
+        for a in AUX.values():
+            for where, p in a.conjuncts(c):
+                self.reads[(a.name, where)] = p.reads if isinstance(p, Expr) else frozenset()
+        self.names = list(INVARIANTS) + list(AUX)
+
+    # ---- symbolic helpers ---------------------------------------------------------------
+    def conjuncts(self, vec: list[Any]) -> dict[str, list[tuple[str, Any]]]:
+        c = Ctx(View(vec, self.lay), self.Z, self.lay, self.fault)
+        out: dict[str, list[tuple[str, Any]]] = {}
+        for name, inv in INVARIANTS.items():
+            out[name] = [(w, p) for w, p in inv.conjuncts(c) if p is not True]
+        for name, a in AUX.items():
+            out[name] = [(w, p) for w, p in a.conjuncts(c) if p is not True]
+        return out
+
+    def _b(self, p: Any) -> Any:
+        return self.z3.BoolVal(bool(p)) if isinstance(p, bool) else p
+
+    def step(self, vec: list[Any], inst: Any) -> tuple[Any, dict[int, Any]]:
+        guard, writes = run_body(ACTIONS[inst.action], View(vec, self.lay), self.Z, self.lay,
+                                 self.fault, inst.params)
+        z3 = self.z3
+        writes = {i: (z3.IntVal(e) if isinstance(e, int) else e) for i, e in writes.items()}
+        writes = {i: e for i, e in writes.items() if not e.eq(vec[i])}
+        return self._b(guard), writes
+
+    def solver(self) -> Any:
+        s = self.z3.Solver()
+        s.set("timeout", self.timeout_ms)
+        return s
+
+    def model_state(self, m: Any) -> tuple[int, ...]:
+        return tuple(m.eval(xi, model_completion=True).as_long() for xi in self.x)
+
+    def describe_cti(self, pre: tuple[int, ...], inst: Any, post: tuple[int, ...],
+                     failed: list[str]) -> dict[str, Any]:
+        d_pre, d_post = self.lay.describe(pre), self.lay.describe(post)
+        return {"action": inst.label(), "conjuncts": failed[:10],
+                "changed": {k: [d_pre[k], d_post[k]] for k in d_pre if d_pre[k] != d_post[k]},
+                "pre": d_pre}
+
+    # ---- induction ----------------------------------------------------------------------
+    def induction(self, only: set[str] | None = None) -> dict[str, Obligation]:
+        z3 = self.z3
+        names = [n for n in self.names if only is None or n in only]
+        res = {n: Obligation(n, "auxiliary" if n in AUX else "invariant") for n in names}
+        init = [z3.IntVal(v) for v in self.lay.init()]
+        t0 = time.perf_counter()
+        init_conj = self.conjuncts(init)
+        for n in names:
+            bad = [w for w, p in init_conj[n] if z3.is_false(z3.simplify(self._b(p)))]
+            if bad:
+                res[n].status = "violated"
+                res[n].note = "Init violates it: " + "; ".join(bad[:5])
+        per = (time.perf_counter() - t0) / max(len(names), 1)
+        for o in res.values():
+            o.seconds += per
+        pre = self.conjuncts(self.x)
+        hyp = [p for ps in pre.values() for _, p in ps]
+        for inst in self.spec.instances:
+            t1 = time.perf_counter()
+            guard, writes = self.step(self.x, inst)
+            y = list(self.x)
+            for i, e in writes.items():
+                y[i] = e
+            ws = set(writes)
+            post = self.conjuncts(y)
+            goals: dict[str, list[tuple[str, Any]]] = {}
+            for n in names:
+                aff = [(w, p) for w, p in post[n] if self.reads.get((n, w), frozenset()) & ws]
+                if aff:
+                    goals[n] = aff
+            build = time.perf_counter() - t1
+            if not goals:
+                continue
+            s = self.solver()
+            s.add(*hyp)
+            s.add(guard)
+            s.push()
+            s.add(z3.Not(z3.And(*[p for g in goals.values() for _, p in g])))
+            r = s.check()
+            s.pop()
+            elapsed = time.perf_counter() - t1
+            total = sum(len(g) for g in goals.values())
+            if r == z3.unsat:
+                for n, g in goals.items():
+                    res[n].seconds += elapsed * len(g) / total
+                continue
+            # split: which invariants fail on this instance
+            for n, g in goals.items():
+                t2 = time.perf_counter()
+                s.push()
+                s.add(z3.Not(z3.And(*[p for _, p in g])))
+                rr = s.check()
+                if rr == z3.sat and res[n].status == "proved":
+                    m = s.model()
+                    pre_s = self.model_state(m)
+                    post_s = inst.effect(pre_s)
+                    failed = [w for w, p in g if z3.is_false(m.eval(p, model_completion=True))]
+                    res[n].status = "unknown"
+                    res[n].cti = self.describe_cti(pre_s, inst, post_s, failed)
+                    res[n].note = "not inductive: counterexample-to-induction (CTI) at " + inst.label()
+                elif rr == z3.unknown and res[n].status == "proved":
+                    res[n].status = "unknown"
+                    res[n].note = f"solver unknown at {inst.label()}: {s.reason_unknown()}"
+                s.pop()
+                res[n].seconds += build * len(g) / total + (time.perf_counter() - t2)
+        return res
+
+    # ---- hit soundness ------------------------------------------------------------------
+    def hit_soundness(self) -> Obligation:
+        z3, Z = self.z3, self.Z
+        t0 = time.perf_counter()
+        ob = Obligation("hit_soundness_theorem", "theorem")
+        v = View(self.x, self.lay)
+        s = self.solver()
+        s.add(*[p for ps in self.conjuncts(self.x).values() for _, p in ps])
+        for r in range(self.cfg.requests):
+            d = Decision(v, Z, self.cfg, r, self.fault)
+            for k in range(1, self.cfg.blocks + 1):
+                sound = Z.And(*[recovery(kind, v, Z, self.cfg, k) for kind in OBJECT_KINDS
+                                if kind != "on_disk"],
+                              layout_ok(v, Z, self.cfg, k), resident(v, Z, self.cfg, k))
+                usable = Z.And(Z.In(d.kind, (REUSE, PARTIAL)), d.k == k)
+                s.push()
+                s.add(usable, z3.Not(self._b(sound)))
+                rr = s.check()
+                if rr != z3.unsat and ob.status == "proved":
+                    if rr == z3.sat:
+                        m = s.model()
+                        st = self.model_state(m)
+                        dec = self.spec.decide(st, r)
+                        ob.status = "unknown"
+                        ob.cti = {"request": r, "k": k, "decision": dec, "state": self.lay.describe(st)}
+                        ob.note = (f"a state satisfying every invariant where request {r}'s lookup "
+                                   f"decides {dec['kind']}({k}) but a recovery condition fails")
+                    else:
+                        ob.status = "unknown"
+                        ob.note = f"solver unknown: {s.reason_unknown()}"
+                s.pop()
+        ob.seconds = time.perf_counter() - t0
+        return ob
+
+    # ---- bounded model checking -------------------------------------------------------
+    def bmc(self, depth: int, deadline: float | None = None) -> tuple[int, list[Any] | None, list[tuple[str, str]]]:
+        """Search for a violation of any invariant (named or auxiliary) within `depth` steps.
+        Returns (deepest bound fully checked, instances of the violating path or None,
+        violations at its last state)."""
+        z3 = self.z3
+        insts = self.spec.instances
+        # transition relation built once on the symbolic pre-state, substituted per depth
+        rel = [self.step(self.x, inst) for inst in insts]
+        writers: dict[int, list[tuple[int, Any]]] = {}
+        for n, (_, w) in enumerate(rel):
+            for i, e in w.items():
+                writers.setdefault(i, []).append((n, e))
+        bad = z3.Or(*[z3.Not(self._b(p)) for ps in self.conjuncts(self.x).values() for _, p in ps])
+        # T(x, a, x'): one formula, substituted once per depth (one substitute call, not one per term)
+        A = z3.Int("a")
+        xp = [z3.Int(f"t{i}") for i in range(self.lay.size)]
+        parts = [A >= 0, A < len(insts)]
+        parts += [z3.Implies(A == n, g) for n, (g, _) in enumerate(rel)]
+        for i in range(self.lay.size):
+            val = self.x[i]
+            for n, e in reversed(writers.get(i, [])):
+                val = z3.If(A == n, e, val)
+            parts.append(xp[i] == val)
+        T = z3.And(*parts)
+        s = self.solver()
+        init = self.lay.init()
+        cur = [z3.Int(f"s0_{i}") for i in range(self.lay.size)]
+        s.add(*[c == v for c, v in zip(cur, init)])
+        sels = []
+        checked = -1
+        for d in range(depth + 1):
+            s.push()
+            s.add(z3.substitute(bad, *zip(self.x, cur)))
+            r = s.check()
+            if r == z3.sat:
+                m = s.model()
+                path = [insts[m.eval(a, model_completion=True).as_long()] for a in sels]
+                st = self.spec.init()
+                for inst in path:
+                    st = inst.effect(st)
+                return checked, path, self.spec.check(st)
+            s.pop()
+            if r == z3.unknown:
+                return checked, None, []
+            checked = d
+            if d == depth or (deadline is not None and time.perf_counter() > deadline):
+                break
+            a = z3.Int(f"a{d}")
+            sels.append(a)
+            nxt = [z3.Int(f"s{d + 1}_{i}") for i in range(self.lay.size)]
+            s.add(z3.substitute(T, *zip(self.x, cur), (A, a), *zip(xp, nxt)))
+            cur = nxt
+        return checked, None, []
+
+
+# ---- the command -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ProveProfile:
+    depth: int = 4          # BMC depth for a clean run (induction proves; BMC is a cross-check)
+    fault_depth: int = 14   # BMC depth when induction fails (a fault, or an unproved invariant)
+    bmc_seconds: float = 240.0
+
+
+def run_prove(cfg: Config, out: Path | None = None, fault: str | None = None,
+              depth: int | None = None, config_path: str | None = None,
+              profile: ProveProfile = ProveProfile()) -> tuple[int, dict[str, Any]]:
+    if fault is not None:
+        f = faultlib.get(fault)
+        if f.layer != "spec":
+            raise faultlib.UnknownFault(f"{fault} (a {f.layer} fault: prove plants spec faults only)")
+    t0 = time.perf_counter()
+    pv = Prover(cfg, fault)
+    res = pv.induction()
+    theorem = pv.hit_soundness()
+    open_ = [o for o in res.values() if o.status != "proved"]
+    k = depth if depth is not None else (profile.fault_depth if open_ else profile.depth)
+    t1 = time.perf_counter()
+    checked, path, viol = pv.bmc(k, deadline=time.perf_counter() + profile.bmc_seconds)
+    bmc_s = time.perf_counter() - t1
+    trace_path = replay = None
+    if path is not None:
+        from ..fuzz.walk import to_trace
+        steps = [(i.action, dict(i.params)) for i in path]
+        tr = to_trace(pv.spec, steps, None, engine="bmc")
+        tr.meta = {"depth": len(path), "found_by": "kvcheck prove (z3 bmc)"}
+        name = f"prove-counterexample-{fault or 'clean'}.json"
+        dest = (out or Path("kvcheck-report")) / name
+        trace_path = str(tr.save(dest))
+        replay = f"kvcheck replay {shlex.quote(trace_path)}"
+        hit = {inv for inv, _ in viol}
+        for n in hit:
+            o = res.get(n)
+            if o is None:
+                continue
+            o.status, o.method, o.bound, o.trace = "violated", "bmc", len(path), trace_path
+            o.note = f"reachable violation in {len(path)} steps: {replay}"
+            o.seconds += bmc_s / max(len(hit), 1)
+    for o in res.values():
+        if o.status == "unknown" and o.method == "induction":
+            o.method, o.bound = "bmc", checked
+            o.note = (o.note or "") + f"; no violation by BMC to depth {checked}"
+            o.seconds += bmc_s / max(len(open_), 1)
+        elif o.status == "proved":
+            o.bound = checked
+    obligations = [o.to_dict() for o in res.values()] + [theorem.to_dict()]
+    cmd = ["kvcheck", "prove"] + (["--config", config_path] if config_path else []) \
+        + ([f"--blocks", str(cfg.blocks)] if config_path is None and cfg.blocks != Config().blocks else []) \
+        + (["--fault", fault] if fault else [])
+    rep: dict[str, Any] = {
+        "command": shlex.join(cmd), "fault": fault, "config": cfg.to_dict(),
+        "blocks": cfg.blocks, "instances": len(pv.spec.instances), "slots": pv.lay.size,
+        "bmc": {"depth": k, "checked": checked, "seconds": round(bmc_s, 3),
+                "violation": None if path is None else {
+                    "steps": [i.label() for i in path], "invariants": sorted({i for i, _ in viol}),
+                    "where": [f"{i}: {w}" for i, w in viol][:20], "trace": trace_path, "replay": replay}},
+        "invariants": obligations,
+        "auxiliary": [{"name": a.name, "doc": a.doc} for a in AUX.values()],
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
+    if fault:
+        expected = faultlib.get(fault).expected
+        caught_by = sorted({i for i, _ in viol}) if path is not None else []
+        rep["fault_result"] = {"expected": expected, "caught_by": caught_by,
+                               "caught": expected in caught_by}
+    if path is not None:
+        code, verdict = EXIT_Z3, "violated"
+    elif any(o["status"] != "proved" for o in obligations):
+        code, verdict = EXIT_UNDECIDED, "unknown"
+    else:
+        code, verdict = EXIT_OK, "proved"
+    rep["verdict"], rep["exit_code"] = verdict, code
+    return code, rep
+
+
+def render_text(rep: dict[str, Any]) -> str:
+    lines = [f"kvcheck prove: {rep['verdict']} (exit {rep['exit_code']}) in {rep['seconds']} s "
+             f"[{rep['blocks']} blocks, {rep['instances']} action instances, {rep['slots']} slots]"]
+    for o in rep["invariants"]:
+        b = "" if o["bound"] is None else f" bound {o['bound']}"
+        lines.append(f"  {o['status']:8} {o['name']:28} {o['method']}{b}  {o['seconds']} s"
+                     + (f"  ({o['note']})" if o.get("note") and o["status"] != "proved" else ""))
+    v = rep["bmc"]["violation"]
+    if v:
+        lines.append(f"  BMC counterexample ({len(v['steps'])} steps): {', '.join(v['invariants'])}")
+        lines += [f"    {i:3}. {s}" for i, s in enumerate(v["steps"])]
+        lines.append(f"  replay: {v['replay']}")
+    if "fault_result" in rep:
+        fr = rep["fault_result"]
+        if fr["caught"]:
+            lines.append(f"  fault {rep['fault']}: expected {fr['expected']} -> caught")
+        elif fr["caught_by"]:
+            lines.append(f"  fault {rep['fault']}: expected {fr['expected']} -> MIS-ATTRIBUTED "
+                         f"(caught by {', '.join(fr['caught_by'])})")
+        else:
+            lines.append(f"  fault {rep['fault']} SURVIVED to BMC depth {rep['bmc']['checked']}")
+    return "\n".join(lines)
+
+
+def cmd_prove(args: Any) -> int:
+    import json
+    from .cli import UsageError, _emit
+    cfg = Config.load(args.config)
+    if args.blocks is not None:
+        from dataclasses import replace
+        cfg = replace(cfg, blocks=args.blocks)
+    if args.fault is not None:
+        faultlib.get(args.fault)
+    out = Path(args.out) if getattr(args, "out", None) else None
+    if out is not None:
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UsageError(f"cannot write to {out}: {e.strerror or e}") from None
+    code, rep = run_prove(cfg, out, args.fault, args.depth, args.config)
+    if out is not None:
+        from .gate import write_atomic
+        write_atomic(out / "prove.json", json.dumps(rep, indent=1) + "\n")
+    _emit(args, rep, lambda: render_text(rep))
+    return code

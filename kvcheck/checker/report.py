@@ -1,0 +1,193 @@
+"""`kvcheck report`: one Markdown page and one self-contained HTML page from a report directory.
+
+Owns rendering only: it reads the JSON the engines wrote (report.json from the gate's walk,
+prove.json, explore.json) and the state diagrams explore wrote (inlined: SVG as markup, PNG as
+a data URI), and never reruns anything.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+
+def load_dir(d: Path) -> dict[str, Any]:
+    from .cli import UsageError
+    if not d.is_dir():
+        raise UsageError(f"report directory {d} does not exist or is not a directory")
+    out: dict[str, Any] = {}
+    for name in ("report", "prove", "explore"):
+        p = d / f"{name}.json"
+        if p.exists():
+            try:
+                out[name] = json.loads(p.read_text())
+            except (OSError, json.JSONDecodeError) as e:
+                raise UsageError(f"cannot read {p}: {e}") from None
+    if not out:
+        raise UsageError(f"no report.json, prove.json or explore.json in {d}")
+    return out
+
+
+def _invariant_rows(data: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for o in data.get("prove", {}).get("invariants", []):
+        rows.append([o["name"], o.get("kind", ""), o["status"], o["method"],
+                     "" if o["bound"] is None else str(o["bound"]), f"{o['seconds']:.2f}"])
+    return rows
+
+
+def _replays(data: dict[str, Any]) -> list[tuple[str, list[str], list[str], str]]:
+    out = []
+    w = data.get("report", {}).get("violation")
+    if w:
+        out.append(("walk (gate)", w["invariants"], w["trace_steps"], w["replay"]))
+    p = data.get("prove", {}).get("bmc", {}).get("violation")
+    if p:
+        out.append(("prove (Z3 BMC)", p["invariants"], p["steps"], p["replay"]))
+    e = data.get("explore", {}).get("violation")
+    if e:
+        out.append(("explore (BFS, shortest)", e["invariants"], e["steps"], e["replay"]))
+    return out
+
+
+def render_markdown(data: dict[str, Any], d: Path) -> str:
+    L = ["# kvcheck report", ""]
+    if "report" in data:
+        r = data["report"]
+        L += [f"- gate verdict: **{r.get('verdict')}** (exit {r.get('exit_code')}); command `{r.get('command')}`"]
+    if "prove" in data:
+        p = data["prove"]
+        L += [f"- prove: **{p['verdict']}** (exit {p['exit_code']}) in {p['seconds']} s; "
+              f"BMC depth {p['bmc']['checked']}"]
+    if "explore" in data:
+        e = data["explore"]
+        L += [f"- explore: **{e['verdict']}** (exit {e['exit_code']}): {e['states']} states, "
+              f"{e['transitions']} transitions, {e['seconds']} s"]
+    rows = _invariant_rows(data)
+    if rows:
+        L += ["", "## Invariants", "", "| invariant | kind | status | method | bound | seconds |",
+              "|---|---|---|---|---|---|"] + ["| " + " | ".join(r) + " |" for r in rows]
+    if "explore" in data:
+        e = data["explore"]
+        L += ["", "## Coverage (explore)", "", f"- decisions reached: {', '.join(e['decisions']) or 'none'}",
+              f"- object states reached: {', '.join(e['object_states'])}",
+              f"- deadlocks: {e['deadlocks']}",
+              f"- states from which every-request-idle is unreachable: "
+              f"{(e.get('idle_unreachable') or {}).get('count', 'n/a')}",
+              f"- sometimes-properties not reached: {', '.join(e['sometimes_missing']) or 'none'}",
+              "", "| action | transitions |", "|---|---|"]
+        L += [f"| {a} | {n} |" for a, n in e["actions"].items()]
+        if e.get("diagrams"):
+            L += ["", "## State diagrams", ""]
+            for kind, files in e["diagrams"].items():
+                pic = files.get("png") or files.get("svg") or files.get("dot")
+                L.append(f"![{kind}]({Path(pic).name})")
+    reps = _replays(data)
+    if reps:
+        L += ["", "## Counterexamples", ""]
+        for eng, invs, steps, replay in reps:
+            L += [f"### {eng}: {', '.join(invs)}", "", f"replay: `{replay}`", "", "```"] + steps + ["```", ""]
+    w = data.get("report", {}).get("engines", {}).get("walk")
+    if w:
+        m = w["metrics"]
+        L += ["", "## Metrics (walk)", "", f"- steps: {w['steps']} ({w['steps_per_s']} steps/s)",
+              f"- logical hit rate: {m['logical_hit_rate']}; usable hit rate: {m['usable_hit_rate']}",
+              "", "| degradation reason | count |", "|---|---|"]
+        L += [f"| {k} | {v} |" for k, v in m["degradations"].items()]
+    if "explore" in data:
+        L += ["", "## Metrics (checker)", "", f"- explore: {data['explore']['states_per_s']} states/s"]
+    if "prove" in data:
+        L += [f"- prove: {data['prove']['seconds']} s for {len(data['prove']['invariants'])} obligations"]
+    return "\n".join(L) + "\n"
+
+
+def _picture(files: dict[str, str], d: Path) -> str:
+    for key in ("svg", "png"):
+        if key in files:
+            p = Path(files[key])
+            if not p.exists():
+                p = d / p.name
+            if not p.exists():
+                continue
+            if key == "svg":
+                text = p.read_text()
+                return text[text.index("<svg"):] if "<svg" in text else ""
+            b64 = base64.b64encode(p.read_bytes()).decode()
+            return f'<img alt="{html.escape(p.stem)}" src="data:image/png;base64,{b64}">'
+    return ""
+
+
+def render_html(data: dict[str, Any], d: Path) -> str:
+    e = html.escape
+    css = ("body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px;color:#222}"
+           "table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 8px;"
+           "font-size:13px}th{background:#f3f3f3}.proved,.holds{color:#0a7a2f;font-weight:bold}"
+           ".violated{color:#b00020;font-weight:bold}.unknown{color:#a66b00;font-weight:bold}"
+           "pre{background:#f6f8fa;padding:8px;font-size:12px}.pics{display:flex;flex-wrap:wrap;gap:12px}")
+    H = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>kvcheck report</title>"
+         f"<style>{css}</style></head><body><h1>kvcheck report</h1><ul>"]
+    for key, label in (("report", "gate"), ("prove", "prove"), ("explore", "explore")):
+        if key in data:
+            v = data[key].get("verdict", "")
+            cls = v.split()[0] if v else ""
+            H.append(f"<li>{label}: <span class='{e(cls)}'>{e(v)}</span> (exit {data[key].get('exit_code')})</li>")
+    H.append("</ul>")
+    rows = _invariant_rows(data)
+    if rows:
+        H.append("<h2>Invariants</h2><table><tr><th>invariant</th><th>kind</th><th>status</th>"
+                 "<th>method</th><th>bound</th><th>seconds</th></tr>")
+        for r in rows:
+            H.append("<tr>" + "".join(f"<td class='{e(c) if i == 2 else ''}'>{e(c)}</td>"
+                                      for i, c in enumerate(r)) + "</tr>")
+        H.append("</table>")
+    if "explore" in data:
+        x = data["explore"]
+        H.append(f"<h2>Coverage (explore)</h2><p>{x['states']} distinct states, {x['transitions']} "
+                 f"transitions, depth {x['depth']}, {x['seconds']} s ({x['states_per_s']} states/s), "
+                 f"{'exhaustive' if x['exhaustive'] else 'not exhaustive'}; deadlocks {x['deadlocks']}</p>")
+        H.append("<table><tr><th>sometimes property</th><th>reached</th></tr>")
+        for k, ok in x["sometimes"].items():
+            H.append(f"<tr><td>{e(k)}</td><td class='{'proved' if ok else 'violated'}'>{'yes' if ok else 'NO'}</td></tr>")
+        H.append("</table>")
+        if x.get("diagrams"):
+            H.append("<h2>State diagrams (observed)</h2><div class='pics'>")
+            for kind, files in x["diagrams"].items():
+                H.append(f"<div>{_picture(files, d)}</div>")
+            H.append("</div>")
+    reps = _replays(data)
+    if reps:
+        H.append("<h2>Counterexamples</h2>")
+        for eng, invs, steps, replay in reps:
+            H.append(f"<h3>{e(eng)}: <span class='violated'>{e(', '.join(invs))}</span></h3>"
+                     f"<p>replay: <code>{e(replay)}</code></p><pre>"
+                     + "\n".join(f"{i:3}. {e(s)}" for i, s in enumerate(steps)) + "</pre>")
+    w = data.get("report", {}).get("engines", {}).get("walk")
+    if w:
+        m = w["metrics"]
+        H.append(f"<h2>Metrics</h2><p>walk: {w['steps']} steps ({w['steps_per_s']} steps/s); logical hit "
+                 f"rate {m['logical_hit_rate']}, usable hit rate {m['usable_hit_rate']}</p><table>"
+                 "<tr><th>degradation reason</th><th>count</th></tr>"
+                 + "".join(f"<tr><td>{e(k)}</td><td>{v}</td></tr>" for k, v in m["degradations"].items())
+                 + "</table>")
+    H.append("</body></html>")
+    return "\n".join(H) + "\n"
+
+
+def cmd_report(args: Any) -> int:
+    from .gate import write_atomic
+    d = Path(args.in_dir)
+    data = load_dir(d)
+    md = render_markdown(data, d)
+    write_atomic(d / "summary.md", md)
+    out = {"markdown": str(d / "summary.md")}
+    if args.html:
+        write_atomic(d / "report.html", render_html(data, d))
+        out["html"] = str(d / "report.html")
+    if args.json:
+        print(json.dumps(out, indent=1))
+    else:
+        print(md)
+        print(f"written: {', '.join(out.values())}")
+    return 0

@@ -1,0 +1,207 @@
+"""Fuzz campaigns: Hypothesis stateful runs against a system under test, within a budget.
+
+Owns the campaign loop (rounds of examples with seeds derived from the campaign seed, until
+the budget of time or steps is spent or a failure is found), the shared example database
+(workers and later runs replay each other's failures first), Ctrl-C that keeps what was
+found, and the artefacts of a failure: the shrunk trace, a runnable Python reproducer and the
+`kvcheck replay` command.
+"""
+from __future__ import annotations
+
+import re
+import shlex
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import seed as hyp_seed
+from hypothesis.database import DirectoryBasedExampleDatabase
+from hypothesis.errors import HypothesisException
+from hypothesis.stateful import get_state_machine_test
+
+from ..spec.config import Config
+from ..spec.objects import DECISION_KINDS
+from ..spec.system import Spec
+from ..spec.trace import Step, Trace
+from .machine import Finding, Tally, make_machine
+from .suts import resolve_sut
+
+EXIT_FOR = {"invariant": 10, "differential": 11, "conformance": 13}
+
+
+@dataclass
+class Budget:
+    seconds: float | None = None
+    steps: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> "Budget":
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(s|m|h)?\s*", text or "")
+        if not m:
+            raise ValueError(f"budget must be a duration like 60s, 5m, 1h or a step count like "
+                             f"20000, got {text!r}")
+        n, unit = float(m.group(1)), m.group(2)
+        if unit is None:
+            return cls(steps=int(n))
+        return cls(seconds=n * {"s": 1, "m": 60, "h": 3600}[unit])
+
+    def describe(self) -> str:
+        return f"{self.seconds:g}s" if self.seconds is not None else f"{self.steps} steps"
+
+
+def run_campaign(cfg: Config, sut: str = "spec", budget: Budget = Budget(seconds=60), seed: int = 0,
+                 fault: str | None = None, db: str | None = None, out: Path = Path("kvcheck-report"),
+                 steps_per_example: int = 200, examples_per_round: int = 25,
+                 progress: Callable[[int], None] | None = None,
+                 differential: Callable[..., None] | None = None) -> dict[str, Any]:
+    """One worker's campaign. Returns a JSON-serialisable result with `exit_code`."""
+    spec_fault = fault if sut == "spec" else None
+    spec = Spec(cfg, spec_fault)
+    factory = resolve_sut(sut, fault)
+    tally = Tally()
+    machine = make_machine(spec, factory, tally, differential)
+    database = DirectoryBasedExampleDatabase(db) if db else None
+    t0 = time.perf_counter()
+    finding: Finding | None = None
+    error: str | None = None
+    interrupted = False
+    rnd = 0
+    while True:
+        if budget.seconds is not None and time.perf_counter() - t0 >= budget.seconds:
+            break
+        if budget.steps is not None and tally.steps >= budget.steps:
+            break
+        s = settings(max_examples=examples_per_round, stateful_step_count=steps_per_example,
+                     deadline=None, database=database, derandomize=False,
+                     suppress_health_check=list(HealthCheck), print_blob=False,
+                     phases=[Phase.reuse, Phase.generate, Phase.target, Phase.shrink, Phase.explain])
+        test = hyp_seed(seed * 100_003 + rnd)(get_state_machine_test(machine, settings=s))
+        rnd += 1
+        try:
+            test()
+        except Finding as f:
+            finding = f
+            break
+        except BaseExceptionGroup as g:   # several distinct failures: report the first finding
+            found = [e for e in _leaves(g) if isinstance(e, Finding)]
+            if not found:
+                raise
+            finding = found[0]
+            break
+        except KeyboardInterrupt:
+            interrupted = True
+            break
+        except HypothesisException as e:
+            error = f"{type(e).__name__}: {e}"
+            break
+        except Exception as e:  # noqa: BLE001 - the SUT raised: that is a finding too
+            finding = Finding("conformance", ["sut_raised"], f"the SUT raised {type(e).__name__}: {e}")
+            break
+        if progress:
+            progress(tally.steps)
+    seconds = time.perf_counter() - t0
+    result: dict[str, Any] = {
+        "sut": sut, "seed": seed, "fault": fault, "budget": budget.describe(),
+        "seconds": round(seconds, 2), "steps": tally.steps, "examples": tally.runs,
+        "steps_per_s": round(tally.steps / max(seconds, 1e-9)),
+        "coverage": {"actions": dict(sorted(tally.actions.items())),
+                     "actions_missing": sorted(set(machine_actions(spec, factory)) - set(tally.actions)),
+                     "decisions": {k: tally.decisions.get(k, 0) for k in DECISION_KINDS}},
+        "interrupted": interrupted, "findings": [],
+    }
+    if error:
+        result["error"] = error
+    code = 0
+    if finding is not None:
+        trail = list(tally.last_trail)
+        trace = _trace(spec, trail, sut, seed, finding)
+        stem = f"fuzz-{re.sub(r'[^A-Za-z0-9_.-]', '_', sut)}-{fault or 'clean'}-seed{seed}"
+        path = trace.save(out / f"{stem}.json")
+        repro = out / f"{stem}.py"
+        repro.write_text(_reproducer(path, sut))
+        result["findings"].append({
+            "kind": finding.kind, "checks": finding.checks, "message": finding.message,
+            "trace": str(path), "trace_steps": [s.label() for s in trace.steps],
+            "reproducer": f"python {shlex.quote(str(repro))}",
+            "replay": f"kvcheck replay {shlex.quote(str(path))}" + ("" if sut == "spec" else f" --sut {sut}")})
+        code = EXIT_FOR[finding.kind]
+    elif error:
+        code = 3
+    result["exit_code"] = code
+    return result
+
+
+def _leaves(g: BaseException) -> list[BaseException]:
+    if isinstance(g, BaseExceptionGroup):
+        return [x for e in g.exceptions for x in _leaves(e)]
+    return [g]
+
+
+def machine_actions(spec: Spec, factory: Callable[[], Any]) -> list[str]:
+    supported = getattr(factory(), "actions", None)
+    return [a for a in spec.actions if supported is None or a in supported]
+
+
+def _trace(spec: Spec, trail: list[tuple[str, dict[str, Any]]], sut: str, seed: int,
+           finding: Finding) -> Trace:
+    s = spec.init()
+    steps = []
+    for n, (action, params) in enumerate(trail):
+        inst = spec.instance(action, params)
+        expect: dict[str, Any] = {}
+        if action == "lookup":
+            expect["decision"] = spec.decide(s, params["r"])
+        s = inst.effect(s)
+        if n == len(trail) - 1 and finding.kind == "invariant":
+            expect["violations"] = finding.checks
+        steps.append(Step(action, dict(params), expect))
+    return Trace(spec.cfg, steps, spec.fault, "fuzz", seed, sut,
+                 {"step": len(trail) - 1, "kind": finding.kind, "checks": finding.checks,
+                  "message": finding.message})
+
+
+def _reproducer(trace: Path, sut: str) -> str:
+    return f'''"""kvcheck reproducer: replays the shrunk failing trace and exits with its code."""
+import sys
+
+from kvcheck.checker.replay import replay_trace, sut_by_name
+from kvcheck.spec.trace import Trace
+
+trace = Trace.load({str(trace)!r})
+sut = None if {sut!r} == "spec" else sut_by_name({sut!r}, trace.fault)
+code, out = replay_trace(trace, sut)
+print(out)
+sys.exit(code)
+'''
+
+
+def _worker(args: tuple) -> dict[str, Any]:
+    cfg_dict, sut, budget, seed, fault, db, out = args
+    return run_campaign(Config.from_dict(cfg_dict), sut, budget, seed, fault, db, Path(out))
+
+
+def run_workers(cfg: Config, sut: str, budget: Budget, seed: int, fault: str | None, db: str | None,
+                out: Path, workers: int) -> dict[str, Any]:
+    """N processes with seeds seed..seed+N-1 sharing one example database directory."""
+    db = db or str(out / "hypothesis-db")
+    jobs = [(cfg.to_dict(), sut, budget, seed + w, fault, db, str(out)) for w in range(workers)]
+    with ProcessPoolExecutor(workers) as ex:
+        results = list(ex.map(_worker, jobs))
+    merged = dict(results[0])
+    merged["workers"] = results
+    merged["steps"] = sum(r["steps"] for r in results)
+    merged["findings"] = [f for r in results for f in r["findings"]]
+    merged["exit_code"] = max((r["exit_code"] for r in results), key=lambda c: (c != 0, c))
+    acts: dict[str, int] = {}
+    for r in results:
+        for k, v in r["coverage"]["actions"].items():
+            acts[k] = acts.get(k, 0) + v
+    merged["coverage"] = {"actions": acts,
+                          "actions_missing": sorted(set.intersection(*[set(r["coverage"]["actions_missing"]) for r in results])),
+                          "decisions": {k: sum(r["coverage"]["decisions"][k] for r in results) for k in DECISION_KINDS}}
+    merged["steps_per_s"] = sum(r["steps_per_s"] for r in results)
+    return merged
+

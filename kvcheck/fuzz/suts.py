@@ -1,0 +1,44 @@
+"""Systems under test by name: `spec`, and `MODULE:CLASS` for a user's own adapter.
+
+Owns turning the `--sut` argument into a factory of fresh SUT instances (one per run), with a
+clear one-line error when it cannot.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from typing import Callable
+
+from ..spec import faults as faultlib
+from ..spec.sut import SpecSUT, SystemUnderTest
+
+BUILTIN = ("spec",)
+
+
+class SutError(ValueError):
+    """`--sut` names nothing usable (exit code 2)."""
+
+
+def resolve_sut(name: str, fault: str | None = None) -> Callable[[], SystemUnderTest]:
+    if name == "spec":
+        if fault is not None and faultlib.get(fault).layer != "spec":
+            raise SutError(f"fault {fault!r} is a {faultlib.get(fault).layer} fault; "
+                           "--sut spec plants spec faults only")
+        return lambda: SpecSUT(fault)
+    if ":" not in name:
+        raise SutError(f"unknown system under test {name!r}; use one of {', '.join(BUILTIN)} "
+                       "or MODULE:CLASS")
+    mod_name, _, cls_name = name.partition(":")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        mod = importlib.import_module(mod_name)
+    except Exception as e:  # noqa: BLE001 - any import failure is the user's module
+        raise SutError(f"cannot import {mod_name!r} for --sut {name}: {type(e).__name__}: {e}") from None
+    cls = getattr(mod, cls_name, None)
+    if cls is None:
+        raise SutError(f"module {mod_name!r} has no {cls_name!r} (--sut {name})")
+    if fault is not None:
+        return lambda: cls(fault=fault)
+    return cls
