@@ -172,7 +172,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from .replay import replay_trace, sut_by_name
     trace = Trace.load(args.trace)
     try:
-        sut = sut_by_name(args.sut, trace.fault) if args.sut else None
+        sut = sut_by_name(args.sut, trace.meta.get("sut_fault", trace.fault)) if args.sut else None
     except ValueError as e:
         raise UsageError(str(e)) from None
     code, out = replay_trace(trace, sut)
@@ -248,7 +248,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     if args.fault is not None:
-        faultlib.get(args.fault)
+        _check_sut_fault(args.sut, args.fault)
     out = Path(args.out)
     _check_writable(out)
     if args.workers > 1:
@@ -295,6 +295,19 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
 
     _emit(args, res, text)
     return code
+
+
+def _check_sut_fault(sut: str, fault: str) -> None:
+    """Spec faults for --sut spec; a user SUT declares its own in a `faults` dict."""
+    if ":" not in sut:
+        faultlib.get(fault)
+        return
+    from ..fuzz.suts import resolve_sut
+    cls = resolve_sut(sut)
+    known = getattr(cls, "faults", {}) or {}
+    if fault not in known:
+        raise UsageError(f"unknown fault {fault!r} for --sut {sut}; it declares: "
+                         + (", ".join(sorted(known)) or "none"))
 
 
 def _check_writable(out: Path) -> None:

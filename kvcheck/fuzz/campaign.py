@@ -117,7 +117,7 @@ def run_campaign(cfg: Config, sut: str = "spec", budget: Budget = Budget(seconds
     code = 0
     if finding is not None:
         trail = list(tally.last_trail)
-        trace = _trace(spec, trail, sut, seed, finding)
+        trace = _trace(spec, trail, sut, seed, finding, fault)
         stem = f"fuzz-{re.sub(r'[^A-Za-z0-9_.-]', '_', sut)}-{fault or 'clean'}-seed{seed}"
         path = trace.save(out / f"{stem}.json")
         repro = out / f"{stem}.py"
@@ -146,7 +146,7 @@ def machine_actions(spec: Spec, factory: Callable[[], Any]) -> list[str]:
 
 
 def _trace(spec: Spec, trail: list[tuple[str, dict[str, Any]]], sut: str, seed: int,
-           finding: Finding) -> Trace:
+           finding: Finding, sut_fault: str | None) -> Trace:
     s = spec.init()
     steps = []
     for n, (action, params) in enumerate(trail):
@@ -158,9 +158,10 @@ def _trace(spec: Spec, trail: list[tuple[str, dict[str, Any]]], sut: str, seed: 
         if n == len(trail) - 1 and finding.kind == "invariant":
             expect["violations"] = finding.checks
         steps.append(Step(action, dict(params), expect))
-    return Trace(spec.cfg, steps, spec.fault, "fuzz", seed, sut,
-                 {"step": len(trail) - 1, "kind": finding.kind, "checks": finding.checks,
-                  "message": finding.message})
+    return Trace(spec.cfg, steps, fault=spec.fault, engine="fuzz", seed=seed, sut=sut,
+                 violation={"step": len(trail) - 1, "kind": finding.kind, "checks": finding.checks,
+                            "message": finding.message},
+                 meta={"sut_fault": sut_fault})
 
 
 def _reproducer(trace: Path, sut: str) -> str:
@@ -171,7 +172,7 @@ from kvcheck.checker.replay import replay_trace, sut_by_name
 from kvcheck.spec.trace import Trace
 
 trace = Trace.load({str(trace)!r})
-sut = None if {sut!r} == "spec" else sut_by_name({sut!r}, trace.fault)
+sut = None if {sut!r} == "spec" else sut_by_name({sut!r}, trace.meta.get("sut_fault"))
 code, out = replay_trace(trace, sut)
 print(out)
 sys.exit(code)

@@ -59,6 +59,10 @@ _LAYOUTS: dict[str, tuple[str, list[tuple[str, int, int | None]], int]] = {
                     [("full", 8, None), ("swa", 4, 6)], 8),
     "full+swa+swa": ("full + two sliding windows W=6 and W=11 (3 groups, fixed-point lookup)",
                      [("full", 4, None), ("swa", 4, 6), ("swa", 4, 11)], 4),
+    "dsv4": ("DeepSeek-V4-like: SWA-MLA W=8 + CSA compressed MLA (m=4) + its sparse indexer (m=4) "
+             "+ HCA compressed MLA (m=16, block 16) + compressor tail ring (not cacheable)",
+             [("swa_mla", 4, 8), ("compressed", 4, 4), ("indexer", 4, 4), ("compressed", 16, 16),
+              ("tail_ring", 8, None)], 16),
 }
 LAYOUTS: dict[str, str] = {k: v[0] for k, v in _LAYOUTS.items()}
 
@@ -80,7 +84,8 @@ _SWA_FAULTS = {"swa_hit_unchecked", "swa_overstrict"}
 ACTIONS = ("submit", "lookup", "prefill", "decode", "finish", "preempt", "reset_prefix_cache",
            "evict_blocks")
 SAFETY_CHECKS = ("hit_aligned", "hit_leaves_last_token", "hit_length_equal",
-                 "hit_sound_swa_window", "hit_sound_chunked_local")
+                 "hit_sound_swa_window", "hit_sound_chunked_local", "hit_sound_compressed_kv",
+                 "hit_sound_indexer", "hit_sound_tail")
 BOOKKEEPING_CHECKS = ("refcount_equals_holders", "free_queue_iff_unreferenced", "free_count",
                       "null_block_inert", "no_alias", "hash_map_sound", "toctou_bound_stable")
 
@@ -121,7 +126,8 @@ def _vllm() -> dict[str, Any]:
         from vllm.v1.core import kv_cache_utils as ku
         from vllm.v1.core import single_type_kv_cache_manager as stm
         from vllm.v1.core.kv_cache_manager import KVCacheManager
-        from vllm.v1.kv_cache_interface import (ChunkedLocalAttentionSpec, FullAttentionSpec,
+        from vllm.v1.kv_cache_interface import (ChunkedLocalAttentionSpec, CircularBufferSpec,
+                                                FullAttentionSpec, SparseCacheRole,
                                                 KVCacheConfig, KVCacheGroupSpec,
                                                 MLAAttentionSpec, SlidingWindowMLASpec,
                                                 SlidingWindowSpec)
@@ -134,7 +140,8 @@ def _vllm() -> dict[str, Any]:
               RequestStatus=RequestStatus, FullAttentionSpec=FullAttentionSpec,
               SlidingWindowSpec=SlidingWindowSpec, ChunkedLocalAttentionSpec=ChunkedLocalAttentionSpec,
               MLAAttentionSpec=MLAAttentionSpec, SlidingWindowMLASpec=SlidingWindowMLASpec,
-              KVCacheConfig=KVCacheConfig, KVCacheGroupSpec=KVCacheGroupSpec)
+              KVCacheConfig=KVCacheConfig, KVCacheGroupSpec=KVCacheGroupSpec,
+              CircularBufferSpec=CircularBufferSpec, SparseCacheRole=SparseCacheRole)
     return _V
 
 
@@ -157,6 +164,10 @@ def layout_config(layout: str) -> Config:
         elif kind in ("swa", "swa_mla"):
             layers.append(LayerSpec("swa", window=p))
             page["swa"] = bs
+    if layout == "dsv4":   # the spec's view: swa + csa (m=4, indexer) + hca (m=16)
+        layers = [LayerSpec("swa", window=8), LayerSpec("csa", window=8, m=4, topk=1),
+                  LayerSpec("hca", window=8, m=16)]
+        page = {"hca": 16}
     page = {k: v for k, v in page.items() if v != B}
     return Config(layers=tuple(layers), block_size=B, page_tokens=page)
 
@@ -178,7 +189,16 @@ def _make_specs(layout: str) -> list:
                                              dtype=torch.float32))
         elif kind == "swa_mla":
             out.append(V["SlidingWindowMLASpec"](block_size=bs, sliding_window=p, num_kv_heads=1,
-                                                 head_size=16, dtype=torch.float32))
+                                                 head_size=16, dtype=torch.float32,
+                                                 **({"model_version": "deepseek_v4"} if layout == "dsv4" else {})))
+        elif kind in ("compressed", "indexer"):
+            extra = {"cache_role": V["SparseCacheRole"].INDEXER} if kind == "indexer" else {}
+            out.append(V["MLAAttentionSpec"](block_size=bs, num_kv_heads=1, head_size=16,
+                                             dtype=torch.float32, tokens_per_state=p,
+                                             model_version="deepseek_v4", **extra))
+        elif kind == "tail_ring":
+            out.append(V["CircularBufferSpec"](block_size=bs, num_kv_heads=1, head_size=16,
+                                               head_size_v=0, dtype=torch.float32))
     return out
 
 
@@ -437,6 +457,14 @@ class VllmAdapter:
         if kind == "chunked_local":   # not a spec layer kind: [C*floor(L/C), L)
             lo = (L // p) * p
             return list(range(lo // bs, _cdiv(L, bs)))
+        if kind == "tail_ring":       # not prefix-cacheable: never part of a hit
+            return []
+        if kind in ("compressed", "indexer"):
+            sk = "csa" if p == 4 else "hca"
+            sg = next(x for x in self.cfg.groups if x.kind == sk)
+            obj = "indexer" if kind == "indexer" else "compressed_kv"
+            js = needed_objects(self.cfg, sg, L // B)[obj]
+            return sorted({j * B // bs for j in js})
         skind = "full" if kind in ("full", "mla") else "swa"
         sg = next(x for x in self.cfg.groups if x.kind == skind and (skind == "full" or x.window == p))
         js = needed_objects(self.cfg, sg, L // B)["swa_window"]
@@ -445,6 +473,10 @@ class VllmAdapter:
     def needed_running(self, g: int, L: int) -> list[int]:
         """Blocks the next token of a request at L computed tokens reads (token-level rule)."""
         kind, bs, p = self.groups[g]
+        if kind == "tail_ring":
+            return []
+        if kind in ("compressed", "indexer"):   # entries of complete compression blocks
+            return list(range(0, (L // p) * p // bs))
         if kind in ("full", "mla"):
             lo = 0
         elif kind == "chunked_local":
@@ -454,7 +486,14 @@ class VllmAdapter:
         return list(range(lo // bs, _cdiv(L, bs)))
 
     def _check_kind(self, g: int) -> str:
-        return "hit_sound_chunked_local" if self.groups[g][0] == "chunked_local" else "hit_sound_swa_window"
+        return {"chunked_local": "hit_sound_chunked_local", "compressed": "hit_sound_compressed_kv",
+                "indexer": "hit_sound_indexer"}.get(self.groups[g][0], "hit_sound_swa_window")
+
+    def tail_needed(self, L: int) -> bool:
+        """Does a resume at L need a tail snapshot (a compression block open at L)? vLLM keeps
+        the open group's raw keys in a per-request ring that is never prefix-cached."""
+        return any(needed_objects(self.cfg, sg, L // B).get("tail")
+                   for sg in self.cfg.groups if "tail" in sg.objects)
 
     def _group_hash(self, req: _Req, g: int, i: int) -> bytes | None:
         bs = self.groups[g][1]
@@ -469,7 +508,7 @@ class VllmAdapter:
         cache = self.pool.cached_block_hash_to_block
         cap = ((req.obj.num_tokens - 1) // self.align) * self.align
         for L in range(cap, 0, -self.align):
-            ok = True
+            ok = not self.tail_needed(L)
             for g in range(len(self.groups)):
                 for i in self.needed_hit(g, L):
                     h = self._group_hash(req, g, i)
@@ -490,8 +529,17 @@ class VllmAdapter:
             raise Violation("safety", "hit_aligned", f"hit {hit} of {r} not aligned to {self.align}")
         if hit > max(0, n - 1):
             raise Violation("safety", "hit_leaves_last_token", f"hit {hit} of {r} >= its {n} tokens")
+        if hit and self.tail_needed(hit):
+            raise Violation("safety", "hit_sound_tail",
+                            f"hit of {hit} tokens for {r} ends inside a compression block, and vLLM "
+                            "caches no tail (the compressor ring is not prefix-cacheable)")
         for g, lst in enumerate(blocks.blocks):
             bs = self.groups[g][1]
+            if self.groups[g][0] == "tail_ring":
+                if lst:
+                    raise Violation("safety", "hit_sound_tail",
+                                    f"the non-cacheable compressor ring returned {len(lst)} hit blocks")
+                continue
             if len(lst) != hit // bs:
                 raise Violation("safety", "hit_length_equal",
                                 f"group {g} ({self.groups[g][0]}) returned {len(lst)} blocks of {bs} "
@@ -611,7 +659,7 @@ class _Gen:
         a = rng.choices(acts, [cands[x] for x in acts])[0]
         if a == "submit":
             base = rng.choice(self.bases)
-            n = rng.randint(2, 36)
+            n = rng.randint(2, 44)
             cut = rng.randint(0, n)
             toks = base[:cut] + [rng.randrange(VOCAB) for _ in range(n - cut)]
             salt = rng.choice([None, None, None, "s1"])
@@ -716,7 +764,8 @@ def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = N
         ep_seed = seed * 1_000_003 + episodes
         rng = random.Random(ep_seed)
         gen = _Gen(rng)
-        num_blocks = rng.choice([10, 14, 20, 32])
+        ng = len(_LAYOUTS[layout][1])
+        num_blocks = rng.choice([10, 14, 20, 32]) * max(2, ng) // 2
         ad = VllmAdapter(layout, num_blocks, fault)
         trail: list[Step] = []
         viol = None

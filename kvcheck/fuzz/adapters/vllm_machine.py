@@ -1,0 +1,81 @@
+"""A Hypothesis stateful machine over vLLM's KV cache manager (the same adapter and checks as
+``vllm.run_campaign``, with Hypothesis choosing and shrinking the operations).
+
+Use: ``VllmMachine.for_layout("full+swa", fault=None).TestCase`` in a test, or
+``run_state_machine_as_test(VllmMachine.for_layout(...))``. Every invariant is checked after
+every rule by the adapter itself (a violation raises ``vllm.Violation``).
+"""
+from __future__ import annotations
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+
+from . import vllm as V
+
+_BASES = [[(i * 7 + k * 13) % V.VOCAB for i in range(44)] for k in range(3)]
+
+
+class VllmMachine(RuleBasedStateMachine):
+    layout = "full+swa"
+    fault: str | None = None
+
+    @classmethod
+    def for_layout(cls, layout: str, fault: str | None = None, num_blocks: int = 14) -> type:
+        return type(f"VllmMachine_{layout.replace('+', '_')}", (cls,),
+                    {"layout": layout, "fault": fault, "num_blocks": num_blocks})
+
+    num_blocks = 14
+
+    @initialize()
+    def start(self) -> None:
+        self.ad = V.VllmAdapter(self.layout, self.num_blocks, self.fault)
+
+    def _pick(self, action: str, data) -> str | None:
+        rs = self.ad.enabled()[action]
+        return data.draw(st.sampled_from(rs)) if rs else None
+
+    @precondition(lambda self: len(self.ad.reqs) < 5)
+    @rule(base=st.integers(0, 2), cut=st.integers(0, 44), n=st.integers(2, 44),
+          tail=st.lists(st.integers(0, V.VOCAB - 1), max_size=44), salt=st.sampled_from([None, "s1"]))
+    def submit(self, base, cut, n, tail, salt) -> None:
+        cut = min(cut, n)
+        toks = _BASES[base][:cut] + (tail + [1] * n)[: n - cut]
+        self.ad.apply("submit", {"tokens": toks, "salt": salt})
+
+    @rule(data=st.data(), chunk=st.integers(1, 48))
+    def lookup(self, data, chunk) -> None:
+        r = self._pick("lookup", data)
+        if r is not None:
+            self.ad.apply("lookup", {"r": r, "chunk": chunk})
+
+    @rule(data=st.data(), chunk=st.integers(1, 48))
+    def prefill(self, data, chunk) -> None:
+        r = self._pick("prefill", data)
+        if r is not None:
+            self.ad.apply("prefill", {"r": r, "chunk": chunk})
+
+    @rule(data=st.data(), tok=st.integers(0, V.VOCAB - 1))
+    def decode(self, data, tok) -> None:
+        r = self._pick("decode", data)
+        if r is not None:
+            self.ad.apply("decode", {"r": r, "tok": tok})
+
+    @rule(data=st.data())
+    def finish(self, data) -> None:
+        r = self._pick("finish", data)
+        if r is not None:
+            self.ad.apply("finish", {"r": r})
+
+    @rule(data=st.data())
+    def preempt(self, data) -> None:
+        r = self._pick("preempt", data)
+        if r is not None:
+            self.ad.apply("preempt", {"r": r})
+
+    @rule()
+    def reset_prefix_cache(self) -> None:
+        self.ad.apply("reset_prefix_cache", {})
+
+    @rule(ids=st.lists(st.integers(1, 63), min_size=1, max_size=3))
+    def evict_blocks(self, ids) -> None:
+        self.ad.apply("evict_blocks", {"block_ids": ids})

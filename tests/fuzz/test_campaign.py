@@ -1,0 +1,87 @@
+"""Hypothesis campaigns in lockstep: the spec and a user adapter conform; planted bugs are
+found, shrunk and replayed; budgets, seeds and bad input behave."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvcheck.checker.cli import main
+from kvcheck.checker.replay import replay_trace, sut_by_name
+from kvcheck.fuzz.campaign import Budget, run_campaign
+from kvcheck.spec.config import Config
+from kvcheck.spec.trace import Trace
+
+ROOT = Path(__file__).resolve().parents[2]
+TOY_CFG = Config.load(ROOT / "examples" / "toy.json")
+TOY = "examples.toy_allocator:ToyAllocator"
+
+
+@pytest.fixture(autouse=True)
+def _cwd(monkeypatch):
+    monkeypatch.chdir(ROOT)            # MODULE:CLASS resolves from the working directory
+
+
+def test_budget_parsing() -> None:
+    assert Budget.parse("60s").seconds == 60 and Budget.parse("2m").seconds == 120
+    assert Budget.parse("5000").steps == 5000
+    with pytest.raises(ValueError):
+        Budget.parse("soon")
+
+
+def test_clean_spec_campaign_holds(tmp_path) -> None:
+    res = run_campaign(Config(), "spec", Budget(steps=3000), seed=1, out=tmp_path)
+    assert res["exit_code"] == 0 and res["findings"] == []
+    assert res["steps"] >= 3000 and len(res["coverage"]["actions"]) >= 20
+
+
+def test_spec_fault_is_found_with_expected_invariant_and_replays(tmp_path) -> None:
+    res = run_campaign(Config(), "spec", Budget(seconds=120), seed=0, fault="shared_free_list", out=tmp_path)
+    assert res["exit_code"] == 10
+    f = res["findings"][0]
+    assert "five_state_routing" in f["checks"]
+    assert len(f["trace_steps"]) <= 20                 # shrunk by Hypothesis (unshrunk: ~200)
+    code, out = replay_trace(Trace.load(f["trace"]))
+    assert code == 10 and "five_state_routing" in out["violation"]["invariants"]
+
+
+def test_user_adapter_conforms(tmp_path) -> None:
+    res = run_campaign(TOY_CFG, TOY, Budget(steps=3000), seed=0, out=tmp_path)
+    assert res["exit_code"] == 0, res["findings"]
+    assert set(res["coverage"]["actions"]) >= {"lookup", "bind", "append", "evict", "finish"}
+    assert res["coverage"]["decisions"]["PARTIAL"] > 0
+
+
+def test_user_adapter_bug_is_a_conformance_finding_that_replays(tmp_path) -> None:
+    res = run_campaign(TOY_CFG, TOY, Budget(seconds=120), seed=0, fault="hash_only_hit", out=tmp_path)
+    assert res["exit_code"] == 13
+    f = res["findings"][0]
+    assert f["checks"] == ["decision_matches_spec"] and f["trace_steps"][-1].startswith("lookup")
+    trace = Trace.load(f["trace"])
+    code, out = replay_trace(trace, sut_by_name(TOY, trace.meta["sut_fault"]))
+    assert code == 13 and out["divergence"]["why"] == "SUT decision differs from the spec"
+    code, _ = replay_trace(trace, sut_by_name(TOY, None))      # the fixed allocator passes
+    assert code == 0
+    proc = subprocess.run([sys.executable, f["reproducer"].split(" ", 1)[1]], capture_output=True, text=True)
+    assert proc.returncode == 13
+
+
+def test_cli_fuzz_json_and_bad_input(capsys, tmp_path) -> None:
+    code = main(["fuzz", "--budget", "1500", "--seed", "3", "--out", str(tmp_path), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code in (0, 3) and out["steps"] >= 1500 and out["command"].startswith("kvcheck fuzz")
+    for argv, msg in ((["fuzz", "--budget", "soon"], "budget must be"),
+                      (["fuzz", "--sut", "nosuchmodule:X"], "cannot import"),
+                      (["fuzz", "--sut", "reference2"], "unknown system under test"),
+                      (["fuzz", "--sut", TOY, "--fault", "nope"], "unknown fault")):
+        proc = subprocess.run([sys.executable, "-m", "kvcheck", *argv], capture_output=True, text=True, cwd=ROOT)
+        assert proc.returncode == 2 and msg in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_pytest_plugin_fixture(kvcheck_campaign) -> None:
+    res = kvcheck_campaign(TOY, config=TOY_CFG, budget="800")
+    assert res["steps"] >= 800
+    kvcheck_campaign(TOY, config=TOY_CFG, budget="60s", fault="hash_only_hit", expect_exit=13)
