@@ -104,6 +104,11 @@ def make_machine(spec: Spec, sut_factory: Callable[[], SystemUnderTest], tally: 
                           "; ".join(f"{i}: {w}" for i, w in bad[:6]))
         if differential is not None and decision is not None:
             differential(self.sut, inst, decision)
+        oracle = getattr(self.sut, "differential_check", None)
+        if oracle is not None:
+            msg = oracle(inst.action, dict(inst.params))
+            if msg:
+                raise Finding("differential", ["reuse_equals_recompute"], f"after {inst.label()}: {msg}")
         s = self.s
         self.enabled = enabled_names(s)
         self.pressure = max(self.pressure, sum(1 for i in occ_slots if s[i] == READY))

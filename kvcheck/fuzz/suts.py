@@ -13,7 +13,8 @@ from typing import Callable
 from ..spec import faults as faultlib
 from ..spec.sut import SpecSUT, SystemUnderTest
 
-BUILTIN = ("spec",)
+BUILTIN = ("spec", "reference")
+ALIASES = {"reference": "kvcheck.reference.adapter:ReferenceSUT"}
 
 
 class SutError(ValueError):
@@ -26,6 +27,16 @@ def resolve_sut(name: str, fault: str | None = None) -> Callable[[], SystemUnder
             raise SutError(f"fault {fault!r} is a {faultlib.get(fault).layer} fault; "
                            "--sut spec plants spec faults only")
         return lambda: SpecSUT(fault)
+    if name in ALIASES:
+        target = ALIASES[name]
+        mod_name, _, cls_name = target.partition(":")
+        try:
+            cls = getattr(importlib.import_module(mod_name), cls_name)
+        except (ImportError, AttributeError) as e:
+            raise SutError(f"the {name} system under test is not available: {e}") from None
+        if fault is not None:
+            return lambda: cls(fault=fault)
+        return cls
     if ":" not in name:
         raise SutError(f"unknown system under test {name!r}; use one of {', '.join(BUILTIN)} "
                        "or MODULE:CLASS")

@@ -41,7 +41,7 @@ INSTALL_HINT = ("vLLM is not importable: install it with `bash scripts/install-v
                 "(pip install --no-deps vllm==0.33.0 + requirements-vllm.txt)")
 B = 4                 # hash block size (tokens) of every layout
 MAX_MODEL_LEN = 64
-MAX_TOKENS = 48       # requests never grow past this
+MAX_TOKENS = 48       # requests never grow past this (max_model_len = 64)
 VOCAB = 40
 
 # name -> (description, groups); a group is (kind, block_size, param) with kind in
@@ -64,6 +64,13 @@ _LAYOUTS: dict[str, tuple[str, list[tuple[str, int, int | None]], int]] = {
              [("swa_mla", 4, 8), ("compressed", 4, 4), ("indexer", 4, 4), ("compressed", 16, 16),
               ("tail_ring", 8, None)], 16),
 }
+# Sparse prefix-cache retention (KVCacheConfig.prefix_cache_retention_interval = 0): sliding-window
+# groups only keep the blocks a reachable boundary (replay point, shared-prefix junction) needs.
+_RETENTION: dict[str, int] = {}
+for _base in ("full+swa", "mixed_block"):
+    _d, _g, _s = _LAYOUTS[_base]
+    _LAYOUTS[f"{_base}-sparse"] = (f"{_d}; sparse SWA retention (prefix_cache_retention_interval=0)", _g, _s)
+    _RETENTION[f"{_base}-sparse"] = 0
 LAYOUTS: dict[str, str] = {k: v[0] for k, v in _LAYOUTS.items()}
 
 # fault -> (expected check, description)
@@ -236,7 +243,8 @@ class VllmAdapter:
         specs = _make_specs(self.layout)
         kcfg = V["KVCacheConfig"](num_blocks=self.num_blocks, kv_cache_tensors=[],
                                   kv_cache_groups=[V["KVCacheGroupSpec"]([f"layer{i}"], s)
-                                                   for i, s in enumerate(specs)])
+                                                   for i, s in enumerate(specs)],
+                                  prefix_cache_retention_interval=_RETENTION.get(self.layout))
         self.mgr = V["KVCacheManager"](kcfg, max_model_len=MAX_MODEL_LEN,
                                        scheduler_block_size=self.sched_bs, hash_block_size=B)
         self.pool = self.mgr.block_pool
@@ -310,9 +318,13 @@ class VllmAdapter:
             raise ActionRejected(f"request {r} is not {'/'.join(states)}")
         return req
 
-    def _a_submit(self, tokens: list[int], salt: str | None = None) -> dict:
+    def _a_submit(self, tokens: list[int], salt: str | None = None, r: str | None = None) -> dict:
         V = _vllm()
-        rid = f"r{self.next_id}"
+        rid = r or f"r{self.next_id}"
+        if rid in self.reqs:
+            raise ActionRejected(f"request {rid} already exists")
+        if not 1 <= len(tokens) < MAX_TOKENS:
+            raise ActionRejected(f"a request needs 1..{MAX_TOKENS - 1} tokens")
         self.next_id += 1
         obj = V["Request"](rid, list(tokens), V["SamplingParams"](max_tokens=MAX_TOKENS), None,
                            cache_salt=salt, block_hasher=self.hasher)
@@ -323,7 +335,8 @@ class VllmAdapter:
         req = self._get(r, ("waiting", "preempted"))
         o = req.obj
         usable = self.spec_usable(req)
-        blocks, hit, _ = self.mgr.get_computed_blocks(o)
+        blocks, hit, junction = self.mgr.get_computed_blocks(o)
+        o.shared_prefix_boundary = junction      # as the scheduler does
         self._check_hit(req, blocks, hit)
         obs: dict[str, Any] = {"hit": hit, "usable": usable}
         if hit < usable:
@@ -384,7 +397,8 @@ class VllmAdapter:
 
     def _maybe_sample(self, req: _Req, tok: int | None = None) -> None:
         o = req.obj
-        if o.num_computed_tokens == o.num_tokens:   # the forward produced a token
+        if o.num_computed_tokens == o.num_tokens and o.num_tokens < MAX_TOKENS:
+            # the forward produced a token (requests stop growing at MAX_TOKENS < max_model_len)
             o.append_output_token_ids(tok if tok is not None else (o.num_tokens * 7) % VOCAB)
 
     def _a_finish(self, r: str) -> dict:
@@ -663,7 +677,7 @@ class _Gen:
             cut = rng.randint(0, n)
             toks = base[:cut] + [rng.randrange(VOCAB) for _ in range(n - cut)]
             salt = rng.choice([None, None, None, "s1"])
-            return a, {"tokens": toks, "salt": salt}
+            return a, {"r": f"r{ad.next_id}", "tokens": toks, "salt": salt}
         if a == "reset_prefix_cache":
             return a, {}
         if a == "evict_blocks":

@@ -40,7 +40,7 @@ class VllmMachine(RuleBasedStateMachine):
     def submit(self, base, cut, n, tail, salt) -> None:
         cut = min(cut, n)
         toks = _BASES[base][:cut] + (tail + [1] * n)[: n - cut]
-        self.ad.apply("submit", {"tokens": toks, "salt": salt})
+        self.ad.apply("submit", {"r": f"r{self.ad.next_id}", "tokens": toks, "salt": salt})
 
     @rule(data=st.data(), chunk=st.integers(1, 48))
     def lookup(self, data, chunk) -> None:
