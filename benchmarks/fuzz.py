@@ -1,0 +1,80 @@
+"""Fuzz campaign speed and fault detection. Prints one JSON object.
+
+- `spec_steps_per_s`: Hypothesis stateful steps per second against the spec as SUT.
+- `lockstep_steps_per_s`: spec + reference engine in lockstep (differential checks included),
+  or null with the reason when the reference engine is not importable.
+- `detect_seconds_by_fault` / `trace_len_by_fault`: per fault, median over --seeds seeds of the
+  time to the first (shrunk) finding and the shrunk trace length; `caught_by_expected` says
+  whether every run failed with the fault's expected check.
+Single process (one core). Medians of several runs; the machine is shared and noisy.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from kvcheck.fuzz.campaign import Budget, run_campaign
+from kvcheck.spec import faults as faultlib
+from kvcheck.spec.config import Config
+
+
+def rate(sut: str, steps: int, runs: int) -> float:
+    out = []
+    for seed in range(runs):
+        with tempfile.TemporaryDirectory() as d:
+            r = run_campaign(Config(), sut, Budget(steps=steps), seed=seed, out=Path(d))
+        out.append(r["steps"] / r["seconds"])
+    return statistics.median(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--steps", type=int, default=5000)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--budget", default="60s", help="per fault and seed")
+    ap.add_argument("--faults", nargs="*", help="default: every spec fault (+ engine faults when available)")
+    args = ap.parse_args()
+    out: dict = {"benchmark": "fuzz", "steps_per_run": args.steps, "runs": args.runs}
+    out["spec_steps_per_s"] = round(rate("spec", args.steps, args.runs))
+    try:
+        import kvcheck.reference.adapter  # noqa: F401
+        import kvcheck.reference.faults  # noqa: F401
+        out["lockstep_steps_per_s"] = round(rate("reference", args.steps // 5, args.runs))
+        have_ref = True
+    except ImportError as e:
+        out["lockstep_steps_per_s"] = None
+        out["lockstep_note"] = f"reference engine not available: {e}"
+        have_ref = False
+    names = args.faults or [f.name for f in faultlib.FAULTS.values()
+                            if f.layer == "spec" or (have_ref and f.layer == "engine")]
+    detect, length, caught = {}, {}, {}
+    for name in names:
+        f = faultlib.get(name)
+        sut = "spec" if f.layer == "spec" else "reference"
+        secs, lens, ok = [], [], True
+        for seed in range(args.seeds):
+            with tempfile.TemporaryDirectory() as d:
+                t0 = time.perf_counter()
+                r = run_campaign(Config(), sut, Budget.parse(args.budget), seed=seed, fault=name, out=Path(d))
+                secs.append(time.perf_counter() - t0)
+            if r["findings"]:
+                lens.append(len(r["findings"][0]["trace_steps"]))
+                ok &= f.expected in r["findings"][0]["checks"]
+            else:
+                ok = False
+        detect[name] = round(statistics.median(secs), 2)
+        length[name] = statistics.median(lens) if lens else None
+        caught[name] = ok
+    out.update(detect_seconds_by_fault=detect, trace_len_by_fault=length, caught_by_expected=caught,
+               targets={"spec_steps_per_s": 3000, "lockstep_steps_per_s": 300,
+                        "detect_seconds": 10, "trace_len": 12})
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
