@@ -101,6 +101,10 @@ def cmd_spec(args: argparse.Namespace) -> int:
 
 
 def cmd_faults(args: argparse.Namespace) -> int:
+    try:
+        import kvcheck.reference.faults  # noqa: F401  (registers the engine's faults)
+    except ImportError:
+        pass
     data = {"faults": [f.to_dict() for f in faultlib.FAULTS.values()]}
 
     def text() -> str:
@@ -297,6 +301,56 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     return code
 
 
+def cmd_mutants(args: argparse.Namespace) -> int:
+    """The fault matrix: every fault, every engine that applies, caught by the expected check?"""
+    from ..fuzz.campaign import Budget
+    from .mutants import run_mutants
+    cfg = _config(args)
+    try:
+        budget = Budget.parse(args.budget_per_fault)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if budget.seconds is None:
+        raise UsageError("--budget-per-fault must be a duration such as 30s")
+    for name in args.fault or []:
+        faultlib.get(name)
+    bar = task = None
+    if _progress_enabled(args):
+        from rich.progress import Progress
+        bar = Progress(transient=True)
+        bar.start()
+        task = bar.add_task("mutants", total=None)
+    try:
+        res = run_mutants(cfg, budget.seconds, args.seed, args.fault,
+                          progress=(lambda msg: bar.update(task, description=msg)) if bar else None)
+    finally:
+        if bar is not None:
+            bar.stop()
+    code = res["exit_code"]
+
+    def text() -> str:
+        lines = [f"kvcheck mutants: score {res['mutation_score']:.0%} ({res['killed']}/{res['scored']} "
+                 f"killed by their expected check), negative control "
+                 + ("clean" if res["negative_control_clean"] else "NOT CLEAN") + f" (exit {code})", ""]
+        engines = sorted({e for r in res["faults"] for e in r["engines"]})
+        lines.append(f"  {'fault':34} {'expected':26} " + " ".join(f"{e:>14}" for e in engines))
+        for r in res["faults"]:
+            cells = []
+            for e in engines:
+                x = r["engines"].get(e)
+                cells.append(f"{'-':>14}" if x is None else
+                             f"{('OK ' if x['expected_caught'] else 'other ' if x['detected'] else 'miss ') + str(x['seconds']) + 's':>14}")
+            lines.append(f"  {r['fault']:34} {r['expected']:26} " + " ".join(cells))
+        for s in res["survivors"]:
+            lines.append(f"  SURVIVOR {s['fault']}: {s['why']}")
+        for m in res["misattributed"]:
+            lines.append(f"  MIS-ATTRIBUTED {m['fault']}: expected {m['expected']}, got {m['caught_by']}")
+        return "\n".join(lines)
+
+    _emit(args, res, text)
+    return code
+
+
 def _check_sut_fault(sut: str, fault: str) -> None:
     """Spec faults for --sut spec; a user SUT declares its own in a `faults` dict."""
     if ":" not in sut:
@@ -361,6 +415,10 @@ def build_parser() -> argparse.ArgumentParser:
     z.add_argument("--fault", metavar="NAME", help="plant a fault in the SUT")
     z.add_argument("--db", metavar="DIR", help="Hypothesis example database directory (replayed first)")
     z.add_argument("--out", metavar="DIR", default="kvcheck-report", help="where traces go (default: %(default)s)")
+    m = add("mutants", cmd_mutants, "fault matrix: which engine catches each planted fault, with which check")
+    m.add_argument("--budget-per-fault", default="30s", help="per fault and engine (default: %(default)s)")
+    m.add_argument("--fault", nargs="*", metavar="NAME", help="only these faults (default: all)")
+    m.add_argument("--seed", type=int, default=0, help="seed (default: %(default)s)")
     d = add("diff", cmd_diff, "differential oracle: output with cache reuse vs a full recompute", config=False)
     d.add_argument("--sut", default="transformers", choices=["reference", "transformers"],
                    help="system under test (default: %(default)s; the reference engine comes later)")

@@ -20,6 +20,8 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis import seed as hyp_seed
 from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.errors import HypothesisException
+from hypothesis.internal.conjecture import engine as hyp_engine
+from hypothesis.reporting import with_reporter
 from hypothesis.stateful import get_state_machine_test
 
 from ..spec.config import Config
@@ -54,7 +56,7 @@ class Budget:
 
 def run_campaign(cfg: Config, sut: str = "spec", budget: Budget = Budget(seconds=60), seed: int = 0,
                  fault: str | None = None, db: str | None = None, out: Path = Path("kvcheck-report"),
-                 steps_per_example: int = 200, examples_per_round: int = 25,
+                 steps_per_example: int = 200, examples_per_round: int = 25, shrink_seconds: float = 60.0,
                  progress: Callable[[int], None] | None = None,
                  differential: Callable[..., None] | None = None) -> dict[str, Any]:
     """One worker's campaign. Returns a JSON-serialisable result with `exit_code`."""
@@ -69,6 +71,10 @@ def run_campaign(cfg: Config, sut: str = "spec", budget: Budget = Budget(seconds
     error: str | None = None
     interrupted = False
     rnd = 0
+    reports: list[str] = []
+    saved_shrink = getattr(hyp_engine, "MAX_SHRINKING_SECONDS", None)
+    if saved_shrink is not None:      # bound shrinking so that a campaign stays near its budget
+        hyp_engine.MAX_SHRINKING_SECONDS = shrink_seconds
     while True:
         if budget.seconds is not None and time.perf_counter() - t0 >= budget.seconds:
             break
@@ -81,7 +87,8 @@ def run_campaign(cfg: Config, sut: str = "spec", budget: Budget = Budget(seconds
         test = hyp_seed(seed * 100_003 + rnd)(get_state_machine_test(machine, settings=s))
         rnd += 1
         try:
-            test()
+            with with_reporter(reports.append):   # Hypothesis's own prints never reach stdout
+                test()
         except Finding as f:
             finding = f
             break
@@ -102,6 +109,8 @@ def run_campaign(cfg: Config, sut: str = "spec", budget: Budget = Budget(seconds
             break
         if progress:
             progress(tally.steps)
+    if saved_shrink is not None:
+        hyp_engine.MAX_SHRINKING_SECONDS = saved_shrink
     seconds = time.perf_counter() - t0
     result: dict[str, Any] = {
         "sut": sut, "seed": seed, "fault": fault, "budget": budget.describe(),
@@ -111,9 +120,14 @@ def run_campaign(cfg: Config, sut: str = "spec", budget: Budget = Budget(seconds
                      "actions_missing": sorted(set(machine_actions(spec, factory)) - set(tally.actions)),
                      "decisions": {k: tally.decisions.get(k, 0) for k in DECISION_KINDS}},
         "interrupted": interrupted, "findings": [],
+        "seconds_to_first_failure": (round(tally.first_failure_at - t0, 2)
+                                     if tally.first_failure_at is not None else None),
+        "steps_to_first_failure": tally.steps_to_first_failure,
     }
     if error:
         result["error"] = error
+    if any("slow progress" in str(r) for r in reports):
+        result["shrink_note"] = f"shrinking stopped at its time bound ({shrink_seconds:g}s)"
     code = 0
     if finding is not None:
         trail = list(tally.last_trail)

@@ -21,6 +21,9 @@ from ..spec.sut import ActionRejected, SystemUnderTest, observed_mismatch
 from ..spec.system import Instance, Spec
 
 
+import time
+
+
 class Finding(AssertionError):
     """A failure with the check that found it (`kind`: invariant | conformance | differential)."""
 
@@ -38,6 +41,8 @@ class Tally:
     actions: Counter = field(default_factory=Counter)
     decisions: Counter = field(default_factory=Counter)
     last_trail: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    first_failure_at: float | None = None      # perf_counter() of the first failing step
+    steps_to_first_failure: int | None = None
 
 
 def make_machine(spec: Spec, sut_factory: Callable[[], SystemUnderTest], tally: Tally,
@@ -76,6 +81,15 @@ def make_machine(spec: Spec, sut_factory: Callable[[], SystemUnderTest], tally: 
         tally.last_trail = self.trail
 
     def step(self: Any, inst: Instance) -> None:
+        try:
+            check(self, inst)
+        except Finding:
+            if tally.first_failure_at is None:
+                tally.first_failure_at = time.perf_counter()
+                tally.steps_to_first_failure = tally.steps
+            raise
+
+    def check(self: Any, inst: Instance) -> None:
         pre = self.s
         decision = spec.decide(pre, inst.params["r"]) if inst.action == "lookup" else None
         self.s = inst.effect(pre)

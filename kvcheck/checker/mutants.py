@@ -1,0 +1,137 @@
+"""`kvcheck mutants`: the fault matrix — which engine catches which planted fault, and with which check.
+
+Owns the mutation score. For every fault in the library, every engine that applies to its
+layer runs with the fault planted under the same budget; a detection counts only when the
+failing check is the fault's `expected` one. The negative control runs every engine on the
+clean system with the same budgets and must report nothing.
+"""
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from ..fuzz.campaign import Budget, run_campaign
+from ..fuzz.walk import Walker, shrink
+from ..spec import faults as faultlib
+from ..spec.config import Config
+from ..spec.system import Spec
+
+Result = dict[str, Any]
+
+
+def _walk(cfg: Config, fault: str | None, budget_s: float, seed: int) -> Result:
+    spec = Spec(cfg, fault)
+    t0 = time.perf_counter()
+    res = Walker(spec, seed=seed).run(10**9 if fault else 10_000, seconds=budget_s)
+    secs = time.perf_counter() - t0
+    v = res.violation
+    if v is None:
+        return {"detected": False, "caught_by": [], "seconds": round(secs, 2), "steps": res.coverage.steps}
+    short = shrink(spec, v.trace, set(v.invariants), budget_s=min(5.0, budget_s))
+    return {"detected": True, "caught_by": v.invariants, "seconds": round(secs, 2),
+            "trace_len": len(short), "steps": res.coverage.steps}
+
+
+def _fuzz(sut: str) -> Callable[[Config, str | None, float, int], Result]:
+    def run(cfg: Config, fault: str | None, budget_s: float, seed: int) -> Result:
+        with tempfile.TemporaryDirectory() as d:
+            t0 = time.perf_counter()
+            r = run_campaign(cfg, sut, Budget(seconds=budget_s), seed=seed, fault=fault, out=Path(d),
+                             shrink_seconds=max(10.0, budget_s))
+            secs = time.perf_counter() - t0
+        if not r["findings"]:
+            return {"detected": False, "caught_by": [], "seconds": round(secs, 2), "steps": r["steps"]}
+        f = r["findings"][0]
+        return {"detected": True, "caught_by": f["checks"], "kind": f["kind"],
+                "seconds": r["seconds_to_first_failure"], "seconds_with_shrink": round(secs, 2),
+                "trace_len": len(f["trace_steps"]), "steps": r["steps"]}
+    return run
+
+
+def engines_for(layer: str) -> dict[str, Callable[[Config, str | None, float, int], Result]]:
+    """The engines that apply to faults of a layer (those importable in this install)."""
+    if layer == "spec":
+        table: dict[str, Callable[..., Result]] = {"walk": _walk, "fuzz": _fuzz("spec")}
+        try:
+            from . import explore as _explore
+            if hasattr(_explore, "mutant_engine"):
+                table["explore"] = _explore.mutant_engine
+        except ImportError:
+            pass
+        try:
+            from . import prove as _prove
+            if hasattr(_prove, "mutant_engine"):
+                table["prove"] = _prove.mutant_engine
+        except ImportError:
+            pass
+        return table
+    if layer == "engine":
+        table = {}
+        try:
+            import kvcheck.reference.adapter  # noqa: F401
+            table["fuzz"] = _fuzz("reference")
+        except ImportError:
+            pass
+        try:
+            from ..reference import diff as _diff
+            if hasattr(_diff, "mutant_engine"):
+                table["diff"] = _diff.mutant_engine
+        except ImportError:
+            pass
+        return table
+    return {}
+
+
+def run_mutants(cfg: Config, budget_s: float = 30.0, seed: int = 0, only: list[str] | None = None,
+                progress: Callable[[str], None] | None = None) -> Result:
+    try:
+        import kvcheck.reference.faults  # noqa: F401  (registers engine faults)
+    except ImportError:
+        pass
+    rows, survivors, misattributed = [], [], []
+    names = only or list(faultlib.FAULTS)
+    for name in names:
+        f = faultlib.get(name)
+        engines = engines_for(f.layer)
+        row: Result = {"fault": name, "layer": f.layer, "expected": f.expected, "engines": {}}
+        for ename, run in engines.items():
+            if progress:
+                progress(f"{name} / {ename}")
+            r = run(cfg, name, budget_s, seed)
+            r["expected_caught"] = f.expected in r["caught_by"]
+            row["engines"][ename] = r
+        row["caught_by_expected"] = sorted(e for e, r in row["engines"].items() if r["expected_caught"])
+        row["detected_by"] = sorted(e for e, r in row["engines"].items() if r["detected"])
+        if not row["engines"]:
+            row["status"] = "no engine for this layer in this install"
+        elif row["caught_by_expected"]:
+            row["status"] = "killed"
+        elif row["detected_by"]:
+            row["status"] = "mis-attributed"
+            misattributed.append({"fault": name, "expected": f.expected,
+                                  "caught_by": {e: row["engines"][e]["caught_by"] for e in row["detected_by"]},
+                                  "why": "detected, but not by the check the fault targets: that check "
+                                         "is not testing what it claims, or the fault's symptom is elsewhere"})
+        else:
+            row["status"] = "survived"
+            survivors.append({"fault": name, "expected": f.expected,
+                              "why": f"no engine failed within {budget_s:g}s per engine"})
+        rows.append(row)
+    # negative control: the clean system, every engine, same budgets
+    control: Result = {}
+    for layer in sorted({faultlib.get(n).layer for n in names}):
+        for ename, run in engines_for(layer).items():
+            if progress:
+                progress(f"clean / {layer} / {ename}")
+            control[f"{layer}:{ename}"] = run(cfg, None, budget_s, seed)
+    control_clean = all(not r["detected"] for r in control.values())
+    scored = [r for r in rows if r["engines"]]
+    killed = sum(1 for r in scored if r["status"] == "killed")
+    score = killed / len(scored) if scored else 0.0
+    return {"faults": rows, "mutation_score": round(score, 4), "killed": killed, "scored": len(scored),
+            "survivors": survivors, "misattributed": misattributed,
+            "negative_control": control, "negative_control_clean": control_clean,
+            "budget_per_fault_s": budget_s, "seed": seed,
+            "exit_code": 0 if (control_clean and killed == len(scored)) else (10 if not control_clean else 3)}

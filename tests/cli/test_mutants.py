@@ -1,0 +1,16 @@
+"""The fault matrix on a subset: detections count only by the expected check; the clean
+control reports nothing."""
+from __future__ import annotations
+
+from kvcheck.checker.mutants import run_mutants
+from kvcheck.spec.config import Config
+
+
+def test_mutants_subset_scores_and_control_is_clean() -> None:
+    res = run_mutants(Config(), budget_s=4, only=["shared_free_list", "refcount_double_decrement"])
+    assert res["negative_control_clean"]
+    assert res["mutation_score"] == 1.0 and res["exit_code"] == 0
+    for row in res["faults"]:
+        assert row["status"] == "killed"
+        assert "walk" in row["caught_by_expected"] and "fuzz" in row["caught_by_expected"]
+        assert row["engines"]["fuzz"]["trace_len"] >= 1
