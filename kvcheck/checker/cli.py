@@ -10,7 +10,8 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 from .. import __version__
 from ..spec import faults as faultlib
@@ -122,25 +123,37 @@ def _progress_enabled(args: argparse.Namespace) -> bool:
     return not args.json and sys.stderr.isatty() and not os.environ.get("CI")
 
 
+@contextmanager
+def _progress(args: argparse.Namespace, label: str) -> Iterator[Callable[..., None] | None]:
+    """A transient progress bar on a terminal; None (quiet) in CI, in pipes and with --json.
+    The callback takes (completed, total=None) or a description string."""
+    if not _progress_enabled(args):
+        yield None
+        return
+    from rich.progress import Progress
+    bar = Progress(transient=True)
+    bar.start()
+    task = bar.add_task(label, total=None)
+
+    def update(done: int | str, total: int | None = None) -> None:
+        if isinstance(done, str):
+            bar.update(task, description=done)
+        else:
+            bar.update(task, completed=done, total=total)
+    try:
+        yield update
+    finally:
+        bar.stop()
+
+
 def cmd_gate(args: argparse.Namespace) -> int:
     cfg = _config(args)
     if args.fault is not None:
         faultlib.get(args.fault)
     out = Path(args.out)
     _check_writable(out)
-    progress = None
-    bar = None
-    if _progress_enabled(args):
-        from rich.progress import Progress
-        bar = Progress(transient=True)
-        bar.start()
-        task = bar.add_task("random walks", total=None)
-        progress = lambda n, total: bar.update(task, completed=n, total=total)  # noqa: E731
-    try:
+    with _progress(args, "random walks") as progress:
         code, rep = run_gate(cfg, out, args.config, args.fault, args.seed, args.steps, progress=progress)
-    finally:
-        if bar is not None:
-            bar.stop()
 
     def text() -> str:
         w = rep["engines"]["walk"]
@@ -258,18 +271,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     if args.workers > 1:
         res = run_workers(cfg, args.sut, budget, args.seed, args.fault, args.db, out, args.workers)
     else:
-        bar = task = None
-        if _progress_enabled(args):
-            from rich.progress import Progress
-            bar = Progress(transient=True)
-            bar.start()
-            task = bar.add_task(f"fuzz {args.sut} ({budget.describe()})", total=None)
-        try:
-            res = run_campaign(cfg, args.sut, budget, args.seed, args.fault, args.db, out,
-                               progress=(lambda n: bar.update(task, completed=n)) if bar else None)
-        finally:
-            if bar is not None:
-                bar.stop()
+        with _progress(args, f"fuzz {args.sut} ({budget.describe()})") as progress:
+            res = run_campaign(cfg, args.sut, budget, args.seed, args.fault, args.db, out, progress=progress)
     cmd = ["kvcheck", "fuzz", "--sut", args.sut, "--budget", args.budget, "--seed", str(args.seed)]
     if args.config:
         cmd += ["--config", args.config]
@@ -314,18 +317,8 @@ def cmd_mutants(args: argparse.Namespace) -> int:
         raise UsageError("--budget-per-fault must be a duration such as 30s")
     for name in args.fault or []:
         faultlib.get(name)
-    bar = task = None
-    if _progress_enabled(args):
-        from rich.progress import Progress
-        bar = Progress(transient=True)
-        bar.start()
-        task = bar.add_task("mutants", total=None)
-    try:
-        res = run_mutants(cfg, budget.seconds, args.seed, args.fault,
-                          progress=(lambda msg: bar.update(task, description=msg)) if bar else None)
-    finally:
-        if bar is not None:
-            bar.stop()
+    with _progress(args, "mutants") as progress:
+        res = run_mutants(cfg, budget.seconds, args.seed, args.fault, progress=progress)
     code = res["exit_code"]
 
     def text() -> str:

@@ -50,38 +50,32 @@ def _fuzz(sut: str) -> Callable[[Config, str | None, float, int], Result]:
     return run
 
 
+def _optional(module: str, attr: str = "mutant_engine") -> Callable[..., Result] | None:
+    """An engine's mutant entry point, if that engine is part of this install."""
+    import importlib
+    try:
+        return getattr(importlib.import_module(module), attr, None)
+    except ImportError:
+        return None
+
+
 def engines_for(layer: str) -> dict[str, Callable[[Config, str | None, float, int], Result]]:
     """The engines that apply to faults of a layer (those importable in this install)."""
     if layer == "spec":
         table: dict[str, Callable[..., Result]] = {"walk": _walk, "fuzz": _fuzz("spec")}
-        try:
-            from . import explore as _explore
-            if hasattr(_explore, "mutant_engine"):
-                table["explore"] = _explore.mutant_engine
-        except ImportError:
-            pass
-        try:
-            from . import prove as _prove
-            if hasattr(_prove, "mutant_engine"):
-                table["prove"] = _prove.mutant_engine
-        except ImportError:
-            pass
-        return table
-    if layer == "engine":
+        optional = {"explore": "kvcheck.checker.explore", "prove": "kvcheck.checker.prove"}
+    elif layer == "engine":
         table = {}
-        try:
-            import kvcheck.reference.adapter  # noqa: F401
+        if _optional("kvcheck.reference.adapter", "ReferenceSUT") is not None:
             table["fuzz"] = _fuzz("reference")
-        except ImportError:
-            pass
-        try:
-            from ..reference import diff as _diff
-            if hasattr(_diff, "mutant_engine"):
-                table["diff"] = _diff.mutant_engine
-        except ImportError:
-            pass
-        return table
-    return {}
+        optional = {"diff": "kvcheck.reference.diff"}
+    else:
+        return {}
+    for name, module in optional.items():
+        fn = _optional(module)
+        if fn is not None:
+            table[name] = fn
+    return table
 
 
 def run_mutants(cfg: Config, budget_s: float = 30.0, seed: int = 0, only: list[str] | None = None,

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from ..spec.objects import DECISION_KINDS, DEVICE_STATES, DISK_STATES, POOL
 from ..spec.state import VALUE_NAMES
-from ..spec.system import Instance, Spec
+from ..spec.system import Spec
 from ..spec.trace import Step, Trace
 
 CORE = ("submit", "lookup", "bind", "use", "append", "finish")

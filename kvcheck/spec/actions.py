@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from .config import DEVICE_KINDS, Config
+from .config import DEVICE_KINDS
 from .funnel import Decision
 from .logic import Expr, Logic
 from .objects import (current_version, header_version, D_DURABLE, D_LOADING, D_NONE, D_OFFLOADING, D_QUARANTINED,

@@ -32,6 +32,19 @@ class ConfigError(ValueError):
     """Bad or impossible configuration: reported as one line, exit code 2."""
 
 
+def read_json(path: str | Path, what: str, error: type[Exception]) -> Any:
+    """Parse a JSON file, turning every way it can fail into one line of `error`."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise error(f"cannot read {what} {p}: {e.strerror or e}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise error(f"{what} {p} is not valid JSON: {e.msg} at line {e.lineno}") from None
+
+
 @dataclass(frozen=True)
 class LayerSpec:
     """One attention layer. `window` for swa and the SWA branch of hca/csa; `m` the
@@ -250,13 +263,4 @@ class Config:
         """Read a JSON config file; None gives the embedded default."""
         if path is None:
             return cls()
-        p = Path(path)
-        try:
-            text = p.read_text()
-        except OSError as e:
-            raise ConfigError(f"config: cannot read {p}: {e.strerror or e}") from None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"config: {p} is not valid JSON: {e.msg} at line {e.lineno}") from None
-        return cls.from_dict(data)
+        return cls.from_dict(read_json(path, "config", ConfigError))

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import Config, ConfigError
+from .config import Config, ConfigError, read_json
 
 FORMAT = "kvcheck-trace/1"
 
@@ -88,13 +88,4 @@ class Trace:
 
     @classmethod
     def load(cls, path: str | Path) -> "Trace":
-        p = Path(path)
-        try:
-            text = p.read_text()
-        except OSError as e:
-            raise TraceError(f"cannot read trace {p}: {e.strerror or e}") from None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise TraceError(f"trace {p} is not valid JSON: {e.msg} at line {e.lineno}") from None
-        return cls.from_dict(data)
+        return cls.from_dict(read_json(path, "trace", TraceError))

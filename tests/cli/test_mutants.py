@@ -7,7 +7,7 @@ from kvcheck.spec.config import Config
 
 
 def test_mutants_subset_scores_and_control_is_clean() -> None:
-    res = run_mutants(Config(), budget_s=4, only=["shared_free_list", "refcount_double_decrement"])
+    res = run_mutants(Config(), budget_s=30, only=["shared_free_list", "refcount_double_decrement"])
     assert res["negative_control_clean"]
     assert res["mutation_score"] == 1.0 and res["exit_code"] == 0
     for row in res["faults"]:
