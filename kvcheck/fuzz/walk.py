@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..spec.objects import DECISION_KINDS, DEVICE_STATES, DISK_STATES, POOL
-from ..spec.state import VALUE_NAMES
 from ..spec.system import Spec
 from ..spec.trace import Step, Trace
 
@@ -241,7 +240,3 @@ def to_trace(spec: Spec, steps: list[tuple[str, dict[str, Any]]], seed: int | No
         out.append(Step(action, dict(params), expect))
     return Trace(spec.cfg, out, spec.fault, engine, seed, "spec", violation)
 
-
-def value_name(field: str, value: int) -> str:
-    names = VALUE_NAMES.get(field)
-    return names[value] if names and 0 <= value < len(names) else str(value)
