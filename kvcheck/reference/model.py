@@ -14,15 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvcheck.kernels.activation import silu
-from kvcheck.kernels.attention import attend_gathered, attend_range, finish, new_carry
-from kvcheck.kernels.compression import compress
-from kvcheck.kernels.indexer import index_scores
-from kvcheck.kernels.norm import rms_norm, rope
-from kvcheck.kernels.projection import linear
-from kvcheck.kernels.topk import topk_desc
-from kvcheck.kernels.attention import KV_TILE
-from kvcheck.kernels.projection import ROW_TILE
+from kvcheck.kernels.backend import get_ops
 from kvcheck.spec.config import GROUP_OBJECTS, Config, LayerSpec
 
 VOCAB = 256
@@ -122,11 +114,15 @@ class HybridLM:
 
     def __init__(self, config: Config | None = None, *, seed: int | None = None, width: int = 64,
                  n_heads: int = 4, mlp: int = 128, idx_heads: int = 4, idx_dim: int = 16,
-                 inference_mode: bool = True):
+                 inference_mode: bool = True, backend: str = "torch"):
         # inference_mode: run forwards under torch.inference_mode (~17% faster decode: no
         # autograd dispatch). Returned logits and new state tensors are then inference tensors:
         # read, copy, compare and clone them freely; clone before editing one in place.
         self.inference_mode = inference_mode
+        # backend: "torch" (reference) or "triton" (kvcheck/kernels/triton_ops.py); every op call
+        # goes through this table. versions["kernels"] names it: caches are per backend.
+        self.backend = backend
+        self.ops = get_ops(backend)
         self.config = config or Config()
         self.seed = self.config.seed if seed is None else seed
         self.width, self.n_heads, self.head_dim = width, n_heads, width // n_heads
@@ -162,7 +158,7 @@ class HybridLM:
             "indexer": self._digest(lambda n: n.endswith((".wi", ".ibias")))[:16],
             # the reduction order of the batch-invariant kernels: caches computed under another
             # tiling are numerically different (still correct, but not bitwise reusable)
-            "kernels": f"torch-ref/kv{KV_TILE}/row{ROW_TILE}",
+            "kernels": self.ops.version,
         }
 
     def _digest(self, pick, with_config: bool = False) -> str:
@@ -230,8 +226,8 @@ class HybridLM:
         for i, spec in enumerate(self.config.layers):
             x, ls = self._layer(i, spec, x, pos, state.layers[i], L0, trace)
             layers.append(ls)
-        x = rms_norm(x, self.weights["norm_f"])
-        return linear(x, self.weights["head"]), ModelState(L0 + T, layers)
+        x = self.ops.rms_norm(x, self.weights["norm_f"])
+        return self.ops.linear(x, self.weights["head"]), ModelState(L0 + T, layers)
 
     def decode(self, token: int, state: ModelState) -> tuple[torch.Tensor, ModelState]:
         logits, st = self.prefill([int(token)], state)
@@ -240,13 +236,14 @@ class HybridLM:
     def _layer(self, i: int, spec: LayerSpec, x: torch.Tensor, pos: torch.Tensor,
                st: LayerState, L0: int, trace: dict | None):
         w = self.weights
+        o = self.ops
         p = f"l{i}."
         T = x.shape[0]
         L1 = L0 + T
         H, D, HD = self.n_heads, self.head_dim, self.n_heads * self.head_dim
-        xn = rms_norm(x, w[p + "norm1"])
-        proj = linear(xn, self._w_in[i])
-        qk = rope(proj[:, :2 * HD].reshape(T, 2 * H, D), pos)
+        xn = o.rms_norm(x, w[p + "norm1"])
+        proj = o.linear(xn, self._w_in[i])
+        qk = o.rope(proj[:, :2 * HD].reshape(T, 2 * H, D), pos)
         q, k = qk[:, :H] * self.scale, qk[:, H:]
         v = proj[:, 2 * HD:3 * HD].reshape(T, H, D)
         out = LayerState(spec.kind, st.win_k, st.win_v)
@@ -260,8 +257,8 @@ class HybridLM:
         out.win_k, out.win_v = ks[lo1 - lo0:], vs[lo1 - lo0:]
         hi = pos + 1
         lo = torch.zeros_like(pos) if W is None else (pos - W + 1).clamp(min=0)
-        c = new_carry(H, T, D)
-        attend_range(q, ks, vs, lo0, lo, hi, c, span=(max(0, L0 - W + 1) if W else 0, L1))
+        c = o.new_carry(H, T, D)
+        o.attend_range(q, ks, vs, lo0, lo, hi, c, span=(max(0, L0 - W + 1) if W else 0, L1))
 
         if spec.kind in ("hca", "csa"):
             m = spec.m
@@ -274,7 +271,7 @@ class HybridLM:
             ek = comp[:, :HD].reshape(-1, H, D)
             ev = comp[:, HD:].reshape(-1, H, D)
             if spec.kind == "hca":
-                attend_range(q, ek, ev, 0, torch.zeros_like(limit), limit, c,
+                o.attend_range(q, ek, ev, 0, torch.zeros_like(limit), limit, c,
                              span=(0, L1 // m))
             else:
                 Hi, Di = self.idx_heads, self.idx_dim
@@ -288,7 +285,7 @@ class HybridLM:
                 out.idx_keys = keys
                 if keys.shape[0] != comp.shape[0]:
                     raise StateError(f"{p}indexer: {keys.shape[0]} keys for {comp.shape[0]} entries")
-                sel = topk_desc(index_scores(iq, iw, keys, limit), spec.topk)
+                sel = o.topk_desc(o.index_scores(iq, iw, keys, limit), spec.topk)
                 # attend over the selected *set*: ascending entry order (empty slots, -1, sort
                 # first and add exact zeros, so only the order of real entries matters)
                 sel = torch.sort(sel, dim=1).values
@@ -296,16 +293,15 @@ class HybridLM:
                     trace[f"select.{i}"] = sel
                 src = comp if comp.shape[0] else comp.new_zeros(1, 2 * HD)
                 picked = src[sel.clamp(min=0)]                        # [T, k, 2*H*D]
-                attend_gathered(q, picked[..., :HD].reshape(T, -1, H, D),
+                o.attend_gathered(q, picked[..., :HD].reshape(T, -1, H, D),
                                 picked[..., HD:].reshape(T, -1, H, D), sel >= 0, c)
-        att = finish(c).reshape(T, HD)
-        h = x + linear(att, w[p + "wo"])
-        hn = rms_norm(h, w[p + "norm2"])
-        h = h + linear(silu(linear(hn, w[p + "w1"])), w[p + "w2"])
+        att = o.finish(c).reshape(T, HD)
+        h = x + o.linear(att, w[p + "wo"])
+        hn = o.rms_norm(h, w[p + "norm2"])
+        h = h + o.linear(o.silu(o.linear(hn, w[p + "w1"])), w[p + "w2"])
         return h, out
 
-    @staticmethod
-    def _compress(name, comp, tail_kv, tail_gate, kv, gate, bias, L0, L1, m):
+    def _compress(self, name, comp, tail_kv, tail_gate, kv, gate, bias, L0, L1, m):
         """Append the chunk to the tail, compress every completed block, keep the rest as tail."""
         comp = _need(f"{name}comp", comp, L0 // m)
         t0 = m * (L0 // m)
@@ -315,5 +311,6 @@ class HybridLM:
         if nb == 0:                                   # no block completes: tail grows only
             return comp, akv, ag
         C = kv.shape[1]
-        new = compress(akv[:nb * m].reshape(nb, m, C), ag[:nb * m].reshape(nb, m, C), bias)
+        new = self.ops.compress(akv[:nb * m].reshape(nb, m, C), ag[:nb * m].reshape(nb, m, C),
+                                bias)
         return torch.cat([comp, new]), akv[nb * m:], ag[nb * m:]
