@@ -1,0 +1,224 @@
+"""The reference engine behind the SUT protocol (kvcheck/spec/sut.py): every spec action maps
+onto one engine operation, and `observe()` is the abstraction function from the engine's page
+tables, pools, copies and requests onto the spec's state tuple (Layout order).
+
+Paired spec actions whose choice the spec leaves to the state (`bind`/`bind_stale`,
+`use`/`use_stale`, `verify_ok`/`checksum_fail`) call the engine's one routine, which decides
+from its own state (its leases, its data pointers, the real bytes of the copy): when the engine
+would take the other branch the action is refused — or, with a planted fault, taken anyway and
+the divergence shows in the observed state.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kvcheck.spec.config import Config
+from kvcheck.spec.objects import PARTIAL, REUSE
+from kvcheck.spec.state import Layout
+from kvcheck.spec.sut import ActionRejected
+
+from . import faults as _faults
+from .engine import Engine
+from .manager import Refused
+from .pools import PoolError
+
+_BUMP = {"bump_model": "ver", "bump_compressor": "cmp", "bump_indexer": "ix", "bump_abi": "abi"}
+
+
+class ReferenceSUT:
+    name = "reference"
+    actions = None
+    faults = {f.name: f.expected for f in _faults.ENGINE_FAULTS}
+
+    def __init__(self, fault: str | None = None, cache_dir: str | None = None) -> None:
+        if fault is not None and fault not in self.faults:
+            raise ValueError(f"unknown reference-engine fault {fault!r}; known: {', '.join(sorted(self.faults))}")
+        self.fault = fault
+        self.cache_dir = cache_dir
+        self.engine: Engine | None = None
+        self.cfg: Config | None = None
+        self._pending_check: tuple | None = None
+
+    # ---- protocol ------------------------------------------------------------------------------
+    def reset(self, cfg: Config) -> None:
+        if self.engine is not None:
+            self.engine.close()
+        torch.set_num_threads(1)
+        self.cfg, self.lay = cfg, Layout(cfg)
+        self.engine = Engine(cfg, self.fault, self.cache_dir)
+        self._pending_check = None
+        self._index()
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def _entry(self, j: int):
+        e = self.engine
+        return e.mgr.entry(e.prefix_hashes[j], j)
+
+    def _obj(self, p: dict[str, Any]):
+        o = self._entry(p["j"]).objs.get((p["g"], p["kind"]))
+        if o is None:
+            raise ActionRejected(f"no {p['kind']} object for group {p['g']} block {p['j']}")
+        return o
+
+    def apply(self, action: str, params: dict[str, Any]) -> dict[str, Any]:
+        assert self.engine is not None, "reset() first"
+        eng, mgr, p = self.engine, self.engine.mgr, params
+        self._pending_check = None
+        try:
+            if action == "submit":
+                eng.submit(p["r"], p["n"])
+            elif action == "lookup":
+                return {"decision": mgr.lookup(p["r"]).to_dict()}
+            elif action == "bind":
+                mgr.bind(p["r"])
+            elif action == "bind_stale":
+                mgr.bind_stale(p["r"])
+            elif action == "use":
+                eng.use(p["r"])
+                q = mgr.requests[p["r"]]
+                if q.dec in (REUSE, PARTIAL) and q.pos > 0:
+                    self._pending_check = ("use", p["r"])
+            elif action == "use_stale":
+                eng.use(p["r"], stale=True)
+            elif action == "append":
+                eng.append(p["r"], p["j"])
+            elif action == "slide":
+                mgr.slide(p["r"])
+            elif action == "finish":
+                eng.finish(p["r"])
+                self._pending_check = ("finish", p["r"])
+            elif action == "preempt":
+                mgr.preempt(p["r"])
+                eng.runs.pop(p["r"], None)
+            elif action == "resume":
+                mgr.resume(p["r"])
+            elif action in ("compress", "indexer_sync"):
+                mgr.compress(self._obj(p))
+            elif action == "evict":
+                mgr.evict(self._obj(p))
+            elif action == "migrate":
+                mgr.migrate(self._obj(p))
+            elif action == "offload_start":
+                mgr.offload_start(self._entry(p["j"]))
+            elif action == "offload_ack":
+                mgr.offload_ack(self._entry(p["j"]))
+            elif action == "prefetch_start":
+                mgr.prefetch_start(self._entry(p["j"]))
+            elif action == "prefetch_complete":
+                mgr.prefetch_complete(self._entry(p["j"]))
+            elif action == "verify_ok":
+                mgr.verify(self._entry(p["j"]), p["aligned"], want_ok=True)
+            elif action == "checksum_fail":
+                mgr.verify(self._entry(p["j"]), 1, want_ok=False)
+            elif action == "corrupt":
+                mgr.corrupt(self._entry(p["j"]))
+            elif action in _BUMP:
+                mgr.bump(_BUMP[action])
+                eng.drop_preempted()
+            elif action == "capture":
+                mgr.capture(p["r"])
+            elif action == "release_graph":
+                mgr.release_graph()
+            else:
+                raise ActionRejected(f"unknown action {action!r}")
+        except Refused as e:
+            raise ActionRejected(f"{action}: {e}") from None
+        except (KeyError, IndexError) as e:
+            raise ActionRejected(f"{action} {params}: {e}") from None
+        except PoolError as e:                 # out of physical slots (only past the caps)
+            raise ActionRejected(f"{action}: {e}") from None
+        return {}
+
+    # ---- the abstraction function ----------------------------------------------------------------
+    def _index(self) -> None:
+        lay = self.lay
+        self._obj_slots = [(o, [lay.o(o.group, o.kind, o.block, f) for f in
+                                ("st", "ver", "abi", "aln", "pool", "ref", "gmv")]) for o in lay.objects]
+        self._blk_slots = [[lay.b(j, f) for f in ("hashed", "dst", "dver", "dix", "dcmp", "dabi", "dbad")]
+                           for j in range(self.cfg.blocks)]
+        self._req_slots = [[lay.r(r, f) for f in ("rst", "rlen", "rk", "rpos", "rwin", "rdec", "rver",
+                                                  "rix", "rabi", "rcmp")] for r in range(self.cfg.requests)]
+        self._glob = [lay.g(f) for f in ("cur_ver", "cur_ix", "cur_cmp", "cur_abi", "inflight", "graph",
+                                         "gwin", "gpos")]
+
+    def observe(self) -> tuple[int, ...]:
+        eng = self.engine
+        assert eng is not None
+        mgr = eng.mgr
+        s = self.lay.init()
+        s = list(s)
+        for o, idx in self._obj_slots:
+            e = mgr.entries.get(eng.prefix_hashes[o.block])
+            rec = e.objs.get((o.group, o.kind)) if e is not None else None
+            if rec is None:
+                continue
+            vals = (rec.state, rec.ver, rec.abi, rec.aln, rec.pool_id, rec.ref, rec.moved)
+            for i, v in zip(idx, vals):
+                s[i] = v
+        for j, idx in enumerate(self._blk_slots):
+            e = mgr.entries.get(eng.prefix_hashes[j])
+            if e is None:
+                continue
+            c = e.copy
+            vals = (int(e.published), c.dst, c.hdr["ver"], c.hdr["ix"], c.hdr["cmp"], c.hdr["abi"], c.damaged)
+            for i, v in zip(idx, vals):
+                s[i] = v
+        for r, idx in enumerate(self._req_slots):
+            q = mgr.requests.get(r)
+            if q is None:
+                continue
+            vals = (q.st, q.n, q.k, q.pos, q.win, q.dec, q.lease["ver"], q.lease["ix"], q.lease["abi"],
+                    q.lease["cmp"])
+            for i, v in zip(idx, vals):
+                s[i] = v
+        g = mgr.graph
+        vals = (mgr.cur["ver"], mgr.cur["ix"], mgr.cur["cmp"], mgr.cur["abi"], mgr.inflight,
+                int(g is not None), g["win"] if g else 0, g["pos"] if g else 0)
+        for i, v in zip(self._glob, vals):
+            s[i] = v
+        return tuple(s)
+
+    # ---- the differential oracle ------------------------------------------------------------------
+    def differential_check(self, action: str, params: dict[str, Any]) -> str | None:
+        """Reuse vs full recompute, bitwise (torch.equal), after a request finishes and at the
+        use of a REUSE/PARTIAL hit (the next chunk's logits from the reconstructed state)."""
+        pend, self._pending_check = self._pending_check, None
+        if pend is None or self.engine is None:
+            return None
+        eng = self.engine
+        kind, r = pend
+        req = eng.mgr.requests[r]
+        if kind == "use":
+            run = eng.runs.get(r)
+            if run is None:
+                return None
+            pos, logits = eng.probe(r)
+            ref = eng.recompute(req.tokens)[pos:pos + logits.shape[0]]
+            what = f"request {r} reusing {req.pos} blocks: logits of positions {pos}..{pos + logits.shape[0] - 1}"
+        else:
+            if eng.last_finished is None or eng.last_finished[0] != r:
+                return None
+            _, run, toks, _ = eng.last_finished
+            logits = run.result
+            ref = eng.recompute(toks)[run.start:]
+            pos = run.start
+            what = f"request {r} (reused {run.start // eng.B} blocks): logits of positions {pos}..{len(toks) - 1}"
+        if logits.shape == ref.shape and torch.equal(logits, ref):
+            return None
+        if logits.shape != ref.shape:
+            return f"{what}: shape {tuple(logits.shape)} vs recompute {tuple(ref.shape)}"
+        bad = (logits != ref).any(dim=-1).nonzero().flatten().tolist()
+        return (f"{what} differ from a full recompute (first differing position {pos + bad[0]}, "
+                f"max |diff| {float((logits - ref).abs().max()):.3g})")

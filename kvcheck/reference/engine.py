@@ -1,0 +1,329 @@
+"""The reference serving engine: the cache manager plus model execution.
+
+Owns requests' token sequences (a shared prefix of `blocks*block_size` bytes drawn from a seed,
+then a private suffix per request), prefill/decode with reuse per the decision (the ModelState
+at k*B is reconstructed from pool pages through the kernel read path, then the request
+continues), preemption, a full-recompute run of the same tokens, and the reuse metrics.
+
+Versions: the model version selects the weights (seed + version); the compressor and indexer
+versions select the *storage format* of compressed entries and indexer keys, and the ABI
+version the pools' page layout (see pools.encode_shift). A page written under one version and
+read under another decodes to garbage, so reusing a stale object shows in the logits.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from kvcheck.spec.config import Config
+from kvcheck.spec.objects import PARTIAL, R_DECIDED, R_RUNNING, REUSE
+
+from .hashing import ExtraKeys, block_hashes
+from .manager import CacheManager, Refused, Request
+from .model import HybridLM, ModelState
+
+SUFFIX = 3          # private suffix tokens per request
+_MODELS: dict[tuple, HybridLM] = {}          # weights per (config, seed): built once per process
+_FULL: dict[tuple, torch.Tensor] = {}        # full-recompute logits, memoised
+
+
+def prefix_tokens(cfg: Config, seed: int | None = None) -> list[int]:
+    g = torch.Generator().manual_seed(10_007 + (cfg.seed if seed is None else seed))
+    return torch.randint(0, 256, (cfg.blocks * cfg.block_size,), generator=g).tolist()
+
+
+def suffix_tokens(rid: int, serial: int) -> list[int]:
+    g = torch.Generator().manual_seed(99_991 + 131 * rid + serial)
+    return torch.randint(0, 256, (SUFFIX,), generator=g).tolist()
+
+
+@dataclass
+class Run:
+    """A request's execution: its working state and the logits it produced with reuse."""
+
+    start: int                                  # token position the reuse path started from
+    state: ModelState
+    logits: list[torch.Tensor] = field(default_factory=list)
+    probe: tuple | None = None                  # (pos, tokens, logits, state) computed at use
+    result: torch.Tensor | None = None          # all logits from `start` on, after finish
+
+
+class Engine:
+    def __init__(self, cfg: Config, fault: str | None = None, cache_dir: str | None = None,
+                 prefix_seed: int | None = None) -> None:
+        self.cfg, self.fault = cfg, fault
+        self.B = cfg.block_size
+        self._cfg_key = json.dumps(cfg.to_dict(), sort_keys=True, default=str)
+        self.mgr = None  # type: ignore[assignment]
+        m0 = self.model(0)
+        self.H, self.D, self.Di = m0.n_heads, m0.head_dim, m0.idx_dim
+        self.HD = self.H * self.D
+        self.model_id = hashlib.sha256(json.dumps(
+            {"config": {k: v for k, v in cfg.to_dict().items() if k != "seed"},
+             "dims": [m0.width, m0.n_heads, m0.mlp, m0.idx_heads, m0.idx_dim]},
+            sort_keys=True, default=str).encode()).hexdigest()[:16]
+        self.mgr = CacheManager(cfg, self.model_id, self._page_numel(), fault, cache_dir)
+        self.prefix = prefix_tokens(cfg, prefix_seed)
+        self.salt = "tenant-a"
+        self.prefix_hashes = block_hashes(self.prefix, self.B, cfg.blocks, self.extra(self.salt),
+                                          with_salt=self.mgr.fault != "cache_salt_missing")
+        self.runs: dict[int, Run] = {}
+        self.serial = 0
+        self.reused: dict[str, int] = {}             # objects read back from pages, per kind
+        self.last_finished: tuple[int, Run, list[int], int] | None = None
+
+    # ---- models and versions --------------------------------------------------------------
+    def model(self, ver: int | None = None) -> HybridLM:
+        ver = (self.mgr.cur["ver"] if self.mgr is not None else 0) if ver is None else ver
+        key = (self._cfg_key, self.cfg.seed + 1000 * ver)
+        if key not in _MODELS:
+            _MODELS[key] = HybridLM(self.cfg, seed=self.cfg.seed + 1000 * ver)
+        return _MODELS[key]
+
+    def recompute(self, tokens: list[int]) -> torch.Tensor:
+        """Full recompute (no cache) of the same tokens under the current weights."""
+        key = (self._cfg_key, self.mgr.cur["ver"], tuple(tokens))
+        if key not in _FULL:
+            if len(_FULL) > 512:
+                _FULL.clear()
+            _FULL[key] = self.model().prefill(tokens)[0]
+        return _FULL[key]
+
+    # ---- object <-> page layout -------------------------------------------------------------
+    def fields(self, g: int, kind: str, j: int) -> list[tuple[int, str, tuple[int, ...]]]:
+        """(layer, field, shape) of the tensors object (g, kind, j) stores, in page order."""
+        grp = self.cfg.groups[g]
+        B, H, D, HD, Di = self.B, self.H, self.D, self.HD, self.Di
+        out = []
+        for i in grp.layers:
+            if kind == "swa_window":
+                c = B if grp.window is None else min(B, grp.window - 1)
+                out += [(i, "win_k", (c, H, D)), (i, "win_v", (c, H, D))]
+            elif kind in ("compressed_kv", "indexer"):
+                e = (j + 1) * B // grp.m - j * B // grp.m
+                out.append((i, "comp", (e, 2 * HD)) if kind == "compressed_kv" else (i, "idx_keys", (e, Di)))
+            elif kind == "tail":
+                t = (j + 1) * B - grp.m * ((j + 1) * B // grp.m)
+                out += [(i, "tail_kv", (t, 2 * HD)), (i, "tail_gate", (t, 2 * HD))]
+                if grp.kind == "csa":
+                    out += [(i, "idx_tail_kv", (t, Di)), (i, "idx_tail_gate", (t, Di))]
+        return out
+
+    def _page_numel(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for j in range(self.cfg.blocks):
+            for gk in self.mgr_block_kinds(j):
+                n = sum(_numel(s) for _, _, s in self.fields(gk[0], gk[1], j))
+                out[gk[1]] = max(out.get(gk[1], 1), n)
+        return out
+
+    def mgr_block_kinds(self, j: int) -> list[tuple[int, str]]:
+        out = []
+        for g in self.cfg.groups:
+            for kind in g.objects:
+                if kind in ("compressed_kv", "indexer") and not self.cfg.has_compressed(g, j):
+                    continue
+                if kind == "tail" and not self.cfg.needs_tail(g, j):
+                    continue
+                out.append((g.index, kind))
+        return out
+
+    def block_data(self, st: ModelState, j: int) -> dict[tuple[int, str], torch.Tensor]:
+        """The objects of block j cut from a state at L = (j+1)*B, flattened per page."""
+        out = {}
+        for g, kind in self.mgr_block_kinds(j):
+            grp = self.cfg.groups[g]
+            parts = []
+            for i, f, shape in self.fields(g, kind, j):
+                t = getattr(st.layers[i], f)
+                if f in ("win_k", "win_v"):
+                    t = t[t.shape[0] - shape[0]:]
+                elif f in ("comp", "idx_keys"):
+                    t = t[j * self.B // grp.m:(j + 1) * self.B // grp.m]
+                assert tuple(t.shape) == shape, (g, kind, j, f, t.shape, shape)
+                parts.append(t.reshape(-1))
+            out[(g, kind)] = torch.cat(parts) if parts else torch.zeros(0)
+        return out
+
+    def _read_obj(self, req: Request, g: int, kind: str, j: int) -> dict[tuple[int, str], torch.Tensor]:
+        """Kernel read of one object's page (null page -> zeros) split into its tensors."""
+        specs = self.fields(g, kind, j)
+        n = sum(_numel(s) for _, _, s in specs)
+        o = self.mgr.obj(req, g, kind, j)
+        if o is None or o.page is None:
+            flat = torch.zeros(n)                               # the null page
+        else:
+            flat = o.page.pool.read(o.page, self.mgr.shift(kind))
+            if flat.numel() < n:
+                flat = torch.cat([flat, torch.zeros(n - flat.numel())])
+        out, off = {}, 0
+        for i, f, shape in specs:
+            out[(i, f)] = flat[off:off + _numel(shape)].reshape(shape)
+            off += _numel(shape)
+        return out
+
+    def reconstruct(self, req: Request, k: int) -> ModelState:
+        """The ModelState at L = k*B assembled from pool pages (the recovery set at k)."""
+        m = self.model()
+        st = m.new_state()
+        if k == 0:
+            return st
+        L = k * self.B
+        got: dict[tuple[int, str], list[torch.Tensor]] = {}
+        for g in self.cfg.groups:
+            for kind, j in self.mgr.recovery_set(g, k):
+                self.reused[kind] = self.reused.get(kind, 0) + 1
+                for key, t in self._read_obj(req, g.index, kind, j).items():
+                    got.setdefault(key, []).append(t)
+        for i, spec in enumerate(self.cfg.layers):
+            ls = st.layers[i]
+            W = None if spec.kind == "full" else spec.window
+            nw = L if W is None else L - max(0, L - W + 1)
+            for f in ("win_k", "win_v"):
+                rows = torch.cat(got.get((i, f), [torch.zeros(0, self.H, self.D)]))
+                if rows.shape[0] < nw:
+                    rows = torch.cat([torch.zeros(nw - rows.shape[0], self.H, self.D), rows])
+                setattr(ls, f, rows[rows.shape[0] - nw:])
+            if spec.kind in ("hca", "csa"):
+                e, t = L // spec.m, L - spec.m * (L // spec.m)
+                ls.comp = _rows(got.get((i, "comp")), e, 2 * self.HD)
+                ls.tail_kv = _rows(got.get((i, "tail_kv")), t, 2 * self.HD)
+                ls.tail_gate = _rows(got.get((i, "tail_gate")), t, 2 * self.HD)
+                if spec.kind == "csa":
+                    ls.idx_keys = _rows(got.get((i, "idx_keys")), e, self.Di)
+                    ls.idx_tail_kv = _rows(got.get((i, "idx_tail_kv")), t, self.Di)
+                    ls.idx_tail_gate = _rows(got.get((i, "idx_tail_gate")), t, self.Di)
+        st.position = L
+        return st
+
+    # ---- request lifecycle (each maps onto one manager operation + model work) ---------------
+    def extra(self, salt: str) -> ExtraKeys:
+        return ExtraKeys(self.model_id, salt, "")
+
+    def submit(self, rid: int, n: int, salt: str | None = None, suffix: list[int] | None = None,
+               prefix: list[int] | None = None) -> Request:
+        self.serial += 1
+        pre = self.prefix if prefix is None else prefix
+        toks = pre[:n * self.B] + (suffix if suffix is not None else suffix_tokens(rid, 0))
+        req = self.mgr.submit(rid, toks, n, self.extra(self.salt if salt is None else salt))
+        self.runs.pop(rid, None)
+        return req
+
+    def use(self, rid: int, stale: bool = False) -> Run | None:
+        """The scheduler runs a bound request: the manager re-validates the lease (`stale`: the
+        spec's use_stale branch) and the state at k*B is rebuilt from the pool pages."""
+        if stale:
+            if self.mgr.use_stale(rid):
+                self.runs.pop(rid, None)
+                return None
+        else:
+            self.mgr.use(rid)
+        req = self.mgr.requests[rid]
+        run = Run(req.pos * self.B, self.reconstruct(req, req.pos))
+        self.runs[rid] = run
+        return run
+
+    def probe(self, rid: int) -> tuple[int, torch.Tensor]:
+        """Logits of the next chunk from the reconstructed state (kept for the next append)."""
+        req, run = self.mgr.requests[rid], self.runs[rid]
+        pos = run.state.position
+        toks = req.tokens[pos:pos + self.B] if req.pos < req.n else req.tokens[pos:]
+        logits, st = self.model().prefill(toks, run.state)
+        run.probe = (pos, toks, logits, st)
+        return pos, logits
+
+    def _advance(self, run: Run, toks: list[int]) -> tuple[torch.Tensor, ModelState]:
+        pos = run.state.position
+        if run.probe is not None and run.probe[0] == pos and run.probe[1] == toks:
+            _, _, logits, st = run.probe
+        else:
+            logits, st = self.model().prefill(toks, run.state)
+        run.probe = None
+        return logits, st
+
+    def append(self, rid: int, j: int) -> None:
+        req = self.mgr.requests.get(rid)
+        run = self.runs.get(rid)
+        if req is None or run is None or req.st != R_RUNNING or req.pos != j or j >= req.n:
+            raise Refused(f"request {rid} cannot write block {j} now")
+        toks = req.tokens[j * self.B:(j + 1) * self.B]
+        logits, st = self._advance(run, toks)
+        self.mgr.append(rid, j, self.block_data(st, j))
+        run.logits.append(logits)
+        run.state = st
+
+    def finish(self, rid: int) -> Run:
+        req = self.mgr.requests.get(rid)
+        run = self.runs.get(rid)
+        if req is None or run is None or req.st != R_RUNNING or req.pos != req.n:
+            raise Refused(f"request {rid} cannot finish now")
+        toks = req.tokens[req.n * self.B:]
+        logits, st = self._advance(run, toks)
+        self.mgr.finish(rid)
+        run.logits.append(logits)
+        run.state = st
+        run.result = torch.cat(run.logits) if run.logits else torch.zeros(0, 256)
+        self.last_finished = (rid, run, list(req.tokens), self.mgr.cur["ver"])
+        return run
+
+    def drop_preempted(self) -> None:
+        for rid, q in self.mgr.requests.items():
+            if q.st != R_RUNNING:
+                self.runs.pop(rid, None)
+
+    # ---- whole-request convenience (benchmarks, examples) --------------------------------------
+    def serve(self, rid: int, n: int, salt: str | None = None, suffix: list[int] | None = None
+              ) -> dict[str, Any]:
+        """Submit, look up, bind, use, compute the rest, finish. Returns logits and the trace."""
+        self.submit(rid, n, salt, suffix)
+        trace = []
+        d = self.mgr.lookup(rid)
+        trace.append(("lookup", d.to_dict()))
+        if d.kind not in (REUSE, PARTIAL):
+            req = self.mgr.requests[rid]
+            req.st, req.k = R_DECIDED, 0  # decided at 0: recompute everything
+        self.mgr.bind(rid)
+        self.use(rid)
+        req = self.mgr.requests[rid]
+        for j in range(req.pos, n):
+            self.append(rid, j)
+            trace.append(("append", j))
+            self.complete_writes(req, j)
+        run = self.finish(rid)
+        return {"logits": run.result, "start": run.start, "decision": d.to_dict(), "trace": trace}
+
+    def complete_writes(self, req: Request, j: int) -> None:
+        """Let the compressor and the indexer catch up with block j (writing -> ready)."""
+        for o in self.mgr.entry(req.hashes[j], j).objs.values():
+            if o.state == 1:                     # WRITING
+                self.mgr.compress(o)
+
+    def metrics(self) -> dict[str, Any]:
+        s = self.mgr.stats
+        lb = max(1, s["logical_blocks"])
+        return {"lookups": s["lookups"], "logical_blocks": s["logical_blocks"],
+                "usable_blocks": s["usable_blocks"],
+                "usable_over_logical": round(s["usable_blocks"] / lb, 4),
+                "decisions": dict(s["decisions"]), "degradations": dict(s["degradations"]),
+                "transitions": dict(s["transitions"])}
+
+    def close(self) -> None:
+        self.mgr.close()
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _rows(parts: list[torch.Tensor] | None, n: int, width: int) -> torch.Tensor:
+    t = torch.cat(parts) if parts else torch.zeros(0, width)
+    if t.shape[0] < n:
+        t = torch.cat([t, torch.zeros(n - t.shape[0], width)])
+    return t[:n]
