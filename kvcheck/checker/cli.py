@@ -201,11 +201,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
         if "divergence" in out:
             d = out["divergence"]
             lines.append(f"  diverged at step {d['step']} `{d['action']}`: {d['why']}")
-        elif "violation" in out:
+        if "differential" in out:
+            d = out["differential"]
+            lines.append(f"  reuse != recompute at step {d['step']} `{d['action']}`: {d['why']}")
+        if "violation" in out:
             v = out["violation"]
             lines.append(f"  reproduced: {', '.join(v['invariants'])} violated at step {v['step']} `{v['action']}`")
             lines += [f"    {w}" for w in v["where"][:5]]
-        else:
+        if not {"divergence", "differential", "violation"} & set(out):
             lines.append("  every step enabled, decisions as recorded, no invariant violated")
         lines.append(f"  exit {code}")
         return "\n".join(lines)
@@ -217,9 +220,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def cmd_diff(args: argparse.Namespace) -> int:
     """Reuse vs full recompute. `--sut transformers`: a Hugging Face model built from a config."""
-    if args.sut != "transformers":
-        raise UsageError("the reference-engine differential (--sut reference) is not built yet; "
-                         "use --sut transformers --model-type NAME")
+    if args.scenarios is None:
+        args.scenarios = 200 if args.sut == "reference" else 20
+    if args.sut == "reference":
+        return _diff_reference(args)
+    if args.backend != "torch":
+        raise UsageError("--backend applies to --sut reference only")
     from ..fuzz.adapters import transformers as hf
     if not args.model_type:
         raise UsageError("--sut transformers needs --model-type NAME (supported: "
@@ -254,6 +260,73 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
     _emit(args, res, text)
     return code
+
+
+def _diff_reference(args: argparse.Namespace) -> int:
+    """Reuse vs recompute on the reference engine, bitwise, over generated workloads."""
+    from ..reference import diff as refdiff
+    from ..reference import engine as refengine
+    import kvcheck.reference.faults  # noqa: F401  (registers the engine's faults)
+    cfg = Config.load(args.config)
+    if args.fault is not None and faultlib.get(args.fault).layer != "engine":
+        raise UsageError(f"fault {args.fault!r} is a {faultlib.get(args.fault).layer} fault; "
+                         "`kvcheck diff --sut reference` plants engine faults")
+    if args.model_type or args.config_json:
+        raise UsageError("--model-type/--config-json apply to --sut transformers only")
+    out = Path(args.out)
+    _check_writable(out)
+    refengine.use_backend(args.backend)
+    try:
+        res = refdiff.run_reference_diff(args.scenarios, args.seed, args.fault, out, cfg)
+        if args.backend != "torch":
+            res["cross_backend"] = _cross_backend(cfg, args.backend, args.seed)
+    finally:
+        refengine.use_backend("torch")
+    res["backend"] = args.backend
+    code = res["exit_code"]
+    if args.backend != "torch" and code == 0 and not res["cross_backend"]["within_1e-5"]:
+        code = res["exit_code"] = EXIT_DIFF
+    cmd = ["kvcheck", "diff", "--sut", "reference", "--scenarios", str(args.scenarios), "--seed", str(args.seed)]
+    cmd += (["--backend", args.backend] if args.backend != "torch" else []) + \
+        (["--config", args.config] if args.config else []) + (["--fault", args.fault] if args.fault else [])
+    res["command"] = " ".join(cmd)
+
+    def text() -> str:
+        lines = [f"kvcheck diff --sut reference ({args.backend}): "
+                 f"{'bitwise equal' if res.get('bitwise_equal') else 'MISMATCH'} (exit {code})",
+                 f"  {res['scenarios']} scenarios; decisions: "
+                 + ", ".join(f"{k} {v}" for k, v in res["decisions"].items()),
+                 "  objects exercised: " + ", ".join(f"{k} {v}" for k, v in res["objects_exercised"].items()),
+                 f"  logical hit rate {res['logical_hit_rate']}, usable hit rate {res['usable_hit_rate']}",
+                 "  degradations: " + (", ".join(f"{k} {v}" for k, v in res["degradations"].items()) or "none")]
+        if "cross_backend" in res:
+            cb = res["cross_backend"]
+            lines.append(f"  {args.backend} vs torch: max relative difference {cb['max_rel_diff']:.2e} "
+                         f"over {cb['sequences']} sequences ({'within' if cb['within_1e-5'] else 'NOT within'} 1e-5)")
+        for m in res.get("mismatches", []):
+            lines.append(f"  FINDING [{m.get('kind', 'mismatch')}] {', '.join(m.get('checks', []))}: {m.get('message', '')}")
+            if m.get("replay"):
+                lines.append(f"    replay: {m['replay']}")
+        lines.append(f"  seed {args.seed}; rerun: {res['command']}")
+        return "\n".join(lines)
+
+    _emit(args, res, text)
+    return code
+
+
+def _cross_backend(cfg: Config, backend: str, seed: int, sequences: int = 3) -> dict[str, Any]:
+    """The other backend's logits agree with the torch backend's (reduction orders differ)."""
+    import random as _random
+
+    from ..reference.model import HybridLM
+    rng = _random.Random(seed)
+    ref, other = HybridLM(cfg, seed=cfg.seed), HybridLM(cfg, seed=cfg.seed, backend=backend)
+    worst = 0.0
+    for _ in range(sequences):
+        toks = [rng.randrange(256) for _ in range(rng.randrange(8, 3 * cfg.block_size * cfg.blocks))]
+        a, b = ref.prefill(toks)[0], other.prefill(toks)[0]
+        worst = max(worst, float((a - b).abs().max() / a.abs().max().clamp_min(1e-12)))
+    return {"sequences": sequences, "max_rel_diff": worst, "within_1e-5": worst <= 1e-5}
 
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
@@ -346,6 +419,12 @@ def cmd_mutants(args: argparse.Namespace) -> int:
 
 def _check_sut_fault(sut: str, fault: str) -> None:
     """Spec faults for --sut spec; a user SUT declares its own in a `faults` dict."""
+    if sut == "reference":
+        import kvcheck.reference.faults  # noqa: F401  (registers the engine's faults)
+        if faultlib.get(fault).layer != "engine":
+            raise UsageError(f"fault {fault!r} is a {faultlib.get(fault).layer} fault; "
+                             "--sut reference plants engine faults")
+        return
     if ":" not in sut:
         faultlib.get(fault)
         return
@@ -412,17 +491,22 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--budget-per-fault", default="30s", help="per fault and engine (default: %(default)s)")
     m.add_argument("--fault", nargs="*", metavar="NAME", help="only these faults (default: all)")
     m.add_argument("--seed", type=int, default=0, help="seed (default: %(default)s)")
-    d = add("diff", cmd_diff, "differential oracle: output with cache reuse vs a full recompute", config=False)
-    d.add_argument("--sut", default="transformers", choices=["reference", "transformers"],
-                   help="system under test (default: %(default)s; the reference engine comes later)")
+    d = add("diff", cmd_diff, "differential oracle: output with cache reuse vs a full recompute")
+    d.add_argument("--sut", default="reference", choices=["reference", "transformers"],
+                   help="system under test (default: %(default)s)")
+    d.add_argument("--backend", default="torch", choices=["torch", "triton"],
+                   help="kernel backend of the reference model (default: %(default)s; triton runs in "
+                        "interpreter mode without a GPU)")
+    d.add_argument("--out", metavar="DIR", default="kvcheck-report", help="where reproducers go (default: %(default)s)")
     d.add_argument("--model-type", metavar="NAME", help="transformers model_type (e.g. mistral, gemma3_text)")
     d.add_argument("--config-json", metavar="FILE", help="JSON overrides of the tiny default model config")
     d.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16"],
                    help="model dtype (default: %(default)s)")
-    d.add_argument("--scenarios", type=_positive_int, default=20, help="scenarios (default: %(default)s)")
+    d.add_argument("--scenarios", type=_positive_int, default=None,
+                   help="scenarios (default: 200 for the reference engine, 20 for transformers)")
     d.add_argument("--seed", type=int, default=0, help="seed of every random choice (default: %(default)s)")
-    d.add_argument("--fault", metavar="NAME", help="plant a cache corruption (transformers: "
-                   "drop_window_position, perturb_key; NAME@LAYER picks the layer)")
+    d.add_argument("--fault", metavar="NAME", help="plant a fault: an engine fault (`kvcheck faults`) for the "
+                   "reference engine; drop_window_position or perturb_key[@LAYER] for transformers")
     pr = add("prove", _lazy("prove", "cmd_prove"), "Z3: inductive proofs of every invariant, BMC, hit soundness")
     pr.add_argument("--blocks", type=_positive_int, default=None, help="override config.blocks")
     pr.add_argument("--depth", type=int, default=None, help="BMC depth (default: 4 clean, 14 when induction fails)")

@@ -29,18 +29,42 @@ from ..spec import faults as faultlib
 from ..spec.config import Config, LayerSpec
 from ..spec.objects import DECISIONS, DECISION_KINDS, DEVICE_STATES, DISK_STATES, R_IDLE
 from ..spec.system import Spec
-from ..spec.trace import Step, Trace
 
 EXIT_OK, EXIT_UNDECIDED, EXIT_INVARIANT = 0, 3, 10
 
-# The CI profile: small enough to be explored exhaustively in well under a minute on one core.
-CI_CONFIG = Config(layers=(LayerSpec("csa", window=6, m=12, topk=1),), blocks=3, requests=1,
-                   capacity={"compressed_kv": 1, "tail": 1, "swa_window": 2, "indexer": 1},
-                   max_inflight=1, max_active=1)
-# A larger profile for planted faults: BFS stops at the first (shortest) violation.
+# The CI profile: configs small enough to be explored EXHAUSTIVELY in well under a minute on
+# one core (the four version counters multiply every object's stamps, so no single config with
+# versions, tiers and two blocks fits; the profile splits them):
+#  - "versions": one csa group (compressed_kv, indexer, SWA branch), 1 block, versions may bump
+#    once, device tier only: bumps, stale leases (use_stale), REUSE/RECOMPUTE, TOCTOU at use.
+#  - "tiers": one swa group (W=5), 2 blocks, no version bumps, host/disk tiers: PARTIAL and
+#    PREFETCH decisions, window slides, every on-disk state (offload, prefetch, verify, quarantine).
+CI_PROFILE: dict[str, Config] = {
+    "versions": Config(layers=(LayerSpec("csa", window=6, m=4, topk=1),), blocks=1, requests=1,
+                       max_version=1, tiers=("device",), reserve=0,
+                       capacity={"compressed_kv": 1, "swa_window": 1, "indexer": 1},
+                       max_inflight=1, max_active=1),
+    "tiers": Config(layers=(LayerSpec("swa", window=5),), blocks=2, requests=1, max_version=0,
+                    reserve=0, capacity={"swa_window": 2}, max_inflight=1, max_active=1),
+}
+CI_CONFIG = CI_PROFILE["versions"]
+# Planted faults: BFS stops at the first (shortest) violation, long before exhaustion. One csa
+# group with m = 3 blocks (so a tail snapshot other than the one at the hit point exists), a
+# window of two pages, disk tier, versions.
 FAULT_CONFIG = Config(layers=(LayerSpec("csa", window=6, m=12, topk=1),), blocks=3, requests=1,
-                      capacity={"compressed_kv": 1, "tail": 1, "swa_window": 3, "indexer": 1},
+                      capacity={"compressed_kv": 1, "tail": 2, "swa_window": 3, "indexer": 1},
                       max_inflight=1, max_active=1)
+# admission_ignored needs a pool smaller than its objects (here 2 SWA pages for 3 blocks).
+FAULT_OVERRIDES: dict[str, Config] = {
+    "admission_ignored": replace(FAULT_CONFIG, capacity={"compressed_kv": 1, "tail": 1,
+                                                         "swa_window": 2, "indexer": 1}),
+}
+
+
+def fault_config(fault: str | None) -> Config:
+    if fault is None:
+        return CI_CONFIG
+    return FAULT_OVERRIDES.get(fault, FAULT_CONFIG)
 
 
 class Canon:
@@ -82,7 +106,7 @@ def _state_name(kind: str, v: int) -> str:
 
 def explore(cfg: Config, fault: str | None = None, max_states: int = 2_000_000,
             symmetry: bool = True, keep_graph: bool = False, liveness: bool = True,
-            seconds: float | None = None) -> tuple[Spec, ExploreResult, Any]:
+            seconds: float | None = None, max_depth: int | None = None) -> tuple[Spec, ExploreResult, Any]:
     spec = Spec(cfg, fault)
     canon = Canon(spec) if symmetry else (lambda s: s)
     insts = spec.instances
@@ -115,6 +139,9 @@ def explore(cfg: Config, fault: str | None = None, max_states: int = 2_000_000,
         sid = q
         q += 1
         d1 = depth_of[sid] + 1
+        if max_depth is not None and d1 > max_depth:
+            exhaustive = False
+            continue
         any_enabled = False
         for inst in insts:
             if not inst.guard(s):
@@ -405,6 +432,57 @@ def run_explore(cfg: Config, out: Path | None = None, fault: str | None = None,
     return code, rep
 
 
+def run_profile(out: Path | None = None, max_states: int = 2_000_000) -> tuple[int, dict[str, Any]]:
+    """Explore every CI profile config exhaustively and merge their coverage."""
+    parts: dict[str, dict[str, Any]] = {}
+    codes = []
+    for name, cfg in CI_PROFILE.items():
+        code, rep = run_explore(cfg, None, None, max_states)
+        rep.pop("diagrams", None)
+        parts[name] = rep
+        codes.append(code)
+    reps = list(parts.values())
+    sometimes: dict[str, bool] = {}
+    for r in reps:
+        for k, ok in r["sometimes"].items():
+            sometimes[k] = sometimes.get(k, False) or ok
+    actions: Counter = Counter()
+    for r in reps:
+        actions.update(r["actions"])
+    merged: dict[str, Any] = {
+        "profile": {n: {k: r[k] for k in ("states", "transitions", "depth", "seconds", "states_per_s",
+                                          "exhaustive", "sometimes_missing", "deadlocks",
+                                          "idle_unreachable", "config", "verdict", "exit_code")}
+                    for n, r in parts.items()},
+        "states": sum(r["states"] for r in reps), "transitions": sum(r["transitions"] for r in reps),
+        "depth": max(r["depth"] for r in reps), "seconds": round(sum(r["seconds"] for r in reps), 3),
+        "exhaustive": all(r["exhaustive"] for r in reps), "symmetry": any(r["symmetry"] for r in reps),
+        "max_states": max_states, "actions": dict(sorted(actions.items())),
+        "decisions": [d for d in DECISION_KINDS if any(d in r["decisions"] for r in reps)],
+        "object_states": sorted({x for r in reps for x in r["object_states"]}),
+        "transitions_observed": sorted({x for r in reps for x in r["transitions_observed"]}),
+        "sometimes": sometimes, "sometimes_missing": [k for k, ok in sometimes.items() if not ok],
+        "deadlocks": sum(r["deadlocks"] for r in reps),
+        "idle_unreachable": {"count": sum((r["idle_unreachable"] or {}).get("count", 0) for r in reps)},
+        "command": "kvcheck explore", "fault": None, "config": None,
+    }
+    merged["states_per_s"] = round(merged["states"] / max(merged["seconds"], 1e-9))
+    viol = next((r for r in reps if "violation" in r), None)
+    if viol is not None:
+        merged["violation"] = viol["violation"]
+        code, verdict = EXIT_INVARIANT, "violated"
+    elif EXIT_UNDECIDED in codes:
+        code, verdict = EXIT_UNDECIDED, "undecided: max-states hit before exhaustion, coverage incomplete"
+    elif merged["sometimes_missing"]:
+        code, verdict = EXIT_UNDECIDED, "undecided: a sometimes-property is never reached (vacuity)"
+    else:
+        code, verdict = EXIT_OK, "holds (CI profile explored exhaustively)"
+    merged["verdict"], merged["exit_code"] = verdict, code
+    if out is not None:
+        merged["diagrams"] = write_diagrams(merged, out)
+    return code, merged
+
+
 def render_text(rep: dict[str, Any]) -> str:
     lines = [f"kvcheck explore: {rep['verdict']} (exit {rep['exit_code']})",
              f"  {rep['states']} distinct states ({'symmetry-reduced, ' if rep['symmetry'] else ''}"
@@ -435,19 +513,19 @@ def render_text(rep: dict[str, Any]) -> str:
 def cmd_explore(args: Any) -> int:
     from .cli import UsageError, _emit
     from .gate import write_atomic
-    if args.config:
-        cfg = Config.load(args.config)
-    else:
-        cfg = FAULT_CONFIG if args.fault else CI_CONFIG
     if args.fault is not None:
         faultlib.get(args.fault)
+    cfg = Config.load(args.config) if args.config else fault_config(args.fault)
     out = Path(args.out) if getattr(args, "out", None) else None
     if out is not None:
         try:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise UsageError(f"cannot write to {out}: {e.strerror or e}") from None
-    code, rep = run_explore(cfg, out, args.fault, args.max_states, args.graph, args.config)
+    if args.config is None and args.fault is None and args.graph is None:
+        code, rep = run_profile(out, args.max_states)
+    else:
+        code, rep = run_explore(cfg, out, args.fault, args.max_states, args.graph, args.config)
     if out is not None:
         write_atomic(out / "explore.json", json.dumps(rep, indent=1) + "\n")
     _emit(args, rep, lambda: render_text(rep))

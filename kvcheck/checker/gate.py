@@ -60,7 +60,8 @@ def write_atomic(path: Path, text: str) -> None:
 
 def run_gate(cfg: Config, out: Path, config_path: str | None = None, fault: str | None = None,
              seed: int = 0, steps: int | None = None, profile: Profile = Profile(),
-             progress: Callable[[int, int], None] | None = None) -> tuple[int, dict[str, Any]]:
+             progress: Callable[[int, int], None] | None = None,
+             checkers: bool | None = None) -> tuple[int, dict[str, Any]]:
     if fault is not None:
         f = faultlib.get(fault)
         if f.layer != "spec":
@@ -124,10 +125,79 @@ def run_gate(cfg: Config, out: Path, config_path: str | None = None, fault: str 
             code = EXIT_UNDECIDED
         else:
             report["verdict"] = "holds"
+    if checkers is None:
+        checkers = os.environ.get("KVCHECK_GATE_CHECKERS", "1") != "0"
+    if checkers:
+        code = run_checkers(cfg, out, fault, report, code, config_path)
     report["exit_code"] = code
     write_atomic(out / "report.json", json.dumps(report, indent=1) + "\n")
-    write_atomic(out / "report.md", render_md(report))
+    write_atomic(out / "report.md", render_md(report) + render_checkers_md(report))
     return code, report
+
+
+def run_checkers(cfg: Config, out: Path, fault: str | None, report: dict[str, Any], code: int,
+                 config_path: str | None = None) -> int:
+    """Issue 6: Z3 proofs (clean runs) and explicit-state exploration at CI bounds. Writes
+    prove.json / explore.json next to report.json; a violation gives its engine's exit code
+    unless the walk already decided the verdict."""
+    from .explore import fault_config, run_explore, run_profile
+    from .prove import run_prove
+    if fault is None:
+        # the two engines are independent: run them side by side (one core each)
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+        try:
+            ctx = multiprocessing.get_context("fork")
+        except ValueError:  # pragma: no cover - platforms without fork
+            ctx = None
+        with ProcessPoolExecutor(max_workers=2, mp_context=ctx) as pool:
+            fp = pool.submit(run_prove, cfg, out, None, None, config_path)
+            fe = pool.submit(run_profile, out)
+            pcode, prep = fp.result()
+            ecode, erep = fe.result()
+        write_atomic(out / "prove.json", json.dumps(prep, indent=1) + "\n")
+        report["engines"]["prove"] = {k: prep[k] for k in ("verdict", "exit_code", "seconds", "bmc", "invariants")}
+    else:
+        pcode = EXIT_OK
+        ecode, erep = run_explore(fault_config(fault), out, fault)
+    write_atomic(out / "explore.json", json.dumps(erep, indent=1) + "\n")
+    report["engines"]["explore"] = {k: erep.get(k) for k in (
+        "verdict", "exit_code", "states", "transitions", "depth", "seconds", "states_per_s", "exhaustive",
+        "sometimes_missing", "deadlocks", "idle_unreachable", "violation", "fault_result")}
+    if code in (EXIT_OK, EXIT_UNDECIDED) and fault is None:
+        if pcode == EXIT_Z3:
+            report["verdict"] = "violated (prove: Z3 counterexample)"
+            return EXIT_Z3
+        if ecode == EXIT_INVARIANT:
+            report["verdict"] = "violated (explore)"
+            return EXIT_INVARIANT
+        if code == EXIT_OK and EXIT_UNDECIDED in (pcode, ecode):
+            report["verdict"] = "undecided: prove/explore could not decide"
+            return EXIT_UNDECIDED
+    return code
+
+
+def render_checkers_md(rep: dict[str, Any]) -> str:
+    lines: list[str] = []
+    p = rep["engines"].get("prove")
+    if p:
+        lines += ["", "## Z3 proofs (kvcheck prove)", "", f"- verdict: {p['verdict']} in {p['seconds']} s; "
+                  f"BMC to depth {p['bmc']['checked']}", "",
+                  "| invariant | status | method | bound | seconds |", "|---|---|---|---|---|"]
+        lines += [f"| {o['name']} | {o['status']} | {o['method']} | {o['bound']} | {o['seconds']} |"
+                  for o in p["invariants"]]
+    e = rep["engines"].get("explore")
+    if e:
+        lines += ["", "## Explicit-state exploration (kvcheck explore)", "",
+                  f"- verdict: {e['verdict']}: {e['states']} states, {e['transitions']} transitions, depth "
+                  f"{e['depth']}, {e['seconds']} s, {'exhaustive' if e['exhaustive'] else 'not exhaustive'}",
+                  f"- sometimes-properties not reached: {', '.join(e['sometimes_missing'] or []) or 'none'}",
+                  f"- deadlocks: {e['deadlocks']}"]
+        if e.get("violation"):
+            v = e["violation"]
+            lines += [f"- shortest violation ({v['depth']} steps): {', '.join(v['invariants'])}; "
+                      f"replay: `{v['replay']}`"]
+    return "\n".join(lines) + ("\n" if lines else "")
 
 
 def render_md(rep: dict[str, Any]) -> str:

@@ -31,12 +31,11 @@ from ..spec.actions import ACTIONS, Ctx, run_body
 from ..spec.config import Config
 from ..spec.funnel import Decision
 from ..spec.invariants import INVARIANTS
-from ..spec.logic import TRACE, Expr, Logic
-from ..spec.objects import (DECISIONS, OBJECT_KINDS, PARTIAL, R_BOUND, REUSE, layout_ok,
+from ..spec.logic import TRACE, Expr
+from ..spec.objects import (OBJECT_KINDS, PARTIAL, R_BOUND, REUSE, layout_ok,
                             recovery, resident)
 from ..spec.state import View
 from ..spec.system import Spec
-from ..spec.trace import Step, Trace
 
 EXIT_OK, EXIT_UNDECIDED, EXIT_Z3 = 0, 3, 12
 
@@ -379,7 +378,7 @@ def run_prove(cfg: Config, out: Path | None = None, fault: str | None = None,
             o.bound = checked
     obligations = [o.to_dict() for o in res.values()] + [theorem.to_dict()]
     cmd = ["kvcheck", "prove"] + (["--config", config_path] if config_path else []) \
-        + ([f"--blocks", str(cfg.blocks)] if config_path is None and cfg.blocks != Config().blocks else []) \
+        + (["--blocks", str(cfg.blocks)] if config_path is None and cfg.blocks != Config().blocks else []) \
         + (["--fault", fault] if fault else [])
     rep: dict[str, Any] = {
         "command": shlex.join(cmd), "fault": fault, "config": cfg.to_dict(),
@@ -434,7 +433,11 @@ def render_text(rep: dict[str, Any]) -> str:
 def cmd_prove(args: Any) -> int:
     import json
     from .cli import UsageError, _emit
-    cfg = Config.load(args.config)
+    if args.config is None and args.fault is not None:
+        from .explore import fault_config     # the small profile where BMC reaches every fault
+        cfg = fault_config(args.fault)
+    else:
+        cfg = Config.load(args.config)
     if args.blocks is not None:
         from dataclasses import replace
         cfg = replace(cfg, blocks=args.blocks)

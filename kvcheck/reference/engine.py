@@ -27,6 +27,18 @@ from .manager import CacheManager, Refused, Request
 from .model import HybridLM, ModelState
 
 SUFFIX = 3          # private suffix tokens per request
+# Kernel backend of every model the engine builds ("torch" | "triton"); see kernels/backend.py.
+BACKEND = "torch"
+
+
+def use_backend(name: str) -> None:
+    global BACKEND
+    from ..kernels.backend import BACKENDS
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; expected one of {', '.join(BACKENDS)}")
+    BACKEND = name
+
+
 _MODELS: dict[tuple, HybridLM] = {}          # weights per (config, seed): built once per process
 _FULL: dict[tuple, torch.Tensor] = {}        # full-recompute logits, memoised
 
@@ -79,14 +91,14 @@ class Engine:
     # ---- models and versions --------------------------------------------------------------
     def model(self, ver: int | None = None) -> HybridLM:
         ver = (self.mgr.cur["ver"] if self.mgr is not None else 0) if ver is None else ver
-        key = (self._cfg_key, self.cfg.seed + 1000 * ver)
+        key = (self._cfg_key, self.cfg.seed + 1000 * ver, BACKEND)
         if key not in _MODELS:
-            _MODELS[key] = HybridLM(self.cfg, seed=self.cfg.seed + 1000 * ver)
+            _MODELS[key] = HybridLM(self.cfg, seed=self.cfg.seed + 1000 * ver, backend=BACKEND)
         return _MODELS[key]
 
     def recompute(self, tokens: list[int]) -> torch.Tensor:
         """Full recompute (no cache) of the same tokens under the current weights."""
-        key = (self._cfg_key, self.mgr.cur["ver"], tuple(tokens))
+        key = (self._cfg_key, self.mgr.cur["ver"], BACKEND, tuple(tokens))
         if key not in _FULL:
             if len(_FULL) > 512:
                 _FULL.clear()

@@ -185,6 +185,13 @@ class Config:
                         "must nest (one divides the other) so entries map onto logical blocks")
             if layer.kind == "csa" and (layer.topk is None or layer.topk < 1):
                 raise ConfigError(f"{where}: indexer topk must be >= 1, got {layer.topk}")
+        windows = sorted({l.window for l in self.layers if l.kind in ("swa", "hca", "csa")})
+        if len(windows) > 1:
+            # A request retains one SWA window per position (state.py `rwin`); with different
+            # finite windows a narrow group would pin pages below its own window that it may
+            # already have evicted. Until the spec tracks a window per group, refuse clearly.
+            raise ConfigError(f"config: all sliding windows (swa layers and the SWA branch of "
+                              f"hca/csa) must be equal for now, got {windows}")
         for kind, pt in self.page_tokens.items():
             if kind not in LAYER_KINDS:
                 raise ConfigError(f"config: page_tokens: unknown layer kind {kind!r}")
