@@ -530,3 +530,16 @@ def cmd_explore(args: Any) -> int:
         write_atomic(out / "explore.json", json.dumps(rep, indent=1) + "\n")
     _emit(args, rep, lambda: render_text(rep))
     return code
+
+
+def mutant_engine(cfg: Config, fault: str | None, budget_s: float, seed: int) -> dict[str, Any]:
+    """`kvcheck mutants` entry: BFS on the fault config (the clean control explores the same
+    config), within the per-fault budget. Shortest traces, so `trace_len` is minimal."""
+    import tempfile
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as d:
+        code, rep = run_explore(fault_config(fault), Path(d), fault, seconds=budget_s)
+    v = rep.get("violation")
+    return {"detected": v is not None, "caught_by": v["invariants"] if v else [],
+            "seconds": round(time.perf_counter() - t0, 2), "trace_len": len(v["steps"]) if v else None,
+            "states": rep.get("states"), "exhaustive": rep.get("exhaustive")}

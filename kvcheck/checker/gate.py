@@ -129,9 +129,11 @@ def run_gate(cfg: Config, out: Path, config_path: str | None = None, fault: str 
         checkers = os.environ.get("KVCHECK_GATE_CHECKERS", "1") != "0"
     if checkers:
         code = run_checkers(cfg, out, fault, report, code, config_path)
+        if fault is None:
+            code = run_profiles(cfg, out, seed, report, code)
     report["exit_code"] = code
     write_atomic(out / "report.json", json.dumps(report, indent=1) + "\n")
-    write_atomic(out / "report.md", render_md(report) + render_checkers_md(report))
+    write_atomic(out / "report.md", render_md(report) + render_checkers_md(report) + render_profiles_md(report))
     return code, report
 
 
@@ -175,6 +177,75 @@ def run_checkers(cfg: Config, out: Path, fault: str | None, report: dict[str, An
             report["verdict"] = "undecided: prove/explore could not decide"
             return EXIT_UNDECIDED
     return code
+
+
+@dataclass(frozen=True)
+class CiProfiles:
+    """Fixed-seed profiles of the other engines, sized so the whole gate stays within minutes."""
+
+    fuzz_spec_steps: int = 3000
+    fuzz_reference_steps: int = 600
+    diff_scenarios: int = 30
+    mutants_smoke: tuple[str, ...] = ("shared_free_list", "engine_refcount_double_decrement")
+    mutants_budget_s: float = 10.0
+
+
+def run_profiles(cfg: Config, out: Path, seed: int, report: dict[str, Any], code: int,
+                 prof: CiProfiles = CiProfiles()) -> int:
+    """The fuzz, diff and mutants profiles (clean runs): each must hold, the smoke mutants must
+    be killed by their expected checks, and the negative control must stay clean."""
+    from ..fuzz.campaign import Budget, run_campaign
+    from ..reference.diff import run_reference_diff
+    from .mutants import run_mutants
+    eng = report["engines"]
+    verdicts: list[tuple[str, int]] = []
+    for sut, steps in (("spec", prof.fuzz_spec_steps), ("reference", prof.fuzz_reference_steps)):
+        r = run_campaign(cfg, sut, Budget(steps=steps), seed=seed, out=out)
+        eng[f"fuzz_{sut}"] = {k: r[k] for k in ("steps", "seconds", "steps_per_s", "coverage", "findings", "exit_code")}
+        verdicts.append((f"fuzz --sut {sut}", r["exit_code"]))
+    d = run_reference_diff(prof.diff_scenarios, seed, None, out, cfg)
+    eng["diff_reference"] = {k: d.get(k) for k in ("scenarios", "decisions", "objects_exercised", "degradations",
+                                                    "logical_hit_rate", "usable_hit_rate", "bitwise_equal",
+                                                    "mismatches", "exit_code")}
+    verdicts.append(("diff --sut reference", d["exit_code"]))
+    m = run_mutants(cfg, prof.mutants_budget_s, seed, list(prof.mutants_smoke))
+    eng["mutants_smoke"] = {k: m[k] for k in ("mutation_score", "killed", "scored", "survivors",
+                                              "misattributed", "negative_control_clean", "exit_code")}
+    eng["mutants_smoke"]["faults"] = {r["fault"]: r["status"] for r in m["faults"]}
+    verdicts.append(("mutants smoke", m["exit_code"]))
+    if code not in (EXIT_OK, EXIT_UNDECIDED):
+        return code
+    for name, c in verdicts:
+        if c not in (EXIT_OK,):
+            report["verdict"] = f"failed ({name}: exit {c})"
+            return c
+    return code
+
+
+def render_profiles_md(rep: dict[str, Any]) -> str:
+    eng, lines = rep["engines"], []
+    for sut in ("spec", "reference"):
+        f = eng.get(f"fuzz_{sut}")
+        if f:
+            lines += ["", f"## Fuzz --sut {sut} (Hypothesis, lockstep with the spec)", "",
+                      f"- {f['steps']} steps in {f['seconds']} s ({f['steps_per_s']} steps/s), exit {f['exit_code']}",
+                      "- decisions: " + ", ".join(f"{k} {v}" for k, v in f["coverage"]["decisions"].items()),
+                      f"- actions never exercised: {', '.join(f['coverage']['actions_missing']) or 'none'}"]
+            lines += [f"- FINDING [{x['kind']}] {', '.join(x['checks'])}: replay `{x['replay']}`" for x in f["findings"]]
+    d = eng.get("diff_reference")
+    if d:
+        lines += ["", "## Diff: reuse vs full recompute on the reference engine", "",
+                  f"- {d['scenarios']} scenarios, bitwise equal: {d['bitwise_equal']}, exit {d['exit_code']}",
+                  f"- logical hit rate {d['logical_hit_rate']}, usable hit rate {d['usable_hit_rate']}",
+                  "- decisions: " + ", ".join(f"{k} {v}" for k, v in d["decisions"].items()),
+                  "- objects exercised: " + ", ".join(f"{k} {v}" for k, v in d["objects_exercised"].items())]
+    m = eng.get("mutants_smoke")
+    if m:
+        lines += ["", "## Mutants smoke", "",
+                  f"- score {m['mutation_score']:.0%} ({m['killed']}/{m['scored']}); negative control "
+                  + ("clean" if m["negative_control_clean"] else "NOT clean"),
+                  *[f"- {k}: {v}" for k, v in m["faults"].items()]]
+    return "\n".join(lines) + ("\n" if lines else "")
 
 
 def render_checkers_md(rep: dict[str, Any]) -> str:

@@ -455,3 +455,19 @@ def cmd_prove(args: Any) -> int:
         write_atomic(out / "prove.json", json.dumps(rep, indent=1) + "\n")
     _emit(args, rep, lambda: render_text(rep))
     return code
+
+
+def mutant_engine(cfg: Config, fault: str | None, budget_s: float, seed: int) -> dict[str, Any]:
+    """`kvcheck mutants` entry: induction + BMC on the fault config of the explorer (small
+    enough for BMC to reach the shortest counterexamples of most faults)."""
+    import tempfile
+
+    from .explore import fault_config
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as d:
+        code, rep = run_prove(fault_config(fault), Path(d), fault,
+                              profile=ProveProfile(bmc_seconds=budget_s))
+    v = rep["bmc"]["violation"]
+    return {"detected": v is not None, "caught_by": v["invariants"] if v else [],
+            "seconds": round(time.perf_counter() - t0, 2), "trace_len": len(v["steps"]) if v else None,
+            "verdict": rep["verdict"]}

@@ -160,23 +160,36 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def layout_config(layout: str) -> Config:
-    """The spec Config whose groups give the ground truth (chunked-local has no spec kind: it
-    is checked by the adapter's own rule and left out of the Config)."""
-    layers, page = [], {}
+def layout_configs(layout: str) -> dict[int | None, Config]:
+    """The spec Configs whose groups give the ground truth, keyed by sliding window (None when
+    the layout has none). The spec allows one window per config, so a layout with several
+    windows gets one config per window (full + that swa). Chunked local has no spec kind: it is
+    checked by the adapter's own rule and left out."""
+    if layout == "dsv4":   # the spec's view: swa + csa (m=4, indexer) + hca (m=16)
+        layers = (LayerSpec("swa", window=8), LayerSpec("csa", window=8, m=4, topk=1),
+                  LayerSpec("hca", window=8, m=16))
+        return {8: Config(layers=layers, block_size=B, page_tokens={"hca": 16})}
+    full, swas = [], {}
     for kind, bs, p in _LAYOUTS[layout][1]:
         if kind in ("full", "mla"):
-            layers.append(LayerSpec("full"))
-            page["full"] = bs
+            full.append(bs)
         elif kind in ("swa", "swa_mla"):
-            layers.append(LayerSpec("swa", window=p))
-            page["swa"] = bs
-    if layout == "dsv4":   # the spec's view: swa + csa (m=4, indexer) + hca (m=16)
-        layers = [LayerSpec("swa", window=8), LayerSpec("csa", window=8, m=4, topk=1),
-                  LayerSpec("hca", window=8, m=16)]
-        page = {"hca": 16}
-    page = {k: v for k, v in page.items() if v != B}
-    return Config(layers=tuple(layers), block_size=B, page_tokens=page)
+            swas.setdefault(p, bs)
+    out: dict[int | None, Config] = {}
+    for w in (list(swas) or [None]):
+        layers = [LayerSpec("full")] if full else []
+        page = {"full": full[0]} if full else {}
+        if w is not None:
+            layers.append(LayerSpec("swa", window=w))
+            page["swa"] = swas[w]
+        page = {k: v for k, v in page.items() if v != B}
+        out[w] = Config(layers=tuple(layers), block_size=B, page_tokens=page)
+    return out
+
+
+def layout_config(layout: str) -> Config:
+    """The spec Config written into traces (the first of `layout_configs`)."""
+    return next(iter(layout_configs(layout).values()))
 
 
 def _make_specs(layout: str) -> list:
@@ -234,7 +247,8 @@ class VllmAdapter:
         self.layout, self.num_blocks, self.fault = layout, num_blocks, fault
         self.groups = groups
         self.sched_bs = _LAYOUTS[layout][2]
-        self.cfg = layout_config(layout)
+        self.cfgs = layout_configs(layout)
+        self.cfg = next(iter(self.cfgs.values()))
         self.reset()
 
     # ---- construction ------------------------------------------------------------------
@@ -279,7 +293,14 @@ class VllmAdapter:
                 g._replace(manager_cls=FaultySWA) if issubclass(g.manager_cls, SWM) else g
                 for g in groups]
         elif f == "evict_keeps_hash":
-            self.pool._maybe_evict_cached_block = lambda block: False
+            pool = self.pool
+
+            def keep_map_entry(block) -> bool:   # forget the block's hash, keep the map entry
+                pool.cached_block_hashes_by_block.pop(block.block_id, None)
+                block.reset_hash()
+                return False
+
+            pool._maybe_evict_cached_block = keep_map_entry
 
     # ---- the protocol ------------------------------------------------------------------
     def observe(self) -> None:
@@ -306,7 +327,15 @@ class VllmAdapter:
         fn = getattr(self, f"_a_{action}", None)
         if fn is None or action not in ACTIONS:
             raise ActionRejected(f"unknown vLLM adapter action {action!r}")
-        obs = fn(**params) or {}
+        try:
+            obs = fn(**params) or {}
+        except TypeError as e:
+            if "argument" in str(e) and "_a_" in str(e):
+                raise ActionRejected(f"bad parameters for {action}: {e}") from None
+            raise Violation("bookkeeping", "vllm_internal_error", f"vLLM raised TypeError: {e}") from None
+        except (AssertionError, ValueError, KeyError, IndexError) as e:
+            raise Violation("bookkeeping", "vllm_internal_error",
+                            f"vLLM raised {type(e).__name__}: {e}") from None
         self.coverage[action] += 1
         self._after_step()
         return obs
@@ -480,8 +509,9 @@ class VllmAdapter:
             js = needed_objects(self.cfg, sg, L // B)[obj]
             return sorted({j * B // bs for j in js})
         skind = "full" if kind in ("full", "mla") else "swa"
-        sg = next(x for x in self.cfg.groups if x.kind == skind and (skind == "full" or x.window == p))
-        js = needed_objects(self.cfg, sg, L // B)["swa_window"]
+        cfg = self.cfgs[p] if skind == "swa" else self.cfg
+        sg = next(x for x in cfg.groups if x.kind == skind)
+        js = needed_objects(cfg, sg, L // B)["swa_window"]
         return sorted({j * B // bs for j in js})
 
     def needed_running(self, g: int, L: int) -> list[int]:
