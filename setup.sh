@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One command to a working kvcheck: a CPU-only virtual environment (.venv) with torch, triton,
-# hypothesis, z3, networkx, numpy, rich, pytest and the tested transformers release.
+# hypothesis, z3, networkx, numpy, rich, pytest, the tested transformers release and vLLM 0.33.0's
+# KV cache manager (installed without its dependencies: torch stays the CPU build).
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
@@ -11,4 +12,6 @@ VENV=${VENV:-.venv}
 # The CPU build of torch first: a bare `torch` requirement would pull a multi-GB CUDA build.
 "$VENV/bin/python" -m pip install -q "torch==2.13.0"
 "$VENV/bin/python" -m pip install -q -e ".[test]" -r requirements-transformers.txt
+# vLLM's KV cache manager for `kvcheck fuzz --sut vllm` (--no-deps; torch stays as installed)
+PYTHON="$VENV/bin/python" bash scripts/install-vllm.sh >/dev/null
 echo "kvcheck installed in $VENV: $("$VENV/bin/kvcheck" --version)"

@@ -188,6 +188,16 @@ def cmd_gate(args: argparse.Namespace) -> int:
 def cmd_replay(args: argparse.Namespace) -> int:
     from .replay import replay_trace, sut_by_name
     trace = Trace.load(args.trace)
+    if args.sut == "vllm" or (args.sut is None and trace.sut == "vllm"):
+        from ..fuzz.adapters import vllm as v
+        try:
+            res = v.replay(trace)
+        except v.VllmUnavailable as e:
+            raise UsageError(str(e)) from None
+        _emit(args, res, lambda: f"kvcheck replay {args.trace} on vLLM: "
+              + ("reproduced: " + str(res.get("violation")) if res.get("reproduced") else "not reproduced")
+              + f" (exit {res['exit_code']})")
+        return res["exit_code"]
     try:
         sut = sut_by_name(args.sut, trace.meta.get("sut_fault", trace.fault)) if args.sut else None
     except ValueError as e:
@@ -329,8 +339,58 @@ def _cross_backend(cfg: Config, backend: str, seed: int, sequences: int = 3) -> 
     return {"sequences": sequences, "max_rel_diff": worst, "within_1e-5": worst <= 1e-5}
 
 
+def _fuzz_vllm(args: argparse.Namespace) -> int:
+    """vLLM's KV cache manager: its own driver per layout (kvcheck/fuzz/adapters/vllm.py)."""
+    from ..fuzz.adapters import vllm as v
+    from ..fuzz.campaign import Budget
+    if args.list_layouts:
+        _emit(args, {"layouts": v.LAYOUTS},
+              lambda: "\n".join(f"  {k:22} {d}" for k, d in v.LAYOUTS.items()))
+        return 0
+    if not args.layout:
+        raise UsageError("--sut vllm needs --layout NAME (see --list-layouts)")
+    try:
+        budget = Budget.parse(args.budget)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if args.fault is not None and args.fault not in v.FAULTS:
+        raise UsageError(f"unknown fault {args.fault!r} for --sut vllm; known: {', '.join(v.FAULTS)}")
+    out = Path(args.out)
+    _check_writable(out)
+    try:
+        res = v.run_campaign(args.layout, budget_s=budget.seconds, steps=budget.steps, seed=args.seed,
+                             strict_reuse=args.strict_reuse, fault=args.fault, out_dir=str(out))
+    except v.VllmUnavailable as e:
+        raise UsageError(str(e)) from None
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    code = res["exit_code"]
+    cmd = ["kvcheck", "fuzz", "--sut", "vllm", "--layout", args.layout, "--budget", args.budget,
+           "--seed", str(args.seed)] + (["--strict-reuse"] if args.strict_reuse else []) \
+        + (["--fault", args.fault] if args.fault else [])
+    res["command"] = " ".join(cmd)
+
+    def text() -> str:
+        lines = [f"kvcheck fuzz --sut vllm --layout {args.layout}: exit {code} (vLLM {res.get('vllm_version')})",
+                 f"  {res.get('steps')} steps, seed {args.seed}; rerun: {res['command']}",
+                 "  actions: " + ", ".join(f"{k} {n}" for k, n in sorted(res.get("coverage", {}).items())
+                                           if isinstance(n, int))]
+        for f in res.get("findings", []):
+            lines.append(f"  FINDING [{f['kind']}] {f.get('check', '')}: {f['message']}")
+            if f.get("replay"):
+                lines.append(f"    replay: {f['replay']}")
+        return "\n".join(lines)
+
+    _emit(args, res, text)
+    return code
+
+
 def cmd_fuzz(args: argparse.Namespace) -> int:
     """Hypothesis stateful campaign against a system under test, in lockstep with the spec."""
+    if args.sut == "vllm":
+        return _fuzz_vllm(args)
+    if args.list_layouts or args.layout or args.strict_reuse:
+        raise UsageError("--list-layouts/--layout/--strict-reuse apply to --sut vllm only")
     from ..fuzz.campaign import Budget, run_campaign, run_workers
     cfg = _config(args)
     try:
@@ -480,13 +540,18 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--sut", metavar="NAME", help="also replay on this system under test (spec)")
     z = add("fuzz", cmd_fuzz, "Hypothesis stateful campaign: drive a system under test in lockstep with the spec")
     z.add_argument("--sut", default="spec", metavar="NAME",
-                   help="spec (default) or MODULE:CLASS implementing kvcheck.spec.sut.SystemUnderTest")
+                   help="spec (default), reference, vllm, or MODULE:CLASS implementing "
+                        "kvcheck.spec.sut.SystemUnderTest")
     z.add_argument("--budget", default="60s", help="time (60s, 5m) or steps (20000) (default: %(default)s)")
     z.add_argument("--seed", type=int, default=0, help="campaign seed (default: %(default)s)")
     z.add_argument("--workers", type=_positive_int, default=1, help="processes sharing the example database")
     z.add_argument("--fault", metavar="NAME", help="plant a fault in the SUT")
     z.add_argument("--db", metavar="DIR", help="Hypothesis example database directory (replayed first)")
     z.add_argument("--out", metavar="DIR", default="kvcheck-report", help="where traces go (default: %(default)s)")
+    z.add_argument("--layout", metavar="NAME", help="--sut vllm: the hybrid layout to drive")
+    z.add_argument("--list-layouts", action="store_true", help="--sut vllm: list the layouts")
+    z.add_argument("--strict-reuse", action="store_true",
+                   help="--sut vllm: lost reuse (spec-usable hit > vLLM hit) fails the run (exit 13)")
     m = add("mutants", cmd_mutants, "fault matrix: which engine catches each planted fault, with which check")
     m.add_argument("--budget-per-fault", default="30s", help="per fault and engine (default: %(default)s)")
     m.add_argument("--fault", nargs="*", metavar="NAME", help="only these faults (default: all)")
