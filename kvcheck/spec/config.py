@@ -185,13 +185,6 @@ class Config:
                         "must nest (one divides the other) so entries map onto logical blocks")
             if layer.kind == "csa" and (layer.topk is None or layer.topk < 1):
                 raise ConfigError(f"{where}: indexer topk must be >= 1, got {layer.topk}")
-        windows = sorted({l.window for l in self.layers if l.kind in ("swa", "hca", "csa")})
-        if len(windows) > 1:
-            # A request retains one SWA window per position (state.py `rwin`); with different
-            # finite windows a narrow group would pin pages below its own window that it may
-            # already have evicted. Until the spec tracks a window per group, refuse clearly.
-            raise ConfigError(f"config: all sliding windows (swa layers and the SWA branch of "
-                              f"hca/csa) must be equal for now, got {windows}")
         for kind, pt in self.page_tokens.items():
             if kind not in LAYER_KINDS:
                 raise ConfigError(f"config: page_tokens: unknown layer kind {kind!r}")
@@ -217,6 +210,16 @@ class Config:
                 raise ConfigError(f"config: unknown tier {t!r}; expected device, host, disk")
         if "device" not in self.tiers:
             raise ConfigError("config: tiers must include 'device'")
+
+    def check_single_window(self) -> None:
+        """The spec (not the model) needs one finite window: a request retains one SWA window
+        per position (state.py `rwin`); with different finite windows a narrow group would pin
+        pages below its own window that it may already have evicted. Until the spec tracks a
+        window per group, a spec built from such a config is refused clearly."""
+        windows = sorted({l.window for l in self.layers if l.kind in ("swa", "hca", "csa")})
+        if len(windows) > 1:
+            raise ConfigError(f"config: the spec needs all sliding windows (swa layers and the SWA "
+                              f"branch of hca/csa) to be equal for now, got {windows}")
 
     def cap(self, kind: str) -> int:
         """Capacity of a device pool; unlisted kinds are unbounded (every object fits)."""

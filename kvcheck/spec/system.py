@@ -96,6 +96,7 @@ def spec_for(cfg: Config, fault: str | None = None) -> "Spec":
 class Spec:
     def __init__(self, cfg: Config | None = None, fault: str | None = None) -> None:
         self.cfg = cfg or Config()
+        self.cfg.check_single_window()
         if fault is not None and faultlib.get(fault).layer != "spec":
             raise faultlib.UnknownFault(fault)
         self.fault = fault

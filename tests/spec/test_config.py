@@ -56,3 +56,11 @@ def test_tail_and_entry_placement() -> None:
     assert [cfg.needs_tail(hca, j) for j in range(4)] == [True, True, True, False]
     assert cfg.tail_start_block(hca, 3) == 0
     assert cfg.window_lo_block(6, 4) == 2 and cfg.window_lo_block(None, 4) == 0
+
+
+def test_spec_refuses_different_windows_until_it_tracks_one_per_group() -> None:
+    from kvcheck.spec.config import LayerSpec
+    from kvcheck.spec.system import Spec
+    cfg = Config(layers=(LayerSpec("swa", window=3), LayerSpec("csa", window=9, m=4, topk=1)))
+    with pytest.raises(ConfigError, match="sliding windows"):
+        Spec(cfg)
