@@ -285,6 +285,10 @@ def _diff_reference(args: argparse.Namespace) -> int:
         raise UsageError("--model-type/--config-json apply to --sut transformers only")
     out = Path(args.out)
     _check_writable(out)
+    from ..reference import adapter as refadapter
+    if args.cache_dir:
+        _check_writable(Path(args.cache_dir), "cache directory")
+        refadapter.CACHE_ROOT = args.cache_dir
     refengine.use_backend(args.backend)
     try:
         res = refdiff.run_reference_diff(args.scenarios, args.seed, args.fault, out, cfg)
@@ -292,6 +296,7 @@ def _diff_reference(args: argparse.Namespace) -> int:
             res["cross_backend"] = _cross_backend(cfg, args.backend, args.seed)
     finally:
         refengine.use_backend("torch")
+        refadapter.CACHE_ROOT = None
     res["backend"] = args.backend
     code = res["exit_code"]
     if args.backend != "torch" and code == 0 and not res["cross_backend"]["within_1e-5"]:
@@ -496,14 +501,14 @@ def _check_sut_fault(sut: str, fault: str) -> None:
                          + (", ".join(sorted(known)) or "none"))
 
 
-def _check_writable(out: Path) -> None:
+def _check_writable(out: Path, what: str = "output directory") -> None:
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".kvcheck-write-test"
         probe.write_text("")
         probe.unlink()
     except OSError as e:
-        raise UsageError(f"cannot write to output directory {out}: {e.strerror or e}") from None
+        raise UsageError(f"cannot write to {what} {out}: {e.strerror or e}") from None
 
 
 # ---- parser ----------------------------------------------------------------------------
@@ -563,6 +568,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="kernel backend of the reference model (default: %(default)s; triton runs in "
                         "interpreter mode without a GPU)")
     d.add_argument("--out", metavar="DIR", default="kvcheck-report", help="where reproducers go (default: %(default)s)")
+    d.add_argument("--cache-dir", metavar="DIR", help="reference engine: put the disk tier here "
+                   "(default: a fresh temporary directory per engine)")
     d.add_argument("--model-type", metavar="NAME", help="transformers model_type (e.g. mistral, gemma3_text)")
     d.add_argument("--config-json", metavar="FILE", help="JSON overrides of the tiny default model config")
     d.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16"],

@@ -27,6 +27,11 @@ from .pools import PoolError
 _BUMP = {"bump_model": "ver", "bump_compressor": "cmp", "bump_indexer": "ix", "bump_abi": "abi"}
 
 
+# Where engines put their disk tier when no cache_dir is given: None = a fresh temp dir each;
+# `kvcheck diff --cache-dir DIR` sets it (each engine then gets its own subdirectory of DIR).
+CACHE_ROOT: str | None = None
+
+
 class ReferenceSUT:
     name = "reference"
     actions = None
@@ -47,7 +52,11 @@ class ReferenceSUT:
             self.engine.close()
         torch.set_num_threads(1)
         self.cfg, self.lay = cfg, Layout(cfg)
-        self.engine = Engine(cfg, self.fault, self.cache_dir)
+        cache_dir = self.cache_dir
+        if cache_dir is None and CACHE_ROOT is not None:
+            import tempfile
+            cache_dir = tempfile.mkdtemp(prefix="engine-", dir=CACHE_ROOT)
+        self.engine = Engine(cfg, self.fault, cache_dir)
         self._pending_check = None
         self._index()
 
