@@ -511,17 +511,14 @@ def render_text(rep: dict[str, Any]) -> str:
 
 
 def cmd_explore(args: Any) -> int:
-    from .cli import UsageError, _emit
+    from .cli import _check_writable, _emit
     from .gate import write_atomic
     if args.fault is not None:
         faultlib.get(args.fault)
     cfg = Config.load(args.config) if args.config else fault_config(args.fault)
     out = Path(args.out) if getattr(args, "out", None) else None
     if out is not None:
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise UsageError(f"cannot write to {out}: {e.strerror or e}") from None
+        _check_writable(out)
     if args.config is None and args.fault is None and args.graph is None:
         code, rep = run_profile(out, args.max_states)
     else:

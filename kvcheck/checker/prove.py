@@ -432,7 +432,7 @@ def render_text(rep: dict[str, Any]) -> str:
 
 def cmd_prove(args: Any) -> int:
     import json
-    from .cli import UsageError, _emit
+    from .cli import _check_writable, _emit
     if args.config is None and args.fault is not None:
         from .explore import fault_config     # the small profile where BMC reaches every fault
         cfg = fault_config(args.fault)
@@ -445,10 +445,7 @@ def cmd_prove(args: Any) -> int:
         faultlib.get(args.fault)
     out = Path(args.out) if getattr(args, "out", None) else None
     if out is not None:
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise UsageError(f"cannot write to {out}: {e.strerror or e}") from None
+        _check_writable(out)
     code, rep = run_prove(cfg, out, args.fault, args.depth, args.config)
     if out is not None:
         from .gate import write_atomic

@@ -27,8 +27,9 @@ from hypothesis.stateful import get_state_machine_test
 from ..spec.config import Config
 from ..spec.objects import DECISION_KINDS
 from ..spec.system import Spec
-from ..spec.trace import Step, Trace
+from ..spec.trace import Trace
 from .machine import Finding, Tally, make_machine
+from .walk import to_trace
 from .suts import resolve_sut
 
 EXIT_FOR = {"invariant": 10, "differential": 11, "conformance": 13}
@@ -161,21 +162,12 @@ def machine_actions(spec: Spec, factory: Callable[[], Any]) -> list[str]:
 
 def _trace(spec: Spec, trail: list[tuple[str, dict[str, Any]]], sut: str, seed: int,
            finding: Finding, sut_fault: str | None) -> Trace:
-    s = spec.init()
-    steps = []
-    for n, (action, params) in enumerate(trail):
-        inst = spec.instance(action, params)
-        expect: dict[str, Any] = {}
-        if action == "lookup":
-            expect["decision"] = spec.decide(s, params["r"])
-        s = inst.effect(s)
-        if n == len(trail) - 1 and finding.kind == "invariant":
-            expect["violations"] = finding.checks
-        steps.append(Step(action, dict(params), expect))
-    return Trace(spec.cfg, steps, fault=spec.fault, engine="fuzz", seed=seed, sut=sut,
-                 violation={"step": len(trail) - 1, "kind": finding.kind, "checks": finding.checks,
-                            "message": finding.message},
-                 meta={"sut_fault": sut_fault})
+    trace = to_trace(spec, trail, seed, engine="fuzz")
+    trace.sut = sut
+    trace.violation = {"step": len(trail) - 1, "kind": finding.kind, "checks": finding.checks,
+                       "message": finding.message}
+    trace.meta = {"sut_fault": sut_fault}
+    return trace
 
 
 def _reproducer(trace: Path, sut: str) -> str:

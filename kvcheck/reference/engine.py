@@ -134,15 +134,7 @@ class Engine:
         return out
 
     def mgr_block_kinds(self, j: int) -> list[tuple[int, str]]:
-        out = []
-        for g in self.cfg.groups:
-            for kind in g.objects:
-                if kind in ("compressed_kv", "indexer") and not self.cfg.has_compressed(g, j):
-                    continue
-                if kind == "tail" and not self.cfg.needs_tail(g, j):
-                    continue
-                out.append((g.index, kind))
-        return out
+        return self.cfg.block_objects(j)
 
     def block_data(self, st: ModelState, j: int) -> dict[tuple[int, str], torch.Tensor]:
         """The objects of block j cut from a state at L = (j+1)*B, flattened per page."""

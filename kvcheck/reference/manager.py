@@ -138,15 +138,7 @@ class CacheManager:
     # ---- structure ------------------------------------------------------------------------
     def block_kinds(self, j: int) -> list[tuple[int, str]]:
         """(group, kind) of the objects block j carries (its slots)."""
-        out = []
-        for g in self.cfg.groups:
-            for kind in g.objects:
-                if kind in ("compressed_kv", "indexer") and not self.cfg.has_compressed(g, j):
-                    continue
-                if kind == "tail" and not self.cfg.needs_tail(g, j):
-                    continue
-                out.append((g.index, kind))
-        return out
+        return self.cfg.block_objects(j)
 
     def entry(self, key: str, j: int) -> BlockEntry:
         e = self.entries.get(key)

@@ -159,6 +159,19 @@ class Config:
         snapshot of tokens [m*(L//m), L) is needed to resume there)?"""
         return ((j + 1) * self.block_size) % g.m != 0
 
+    def block_objects(self, j: int) -> list[tuple[int, str]]:
+        """(group, kind) of every device object logical block j carries: compressed entries and
+        indexer keys only where an entry completes, tails only where a snapshot is needed."""
+        out = []
+        for g in self.groups:
+            for kind in g.objects:
+                if kind in ("compressed_kv", "indexer") and not self.has_compressed(g, j):
+                    continue
+                if kind == "tail" and not self.needs_tail(g, j):
+                    continue
+                out.append((g.index, kind))
+        return out
+
     def tail_start_block(self, g: Group, k: int) -> int:
         """Block whose start is the tail's start at boundary k (the junction with the last entry)."""
         return (g.m * ((k * self.block_size) // g.m)) // self.block_size

@@ -77,12 +77,11 @@ class Layout:
         self.index: dict[tuple, int] = {}
         self.names: list[tuple] = []
         self.objects: list[ObjSlot] = []
+        present = {(g, kind, j) for j in range(cfg.blocks) for g, kind in cfg.block_objects(j)}
         for g in cfg.groups:
             for kind in g.objects:
                 for j in range(cfg.blocks):
-                    if kind in ("compressed_kv", "indexer") and not cfg.has_compressed(g, j):
-                        continue
-                    if kind == "tail" and not cfg.needs_tail(g, j):
+                    if (g.index, kind, j) not in present:
                         continue
                     self.objects.append(ObjSlot(g.index, kind, j))
                     for f in OBJ_FIELDS:
