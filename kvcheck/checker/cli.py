@@ -542,7 +542,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="walk steps (default: 10000 clean, up to 400000 with --fault)")
     r = add("replay", cmd_replay, "replay a trace on the spec (and a system under test)", config=False)
     r.add_argument("trace", metavar="TRACE", help="trace file (JSON, kvcheck-trace/1)")
-    r.add_argument("--sut", metavar="NAME", help="also replay on this system under test (spec)")
+    r.add_argument("--sut", metavar="NAME", help="also replay on this system under test: spec, reference, "
+                   "vllm or MODULE:CLASS (vllm traces replay on vLLM by default)")
     z = add("fuzz", cmd_fuzz, "Hypothesis stateful campaign: drive a system under test in lockstep with the spec")
     z.add_argument("--sut", default="spec", metavar="NAME",
                    help="spec (default), reference, vllm, or MODULE:CLASS implementing "
