@@ -4,4 +4,18 @@ set here, at the root of the test tree, before anything is collected, unless the
 mode explicitly (TRITON_INTERPRET=0 on a GPU machine runs the compiled kernels)."""
 import os
 
+import pytest
+
 os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture
+def one_thread():
+    """Run single-threaded: on a busy 2-core box, 2 OpenMP threads stall every small op (50x).
+    Bits do not depend on the thread count (test_thread_count_does_not_change_bits and
+    test_linear_two_threads cover 2 threads). torch is imported here only when asked for."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

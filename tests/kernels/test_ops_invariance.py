@@ -18,15 +18,7 @@ from kvcheck.kernels.norm import rms_norm, rope
 from kvcheck.kernels.projection import bmm_rows, linear
 from kvcheck.kernels.topk import topk_desc
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Run single-threaded: on a busy 2-core box, 2 OpenMP threads stall every small op (50x).
-    Bits do not depend on the thread count (test_thread_count_does_not_change_bits and
-    test_linear_two_threads cover 2 threads)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 FAST = settings(max_examples=20, deadline=None)

@@ -9,15 +9,7 @@ from hypothesis import example, given, settings, strategies as st
 from kvcheck.reference.model import HybridLM, ModelState, StateError
 from kvcheck.spec.config import Config, LayerSpec
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Run single-threaded: on a busy 2-core box, 2 OpenMP threads stall every small op (50x).
-    Bits do not depend on the thread count (test_thread_count_does_not_change_bits and
-    test_linear_two_threads cover 2 threads)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 MODEL = HybridLM()                        # default mix: swa, csa(m=8,k=2), hca(m=16), csa, full
