@@ -45,7 +45,7 @@ def _fuzz(sut: str) -> Callable[[Config, str | None, float, int], Result]:
             return {"detected": False, "caught_by": [], "seconds": round(secs, 2), "steps": r["steps"]}
         f = r["findings"][0]
         return {"detected": True, "caught_by": f["checks"], "kind": f["kind"],
-                "seconds": r["seconds_to_first_failure"], "seconds_with_shrink": round(secs, 2),
+                "seconds": r.get("seconds_to_detection", r["seconds_to_first_failure"]), "seconds_with_shrink": round(secs, 2),
                 "trace_len": len(f["trace_steps"]), "steps": r["steps"]}
     return run
 

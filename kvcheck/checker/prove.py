@@ -112,16 +112,27 @@ class Obligation:
         return d
 
 
+def bv_width(lay: Any) -> int:
+    """Bits per slot such that the bit-vector reading equals the integer one: signed, wide
+    enough for any sum of every slot at its largest value (counts, refcount deltas)."""
+    hi = max(max(abs(lo), abs(h)) for lo, h in lay.domains())
+    return (lay.size * max(hi, 1) * 2).bit_length() + 1
+
+
 class Prover:
     def __init__(self, cfg: Config, fault: str | None = None, timeout_ms: int = 60_000) -> None:
         import z3
         from ..spec.logic import Z3Logic
-        self.z3, self.Z = z3, Z3Logic()
         self.cfg, self.fault = cfg, fault
         self.spec = Spec(cfg, fault)
         self.lay = self.spec.lay
+        # Induction and the theorem read slots as integers (measured 2x faster there than
+        # bit-vectors); BMC reads them as bit-vectors (a 13-step counterexample in ~6 s where
+        # integers took > 5 min): `bmc_logic`.
+        self.z3, self.Z = z3, Z3Logic()
+        self.bmc_logic = Z3Logic(bv_width(self.lay))
         self.timeout_ms = timeout_ms
-        self.x = [z3.Int(f"s{i}") for i in range(self.lay.size)]
+        self.x = [self.Z.var(f"s{i}") for i in range(self.lay.size)]
         # read sets of every conjunct (named invariants and auxiliaries), from the compiled spec
         self.reads: dict[tuple[str, str], frozenset[int]] = {}
         for k in self.spec.conjuncts:
@@ -133,8 +144,8 @@ class Prover:
         self.names = list(INVARIANTS) + list(AUX)
 
     # ---- symbolic helpers ---------------------------------------------------------------
-    def conjuncts(self, vec: list[Any]) -> dict[str, list[tuple[str, Any]]]:
-        c = Ctx(View(vec, self.lay), self.Z, self.lay, self.fault)
+    def conjuncts(self, vec: list[Any], Z: Any = None) -> dict[str, list[tuple[str, Any]]]:
+        c = Ctx(View(vec, self.lay), Z or self.Z, self.lay, self.fault)
         out: dict[str, list[tuple[str, Any]]] = {}
         for name, inv in INVARIANTS.items():
             out[name] = [(w, p) for w, p in inv.conjuncts(c) if p is not True]
@@ -145,13 +156,26 @@ class Prover:
     def _b(self, p: Any) -> Any:
         return self.z3.BoolVal(bool(p)) if isinstance(p, bool) else p
 
-    def step(self, vec: list[Any], inst: Any) -> tuple[Any, dict[int, Any]]:
-        guard, writes = run_body(ACTIONS[inst.action], View(vec, self.lay), self.Z, self.lay,
+    def step(self, vec: list[Any], inst: Any, Z: Any = None) -> tuple[Any, dict[int, Any]]:
+        Z = Z or self.Z
+        guard, writes = run_body(ACTIONS[inst.action], View(vec, self.lay), Z, self.lay,
                                  self.fault, inst.params)
-        z3 = self.z3
-        writes = {i: (z3.IntVal(e) if isinstance(e, int) else e) for i, e in writes.items()}
+        writes = {i: (Z.val(e) if isinstance(e, int) else e) for i, e in writes.items()}
         writes = {i: e for i, e in writes.items() if not e.eq(vec[i])}
         return self._b(guard), writes
+
+    def _substituter(self, writes: dict[int, Any]) -> Callable[[Any], Any]:
+        """e -> e[x_i := writes[i]], through the C API with the pair arrays built once (the
+        Python `z3.substitute` re-checks every pair on every call: 10 s at 8 blocks)."""
+        z3, n = self.z3, len(writes)
+        src, dst = (z3.Ast * n)(), (z3.Ast * n)()
+        for k, (i, e) in enumerate(writes.items()):
+            src[k], dst[k] = self.x[i].as_ast(), e.as_ast()
+        ctx = self.x[0].ctx
+
+        def sub(e: Any) -> Any:
+            return z3.z3._to_expr_ref(z3.Z3_substitute(ctx.ref(), e.as_ast(), n, src, dst), ctx)
+        return sub
 
     def solver(self) -> Any:
         s = self.z3.Solver()
@@ -159,7 +183,7 @@ class Prover:
         return s
 
     def model_state(self, m: Any) -> tuple[int, ...]:
-        return tuple(m.eval(xi, model_completion=True).as_long() for xi in self.x)
+        return tuple(self.Z.num(m.eval(xi, model_completion=True)) for xi in self.x)
 
     def describe_cti(self, pre: tuple[int, ...], inst: Any, post: tuple[int, ...],
                      failed: list[str]) -> dict[str, Any]:
@@ -173,7 +197,7 @@ class Prover:
         z3 = self.z3
         names = [n for n in self.names if only is None or n in only]
         res = {n: Obligation(n, "auxiliary" if n in AUX else "invariant") for n in names}
-        init = [z3.IntVal(v) for v in self.lay.init()]
+        init = [self.Z.val(v) for v in self.lay.init()]
         t0 = time.perf_counter()
         init_conj = self.conjuncts(init)
         for n in names:
@@ -189,14 +213,15 @@ class Prover:
         for inst in self.spec.instances:
             t1 = time.perf_counter()
             guard, writes = self.step(self.x, inst)
-            y = list(self.x)
-            for i, e in writes.items():
-                y[i] = e
             ws = set(writes)
-            post = self.conjuncts(y)
+            sub = self._substituter(writes)
+            # I' for the conjuncts the instance can change: the pre-state terms with the
+            # written slots substituted (z3 does it in C++; rebuilding every conjunct over the
+            # post-state in Python was 85% of the induction time)
             goals: dict[str, list[tuple[str, Any]]] = {}
             for n in names:
-                aff = [(w, p) for w, p in post[n] if self.reads.get((n, w), frozenset()) & ws]
+                aff = [(w, sub(self._b(p))) for w, p in pre[n]
+                       if self.reads.get((n, w), frozenset()) & ws]
                 if aff:
                     goals[n] = aff
             build = time.perf_counter() - t1
@@ -275,35 +300,37 @@ class Prover:
         """Search for a violation of any invariant (named or auxiliary) within `depth` steps.
         Returns (deepest bound fully checked, instances of the violating path or None,
         violations at its last state)."""
-        z3 = self.z3
+        z3, B = self.z3, self.bmc_logic
         insts = self.spec.instances
+        x = [B.var(f"s{i}") for i in range(self.lay.size)]
         # transition relation built once on the symbolic pre-state, substituted per depth
-        rel = [self.step(self.x, inst) for inst in insts]
+        rel = [self.step(x, inst, B) for inst in insts]
         writers: dict[int, list[tuple[int, Any]]] = {}
         for n, (_, w) in enumerate(rel):
             for i, e in w.items():
                 writers.setdefault(i, []).append((n, e))
-        bad = z3.Or(*[z3.Not(self._b(p)) for ps in self.conjuncts(self.x).values() for _, p in ps])
+        bad = z3.Or(*[z3.Not(self._b(p)) for ps in self.conjuncts(x, B).values() for _, p in ps])
         # T(x, a, x'): one formula, substituted once per depth (one substitute call, not one per term)
-        A = z3.Int("a")
-        xp = [z3.Int(f"t{i}") for i in range(self.lay.size)]
-        parts = [A >= 0, A < len(insts)]
+        A = z3.BitVec("a", len(insts).bit_length() + 1)   # the action chosen at a step
+        xp = [B.var(f"t{i}") for i in range(self.lay.size)]
+        parts = [z3.ULT(A, len(insts))]
         parts += [z3.Implies(A == n, g) for n, (g, _) in enumerate(rel)]
         for i in range(self.lay.size):
-            val = self.x[i]
+            val = x[i]
             for n, e in reversed(writers.get(i, [])):
                 val = z3.If(A == n, e, val)
             parts.append(xp[i] == val)
         T = z3.And(*parts)
-        s = self.solver()
+        s = z3.SolverFor("QF_BV")     # bit-blasting + SAT; the generic solver is ~10x slower here
+        s.set("timeout", self.timeout_ms)
         init = self.lay.init()
-        cur = [z3.Int(f"s0_{i}") for i in range(self.lay.size)]
+        cur = [B.var(f"s0_{i}") for i in range(self.lay.size)]
         s.add(*[c == v for c, v in zip(cur, init)])
         sels = []
         checked = -1
         for d in range(depth + 1):
             s.push()
-            s.add(z3.substitute(bad, *zip(self.x, cur)))
+            s.add(z3.substitute(bad, *zip(x, cur)))
             r = s.check()
             if r == z3.sat:
                 m = s.model()
@@ -318,10 +345,10 @@ class Prover:
             checked = d
             if d == depth or (deadline is not None and time.perf_counter() > deadline):
                 break
-            a = z3.Int(f"a{d}")
+            a = z3.BitVec(f"a{d}", A.size())
             sels.append(a)
-            nxt = [z3.Int(f"s{d + 1}_{i}") for i in range(self.lay.size)]
-            s.add(z3.substitute(T, *zip(self.x, cur), (A, a), *zip(xp, nxt)))
+            nxt = [B.var(f"s{d + 1}_{i}") for i in range(self.lay.size)]
+            s.add(z3.substitute(T, *zip(x, cur), (A, a), *zip(xp, nxt)))
             cur = nxt
         return checked, None, []
 
@@ -330,7 +357,7 @@ class Prover:
 
 @dataclass(frozen=True)
 class ProveProfile:
-    depth: int = 4          # BMC depth for a clean run (induction proves; BMC is a cross-check)
+    depth: int = 8          # BMC depth for a clean run (induction proves; BMC is a cross-check)
     fault_depth: int = 14   # BMC depth when induction fails (a fault, or an unproved invariant)
     bmc_seconds: float = 240.0
 

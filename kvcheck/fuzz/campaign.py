@@ -28,7 +28,7 @@ from ..spec.config import Config
 from ..spec.objects import DECISION_KINDS
 from ..spec.system import Spec
 from ..spec.trace import Trace
-from .machine import Finding, Tally, make_machine
+from .machine import BudgetSpent, Finding, Tally, make_machine
 from .walk import to_trace
 from .suts import resolve_sut
 
@@ -65,9 +65,11 @@ def run_campaign(cfg: Config, sut: str = "spec", budget: Budget = Budget(seconds
     spec = Spec(cfg, spec_fault)
     factory = resolve_sut(sut, fault)
     tally = Tally()
+    t0 = time.perf_counter()
+    if budget.seconds is not None:
+        tally.deadline, tally.shrink_seconds = t0 + budget.seconds, shrink_seconds
     machine = make_machine(spec, factory, tally, differential)
     database = DirectoryBasedExampleDatabase(db) if db else None
-    t0 = time.perf_counter()
     finding: Finding | None = None
     error: str | None = None
     interrupted = False
@@ -84,7 +86,7 @@ def run_campaign(cfg: Config, sut: str = "spec", budget: Budget = Budget(seconds
         s = settings(max_examples=examples_per_round, stateful_step_count=steps_per_example,
                      deadline=None, database=database, derandomize=False,
                      suppress_health_check=list(HealthCheck), print_blob=False,
-                     phases=[Phase.reuse, Phase.generate, Phase.target, Phase.shrink, Phase.explain])
+                     phases=[Phase.reuse, Phase.generate, Phase.target, Phase.shrink])
         test = hyp_seed(seed * 100_003 + rnd)(get_state_machine_test(machine, settings=s))
         rnd += 1
         try:
@@ -97,13 +99,22 @@ def run_campaign(cfg: Config, sut: str = "spec", budget: Budget = Budget(seconds
             found = [e for e in _leaves(g) if isinstance(e, Finding)]
             if not found:
                 raise
-            finding = found[0]
+            # the most specific first: what a divergence breaks, before the divergence itself
+            finding = min(found, key=Finding.rank)
+            break
+        except BudgetSpent:
+            finding = tally.best       # a failure whose shrinking ran out of time: the best so far
             break
         except KeyboardInterrupt:
             interrupted = True
             break
         except HypothesisException as e:
-            error = f"{type(e).__name__}: {e}"
+            if tally.best is not None and tally.out_of_time():
+                # BudgetSpent stopped a replay mid-shrink and Hypothesis calls that flaky:
+                # report the best failure raised so far
+                finding = tally.best
+            else:
+                error = f"{type(e).__name__}: {e}"
             break
         except Exception as e:  # noqa: BLE001 - the SUT raised: that is a finding too
             finding = Finding("conformance", ["sut_raised"], f"the SUT raised {type(e).__name__}: {e}")
@@ -112,6 +123,9 @@ def run_campaign(cfg: Config, sut: str = "spec", budget: Budget = Budget(seconds
             progress(tally.steps)
     if saved_shrink is not None:
         hyp_engine.MAX_SHRINKING_SECONDS = saved_shrink
+    if finding is None and error is None and tally.soft is not None:
+        finding = tally.soft          # decisions whose reasons differ, and nothing worse found
+        tally.found(finding)
     seconds = time.perf_counter() - t0
     result: dict[str, Any] = {
         "sut": sut, "seed": seed, "fault": fault, "budget": budget.describe(),
@@ -125,14 +139,19 @@ def run_campaign(cfg: Config, sut: str = "spec", budget: Budget = Budget(seconds
                                      if tally.first_failure_at is not None else None),
         "steps_to_first_failure": tally.steps_to_first_failure,
     }
+    if finding is not None and finding.checks and finding.checks[0] in tally.first_by_check:
+        # time to the first failure by the check that is reported (shrinking may have moved
+        # from the first failure found to another check's failure)
+        at, n = tally.first_by_check[finding.checks[0]]
+        result["seconds_to_detection"], result["steps_to_detection"] = round(at - t0, 2), n
     if error:
         result["error"] = error
     if any("slow progress" in str(r) for r in reports):
         result["shrink_note"] = f"shrinking stopped at its time bound ({shrink_seconds:g}s)"
     code = 0
     if finding is not None:
-        trail = list(tally.last_trail)
-        trace = _trace(spec, trail, sut, seed, finding, fault)
+        trail = finding.trail or list(tally.last_trail)
+        trace = _trace(spec, trail, sut, seed, finding, fault, finding.lockstep if finding.trail else tally.lockstep)
         stem = f"fuzz-{re.sub(r'[^A-Za-z0-9_.-]', '_', sut)}-{fault or 'clean'}-seed{seed}"
         path = trace.save(out / f"{stem}.json")
         repro = out / f"{stem}.py"
@@ -161,8 +180,8 @@ def machine_actions(spec: Spec, factory: Callable[[], Any]) -> list[str]:
 
 
 def _trace(spec: Spec, trail: list[tuple[str, dict[str, Any]]], sut: str, seed: int,
-           finding: Finding, sut_fault: str | None) -> Trace:
-    trace = to_trace(spec, trail, seed, engine="fuzz")
+           finding: Finding, sut_fault: str | None, lockstep: int) -> Trace:
+    trace = to_trace(spec, trail, seed, engine="fuzz", expect_upto=lockstep)
     trace.sut = sut
     trace.violation = {"step": len(trail) - 1, "kind": finding.kind, "checks": finding.checks,
                        "message": finding.message}

@@ -8,6 +8,7 @@ spec's, and every invariant must hold. Hypothesis shrinks a failure to a minimal
 """
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -16,12 +17,18 @@ from hypothesis import strategies as st
 from hypothesis import target
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
-from ..spec.objects import READY
+from ..spec.objects import R_IDLE, READY
 from ..spec.sut import ActionRejected, SystemUnderTest, observed_mismatch
 from ..spec.system import Instance, Spec
 
+# The order in which a diverged request is driven to completion (the first enabled one wins).
+DRIVE = ("bind", "bind_stale", "use", "use_stale", "append", "finish", "lookup")
 
-import time
+
+class BudgetSpent(BaseException):
+    """The campaign's time is up (raised as an example starts; once a failure is found, only
+    after its shrinking time too). A BaseException so that Hypothesis stops at once instead of
+    counting it as a failure: its target phase has no time bound of its own."""
 
 
 class Finding(AssertionError):
@@ -30,6 +37,13 @@ class Finding(AssertionError):
     def __init__(self, kind: str, checks: list[str], message: str) -> None:
         super().__init__(f"[{kind}] {message}")
         self.kind, self.checks, self.message = kind, checks, message
+        self.trail: list[tuple[str, dict[str, Any]]] = []   # the steps of the failing example
+        self.lockstep = 0                                    # ... taken in lockstep with the spec
+
+    KINDS = ("invariant", "differential", "conformance")     # most specific first
+
+    def rank(self) -> tuple[int, int]:
+        return self.KINDS.index(self.kind), len(self.trail)
 
 
 @dataclass
@@ -41,8 +55,37 @@ class Tally:
     actions: Counter = field(default_factory=Counter)
     decisions: Counter = field(default_factory=Counter)
     last_trail: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    lockstep: int = 0                          # steps of last_trail taken in lockstep with the spec
+    soft: "Finding | None" = None              # shortest example where only decision reasons differed
     first_failure_at: float | None = None      # perf_counter() of the first failing step
     steps_to_first_failure: int | None = None
+    first_by_check: dict[str, tuple[float, int]] = field(default_factory=dict)  # check -> (time, steps)
+    deadline: float | None = None              # perf_counter() when the campaign's budget ends
+    shrink_seconds: float = 60.0               # ... and how long past it a failure may shrink
+    best: "Finding | None" = None              # the most specific, then shortest, failure raised
+
+    def out_of_time(self) -> bool:
+        if self.deadline is None:
+            return False
+        end = self.deadline
+        if self.first_failure_at is not None:
+            end = max(end, self.first_failure_at) + self.shrink_seconds
+        return time.perf_counter() > end
+
+    def count(self, action: str, decision: dict[str, Any] | None) -> None:
+        self.steps += 1
+        self.actions[action] += 1
+        if decision is not None:
+            self.decisions[decision["kind"]] += 1
+
+    def found(self, f: "Finding") -> None:
+        if self.best is None or f.rank() < self.best.rank():
+            self.best = f
+        now = time.perf_counter()
+        if self.first_failure_at is None:
+            self.first_failure_at, self.steps_to_first_failure = now, self.steps
+        for c in f.checks:
+            self.first_by_check.setdefault(c, (now, self.steps))
 
 
 def make_machine(spec: Spec, sut_factory: Callable[[], SystemUnderTest], tally: Tally,
@@ -63,6 +106,12 @@ def make_machine(spec: Spec, sut_factory: Callable[[], SystemUnderTest], tally: 
                   if (j * cfg.block_size) % g.m == 0 or j == cfg.window_lo_block(g.window, j) + 1}
 
     all_insts = [i for insts in by_action.values() for i in insts]
+    size = lay.size
+    rst = [lay.r(r, "rst") for r in range(cfg.requests)]
+    per_request: list[dict[str, list[Instance]]] = [{} for _ in range(cfg.requests)]
+    for i in all_insts:
+        if "r" in i.params:
+            per_request[i.params["r"]].setdefault(i.action, []).append(i)
 
     def enabled_names(s: tuple) -> set[str]:
         """Actions with an enabled instance: one pass per step, so that Hypothesis's
@@ -70,6 +119,8 @@ def make_machine(spec: Spec, sut_factory: Callable[[], SystemUnderTest], tally: 
         return {i.action for i in all_insts if i.guard(s)}
 
     def __init__(self: Any) -> None:
+        if tally.out_of_time():
+            raise BudgetSpent()
         RuleBasedStateMachine.__init__(self)
         self.s = spec.init()
         self.sut = sut_factory()
@@ -77,64 +128,165 @@ def make_machine(spec: Spec, sut_factory: Callable[[], SystemUnderTest], tally: 
         self.trail: list[tuple[str, dict[str, Any]]] = []
         self.pressure = self.transfers = self.at_boundary = 0
         self.enabled = enabled_names(self.s)
+        self.diverged: Finding | None = None    # set: the SUT left the spec; it is followed alone
+        self.soft: Finding | None = None        # a decision whose reasons alone differ
+        self.failed = False
         tally.runs += 1
-        tally.last_trail = self.trail
+        tally.last_trail, tally.lockstep = self.trail, 0
 
     def step(self: Any, inst: Instance) -> None:
         try:
-            check(self, inst)
-        except Finding:
-            if tally.first_failure_at is None:
-                tally.first_failure_at = time.perf_counter()
-                tally.steps_to_first_failure = tally.steps
+            if self.diverged is None:
+                check(self, inst)
+            else:
+                follow_step(self, inst)
+        except Finding as f:
+            f.trail, f.lockstep = list(self.trail), tally.lockstep
+            tally.found(f)
+            self.failed = True
             raise
+
+    def judge(self: Any, label: str, seen: Any, s_spec: tuple | None, inst: Instance | None) -> None:
+        """Invariants on the SUT's own state, then the differential oracle: the two checks that
+        say what a divergence *does* (they run before conformance, as in `kvcheck diff`)."""
+        if s_spec is not None and inst is not None and seen == s_spec:
+            bad = spec.check_after(inst, s_spec)      # in lockstep: only conjuncts the step can change
+        elif isinstance(seen, tuple) and len(seen) == size:
+            bad = spec.check(seen)
+        elif s_spec is not None and inst is not None:
+            bad = spec.check_after(inst, s_spec)      # partial or no observation: the spec's state
+        else:
+            bad = []
+        if bad:
+            invs = sorted({i for i, _ in bad})
+            raise Finding("invariant", invs, f"after {label}: " +
+                          "; ".join(f"{i}: {w}" for i, w in bad[:6]))
+
+    def oracle(self: Any, label: str, action: str, params: dict[str, Any]) -> None:
+        fn = getattr(self.sut, "differential_check", None)
+        msg = fn(action, dict(params)) if fn is not None else None
+        if msg:
+            raise Finding("differential", ["reuse_equals_recompute"], f"after {label}: {msg}")
 
     def check(self: Any, inst: Instance) -> None:
         pre = self.s
+        label = inst.label()
         decision = spec.decide(pre, inst.params["r"]) if inst.action == "lookup" else None
         self.s = inst.effect(pre)
         self.trail.append((inst.action, dict(inst.params)))
-        tally.steps += 1
-        tally.actions[inst.action] += 1
-        if decision is not None:
-            tally.decisions[decision["kind"]] += 1
+        tally.lockstep = len(self.trail)
+        tally.count(inst.action, decision)
         try:
             obs = self.sut.apply(inst.action, dict(inst.params))
         except ActionRejected as e:
-            raise Finding("conformance", ["sut_rejected_enabled_action"],
-                          f"{inst.label()}: the spec enables it, the SUT rejected it ({e})") from None
-        if decision is not None and obs.get("decision") != decision:
-            raise Finding("conformance", ["decision_matches_spec"],
-                          f"{inst.label()}: spec decided {decision}, SUT {obs.get('decision')}")
-        diff = observed_mismatch(self.sut.observe(), self.s)
-        if diff:
-            names = [".".join(map(str, lay.names[i])) for i in diff[:6]]
-            raise Finding("conformance", ["abstract_state_matches_spec"],
-                          f"after {inst.label()}: SUT state differs from the spec at {', '.join(names)}")
-        bad = spec.check_after(inst, self.s)
-        if bad:
-            invs = sorted({i for i, _ in bad})
-            raise Finding("invariant", invs, f"after {inst.label()}: " +
-                          "; ".join(f"{i}: {w}" for i, w in bad[:6]))
+            self.trail.pop()                    # the SUT did not take this step
+            tally.lockstep -= 1
+            self.diverge(Finding("conformance", ["sut_rejected_enabled_action"],
+                                 f"{label}: the spec enables it, the SUT rejected it ({e})"),
+                         self.sut.observe(), inst.params.get("r"))
+            return
+        seen = self.sut.observe()
+        self.judge(label, seen, self.s, inst)
         if differential is not None and decision is not None:
             differential(self.sut, inst, decision)
-        oracle = getattr(self.sut, "differential_check", None)
-        if oracle is not None:
-            msg = oracle(inst.action, dict(inst.params))
-            if msg:
-                raise Finding("differential", ["reuse_equals_recompute"], f"after {inst.label()}: {msg}")
-        s = self.s
+        self.oracle(label, inst.action, inst.params)
+        got = obs.get("decision") if decision is not None else None
+        if decision is not None and got != decision:
+            f = Finding("conformance", ["decision_matches_spec"],
+                        f"{label}: spec decided {decision}, SUT {got}")
+            if got and (got.get("kind"), got.get("k")) == (decision["kind"], decision["k"]):
+                self.soft = self.soft or f      # only the reasons differ: still in lockstep
+            else:
+                self.diverge(f, seen, inst.params["r"])
+                return
+        diff = observed_mismatch(seen, self.s)
+        if diff:
+            names = [".".join(map(str, lay.names[i])) for i in diff[:6]]
+            self.diverge(Finding("conformance", ["abstract_state_matches_spec"],
+                                 f"after {label}: SUT state differs from the spec at {', '.join(names)}"),
+                         seen, inst.params.get("r"))
+            return
+        self.after(self.s)
+
+    def diverge(self: Any, f: Finding, seen: Any, focus: int | None) -> None:
+        """The SUT left the spec. When it exposes its whole state, follow it alone (its state
+        read as a spec state, judged by the invariants and the oracle): drive the diverging
+        request to completion as the SUT decides, then serve a fresh request over the prefix,
+        so that a wrong decision is reported by the check it breaks. Otherwise, or when nothing
+        breaks, the finding is the divergence itself (raised at the end of the example)."""
+        self.diverged = f
+        if not (isinstance(seen, tuple) and len(seen) == size):
+            raise f
+        self.s = tuple(seen)
+        drive = [focus] if focus is not None else []
+        drive += [r for r in range(cfg.requests) if r != focus and self.s[rst[r]] != R_IDLE]
+        for r in drive:
+            self.drive(r)
+        for r in range(cfg.requests):
+            if self.s[rst[r]] == R_IDLE:
+                for n in range(cfg.blocks, 0, -1):
+                    if self.follow_action("submit", {"r": r, "n": n}):
+                        self.drive(r)
+                        break
+                break
+        self.after(self.s)
+
+    def drive(self: Any, r: int) -> None:
+        """Request r to completion as the SUT decides: each time, the first step of DRIVE that
+        the SUT accepts (the spec's guards no longer apply: the SUT's decision is what runs)."""
+        for _ in range(3 * cfg.blocks + 6):
+            done = next((i for a in DRIVE for i in per_request[r].get(a, ()) if follow_step(self, i)), None)
+            if done is None or done.action == "finish":
+                return
+
+    def follow_action(self: Any, action: str, params: dict[str, Any]) -> bool:
+        return follow_step(self, spec.instance(action, params))
+
+    def follow_step(self: Any, inst: Instance) -> bool:
+        """One step on the SUT alone. A refusal is not a finding here (its rules already differ
+        from the spec's); the divergence is."""
+        try:
+            self.sut.apply(inst.action, dict(inst.params))
+        except ActionRejected:
+            return False
+        self.trail.append((inst.action, dict(inst.params)))
+        tally.count(inst.action, None)
+        seen = self.sut.observe()
+        self.s = tuple(seen)
+        self.judge(inst.label(), seen, None, None)
+        self.oracle(inst.label(), inst.action, inst.params)
+        self.after(self.s)
+        return True
+
+    def after(self: Any, s: tuple) -> None:
         self.enabled = enabled_names(s)
         self.pressure = max(self.pressure, sum(1 for i in occ_slots if s[i] == READY))
         self.transfers = max(self.transfers, s[inflight])
         self.at_boundary = max(self.at_boundary, sum(1 for i in rpos if s[i] in boundaries))
 
     def teardown(self: Any) -> None:
+        if self.failed:                   # a step failed: that is the example's finding
+            return
+        if self.diverged is not None:     # a divergence whose consequence never showed
+            f = self.diverged
+            f.trail, f.lockstep = list(self.trail), tally.lockstep
+            tally.found(f)
+            raise f
+        if self.soft is not None:
+            # Only a decision's reasons differed: not a failure of this example, so the campaign
+            # keeps looking for what the difference breaks (reported at the end, the shortest
+            # such example, if nothing else fails).
+            f = self.soft
+            f.trail, f.lockstep = list(self.trail), tally.lockstep
+            if tally.soft is None or len(f.trail) < len(tally.soft.trail):
+                tally.soft = f
         target(float(self.pressure), label="memory pressure (ready objects)")
         target(float(self.transfers), label="transfers in flight")
         target(float(self.at_boundary), label="requests at window/compression boundaries")
 
     attrs: dict[str, Any] = {"__init__": __init__, "step": step, "teardown": teardown}
+    for fn in (judge, oracle, check, diverge, drive, follow_action, follow_step, after):
+        attrs[fn.__name__] = fn
     for name, insts in by_action.items():
         # Parameters are drawn from the action's static instance list; a drawn instance that is
         # not enabled is a no-op. This keeps a step's meaning stable while Hypothesis deletes
