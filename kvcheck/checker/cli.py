@@ -393,6 +393,8 @@ def _fuzz_vllm(args: argparse.Namespace) -> int:
 def cmd_fuzz(args: argparse.Namespace) -> int:
     """Hypothesis stateful campaign against a system under test, in lockstep with the spec."""
     if args.sut == "vllm":
+        if args.observability:
+            raise UsageError("--observability applies to the Hypothesis machines (not --sut vllm)")
         return _fuzz_vllm(args)
     if args.list_layouts or args.layout or args.strict_reuse:
         raise UsageError("--list-layouts/--layout/--strict-reuse apply to --sut vllm only")
@@ -406,11 +408,17 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         _check_sut_fault(args.sut, args.fault)
     out = Path(args.out)
     _check_writable(out)
+    obs = Path(args.observability) if args.observability else None
+    if obs is not None:
+        if obs.is_dir():
+            raise UsageError(f"--observability wants a file, {obs} is a directory")
+        _check_writable(obs.parent, "observability directory")
     if args.workers > 1:
-        res = run_workers(cfg, args.sut, budget, args.seed, args.fault, args.db, out, args.workers)
+        res = run_workers(cfg, args.sut, budget, args.seed, args.fault, args.db, out, args.workers, obs)
     else:
         with _progress(args, f"fuzz {args.sut} ({budget.describe()})") as progress:
-            res = run_campaign(cfg, args.sut, budget, args.seed, args.fault, args.db, out, progress=progress)
+            res = run_campaign(cfg, args.sut, budget, args.seed, args.fault, args.db, out,
+                               progress=progress, observability=obs)
     cmd = ["kvcheck", "fuzz", "--sut", args.sut, "--budget", args.budget, "--seed", str(args.seed)]
     if args.config:
         cmd += ["--config", args.config]
@@ -455,8 +463,13 @@ def cmd_mutants(args: argparse.Namespace) -> int:
         raise UsageError("--budget-per-fault must be a duration such as 30s")
     for name in args.fault or []:
         faultlib.get(name)
+    def row_done(r: dict) -> None:      # each fault's verdict as it lands, on stderr
+        cells = ", ".join(f"{e} {'OK' if x['expected_caught'] else 'other' if x['detected'] else 'miss'} "
+                          f"{x['seconds']}s" for e, x in r["engines"].items())
+        print(f"kvcheck mutants: {r['fault']}: {r['status']} ({cells})", file=sys.stderr, flush=True)
+
     with _progress(args, "mutants") as progress:
-        res = run_mutants(cfg, budget.seconds, args.seed, args.fault, progress=progress)
+        res = run_mutants(cfg, budget.seconds, args.seed, args.fault, progress=progress, on_row=row_done)
     code = res["exit_code"]
 
     def text() -> str:
@@ -554,6 +567,10 @@ def build_parser() -> argparse.ArgumentParser:
     z.add_argument("--fault", metavar="NAME", help="plant a fault in the SUT")
     z.add_argument("--db", metavar="DIR", help="Hypothesis example database directory (replayed first)")
     z.add_argument("--out", metavar="DIR", default="kvcheck-report", help="where traces go (default: %(default)s)")
+    z.add_argument("--observability", metavar="FILE",
+                   help="append Hypothesis observability records (JSON lines: one per test case, "
+                        "with its status, features and timing) to FILE; with --workers N, one file "
+                        "per worker (FILE.wK.jsonl)")
     z.add_argument("--layout", metavar="NAME", help="--sut vllm: the hybrid layout to drive")
     z.add_argument("--list-layouts", action="store_true", help="--sut vllm: list the layouts")
     z.add_argument("--strict-reuse", action="store_true",

@@ -39,7 +39,7 @@ def _fuzz(sut: str) -> Callable[[Config, str | None, float, int], Result]:
         with tempfile.TemporaryDirectory() as d:
             t0 = time.perf_counter()
             r = run_campaign(cfg, sut, Budget(seconds=budget_s), seed=seed, fault=fault, out=Path(d),
-                             shrink_seconds=max(10.0, budget_s))
+                             shrink_seconds=min(20.0, max(5.0, budget_s / 2)))
             secs = time.perf_counter() - t0
         if not r["findings"]:
             return {"detected": False, "caught_by": [], "seconds": round(secs, 2), "steps": r["steps"]}
@@ -79,7 +79,10 @@ def engines_for(layer: str) -> dict[str, Callable[[Config, str | None, float, in
 
 
 def run_mutants(cfg: Config, budget_s: float = 30.0, seed: int = 0, only: list[str] | None = None,
-                progress: Callable[[str], None] | None = None) -> Result:
+                progress: Callable[[str], None] | None = None,
+                on_row: Callable[[Result], None] | None = None) -> Result:
+    """`on_row` gets each fault's row as soon as it is done (a long run shows its results as it
+    goes, and an interrupted one keeps them)."""
     try:
         import kvcheck.reference.faults  # noqa: F401  (registers engine faults)
     except ImportError:
@@ -113,6 +116,8 @@ def run_mutants(cfg: Config, budget_s: float = 30.0, seed: int = 0, only: list[s
             survivors.append({"fault": name, "expected": f.expected,
                               "why": f"no engine failed within {budget_s:g}s per engine"})
         rows.append(row)
+        if on_row:
+            on_row(row)
     # negative control: the clean system, every engine, same budgets
     control: Result = {}
     for layer in sorted({faultlib.get(n).layer for n in names}):

@@ -8,6 +8,8 @@ found, and the artefacts of a failure: the shrunk trace, a runnable Python repro
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
 import shlex
 import time
@@ -28,7 +30,7 @@ from ..spec.config import Config
 from ..spec.objects import DECISION_KINDS
 from ..spec.system import Spec
 from ..spec.trace import Trace
-from .machine import BudgetSpent, Finding, Tally, make_machine
+from .machine import BudgetSpent, Finding, Tally, make_machine, shrink_finding
 from .walk import to_trace
 from .suts import resolve_sut
 
@@ -59,8 +61,35 @@ def run_campaign(cfg: Config, sut: str = "spec", budget: Budget = Budget(seconds
                  fault: str | None = None, db: str | None = None, out: Path = Path("kvcheck-report"),
                  steps_per_example: int = 200, examples_per_round: int = 25, shrink_seconds: float = 60.0,
                  progress: Callable[[int], None] | None = None,
-                 differential: Callable[..., None] | None = None) -> dict[str, Any]:
-    """One worker's campaign. Returns a JSON-serialisable result with `exit_code`."""
+                 differential: Callable[..., None] | None = None,
+                 observability: Path | None = None) -> dict[str, Any]:
+    """One worker's campaign. Returns a JSON-serialisable result with `exit_code`.
+    `observability`: append Hypothesis's observations (one JSON object per test case and per
+    info/alert message) to this JSONL file."""
+    if observability is None:
+        return _campaign(cfg, sut, budget, seed, fault, db, out, steps_per_example,
+                         examples_per_round, shrink_seconds, progress, differential)
+    from hypothesis.internal import observability as hyp_obs
+    observability.parent.mkdir(parents=True, exist_ok=True)
+    # line coverage would put a tracer under every step (10x slower): off for campaigns
+    saved, hyp_obs.OBSERVABILITY_COLLECT_COVERAGE = hyp_obs.OBSERVABILITY_COLLECT_COVERAGE, False
+    try:
+        with observability.open("a") as fh:
+            def write(obs: Any) -> None:
+                fh.write(json.dumps(dataclasses.asdict(obs), default=repr) + "\n")
+            with hyp_obs.with_observability_callback(write):
+                res = _campaign(cfg, sut, budget, seed, fault, db, out, steps_per_example,
+                                examples_per_round, shrink_seconds, progress, differential)
+    finally:
+        hyp_obs.OBSERVABILITY_COLLECT_COVERAGE = saved
+    res["observability"] = str(observability)
+    return res
+
+
+def _campaign(cfg: Config, sut: str, budget: Budget, seed: int, fault: str | None, db: str | None,
+              out: Path, steps_per_example: int, examples_per_round: int, shrink_seconds: float,
+              progress: Callable[[int], None] | None,
+              differential: Callable[..., None] | None) -> dict[str, Any]:
     spec_fault = fault if sut == "spec" else None
     spec = Spec(cfg, spec_fault)
     factory = resolve_sut(sut, fault)
@@ -109,9 +138,9 @@ def run_campaign(cfg: Config, sut: str = "spec", budget: Budget = Budget(seconds
             interrupted = True
             break
         except HypothesisException as e:
-            if tally.best is not None and tally.out_of_time():
-                # BudgetSpent stopped a replay mid-shrink and Hypothesis calls that flaky:
-                # report the best failure raised so far
+            if tally.out_of_time():
+                # BudgetSpent stopped a replay (in the target phase or mid-shrink) and Hypothesis
+                # calls that flaky: the budget is spent; report the best failure raised, if any
                 finding = tally.best
             else:
                 error = f"{type(e).__name__}: {e}"
@@ -126,6 +155,8 @@ def run_campaign(cfg: Config, sut: str = "spec", budget: Budget = Budget(seconds
     if finding is None and error is None and tally.soft is not None:
         finding = tally.soft          # decisions whose reasons differ, and nothing worse found
         tally.found(finding)
+    if finding is not None and finding.program:
+        finding = shrink_finding(machine, tally, finding, shrink_seconds)
     seconds = time.perf_counter() - t0
     result: dict[str, Any] = {
         "sut": sut, "seed": seed, "fault": fault, "budget": budget.describe(),
@@ -205,15 +236,20 @@ sys.exit(code)
 
 
 def _worker(args: tuple) -> dict[str, Any]:
-    cfg_dict, sut, budget, seed, fault, db, out = args
-    return run_campaign(Config.from_dict(cfg_dict), sut, budget, seed, fault, db, Path(out))
+    cfg_dict, sut, budget, seed, fault, db, out, obs = args
+    return run_campaign(Config.from_dict(cfg_dict), sut, budget, seed, fault, db, Path(out),
+                        observability=Path(obs) if obs else None)
 
 
 def run_workers(cfg: Config, sut: str, budget: Budget, seed: int, fault: str | None, db: str | None,
-                out: Path, workers: int) -> dict[str, Any]:
-    """N processes with seeds seed..seed+N-1 sharing one example database directory."""
+                out: Path, workers: int, observability: Path | None = None) -> dict[str, Any]:
+    """N processes with seeds seed..seed+N-1 sharing one example database directory (and, with
+    `observability`, one JSONL file each: NAME.wK.jsonl)."""
     db = db or str(out / "hypothesis-db")
-    jobs = [(cfg.to_dict(), sut, budget, seed + w, fault, db, str(out)) for w in range(workers)]
+
+    def obs(w: int) -> str | None:
+        return None if observability is None else str(observability.with_suffix(f".w{w}.jsonl"))
+    jobs = [(cfg.to_dict(), sut, budget, seed + w, fault, db, str(out), obs(w)) for w in range(workers)]
     with ProcessPoolExecutor(workers) as ex:
         results = list(ex.map(_worker, jobs))
     merged = dict(results[0])

@@ -15,11 +15,14 @@ from typing import Any, Callable
 
 from hypothesis import strategies as st
 from hypothesis import target
-from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
 from ..spec.objects import R_IDLE, READY
 from ..spec.sut import ActionRejected, SystemUnderTest, observed_mismatch
 from ..spec.system import Instance, Spec
+from .walk import CORE, WEIGHTS
+
+ACT_RANGE = 1 << 16       # the action draw: a point on the cumulative action weights
 
 # The order in which a diverged request is driven to completion (the first enabled one wins).
 DRIVE = ("bind", "bind_stale", "use", "use_stale", "append", "finish", "lookup")
@@ -38,6 +41,8 @@ class Finding(AssertionError):
         super().__init__(f"[{kind}] {message}")
         self.kind, self.checks, self.message = kind, checks, message
         self.trail: list[tuple[str, dict[str, Any]]] = []   # the steps of the failing example
+        self.program: list[Instance] = []                    # ... that its rules chose
+        self.soft = False                                    # only a decision's reasons differ
         self.lockstep = 0                                    # ... taken in lockstep with the spec
 
     KINDS = ("invariant", "differential", "conformance")     # most specific first
@@ -113,10 +118,13 @@ def make_machine(spec: Spec, sut_factory: Callable[[], SystemUnderTest], tally: 
         if "r" in i.params:
             per_request[i.params["r"]].setdefault(i.action, []).append(i)
 
-    def enabled_names(s: tuple) -> set[str]:
-        """Actions with an enabled instance: one pass per step, so that Hypothesis's
-        precondition checks during rule selection are set lookups."""
-        return {i.action for i in all_insts if i.guard(s)}
+    def enabled_by_action(s: tuple) -> dict[str, list[Instance]]:
+        """The enabled instances, per action (one pass over the guards per step)."""
+        out: dict[str, list[Instance]] = {}
+        for i in all_insts:
+            if i.guard(s):
+                out.setdefault(i.action, []).append(i)
+        return out
 
     def __init__(self: Any) -> None:
         if tally.out_of_time():
@@ -127,10 +135,12 @@ def make_machine(spec: Spec, sut_factory: Callable[[], SystemUnderTest], tally: 
         self.sut.reset(cfg)
         self.trail: list[tuple[str, dict[str, Any]]] = []
         self.pressure = self.transfers = self.at_boundary = 0
-        self.enabled = enabled_names(self.s)
+        self.enabled = enabled_by_action(self.s)
+        self.off: frozenset[str] = frozenset()
         self.diverged: Finding | None = None    # set: the SUT left the spec; it is followed alone
         self.soft: Finding | None = None        # a decision whose reasons alone differ
         self.failed = False
+        self.program: list[Instance] = []       # the steps the rules chose (not follow-through)
         tally.runs += 1
         tally.last_trail, tally.lockstep = self.trail, 0
 
@@ -141,7 +151,7 @@ def make_machine(spec: Spec, sut_factory: Callable[[], SystemUnderTest], tally: 
             else:
                 follow_step(self, inst)
         except Finding as f:
-            f.trail, f.lockstep = list(self.trail), tally.lockstep
+            f.trail, f.lockstep, f.program = list(self.trail), tally.lockstep, list(self.program)
             tally.found(f)
             self.failed = True
             raise
@@ -195,6 +205,7 @@ def make_machine(spec: Spec, sut_factory: Callable[[], SystemUnderTest], tally: 
             f = Finding("conformance", ["decision_matches_spec"],
                         f"{label}: spec decided {decision}, SUT {got}")
             if got and (got.get("kind"), got.get("k")) == (decision["kind"], decision["k"]):
+                f.soft = True
                 self.soft = self.soft or f      # only the reasons differ: still in lockstep
             else:
                 self.diverge(f, seen, inst.params["r"])
@@ -259,25 +270,30 @@ def make_machine(spec: Spec, sut_factory: Callable[[], SystemUnderTest], tally: 
         return True
 
     def after(self: Any, s: tuple) -> None:
-        self.enabled = enabled_names(s)
+        self.enabled = enabled_by_action(s)
         self.pressure = max(self.pressure, sum(1 for i in occ_slots if s[i] == READY))
         self.transfers = max(self.transfers, s[inflight])
         self.at_boundary = max(self.at_boundary, sum(1 for i in rpos if s[i] in boundaries))
 
-    def teardown(self: Any) -> None:
+    def end(self: Any) -> None:
+        """The end of an example: a divergence whose consequence never showed is the finding."""
         if self.failed:                   # a step failed: that is the example's finding
             return
-        if self.diverged is not None:     # a divergence whose consequence never showed
+        if self.diverged is not None:
             f = self.diverged
-            f.trail, f.lockstep = list(self.trail), tally.lockstep
+            f.trail, f.lockstep, f.program = list(self.trail), tally.lockstep, list(self.program)
             tally.found(f)
+            self.failed = True
             raise f
+
+    def teardown(self: Any) -> None:
+        self.end()
         if self.soft is not None:
             # Only a decision's reasons differed: not a failure of this example, so the campaign
             # keeps looking for what the difference breaks (reported at the end, the shortest
             # such example, if nothing else fails).
             f = self.soft
-            f.trail, f.lockstep = list(self.trail), tally.lockstep
+            f.trail, f.lockstep, f.program = list(self.trail), tally.lockstep, list(self.program)
             if tally.soft is None or len(f.trail) < len(tally.soft.trail):
                 tally.soft = f
         target(float(self.pressure), label="memory pressure (ready objects)")
@@ -285,17 +301,88 @@ def make_machine(spec: Spec, sut_factory: Callable[[], SystemUnderTest], tally: 
         target(float(self.at_boundary), label="requests at window/compression boundaries")
 
     attrs: dict[str, Any] = {"__init__": __init__, "step": step, "teardown": teardown}
-    for fn in (judge, oracle, check, diverge, drive, follow_action, follow_step, after):
+    for fn in (judge, oracle, check, diverge, drive, follow_action, follow_step, after, end):
         attrs[fn.__name__] = fn
-    for name, insts in by_action.items():
-        # Parameters are drawn from the action's static instance list; a drawn instance that is
-        # not enabled is a no-op. This keeps a step's meaning stable while Hypothesis deletes
-        # other steps, which is what lets it shrink (drawing among the currently enabled ones
-        # would shift every later choice).
-        def body(self: Any, inst: Instance) -> None:
-            if inst.guard(self.s):
-                self.step(inst)
-        body.__name__ = name
-        guard = (lambda name: lambda self: name in self.enabled)(name)
-        attrs[name] = precondition(guard)(rule(inst=st.sampled_from(insts))(body))
+    # Swarm testing, as the random walker does it: each example switches off each non-core
+    # action with probability 1/2 (one integer's bits; shrinks towards none off). Deep faults
+    # need long runs of the core actions that noise (eviction, migration, corruption) breaks.
+    noise = sorted(n for n in by_action if n not in CORE)
+
+    def swarm(self: Any, off: int) -> None:
+        self.off = frozenset(n for b, n in enumerate(noise) if off >> b & 1)
+
+    # One rule for every step: an enabled action, then one of its enabled instances, each picked
+    # by an integer modulo how many there are. Every step is a real step (no no-op draws) and
+    # costs Hypothesis two integer draws: per-action rules with preconditions cost ~25 draws a
+    # step in rule selection, and half their steps drew a disabled instance.
+    def act(self: Any, a: int, i: int) -> None:
+        names = [n for n in action_names if n in self.enabled and n not in self.off] \
+            or [n for n in action_names if n in self.enabled]
+        if not names:
+            return
+        # weighted like the random walker's (version bumps rare, so that there is state to
+        # make stale when they happen); a/ACT_RANGE is the point on the cumulative weights
+        total = sum(WEIGHTS.get(n, 1.0) for n in names)
+        x, pick = a / ACT_RANGE * total, names[-1]
+        for n in names:
+            x -= WEIGHTS.get(n, 1.0)
+            if x < 0:
+                pick = n
+                break
+        insts = self.enabled[pick]
+        inst = insts[i % len(insts)]
+        self.program.append(inst)
+        self.step(inst)
+
+    action_names = sorted(by_action)
+    attrs["swarm"] = initialize(off=st.integers(0, (1 << len(noise)) - 1))(swarm)
+    attrs["act"] = rule(a=st.integers(0, ACT_RANGE - 1), i=st.integers(0, 255))(act)
     return type("KVCacheMachine", (RuleBasedStateMachine,), attrs)
+
+
+def run_program(machine: type[RuleBasedStateMachine], program: list[Instance]) -> Finding | None:
+    """Run chosen steps on a fresh machine outside Hypothesis (a step not enabled where it
+    falls is skipped, as the rule would not have drawn it). Returns the finding, if any."""
+    m: Any = machine()
+    try:
+        for inst in program:
+            if inst.guard(m.s):
+                m.program.append(inst)
+                m.step(inst)
+        m.end()
+    except Finding as f:
+        return f
+    if m.soft is not None:
+        m.soft.trail, m.soft.lockstep, m.soft.program = list(m.trail), len(m.trail), list(m.program)
+        return m.soft
+    return None
+
+
+def shrink_finding(machine: type[RuleBasedStateMachine], tally: Tally, f: Finding,
+                   seconds: float) -> Finding:
+    """Delete chunks of the failing program (halves, quarters, ... single steps) while the
+    same kind of finding, with at least the same checks, still comes out. Hypothesis shrinks
+    choices; this shrinks what they chose, which is what a trace reader sees."""
+    if not f.program:
+        return f
+    want = set(f.checks)
+    deadline = time.perf_counter() + seconds
+    saved = (tally.deadline, tally.steps, Counter(tally.actions), Counter(tally.decisions), tally.best)
+    tally.deadline = None
+    try:
+        best, prog = f, list(f.program)
+        chunk = max(1, len(prog) // 2)
+        while chunk >= 1 and time.perf_counter() < deadline:
+            i, changed = 0, False
+            while i < len(prog) and time.perf_counter() < deadline:
+                cand = prog[:i] + prog[i + chunk:]
+                g = run_program(machine, cand)
+                if g is not None and (g.kind, g.soft) == (f.kind, f.soft) and want <= set(g.checks):
+                    prog, best, changed = list(g.program), g, True
+                else:
+                    i += chunk
+            if not changed:
+                chunk //= 2
+        return best
+    finally:      # replays are not campaign steps
+        tally.deadline, tally.steps, tally.actions, tally.decisions, tally.best = saved

@@ -44,7 +44,7 @@ def test_spec_fault_is_found_with_expected_invariant_and_replays(tmp_path) -> No
     assert res["exit_code"] == 10
     f = res["findings"][0]
     assert "five_state_routing" in f["checks"]
-    assert len(f["trace_steps"]) <= 20                 # shrunk by Hypothesis (unshrunk: ~200)
+    assert len(f["trace_steps"]) <= 12       # shrunk by Hypothesis, then by step deletion (unshrunk: ~200)
     code, out = replay_trace(Trace.load(f["trace"]))
     assert code == 10 and "five_state_routing" in out["violation"]["invariants"]
 
@@ -86,3 +86,33 @@ def test_pytest_plugin_fixture(kvcheck_campaign) -> None:
     res = kvcheck_campaign(TOY, config=TOY_CFG, budget="800")
     assert res["steps"] >= 800
     kvcheck_campaign(TOY, config=TOY_CFG, budget="60s", fault="hash_only_hit", expect_exit=13)
+
+
+def test_observability_jsonl(tmp_path, capsys) -> None:
+    obs = tmp_path / "obs" / "run.jsonl"
+    code = main(["fuzz", "--budget", "800", "--seed", "1", "--out", str(tmp_path), "--json",
+                 "--observability", str(obs)])
+    res = json.loads(capsys.readouterr().out)
+    assert code in (0, 3) and res["observability"] == str(obs)
+    rows = [json.loads(line) for line in obs.read_text().splitlines()]
+    cases = [r for r in rows if r["type"] == "test_case"]
+    assert len(cases) >= 1
+    assert {c["status"] for c in cases} <= {"passed", "failed", "gave_up"}
+    assert any(k.startswith("target:") for c in cases for k in c["features"])
+    assert main(["fuzz", "--budget", "10", "--observability", str(tmp_path)]) == 2   # a directory
+    assert "wants a file" in capsys.readouterr().err
+
+
+def test_engine_fault_is_followed_to_its_expected_invariant(tmp_path) -> None:
+    """The engine decides a hit the spec refuses (tail not checked): the machine follows the
+    engine alone and reports the invariant the wrong hit breaks, not the divergence."""
+    res = run_campaign(Config(), "reference", Budget(seconds=90), seed=0, fault="engine_tail_check_skipped",
+                       out=tmp_path, shrink_seconds=20)
+    f = res["findings"][0]
+    assert res["exit_code"] == 10 and "hit_sound_tail" in f["checks"], f
+    trace = Trace.load(f["trace"])
+    code, out = replay_trace(trace, sut_by_name("reference", "engine_tail_check_skipped"))
+    assert code == 10 and "hit_sound_tail" in out["violation"]["invariants"]
+    assert "divergence" in out                      # the engine left the spec first
+    code, _ = replay_trace(trace, sut_by_name("reference", None))
+    assert code in (0, 13)                          # the clean engine breaks no invariant there
