@@ -44,6 +44,21 @@ def replay_trace(trace: Trace, sut: SystemUnderTest | None = None) -> tuple[int,
             out["divergence"] = {"step": n, "action": step.label(), "why": f"spec: {e.args[0]}"}
             return EXIT_CONFORMANCE, out
         if not inst.guard(s):
+            if sut is not None and _accepts(sut, step.action, step.params):
+                # a negative probe the SUT took: follow it from here, judged by the invariants
+                out["divergence"] = {"step": n, "action": step.label(),
+                                     "why": "the spec forbids it here, the SUT did it"}
+                seen = sut.observe()
+                if not (isinstance(seen, tuple) and len(seen) == len(s)):
+                    return EXIT_CONFORMANCE, out
+                s, following = tuple(seen), True
+                bad = spec.check(s)
+                if bad:
+                    out["violation"] = {"step": n, "action": step.label(),
+                                        "invariants": sorted({inv for inv, _ in bad}),
+                                        "where": [f"{inv}: {w}" for inv, w in bad][:20]}
+                    return EXIT_INVARIANT, out
+                continue
             out["divergence"] = {"step": n, "action": step.label(), "why": "not enabled in the spec"}
             return EXIT_CONFORMANCE, out
         decision = spec.decide(s, step.params["r"]) if step.action == "lookup" else None
@@ -100,6 +115,14 @@ def replay_trace(trace: Trace, sut: SystemUnderTest | None = None) -> tuple[int,
     if "divergence" in out:
         return EXIT_CONFORMANCE, out
     return EXIT_OK, out
+
+
+def _accepts(sut: SystemUnderTest, action: str, params: dict[str, Any]) -> bool:
+    try:
+        sut.apply(action, dict(params))
+    except ActionRejected:
+        return False
+    return True
 
 
 def sut_by_name(name: str, fault: str | None) -> SystemUnderTest:

@@ -18,11 +18,12 @@ from hypothesis import target
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
 from ..spec.objects import R_IDLE, READY
-from ..spec.sut import ActionRejected, SystemUnderTest, observed_mismatch
+from ..spec.sut import PROBE_ACTIONS, ActionRejected, SystemUnderTest, observed_mismatch
 from ..spec.system import Instance, Spec
 from .walk import CORE, WEIGHTS
 
 ACT_RANGE = 1 << 16       # the action draw: a point on the cumulative action weights
+PROBE_SHARE = ACT_RANGE // 10   # draws below this send a negative probe instead (1 step in 10)
 
 # The order in which a diverged request is driven to completion (the first enabled one wins).
 DRIVE = ("bind", "bind_stale", "use", "use_stale", "append", "finish", "lookup")
@@ -97,8 +98,8 @@ def make_machine(spec: Spec, sut_factory: Callable[[], SystemUnderTest], tally: 
                  differential: Callable[[SystemUnderTest, Instance, dict[str, Any]], None] | None = None
                  ) -> type[RuleBasedStateMachine]:
     """A RuleBasedStateMachine class for this spec and SUT."""
-    probe = sut_factory()
-    supported = getattr(probe, "actions", None)
+    probe_sut = sut_factory()
+    supported = getattr(probe_sut, "actions", None)
     by_action: dict[str, list[Instance]] = {}
     for inst in spec.instances:
         if supported is None or inst.action in supported:
@@ -316,6 +317,9 @@ def make_machine(spec: Spec, sut_factory: Callable[[], SystemUnderTest], tally: 
     # costs Hypothesis two integer draws: per-action rules with preconditions cost ~25 draws a
     # step in rule selection, and half their steps drew a disabled instance.
     def act(self: Any, a: int, i: int) -> None:
+        if a < PROBE_SHARE and probes and self.diverged is None:
+            probe(self, i)
+            return
         names = [n for n in action_names if n in self.enabled and n not in self.off] \
             or [n for n in action_names if n in self.enabled]
         if not names:
@@ -334,6 +338,40 @@ def make_machine(spec: Spec, sut_factory: Callable[[], SystemUnderTest], tally: 
         self.program.append(inst)
         self.step(inst)
 
+    def probe(self: Any, i: int) -> None:
+        """A negative probe: send the SUT an action the spec forbids here. Refusing it is
+        right; doing it is a divergence (followed like any other)."""
+        dis = [x for x in probes if not x.guard(self.s)]
+        if dis:
+            send_probe(self, dis[i % len(dis)])
+
+    def send_probe(self: Any, inst: Instance) -> None:
+        try:
+            self.sut.apply(inst.action, dict(inst.params))
+        except ActionRejected:
+            return
+        self.program.append(inst)
+        self.trail.append((inst.action, dict(inst.params)))
+        tally.count(inst.action, None)
+        label = inst.label()
+        try:
+            seen = self.sut.observe()
+            self.judge(label, seen, None, None)
+            self.oracle(label, inst.action, inst.params)
+            self.diverge(Finding("conformance", ["sut_accepted_disabled_action"],
+                                 f"{label}: the spec forbids it here, the SUT did it"),
+                         seen, inst.params.get("r"))
+        except Finding as f:
+            f.trail, f.lockstep, f.program = list(self.trail), tally.lockstep, list(self.program)
+            tally.found(f)
+            self.failed = True
+            raise
+
+    # Probes only where they can tell something: the spec as SUT refuses every one of them.
+    probes = [] if getattr(probe_sut, "name", None) == "spec" else \
+        [x for x in all_insts if x.action in PROBE_ACTIONS]
+    attrs["send_probe"] = send_probe
+    attrs["probes"] = bool(probes)
     action_names = sorted(by_action)
     attrs["swarm"] = initialize(off=st.integers(0, (1 << len(noise)) - 1))(swarm)
     attrs["act"] = rule(a=st.integers(0, ACT_RANGE - 1), i=st.integers(0, 255))(act)
@@ -349,6 +387,8 @@ def run_program(machine: type[RuleBasedStateMachine], program: list[Instance]) -
             if inst.guard(m.s):
                 m.program.append(inst)
                 m.step(inst)
+            elif m.probes and m.diverged is None and inst.action in PROBE_ACTIONS:
+                m.send_probe(inst)
         m.end()
     except Finding as f:
         return f

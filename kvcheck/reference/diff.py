@@ -33,7 +33,7 @@ import torch
 
 from kvcheck.spec.config import Config
 from kvcheck.spec.objects import DECISION_KINDS, OBJECT_KINDS, R_BOUND, R_DECIDED, R_RUNNING, R_WAITING
-from kvcheck.spec.sut import ActionRejected
+from kvcheck.spec.sut import PROBE_ACTIONS, ActionRejected
 from kvcheck.spec.system import Spec
 from kvcheck.spec.trace import Step, Trace
 
@@ -61,8 +61,6 @@ THEMES: dict[str, dict[str, float]] = {
                                  "offload_ack": 0.5, "prefetch_complete": 0.5},
     "graphs": {"capture": 4, "migrate": 3, "evict": 2, "release_graph": 0.5},
 }
-PROBE_ACTIONS = ("evict", "migrate", "append", "use", "bind", "verify_ok", "offload_start",
-                 "prefetch_start", "use_stale", "compress")
 
 
 class _Finding(Exception):

@@ -18,6 +18,13 @@ class ActionRejected(Exception):
     """The SUT refuses an action (its guard does not hold there)."""
 
 
+# Negative probes: actions a SUT must refuse where the spec's guard forbids them (evicting a
+# pinned page, migrating a captured one, allocating past a cap, using a stale lease, ...).
+# Both `kvcheck diff` and the fuzz machine send some of them where they are disabled.
+PROBE_ACTIONS = ("evict", "migrate", "append", "use", "bind", "verify_ok", "offload_start",
+                 "prefetch_start", "use_stale", "compress")
+
+
 @runtime_checkable
 class SystemUnderTest(Protocol):
     """`name` for reports; `actions`: the spec actions it implements (None: all of them) —
