@@ -100,6 +100,8 @@ def make_machine(spec: Spec, sut_factory: Callable[[], SystemUnderTest], tally: 
     """A RuleBasedStateMachine class for this spec and SUT."""
     probe_sut = sut_factory()
     supported = getattr(probe_sut, "actions", None)
+    # optional adapter hook: after a lookup, would another tenant hit this request's prefix?
+    isolation = getattr(type(probe_sut), "isolation_check", None)
     by_action: dict[str, list[Instance]] = {}
     for inst in spec.instances:
         if supported is None or inst.action in supported:
@@ -211,6 +213,10 @@ def make_machine(spec: Spec, sut_factory: Callable[[], SystemUnderTest], tally: 
             else:
                 self.diverge(f, seen, inst.params["r"])
                 return
+        if decision is not None and isolation is not None:
+            msg = isolation(self.sut, inst.params["r"])
+            if msg:     # the SUT's state is the spec's, but another tenant would hit this prefix
+                raise Finding("conformance", ["decision_matches_spec"], f"{label}: {msg}")
         diff = observed_mismatch(seen, self.s)
         if diff:
             names = [".".join(map(str, lay.names[i])) for i in diff[:6]]

@@ -199,6 +199,20 @@ class ReferenceSUT:
             s[i] = v
         return tuple(s)
 
+    # ---- tenant isolation --------------------------------------------------------------------------
+    def isolation_check(self, r: int) -> str | None:
+        """After request r's lookup: what would a request of another tenant (another cache salt)
+        with the same tokens hit? The spec's answer is nothing (prefix caches are per tenant)."""
+        eng = self.engine
+        req = eng.mgr.requests.get(r) if eng is not None else None
+        if req is None:
+            return None
+        d = eng.mgr.probe_decision(req.tokens, req.n, eng.extra("tenant-b"))
+        if d.logical != 0:
+            return (f"a request with another cache salt hits {d.logical} blocks of request {r}'s "
+                    "prefix (the spec: none)")
+        return None
+
     # ---- the differential oracle ------------------------------------------------------------------
     def differential_check(self, action: str, params: dict[str, Any]) -> str | None:
         """Reuse vs full recompute, bitwise (torch.equal), after a request finishes and at the

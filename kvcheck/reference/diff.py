@@ -159,13 +159,9 @@ class Runner:
         return True
 
     def _isolation(self, n: int, r: int, label: str) -> None:
-        eng = self.sut.engine
-        req = eng.mgr.requests[r]
-        d = eng.mgr.probe_decision(req.tokens, req.n, eng.extra("tenant-b"))
-        if d.logical != 0:
-            self.diverged = _Finding("conformance", ["decision_matches_spec"],
-                                     f"{label}: a request with another cache salt hits {d.logical} blocks of "
-                                     "this tenant's prefix (the spec: none)", n)
+        msg = self.sut.isolation_check(r)
+        if msg:
+            self.diverged = _Finding("conformance", ["decision_matches_spec"], f"{label}: {msg}", n)
 
     def follow_through(self, n0: int, steps: list[tuple[str, dict, str]]) -> list[tuple[str, dict, str]]:
         """After a divergence: drive the engine's requests to completion as the engine decides

@@ -116,3 +116,18 @@ def test_engine_fault_is_followed_to_its_expected_invariant(tmp_path) -> None:
     assert "divergence" in out                      # the engine left the spec first
     code, _ = replay_trace(trace, sut_by_name("reference", None))
     assert code in (0, 13)                          # the clean engine breaks no invariant there
+
+
+@pytest.mark.parametrize("fault, code, check", [
+    ("engine_pinned_object_evicted", 10, "toctou_bound_stable"),   # needs a negative probe
+    ("engine_cache_salt_missing", 13, "decision_matches_spec"),     # needs the isolation hook
+])
+def test_engine_faults_beyond_enabled_actions(tmp_path, fault, code, check) -> None:
+    res = run_campaign(Config(), "reference", Budget(seconds=60), seed=0, fault=fault, out=tmp_path,
+                       shrink_seconds=10)
+    f = res["findings"][0]
+    assert res["exit_code"] == code and check in f["checks"], f
+    assert len(f["trace_steps"]) <= 12
+    if code == 10:      # the probe step replays on the engine: it takes the forbidden action
+        rcode, out = replay_trace(Trace.load(f["trace"]), sut_by_name("reference", fault))
+        assert rcode == 10 and "forbids" in out["divergence"]["why"]
