@@ -461,6 +461,10 @@ def cmd_mutants(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     if budget.seconds is None:
         raise UsageError("--budget-per-fault must be a duration such as 30s")
+    try:
+        import kvcheck.reference.faults  # noqa: F401  (registers the engine faults)
+    except ImportError:
+        pass
     for name in args.fault or []:
         faultlib.get(name)
     def row_done(r: dict) -> None:      # each fault's verdict as it lands, on stderr

@@ -14,3 +14,11 @@ def test_mutants_subset_scores_and_control_is_clean() -> None:
         assert row["status"] == "killed"
         assert "walk" in row["caught_by_expected"] and "fuzz" in row["caught_by_expected"]
         assert row["engines"]["fuzz"]["trace_len"] >= 1
+
+
+def test_cli_accepts_engine_fault_names(capsys) -> None:
+    """Engine faults are registered before names are checked: only the unknown one is refused."""
+    from kvcheck.checker.cli import main
+    assert main(["mutants", "--fault", "engine_pinned_object_evicted", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown fault 'nope'" in err and "engine_pinned" not in err
