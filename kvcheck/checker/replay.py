@@ -31,11 +31,7 @@ def replay_trace(trace: Trace, sut: SystemUnderTest | None = None) -> tuple[int,
             except ActionRejected:
                 return EXIT_CONFORMANCE, out
             s = tuple(sut.observe())
-            bad = spec.check(s)
-            if bad:
-                out["violation"] = {"step": n, "action": step.label(),
-                                    "invariants": sorted({inv for inv, _ in bad}),
-                                    "where": [f"{inv}: {w}" for inv, w in bad][:20]}
+            if _violated(spec, s, n, step, out):
                 return EXIT_INVARIANT, out
             continue
         try:
@@ -52,11 +48,7 @@ def replay_trace(trace: Trace, sut: SystemUnderTest | None = None) -> tuple[int,
                 if not (isinstance(seen, tuple) and len(seen) == len(s)):
                     return EXIT_CONFORMANCE, out
                 s, following = tuple(seen), True
-                bad = spec.check(s)
-                if bad:
-                    out["violation"] = {"step": n, "action": step.label(),
-                                        "invariants": sorted({inv for inv, _ in bad}),
-                                        "where": [f"{inv}: {w}" for inv, w in bad][:20]}
+                if _violated(spec, s, n, step, out):
                     return EXIT_INVARIANT, out
                 continue
             out["divergence"] = {"step": n, "action": step.label(), "why": "not enabled in the spec"}
@@ -95,12 +87,9 @@ def replay_trace(trace: Trace, sut: SystemUnderTest | None = None) -> tuple[int,
                 # consequence a step later, e.g. a bound hit whose window is not covered).
                 s = tuple(seen)
                 following = True
-        bad = spec.check(s)
         expected = step.expect.get("violations")
-        if bad:
-            got = sorted({inv for inv, _ in bad})
-            out["violation"] = {"step": n, "action": step.label(), "invariants": got,
-                                "where": [f"{inv}: {w}" for inv, w in bad][:20]}
+        if _violated(spec, s, n, step, out):
+            got = out["violation"]["invariants"]
             if expected is not None and expected != got:
                 out["divergence"] = {"step": n, "action": step.label(),
                                      "why": "violated invariants differ from the trace",
@@ -115,6 +104,15 @@ def replay_trace(trace: Trace, sut: SystemUnderTest | None = None) -> tuple[int,
     if "divergence" in out:
         return EXIT_CONFORMANCE, out
     return EXIT_OK, out
+
+
+def _violated(spec: Spec, s: tuple, n: int, step: Any, out: dict[str, Any]) -> bool:
+    """Record, in `out`, the invariants state s violates after step n (if any)."""
+    bad = spec.check(s)
+    if bad:
+        out["violation"] = {"step": n, "action": step.label(), "invariants": sorted({inv for inv, _ in bad}),
+                            "where": [f"{inv}: {w}" for inv, w in bad][:20]}
+    return bool(bad)
 
 
 def _accepts(sut: SystemUnderTest, action: str, params: dict[str, Any]) -> bool:

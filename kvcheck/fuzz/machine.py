@@ -147,17 +147,23 @@ def make_machine(spec: Spec, sut_factory: Callable[[], SystemUnderTest], tally: 
         tally.runs += 1
         tally.last_trail, tally.lockstep = self.trail, 0
 
-    def step(self: Any, inst: Instance) -> None:
+    def step(self: Any, inst: Instance, run: Callable[[Any, Instance], Any] | None = None) -> None:
+        """One step (in lockstep, or following a diverged SUT, or `run`); a finding raised by
+        it is the example's failure."""
         try:
-            if self.diverged is None:
-                check(self, inst)
-            else:
-                follow_step(self, inst)
+            (run or (check if self.diverged is None else follow_step))(self, inst)
         except Finding as f:
-            f.trail, f.lockstep, f.program = list(self.trail), tally.lockstep, list(self.program)
-            tally.found(f)
-            self.failed = True
-            raise
+            raise fail(self, f) from None
+
+    def stamp(self: Any, f: Finding) -> Finding:
+        """Attach the example's steps so far to a finding."""
+        f.trail, f.lockstep, f.program = list(self.trail), tally.lockstep, list(self.program)
+        return f
+
+    def fail(self: Any, f: Finding) -> Finding:
+        tally.found(stamp(self, f))
+        self.failed = True
+        return f
 
     def judge(self: Any, label: str, seen: Any, s_spec: tuple | None, inst: Instance | None) -> None:
         """Invariants on the SUT's own state, then the differential oracle: the two checks that
@@ -243,7 +249,7 @@ def make_machine(spec: Spec, sut_factory: Callable[[], SystemUnderTest], tally: 
         for r in range(cfg.requests):
             if self.s[rst[r]] == R_IDLE:
                 for n in range(cfg.blocks, 0, -1):
-                    if self.follow_action("submit", {"r": r, "n": n}):
+                    if follow_step(self, spec.instance("submit", {"r": r, "n": n})):
                         self.drive(r)
                         break
                 break
@@ -256,9 +262,6 @@ def make_machine(spec: Spec, sut_factory: Callable[[], SystemUnderTest], tally: 
             done = next((i for a in DRIVE for i in per_request[r].get(a, ()) if follow_step(self, i)), None)
             if done is None or done.action == "finish":
                 return
-
-    def follow_action(self: Any, action: str, params: dict[str, Any]) -> bool:
-        return follow_step(self, spec.instance(action, params))
 
     def follow_step(self: Any, inst: Instance) -> bool:
         """One step on the SUT alone. A refusal is not a finding here (its rules already differ
@@ -287,11 +290,7 @@ def make_machine(spec: Spec, sut_factory: Callable[[], SystemUnderTest], tally: 
         if self.failed:                   # a step failed: that is the example's finding
             return
         if self.diverged is not None:
-            f = self.diverged
-            f.trail, f.lockstep, f.program = list(self.trail), tally.lockstep, list(self.program)
-            tally.found(f)
-            self.failed = True
-            raise f
+            raise fail(self, self.diverged)
 
     def teardown(self: Any) -> None:
         self.end()
@@ -299,8 +298,7 @@ def make_machine(spec: Spec, sut_factory: Callable[[], SystemUnderTest], tally: 
             # Only a decision's reasons differed: not a failure of this example, so the campaign
             # keeps looking for what the difference breaks (reported at the end, the shortest
             # such example, if nothing else fails).
-            f = self.soft
-            f.trail, f.lockstep, f.program = list(self.trail), tally.lockstep, list(self.program)
+            f = stamp(self, self.soft)
             if tally.soft is None or len(f.trail) < len(tally.soft.trail):
                 tally.soft = f
         target(float(self.pressure), label="memory pressure (ready objects)")
@@ -308,7 +306,7 @@ def make_machine(spec: Spec, sut_factory: Callable[[], SystemUnderTest], tally: 
         target(float(self.at_boundary), label="requests at window/compression boundaries")
 
     attrs: dict[str, Any] = {"__init__": __init__, "step": step, "teardown": teardown}
-    for fn in (judge, oracle, check, diverge, drive, follow_action, follow_step, after, end):
+    for fn in (judge, oracle, check, diverge, drive, follow_step, after, end, stamp):
         attrs[fn.__name__] = fn
     # Swarm testing, as the random walker does it: each example switches off each non-core
     # action with probability 1/2 (one integer's bits; shrinks towards none off). Deep faults
@@ -352,6 +350,9 @@ def make_machine(spec: Spec, sut_factory: Callable[[], SystemUnderTest], tally: 
             send_probe(self, dis[i % len(dis)])
 
     def send_probe(self: Any, inst: Instance) -> None:
+        self.step(inst, probe_step)
+
+    def probe_step(self: Any, inst: Instance) -> None:
         try:
             self.sut.apply(inst.action, dict(inst.params))
         except ActionRejected:
@@ -359,19 +360,12 @@ def make_machine(spec: Spec, sut_factory: Callable[[], SystemUnderTest], tally: 
         self.program.append(inst)
         self.trail.append((inst.action, dict(inst.params)))
         tally.count(inst.action, None)
-        label = inst.label()
-        try:
-            seen = self.sut.observe()
-            self.judge(label, seen, None, None)
-            self.oracle(label, inst.action, inst.params)
-            self.diverge(Finding("conformance", ["sut_accepted_disabled_action"],
-                                 f"{label}: the spec forbids it here, the SUT did it"),
-                         seen, inst.params.get("r"))
-        except Finding as f:
-            f.trail, f.lockstep, f.program = list(self.trail), tally.lockstep, list(self.program)
-            tally.found(f)
-            self.failed = True
-            raise
+        label, seen = inst.label(), self.sut.observe()
+        self.judge(label, seen, None, None)
+        self.oracle(label, inst.action, inst.params)
+        self.diverge(Finding("conformance", ["sut_accepted_disabled_action"],
+                             f"{label}: the spec forbids it here, the SUT did it"),
+                     seen, inst.params.get("r"))
 
     # Probes only where they can tell something: the spec as SUT refuses every one of them.
     probes = [] if getattr(probe_sut, "name", None) == "spec" else \

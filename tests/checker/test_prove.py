@@ -80,13 +80,29 @@ def test_bmc_finds_fault(fault, tmp_path):
 
 
 def test_bitvector_reading_is_wide_enough():
-    """The BMC's bit-vector width leaves room for a sum of every slot at its largest value,
-    so no count or refcount can wrap (a wrap would make BMC miss or invent violations)."""
+    """In BMC's bit-vector reading, the sum of every slot at its largest value (the worst count
+    or refcount) is still that number, positive: nothing wraps (a wrap would make BMC miss or
+    invent violations). Checked by z3 on the encoding itself."""
+    import z3
     from kvcheck.checker.prove import bv_width
+    from kvcheck.spec.logic import Z3Logic
     for cfg in (Config(), fault_config(None), fault_config("admission_ignored")):
         pv = Prover(cfg)
-        hi = max(h for _, h in pv.lay.domains())
-        assert 2 ** (bv_width(pv.lay) - 1) > pv.lay.size * hi
+        B = Z3Logic(bv_width(pv.lay))
+        xs = [B.var(f"x{i}") for i in range(pv.lay.size)]
+        his = [h for _, h in pv.lay.domains()]
+        total = B.Sum(xs)
+        s = z3.Solver()
+        s.add(*[x == h for x, h in zip(xs, his)])
+        s.add(z3.Not(z3.And(total == B.val(sum(his)), total >= 0, total > xs[0] - 1)))
+        assert s.check() == z3.unsat
+        # and the narrowest width that would wrap is caught by the same check (it can fail)
+        narrow = Z3Logic(max(sum(his), 1).bit_length())
+        ys = [narrow.var(f"y{i}") for i in range(pv.lay.size)]
+        s2 = z3.Solver()
+        s2.add(*[y == h for y, h in zip(ys, his)])
+        s2.add(z3.Not(narrow.Sum(ys) >= 0))
+        assert s2.check() == z3.sat
 
 
 def test_cli_prove_fault_exit_12_with_replayable_trace(tmp_path, capsys):
