@@ -20,13 +20,23 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 from ..spec.objects import R_IDLE, READY
 from ..spec.sut import PROBE_ACTIONS, ActionRejected, SystemUnderTest, observed_mismatch
 from ..spec.system import Instance, Spec
+from ..spec.workloads import THEMES, weights as theme_weights
 from .walk import CORE, WEIGHTS
 
-ACT_RANGE = 1 << 16       # the action draw: a point on the cumulative action weights
-PROBE_SHARE = ACT_RANGE // 10   # draws below this send a negative probe instead (1 step in 10)
+# Every draw is a byte: Hypothesis draws integers within 256 of zero uniformly, but a wider
+# range from a log-scaled distribution that piles up near zero (a 16-bit draw fell below 256,
+# i.e. on the first enabled action, far more often than 1 time in 256). An action is a point on
+# the cumulative weights made of two bytes; a probe is the first PROBE_BYTES values of the first.
+BYTE = st.integers(0, 255)
+PROBE_BYTES = 26          # 26/256: about one step in ten is a negative probe (where there are any)
 
 # The order in which a diverged request is driven to completion (the first enabled one wins).
 DRIVE = ("bind", "bind_stale", "use", "use_stale", "append", "finish", "lookup")
+
+# The action mixes an example draws from: the random walker's (first: what examples shrink
+# towards), then the workload themes of `kvcheck diff` (version bumps, offload and reload,
+# memory pressure, ...), where the actions that deep faults need are common.
+MIXES: list[tuple[str, dict[str, float]]] = [("walk", WEIGHTS)] + [(t, theme_weights(t)) for t in THEMES]
 
 
 class BudgetSpent(BaseException):
@@ -48,8 +58,10 @@ class Finding(AssertionError):
 
     KINDS = ("invariant", "differential", "conformance")     # most specific first
 
-    def rank(self) -> tuple[int, int]:
-        return self.KINDS.index(self.kind), len(self.trail)
+    def rank(self) -> tuple[int, int, int]:
+        """Most specific first: what a divergence breaks before the divergence; among
+        divergences, a wrong decision or state before a forbidden action merely accepted."""
+        return self.KINDS.index(self.kind), self.checks == ["sut_accepted_disabled_action"], len(self.trail)
 
 
 @dataclass
@@ -74,8 +86,8 @@ class Tally:
         if self.deadline is None:
             return False
         end = self.deadline
-        if self.first_failure_at is not None:
-            end = max(end, self.first_failure_at) + self.shrink_seconds
+        if self.first_failure_at is not None:     # a failure found: only its shrinking is left
+            end = min(end, self.first_failure_at) + self.shrink_seconds
         return time.perf_counter() > end
 
     def count(self, action: str, decision: dict[str, Any] | None) -> None:
@@ -140,6 +152,7 @@ def make_machine(spec: Spec, sut_factory: Callable[[], SystemUnderTest], tally: 
         self.pressure = self.transfers = self.at_boundary = 0
         self.enabled = enabled_by_action(self.s)
         self.off: frozenset[str] = frozenset()
+        self.weights = WEIGHTS
         self.diverged: Finding | None = None    # set: the SUT left the spec; it is followed alone
         self.soft: Finding | None = None        # a decision whose reasons alone differ
         self.failed = False
@@ -308,32 +321,40 @@ def make_machine(spec: Spec, sut_factory: Callable[[], SystemUnderTest], tally: 
     attrs: dict[str, Any] = {"__init__": __init__, "step": step, "teardown": teardown}
     for fn in (judge, oracle, check, diverge, drive, follow_step, after, end, stamp):
         attrs[fn.__name__] = fn
-    # Swarm testing, as the random walker does it: each example switches off each non-core
-    # action with probability 1/2 (one integer's bits; shrinks towards none off). Deep faults
-    # need long runs of the core actions that noise (eviction, migration, corruption) breaks.
+    # Swarm testing, as the random walker does it: each example draws an action mix and
+    # switches off each non-core action with probability 1/2 (a coin each; shrinks towards the
+    # walker's mix with nothing off), except those its theme is about. Deep faults need long
+    # runs of the core actions that noise (eviction, migration, corruption) breaks, and some
+    # need an action that is rare in the everyday mix (a weight update).
     noise = sorted(n for n in by_action if n not in CORE)
+    about = [frozenset(THEMES.get(name, ())) for name, _ in MIXES]
 
-    def swarm(self: Any, off: int) -> None:
-        self.off = frozenset(n for b, n in enumerate(noise) if off >> b & 1)
+    def swarm(self: Any, mix: int, off: list[bool]) -> None:
+        self.weights = MIXES[mix][1]
+        self.off = frozenset(n for n, o in zip(noise, off) if o and n not in about[mix])
 
-    # One rule for every step: an enabled action, then one of its enabled instances, each picked
-    # by an integer modulo how many there are. Every step is a real step (no no-op draws) and
-    # costs Hypothesis two integer draws: per-action rules with preconditions cost ~25 draws a
-    # step in rule selection, and half their steps drew a disabled instance.
-    def act(self: Any, a: int, i: int) -> None:
-        if a < PROBE_SHARE and probes and self.diverged is None:
+    # One rule for every step: an enabled action (a point on the mix's cumulative weights, so
+    # version bumps are rare in the walker's mix), then one of its enabled instances by an
+    # integer modulo how many there are. Every step is a real step (no no-op draws) and costs
+    # three byte draws: per-action rules with preconditions cost ~25 draws a step in rule
+    # selection, and half their steps drew a disabled instance.
+    def act(self: Any, a: int, b: int, i: int) -> None:
+        lo = PROBE_BYTES if probes else 0
+        if a < lo and self.diverged is None:
             probe(self, i)
             return
+        if a < lo:               # following a diverged SUT: no probes, the draw is a plain step
+            point = (a * 256 + b + 0.5) / (lo * 256)
+        else:
+            point = ((a - lo) * 256 + b + 0.5) / ((256 - lo) * 256)
         names = [n for n in action_names if n in self.enabled and n not in self.off] \
             or [n for n in action_names if n in self.enabled]
         if not names:
             return
-        # weighted like the random walker's (version bumps rare, so that there is state to
-        # make stale when they happen); a/ACT_RANGE is the point on the cumulative weights
-        total = sum(WEIGHTS.get(n, 1.0) for n in names)
-        x, pick = a / ACT_RANGE * total, names[-1]
+        w = self.weights
+        x, pick = point * sum(w.get(n, 1.0) for n in names), names[-1]
         for n in names:
-            x -= WEIGHTS.get(n, 1.0)
+            x -= w.get(n, 1.0)
             if x < 0:
                 pick = n
                 break
@@ -373,8 +394,9 @@ def make_machine(spec: Spec, sut_factory: Callable[[], SystemUnderTest], tally: 
     attrs["send_probe"] = send_probe
     attrs["probes"] = bool(probes)
     action_names = sorted(by_action)
-    attrs["swarm"] = initialize(off=st.integers(0, (1 << len(noise)) - 1))(swarm)
-    attrs["act"] = rule(a=st.integers(0, ACT_RANGE - 1), i=st.integers(0, 255))(act)
+    attrs["swarm"] = initialize(mix=st.integers(0, len(MIXES) - 1),
+                                off=st.lists(st.booleans(), min_size=len(noise), max_size=len(noise)))(swarm)
+    attrs["act"] = rule(a=BYTE, b=BYTE, i=BYTE)(act)
     return type("KVCacheMachine", (RuleBasedStateMachine,), attrs)
 
 
