@@ -251,7 +251,7 @@ def make_machine(spec: Spec, sut_factory: Callable[[], SystemUnderTest], tally: 
         request to completion as the SUT decides, then serve a fresh request over the prefix,
         so that a wrong decision is reported by the check it breaks. Otherwise, or when nothing
         breaks, the finding is the divergence itself (raised at the end of the example)."""
-        self.diverged = f
+        self.diverged = stamp(self, f)    # its trace ends here, unless a consequence shows
         if not (isinstance(seen, tuple) and len(seen) == size):
             raise f
         self.s = tuple(seen)
@@ -303,7 +303,9 @@ def make_machine(spec: Spec, sut_factory: Callable[[], SystemUnderTest], tally: 
         if self.failed:                   # a step failed: that is the example's finding
             return
         if self.diverged is not None:
-            raise fail(self, self.diverged)
+            tally.found(self.diverged)
+            self.failed = True
+            raise self.diverged
 
     def teardown(self: Any) -> None:
         self.end()
@@ -400,12 +402,16 @@ def make_machine(spec: Spec, sut_factory: Callable[[], SystemUnderTest], tally: 
     return type("KVCacheMachine", (RuleBasedStateMachine,), attrs)
 
 
-def run_program(machine: type[RuleBasedStateMachine], program: list[Instance]) -> Finding | None:
+def run_program(machine: type[RuleBasedStateMachine], program: list[Instance],
+                choices: list[list[Instance]] | None = None) -> Finding | None:
     """Run chosen steps on a fresh machine outside Hypothesis (a step not enabled where it
-    falls is skipped, as the rule would not have drawn it). Returns the finding, if any."""
+    falls is skipped, as the rule would not have drawn it). Returns the finding, if any.
+    `choices` gets, per step, the other instances of its action that were enabled there."""
     m: Any = machine()
     try:
         for inst in program:
+            if choices is not None:
+                choices.append([x for x in m.enabled.get(inst.action, ()) if x is not inst])
             if inst.guard(m.s):
                 m.program.append(inst)
                 m.step(inst)
@@ -420,31 +426,73 @@ def run_program(machine: type[RuleBasedStateMachine], program: list[Instance]) -
     return None
 
 
+# The order in which a finding's checks say most about it: an unsound hit (what a reuse read)
+# first, then a lease broken under a bound request, a graph's pages moved, accounting, routing;
+# conformance and differential checks (one per finding) after.
+LEADS = ("hit_sound_", "toctou_bound_stable", "graph_topology", "refcount_equals_holders",
+         "admission_cap", "five_state_routing")
+
+
+def lead(checks: list[str]) -> str:
+    """The check a shrunk finding must keep (the others may go with the steps that caused them)."""
+    def at(c: str) -> tuple[int, str]:
+        return next((n for n, p in enumerate(LEADS) if c.startswith(p)), len(LEADS)), c
+    return min(checks, key=at)
+
+
 def shrink_finding(machine: type[RuleBasedStateMachine], tally: Tally, f: Finding,
                    seconds: float) -> Finding:
-    """Delete chunks of the failing program (halves, quarters, ... single steps) while the
-    same kind of finding, with at least the same checks, still comes out. Hypothesis shrinks
-    choices; this shrinks what they chose, which is what a trace reader sees."""
+    """Shrink what the failing example chose, which is what a trace reader sees (Hypothesis
+    shrinks the choices, slowly for long stateful runs): delete chunks of steps (halves,
+    quarters, ... single steps), then try each step with other parameters (another length,
+    block, request) and keep a change when deleting again makes the program shorter. A
+    candidate counts when the same kind of finding, with the same leading check, comes out."""
     if not f.program:
         return f
-    want = set(f.checks)
+    want = lead(f.checks)
     deadline = time.perf_counter() + seconds
     saved = (tally.deadline, tally.steps, Counter(tally.actions), Counter(tally.decisions), tally.best)
     tally.deadline = None
-    try:
-        best, prog = f, list(f.program)
+
+    def fails(prog: list[Instance]) -> Finding | None:
+        g = run_program(machine, prog)
+        ok = g is not None and (g.kind, g.soft) == (f.kind, f.soft) and want in g.checks
+        return g if ok else None
+
+    def delete(best: Finding) -> Finding:
+        prog = list(best.program)
         chunk = max(1, len(prog) // 2)
         while chunk >= 1 and time.perf_counter() < deadline:
             i, changed = 0, False
             while i < len(prog) and time.perf_counter() < deadline:
-                cand = prog[:i] + prog[i + chunk:]
-                g = run_program(machine, cand)
-                if g is not None and (g.kind, g.soft) == (f.kind, f.soft) and want <= set(g.checks):
+                g = fails(prog[:i] + prog[i + chunk:])
+                if g is not None:
                     prog, best, changed = list(g.program), g, True
                 else:
                     i += chunk
             if not changed:
                 chunk //= 2
         return best
+
+    def substitute(best: Finding) -> Finding | None:
+        """The first one-step change after which deleting gives a shorter program."""
+        prog, choices = best.program, []
+        run_program(machine, prog, choices)
+        for i, alts in enumerate(choices):
+            for x in alts:
+                if time.perf_counter() >= deadline:
+                    return None
+                g = fails(prog[:i] + [x] + prog[i + 1:])
+                if g is not None:
+                    g = delete(g)
+                    if len(g.program) < len(prog):
+                        return g
+        return None
+
+    try:
+        best: Finding | None = delete(f)
+        while best is not None:
+            f, best = best, substitute(best)
+        return f
     finally:      # replays are not campaign steps
         tally.deadline, tally.steps, tally.actions, tally.decisions, tally.best = saved
