@@ -131,3 +131,52 @@ def test_engine_faults_beyond_enabled_actions(tmp_path, fault, code, check) -> N
     if code == 10:      # the probe step replays on the engine: it takes the forbidden action
         rcode, out = replay_trace(Trace.load(f["trace"]), sut_by_name("reference", fault))
         assert rcode == 10 and "forbids" in out["divergence"]["why"]
+
+
+def test_shrinking_keeps_the_leading_check() -> None:
+    """An unsound hit says most about a failure; a broken lease or a moved graph page next."""
+    from kvcheck.fuzz.machine import lead
+    assert lead(["hit_sound_tail", "toctou_bound_stable"]) == "hit_sound_tail"
+    assert lead(["toctou_bound_stable", "hit_sound_on_disk", "hit_sound_swa_window"]) == "hit_sound_on_disk"
+    assert lead(["graph_topology", "toctou_bound_stable"]) == "toctou_bound_stable"
+    assert lead(["abstract_state_matches_spec"]) == "abstract_state_matches_spec"
+
+
+def test_deep_spec_fault_found_and_shrunk_near_its_shortest(tmp_path) -> None:
+    """A 12-13 step counterexample (a stale indexer reused after bump_indexer): found within a
+    step budget (the uniform byte draws and the version-bump mix make it common) and shrunk
+    from a 200-step example to its neighbourhood (BMC: no counterexample shorter than 12 steps
+    exists in a one-group config; the default config needs no fewer)."""
+    res = run_campaign(Config(), "spec", Budget(steps=60_000), seed=0, fault="decision_ignores_indexer_version",
+                       out=tmp_path, shrink_seconds=20)
+    f = res["findings"][0]
+    assert res["exit_code"] == 10 and "hit_sound_indexer" in f["checks"], f
+    assert "bump_indexer" in f["trace_steps"] and len(f["trace_steps"]) <= 14, f["trace_steps"]
+    code, out = replay_trace(Trace.load(f["trace"]))
+    assert code == 10 and "hit_sound_indexer" in out["violation"]["invariants"]
+
+
+def test_weight_update_is_caught_by_the_differential_oracle(tmp_path) -> None:
+    """Compressed entries kept across bump_model are current by their own version stamp, so
+    the abstract state is the spec's: only reuse vs full recompute shows it. It needs a weight
+    update after compression, common only in the version-bump mix."""
+    fault = "engine_entries_kept_across_weight_update"
+    res = run_campaign(Config(), "reference", Budget(steps=30_000), seed=0, fault=fault, out=tmp_path,
+                       shrink_seconds=20)
+    f = res["findings"][0]
+    assert res["exit_code"] == 11 and f["checks"] == ["reuse_equals_recompute"], f
+    assert "bump_model" in f["trace_steps"] and "compress(" in " ".join(f["trace_steps"])
+    code, out = replay_trace(Trace.load(f["trace"]), sut_by_name("reference", fault))
+    assert code == 11 and "differential" in out
+    code, _ = replay_trace(Trace.load(f["trace"]), sut_by_name("reference", None))
+    assert code == 0                                # the clean engine refreshes the entries
+
+
+def test_divergence_without_consequence_ends_at_the_diverging_step(tmp_path) -> None:
+    """Loaded copies placed without their checksum: the engine's state leaves the spec's at
+    checksum_fail and following it breaks nothing, so the trace ends there."""
+    res = run_campaign(Config(), "reference", Budget(steps=20_000), seed=0, fault="engine_load_before_checksum",
+                       out=tmp_path, shrink_seconds=20)
+    f = res["findings"][0]
+    assert res["exit_code"] == 13 and f["checks"] == ["abstract_state_matches_spec"], f
+    assert f["trace_steps"][-1].startswith("checksum_fail(") and len(f["trace_steps"]) <= 14, f["trace_steps"]
