@@ -473,7 +473,8 @@ def cmd_mutants(args: argparse.Namespace) -> int:
         print(f"kvcheck mutants: {r['fault']}: {r['status']} ({cells})", file=sys.stderr, flush=True)
 
     with _progress(args, "mutants") as progress:
-        res = run_mutants(cfg, budget.seconds, args.seed, args.fault, progress=progress, on_row=row_done)
+        res = run_mutants(cfg, budget.seconds, args.seed, args.fault, progress=progress, on_row=row_done,
+                          workers=args.workers)
     code = res["exit_code"]
 
     def text() -> str:
@@ -583,6 +584,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--budget-per-fault", default="30s", help="per fault and engine (default: %(default)s)")
     m.add_argument("--fault", nargs="*", metavar="NAME", help="only these faults (default: all)")
     m.add_argument("--seed", type=int, default=0, help="seed (default: %(default)s)")
+    m.add_argument("--workers", type=_positive_int, default=1,
+                   help="faults run in this many processes, one core each (default: %(default)s)")
     d = add("diff", cmd_diff, "differential oracle: output with cache reuse vs a full recompute")
     d.add_argument("--sut", default="reference", choices=["reference", "transformers"],
                    help="system under test (default: %(default)s)")

@@ -78,59 +78,105 @@ def engines_for(layer: str) -> dict[str, Callable[[Config, str | None, float, in
     return table
 
 
-def run_mutants(cfg: Config, budget_s: float = 30.0, seed: int = 0, only: list[str] | None = None,
-                progress: Callable[[str], None] | None = None,
-                on_row: Callable[[Result], None] | None = None) -> Result:
-    """`on_row` gets each fault's row as soon as it is done (a long run shows its results as it
-    goes, and an interrupted one keeps them)."""
+def _register_engine_faults() -> None:
     try:
         import kvcheck.reference.faults  # noqa: F401  (registers engine faults)
     except ImportError:
         pass
-    rows, survivors, misattributed = [], [], []
+
+
+def fault_row(cfg: Config, name: str, budget_s: float, seed: int,
+              progress: Callable[[str], None] | None = None) -> Result:
+    """One fault: every engine that applies to its layer, and its status."""
+    _register_engine_faults()
+    f = faultlib.get(name)
+    row: Result = {"fault": name, "layer": f.layer, "expected": f.expected, "engines": {}}
+    for ename, run in engines_for(f.layer).items():
+        if progress:
+            progress(f"{name} / {ename}")
+        r = run(cfg, name, budget_s, seed)
+        r["expected_caught"] = f.expected in r["caught_by"]
+        row["engines"][ename] = r
+    row["caught_by_expected"] = sorted(e for e, r in row["engines"].items() if r["expected_caught"])
+    row["detected_by"] = sorted(e for e, r in row["engines"].items() if r["detected"])
+    if not row["engines"]:
+        row["status"] = "no engine for this layer in this install"
+    elif row["caught_by_expected"]:
+        row["status"] = "killed"
+    elif row["detected_by"]:
+        row["status"] = "mis-attributed"
+    else:
+        row["status"] = "survived"
+    return row
+
+
+def control_cell(cfg: Config, layer: str, engine: str, budget_s: float, seed: int) -> Result:
+    """The negative control of one engine on one layer: the clean system, the same budget."""
+    _register_engine_faults()
+    return engines_for(layer)[engine](cfg, None, budget_s, seed)
+
+
+def _one_thread() -> None:
+    """Campaigns side by side, one per core: torch must not spread each over every core."""
+    try:
+        import torch
+        torch.set_num_threads(1)
+    except ImportError:
+        pass
+
+
+def run_mutants(cfg: Config, budget_s: float = 30.0, seed: int = 0, only: list[str] | None = None,
+                progress: Callable[[str], None] | None = None,
+                on_row: Callable[[Result], None] | None = None, workers: int = 1) -> Result:
+    """`on_row` gets each fault's row as soon as it is done (a long run shows its results as it
+    goes, and an interrupted one keeps them). `workers` > 1 runs faults (and control cells) in
+    that many processes; detection times are then measured side by side."""
+    _register_engine_faults()
     names = only or list(faultlib.FAULTS)
-    for name in names:
-        f = faultlib.get(name)
-        engines = engines_for(f.layer)
-        row: Result = {"fault": name, "layer": f.layer, "expected": f.expected, "engines": {}}
-        for ename, run in engines.items():
-            if progress:
-                progress(f"{name} / {ename}")
-            r = run(cfg, name, budget_s, seed)
-            r["expected_caught"] = f.expected in r["caught_by"]
-            row["engines"][ename] = r
-        row["caught_by_expected"] = sorted(e for e, r in row["engines"].items() if r["expected_caught"])
-        row["detected_by"] = sorted(e for e, r in row["engines"].items() if r["detected"])
-        if not row["engines"]:
-            row["status"] = "no engine for this layer in this install"
-        elif row["caught_by_expected"]:
-            row["status"] = "killed"
-        elif row["detected_by"]:
-            row["status"] = "mis-attributed"
-            misattributed.append({"fault": name, "expected": f.expected,
-                                  "caught_by": {e: row["engines"][e]["caught_by"] for e in row["detected_by"]},
-                                  "why": "detected, but not by the check the fault targets: that check "
-                                         "is not testing what it claims, or the fault's symptom is elsewhere"})
-        else:
-            row["status"] = "survived"
-            survivors.append({"fault": name, "expected": f.expected,
-                              "why": f"no engine failed within {budget_s:g}s per engine"})
-        rows.append(row)
-        if on_row:
-            on_row(row)
-    # negative control: the clean system, every engine, same budgets
+    cells = [(layer, e) for layer in sorted({faultlib.get(n).layer for n in names}) for e in engines_for(layer)]
+    rows: dict[str, Result] = {}
     control: Result = {}
-    for layer in sorted({faultlib.get(n).layer for n in names}):
-        for ename, run in engines_for(layer).items():
+    if workers <= 1:
+        for name in names:
+            rows[name] = fault_row(cfg, name, budget_s, seed, progress)
+            if on_row:
+                on_row(rows[name])
+        # negative control: the clean system, every engine, same budgets
+        for layer, e in cells:
             if progress:
-                progress(f"clean / {layer} / {ename}")
-            control[f"{layer}:{ename}"] = run(cfg, None, budget_s, seed)
+                progress(f"clean / {layer} / {e}")
+            control[f"{layer}:{e}"] = control_cell(cfg, layer, e, budget_s, seed)
+    else:
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+        with ProcessPoolExecutor(max_workers=workers, initializer=_one_thread) as pool:
+            jobs = {pool.submit(fault_row, cfg, n, budget_s, seed): ("row", n) for n in names}
+            jobs.update({pool.submit(control_cell, cfg, layer, e, budget_s, seed): ("control", f"{layer}:{e}")
+                         for layer, e in cells})
+            for fut in as_completed(jobs):
+                what, key = jobs[fut]
+                if what == "row":
+                    rows[key] = fut.result()
+                    if progress:
+                        progress(key)
+                    if on_row:
+                        on_row(rows[key])
+                else:
+                    control[key] = fut.result()
+    ordered = [rows[n] for n in names]
+    survivors = [{"fault": r["fault"], "expected": r["expected"],
+                  "why": f"no engine failed within {budget_s:g}s per engine"}
+                 for r in ordered if r["status"] == "survived"]
+    misattributed = [{"fault": r["fault"], "expected": r["expected"],
+                      "caught_by": {e: r["engines"][e]["caught_by"] for e in r["detected_by"]},
+                      "why": "detected, but not by the check the fault targets: that check "
+                             "is not testing what it claims, or the fault's symptom is elsewhere"}
+                     for r in ordered if r["status"] == "mis-attributed"]
     control_clean = all(not r["detected"] for r in control.values())
-    scored = [r for r in rows if r["engines"]]
+    scored = [r for r in ordered if r["engines"]]
     killed = sum(1 for r in scored if r["status"] == "killed")
     score = killed / len(scored) if scored else 0.0
-    return {"faults": rows, "mutation_score": round(score, 4), "killed": killed, "scored": len(scored),
+    return {"faults": ordered, "mutation_score": round(score, 4), "killed": killed, "scored": len(scored),
             "survivors": survivors, "misattributed": misattributed,
             "negative_control": control, "negative_control_clean": control_clean,
-            "budget_per_fault_s": budget_s, "seed": seed,
+            "budget_per_fault_s": budget_s, "seed": seed, "workers": workers,
             "exit_code": 0 if (control_clean and killed == len(scored)) else (10 if not control_clean else 3)}

@@ -22,3 +22,14 @@ def test_cli_accepts_engine_fault_names(capsys) -> None:
     assert main(["mutants", "--fault", "engine_pinned_object_evicted", "nope"]) == 2
     err = capsys.readouterr().err
     assert "unknown fault 'nope'" in err and "engine_pinned" not in err
+
+
+def test_mutants_in_worker_processes_keep_the_order_and_verdicts() -> None:
+    rows = []
+    res = run_mutants(Config(), budget_s=20, only=["refcount_double_decrement", "engine_shared_free_list"],
+                      workers=2, on_row=rows.append)
+    assert [r["fault"] for r in res["faults"]] == ["refcount_double_decrement", "engine_shared_free_list"]
+    assert sorted(r["fault"] for r in rows) == sorted(r["fault"] for r in res["faults"])
+    assert res["mutation_score"] == 1.0 and res["negative_control_clean"] and res["exit_code"] == 0
+    assert set(res["negative_control"]) == {"spec:walk", "spec:fuzz", "spec:explore", "spec:prove",
+                                            "engine:fuzz", "engine:diff"}
