@@ -102,6 +102,7 @@ def _campaign(cfg: Config, sut: str, budget: Budget, seed: int, fault: str | Non
     tally.shrink_seconds = hyp_shrink
     if budget.seconds is not None:
         tally.deadline = t0 + budget.seconds
+    tally.max_steps = budget.steps        # both end Hypothesis's target phase too (no bound of its own)
     machine = make_machine(spec, factory, tally, differential)
     database = DirectoryBasedExampleDatabase(db) if db else None
     finding: Finding | None = None

@@ -41,8 +41,8 @@ MIXES: list[tuple[str, dict[str, float]]] = [("walk", WEIGHTS)] + [(t, theme_wei
 
 
 class BudgetSpent(BaseException):
-    """The campaign's time is up (raised as an example starts; once a failure is found, only
-    after its shrinking time too). A BaseException so that Hypothesis stops at once instead of
+    """The campaign's budget (time or steps) is spent (raised as an example starts; once a
+    failure is found, when its shrinking time is up). A BaseException so that Hypothesis stops at once instead of
     counting it as a failure: its target phase has no time bound of its own."""
 
 
@@ -80,16 +80,19 @@ class Tally:
     steps_to_first_failure: int | None = None
     first_by_check: dict[str, tuple[float, int]] = field(default_factory=dict)  # check -> (time, steps)
     deadline: float | None = None              # perf_counter() when the campaign's budget ends
-    shrink_seconds: float = 60.0               # ... and how long past it a failure may shrink
+    max_steps: int | None = None               # ... or the step count where it ends
+    shrink_seconds: float = 60.0               # how long past the first failure it may shrink
     best: "Finding | None" = None              # the most specific, then shortest, failure raised
+    replaying: bool = False                    # shrink_finding's replays: never out of budget
 
     def out_of_time(self) -> bool:
-        if self.deadline is None:
+        if self.replaying:
             return False
-        end = self.deadline
         if self.first_failure_at is not None:     # a failure found: only its shrinking is left
-            end = min(end, self.first_failure_at) + self.shrink_seconds
-        return time.perf_counter() > end
+            return time.perf_counter() > self.first_failure_at + self.shrink_seconds
+        if self.max_steps is not None and self.steps >= self.max_steps:
+            return True
+        return self.deadline is not None and time.perf_counter() > self.deadline
 
     def count(self, action: str, decision: dict[str, Any] | None) -> None:
         self.steps += 1
@@ -309,7 +312,10 @@ def make_machine(spec: Spec, sut_factory: Callable[[], SystemUnderTest], tally: 
             raise self.diverged
 
     def teardown(self: Any) -> None:
-        self.end()
+        try:
+            self.end()
+        finally:
+            self.close()
         if self.soft is not None:
             # Only a decision's reasons differed: not a failure of this example, so the campaign
             # keeps looking for what the difference breaks (reported at the end, the shortest
@@ -321,7 +327,13 @@ def make_machine(spec: Spec, sut_factory: Callable[[], SystemUnderTest], tally: 
         target(float(self.transfers), label="transfers in flight")
         target(float(self.at_boundary), label="requests at window/compression boundaries")
 
-    attrs: dict[str, Any] = {"__init__": __init__, "step": step, "teardown": teardown}
+    def close(self: Any) -> None:
+        """Release the SUT's resources now (threads, files), not from the garbage collector."""
+        fn = getattr(self.sut, "close", None)
+        if fn is not None:
+            fn()
+
+    attrs: dict[str, Any] = {"__init__": __init__, "step": step, "teardown": teardown, "close": close}
     for fn in (judge, oracle, check, diverge, drive, follow_step, after, end, stamp):
         attrs[fn.__name__] = fn
     # Swarm testing, as the random walker does it: each example draws an action mix and
@@ -421,6 +433,8 @@ def run_program(machine: type[RuleBasedStateMachine], program: list[Instance],
         m.end()
     except Finding as f:
         return f
+    finally:
+        m.close()
     if m.soft is not None:
         m.soft.trail, m.soft.lockstep, m.soft.program = list(m.trail), len(m.trail), list(m.program)
         return m.soft
@@ -452,8 +466,8 @@ def shrink_finding(machine: type[RuleBasedStateMachine], tally: Tally, f: Findin
         return f
     want = lead(f.checks)
     deadline = time.perf_counter() + seconds
-    saved = (tally.deadline, tally.steps, Counter(tally.actions), Counter(tally.decisions), tally.best)
-    tally.deadline = None
+    saved = (tally.steps, Counter(tally.actions), Counter(tally.decisions), tally.best)
+    tally.replaying = True
 
     def fails(prog: list[Instance]) -> Finding | None:
         g = run_program(machine, prog)
@@ -496,4 +510,5 @@ def shrink_finding(machine: type[RuleBasedStateMachine], tally: Tally, f: Findin
             f, best = best, substitute(best)
         return f
     finally:      # replays are not campaign steps
-        tally.deadline, tally.steps, tally.actions, tally.decisions, tally.best = saved
+        tally.steps, tally.actions, tally.decisions, tally.best = saved
+        tally.replaying = False

@@ -66,10 +66,11 @@ class ReferenceSUT:
             self.engine = None
 
     def __del__(self) -> None:  # pragma: no cover - best effort
-        try:
-            self.close()
-        except Exception:
-            pass
+        # Never close() here: it joins the disk tier's threads, which can deadlock when the
+        # garbage collector runs inside threading's own lock. Owners call close().
+        tiers = getattr(getattr(self.engine, "mgr", None), "tiers", None)
+        if tiers is not None:
+            tiers.discard()
 
     def _entry(self, j: int):
         e = self.engine

@@ -209,5 +209,12 @@ class TierStore:
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
+        self.discard()
+
+    def discard(self) -> None:
+        """The cleanup that is safe from a finalizer: remove our own directory, join nothing.
+        (Joining the pool's threads from garbage collection deadlocked once in 145 campaigns:
+        the collector ran inside threading's own lock. The idle threads end by themselves when
+        the pool is collected.)"""
         if self._own:
             shutil.rmtree(self.dir, ignore_errors=True)
