@@ -68,7 +68,7 @@ class ReferenceSUT:
     def __del__(self) -> None:  # pragma: no cover - best effort
         # Never close() here: it joins the disk tier's threads, which can deadlock when the
         # garbage collector runs inside threading's own lock. Owners call close().
-        tiers = getattr(getattr(self.engine, "mgr", None), "tiers", None)
+        tiers = getattr(getattr(getattr(self, "engine", None), "mgr", None), "tiers", None)
         if tiers is not None:
             tiers.discard()
 
