@@ -14,9 +14,10 @@ import re
 import shlex
 import time
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import seed as hyp_seed
@@ -86,6 +87,33 @@ def run_campaign(cfg: Config, sut: str = "spec", budget: Budget = Budget(seconds
     return res
 
 
+@contextmanager
+def _no_local_constants() -> Iterator[None]:
+    """Make a campaign depend on its seed only. Hypothesis draws 5% of its values from constants
+    it harvests from every local module loaded so far, so the same seed generated another
+    campaign under pytest than in `kvcheck fuzz` (a planted fault found at step 15,828 in one,
+    62,771 in the other). Its global constants (0, 1, the bounds, ...) stay. A Hypothesis without
+    this internal is left as it is."""
+    try:
+        from hypothesis.internal.conjecture import providers
+        from hypothesis.internal.constants_ast import Constants
+    except ImportError:
+        yield
+        return
+    get = getattr(providers, "_get_local_constants", None)
+    cache = getattr(providers, "CONSTANTS_CACHE", None)
+    if get is None or cache is None:
+        yield
+        return
+    providers._get_local_constants = Constants
+    cache.cache.clear()              # cached (global, local) pools per draw type
+    try:
+        yield
+    finally:
+        providers._get_local_constants = get
+        cache.cache.clear()
+
+
 def _campaign(cfg: Config, sut: str, budget: Budget, seed: int, fault: str | None, db: str | None,
               out: Path, steps_per_example: int, examples_per_round: int, shrink_seconds: float,
               progress: Callable[[int], None] | None,
@@ -125,7 +153,7 @@ def _campaign(cfg: Config, sut: str, budget: Budget, seed: int, fault: str | Non
         test = hyp_seed(seed * 100_003 + rnd)(get_state_machine_test(machine, settings=s))
         rnd += 1
         try:
-            with with_reporter(reports.append):   # Hypothesis's own prints never reach stdout
+            with with_reporter(reports.append), _no_local_constants():   # prints never reach stdout
                 test()
         except Finding as f:
             finding = f

@@ -148,7 +148,7 @@ def test_deep_spec_fault_found_and_shrunk_near_its_shortest(tmp_path) -> None:
     from a 200-step example to its neighbourhood (BMC: no counterexample shorter than 12 steps
     exists in a one-group config). Shrinking is time-bounded, so the bound here is loose; the
     lengths themselves are benchmarked (benchmarks/fuzz.py)."""
-    res = run_campaign(Config(), "spec", Budget(seconds=90), seed=0, fault="decision_ignores_indexer_version",
+    res = run_campaign(Config(), "spec", Budget(steps=60_000), seed=0, fault="decision_ignores_indexer_version",
                        out=tmp_path, shrink_seconds=20)
     f = res["findings"][0]
     assert res["exit_code"] == 10 and "hit_sound_indexer" in f["checks"], f
