@@ -145,8 +145,8 @@ def test_shrinking_keeps_the_leading_check() -> None:
 def test_deep_spec_fault_found_and_shrunk_near_its_shortest(tmp_path) -> None:
     """A 12-13 step counterexample (a stale indexer reused after bump_indexer): found within the
     budget (the uniform byte draws and the version-bump mix make it common) and shrunk
-    from a 200-step example to its neighbourhood (BMC: no counterexample shorter than 12 steps
-    exists in a one-group config). Shrinking is time-bounded, so the bound here is loose; the
+    from a 200-step example to its neighbourhood (BMC: the shortest in the one-group fault
+    config is 13 steps; the default config has a 12-step one). Shrinking is time-bounded, so the bound here is loose; the
     lengths themselves are benchmarked (benchmarks/fuzz.py)."""
     res = run_campaign(Config(), "spec", Budget(steps=60_000), seed=0, fault="decision_ignores_indexer_version",
                        out=tmp_path, shrink_seconds=20)
