@@ -4,7 +4,8 @@
 - `lockstep_steps_per_s`: spec + reference engine in lockstep (differential checks included),
   or null with the reason when the reference engine is not importable.
 - `detect_seconds_by_fault` / `trace_len_by_fault`: per fault, median over --seeds seeds of the
-  time to the first (shrunk) finding and the shrunk trace length; `caught_by_expected` says
+  time to the first failure by the fault's expected check (a miss, or a failure by another
+  check, counts as the whole run) and the shrunk trace length; `caught_by_expected` says
   whether every run failed with the fault's expected check.
 The rates run in one process (one core); fault campaigns in --jobs processes side by side, one
 thread each. Medians of several runs; the machine is shared and noisy.
@@ -18,6 +19,7 @@ import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from kvcheck.checker.mutants import one_thread, register_engine_faults
 from kvcheck.fuzz.campaign import Budget, run_campaign
 from kvcheck.spec import faults as faultlib
 from kvcheck.spec.config import Config
@@ -33,34 +35,24 @@ def rate(sut: str, steps: int, runs: int) -> float:
 
 
 def _detect(job: tuple[str, int, str]) -> dict:
-    """One fault, one seed: time to the first failure by the reported check (not counting
-    shrinking; a miss counts as the whole budget), the shrunk trace's length, and whether the
-    check is the fault's expected one."""
+    """One fault, one seed: time to the first failure by the expected check (not counting
+    shrinking; a miss, or a failure by another check, counts as the whole run), the shrunk
+    trace's length, and whether the check is the fault's expected one."""
     name, seed, budget = job
-    torch_threads()
-    try:
-        import kvcheck.reference.faults  # noqa: F401  (registers engine faults in this process)
-    except ImportError:
-        pass
+    one_thread()
+    register_engine_faults()      # in this process too
     f = faultlib.get(name)
     sut = "spec" if f.layer == "spec" else "reference"
     with tempfile.TemporaryDirectory() as d:
         r = run_campaign(Config(), sut, Budget.parse(budget), seed=seed, fault=name, out=Path(d),
                          shrink_seconds=20)
     found = r["findings"][0] if r["findings"] else None
-    return {"fault": name, "seed": seed, "seconds": r.get("seconds_to_detection") or r["seconds"],
+    expected = found is not None and f.expected in found["checks"]
+    at = r.get("seconds_to_detection")
+    return {"fault": name, "seed": seed, "seconds": at if expected and at is not None else r["seconds"],
             "trace_len": len(found["trace_steps"]) if found else None,
             "checks": found["checks"] if found else None,
-            "expected": bool(found) and f.expected in found["checks"]}
-
-
-def torch_threads() -> None:
-    """One thread per process: campaigns run side by side, one per core."""
-    try:
-        import torch
-        torch.set_num_threads(1)
-    except ImportError:
-        pass
+            "expected": expected}
 
 
 def main() -> None:

@@ -78,7 +78,8 @@ def engines_for(layer: str) -> dict[str, Callable[[Config, str | None, float, in
     return table
 
 
-def _register_engine_faults() -> None:
+def register_engine_faults() -> None:
+    """Engine faults join the library when the reference engine is installed."""
     try:
         import kvcheck.reference.faults  # noqa: F401  (registers engine faults)
     except ImportError:
@@ -88,7 +89,7 @@ def _register_engine_faults() -> None:
 def fault_row(cfg: Config, name: str, budget_s: float, seed: int,
               progress: Callable[[str], None] | None = None) -> Result:
     """One fault: every engine that applies to its layer, and its status."""
-    _register_engine_faults()
+    register_engine_faults()
     f = faultlib.get(name)
     row: Result = {"fault": name, "layer": f.layer, "expected": f.expected, "engines": {}}
     for ename, run in engines_for(f.layer).items():
@@ -112,11 +113,11 @@ def fault_row(cfg: Config, name: str, budget_s: float, seed: int,
 
 def control_cell(cfg: Config, layer: str, engine: str, budget_s: float, seed: int) -> Result:
     """The negative control of one engine on one layer: the clean system, the same budget."""
-    _register_engine_faults()
+    register_engine_faults()
     return engines_for(layer)[engine](cfg, None, budget_s, seed)
 
 
-def _one_thread() -> None:
+def one_thread() -> None:
     """Campaigns side by side, one per core: torch must not spread each over every core."""
     try:
         import torch
@@ -131,7 +132,7 @@ def run_mutants(cfg: Config, budget_s: float = 30.0, seed: int = 0, only: list[s
     """`on_row` gets each fault's row as soon as it is done (a long run shows its results as it
     goes, and an interrupted one keeps them). `workers` > 1 runs faults (and control cells) in
     that many processes; detection times are then measured side by side."""
-    _register_engine_faults()
+    register_engine_faults()
     names = only or list(faultlib.FAULTS)
     cells = [(layer, e) for layer in sorted({faultlib.get(n).layer for n in names}) for e in engines_for(layer)]
     rows: dict[str, Result] = {}
@@ -148,7 +149,7 @@ def run_mutants(cfg: Config, budget_s: float = 30.0, seed: int = 0, only: list[s
             control[f"{layer}:{e}"] = control_cell(cfg, layer, e, budget_s, seed)
     else:
         from concurrent.futures import ProcessPoolExecutor, as_completed
-        with ProcessPoolExecutor(max_workers=workers, initializer=_one_thread) as pool:
+        with ProcessPoolExecutor(max_workers=workers, initializer=one_thread) as pool:
             jobs = {pool.submit(fault_row, cfg, n, budget_s, seed): ("row", n) for n in names}
             jobs.update({pool.submit(control_cell, cfg, layer, e, budget_s, seed): ("control", f"{layer}:{e}")
                          for layer, e in cells})

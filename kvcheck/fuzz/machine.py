@@ -436,8 +436,7 @@ def run_program(machine: type[RuleBasedStateMachine], program: list[Instance],
     finally:
         m.close()
     if m.soft is not None:
-        m.soft.trail, m.soft.lockstep, m.soft.program = list(m.trail), len(m.trail), list(m.program)
-        return m.soft
+        return m.stamp(m.soft)
     return None
 
 
