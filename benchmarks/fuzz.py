@@ -19,9 +19,9 @@ import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from kvcheck.checker.mutants import one_thread, register_engine_faults
+from kvcheck.checker.mutants import one_thread
 from kvcheck.fuzz.campaign import Budget, run_campaign
-from kvcheck.spec import faults as faultlib
+from kvcheck.fuzz import faults as faultlib
 from kvcheck.spec.config import Config
 
 
@@ -40,7 +40,6 @@ def _detect(job: tuple[str, int, str]) -> dict:
     trace's length, and whether the check is the fault's expected one."""
     name, seed, budget = job
     one_thread()
-    register_engine_faults()      # in this process too
     f = faultlib.get(name)
     sut = "spec" if f.layer == "spec" else "reference"
     with tempfile.TemporaryDirectory() as d:
@@ -70,7 +69,6 @@ def main() -> None:
     out["spec_steps_per_s"] = round(rate("spec", args.steps, args.runs))
     try:
         import kvcheck.reference.adapter  # noqa: F401
-        import kvcheck.reference.faults  # noqa: F401
         out["lockstep_steps_per_s"] = round(rate("reference", args.steps // 5, args.runs))
         have_ref = True
     except ImportError as e:
@@ -78,7 +76,7 @@ def main() -> None:
         out["lockstep_note"] = f"reference engine not available: {e}"
         have_ref = False
     names = [] if args.rates_only else args.faults or [f.name for f in faultlib.FAULTS.values()
-                            if f.layer == "spec" or (have_ref and f.layer == "engine")]
+                            if f.provider == "spec" or (have_ref and f.provider == "reference")]
     jobs = [(name, seed, args.budget) for name in names for seed in range(args.seeds)]
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         runs = list(pool.map(_detect, jobs))

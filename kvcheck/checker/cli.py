@@ -14,12 +14,12 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
 from .. import __version__
-from ..spec import faults as faultlib
+from ..fuzz import faults as faultlib
 from ..spec.actions import ACTIONS
 from ..spec.config import Config, ConfigError
 from ..spec.invariants import INVARIANTS
 from ..spec.objects import DECISION_KINDS, OBJECTS, REASONS
-from ..spec.state import BLOCK_FIELDS, GLOBAL_FIELDS, OBJ_FIELDS, REQ_FIELDS
+from ..spec.state import BLOCK_FIELDS, GLOBAL_FIELDS, OBJ_FIELDS, REQ_FIELDS, field_docs
 from ..spec.system import Spec
 from ..spec.trace import Trace, TraceError
 from ..fuzz.suts import SutError
@@ -79,8 +79,9 @@ def cmd_spec(args: argparse.Namespace) -> int:
         "invariants": [{"name": i.name, "kind": i.kind, "doc": i.doc} for i in INVARIANTS.values()],
         "decisions": list(DECISION_KINDS),
         "degradation_reasons": [name for name, _ in REASONS],
-        "state": {"per_object": OBJ_FIELDS, "per_block": BLOCK_FIELDS, "per_request": REQ_FIELDS,
-                  "global": GLOBAL_FIELDS, "slots": spec.lay.size},
+        "state": {"per_object": field_docs(OBJ_FIELDS), "per_block": field_docs(BLOCK_FIELDS),
+                  "per_request": field_docs(REQ_FIELDS), "global": field_docs(GLOBAL_FIELDS),
+                  "slots": spec.lay.size},
         "groups": [{"name": g.name, "layers": list(g.layers), "window": g.window, "m": g.m,
                     "topk": g.topk, "objects": list(g.objects)} for g in cfg.groups],
         "config": cfg.to_dict(),
@@ -102,16 +103,12 @@ def cmd_spec(args: argparse.Namespace) -> int:
 
 
 def cmd_faults(args: argparse.Namespace) -> int:
-    try:
-        import kvcheck.reference.faults  # noqa: F401  (registers the engine's faults)
-    except ImportError:
-        pass
     data = {"faults": [f.to_dict() for f in faultlib.FAULTS.values()]}
 
     def text() -> str:
         lines = [f"{len(faultlib.FAULTS)} faults (a fault counts as caught only by its expected check):", ""]
         for f in faultlib.FAULTS.values():
-            lines.append(f"  {f.name:34} [{f.layer}] expected: {f.expected}")
+            lines.append(f"  {f.name:34} [--sut {'|'.join(f.suts)}] expected: {f.expected}")
             lines.append(f"  {'':34} {f.bug_class}; mirrors: {f.mirrors}")
         return "\n".join(lines)
 
@@ -276,7 +273,6 @@ def _diff_reference(args: argparse.Namespace) -> int:
     """Reuse vs recompute on the reference engine, bitwise, over generated workloads."""
     from ..reference import diff as refdiff
     from ..reference import engine as refengine
-    import kvcheck.reference.faults  # noqa: F401  (registers the engine's faults)
     cfg = Config.load(args.config)
     if args.fault is not None and faultlib.get(args.fault).layer != "engine":
         raise UsageError(f"fault {args.fault!r} is a {faultlib.get(args.fault).layer} fault; "
@@ -461,10 +457,6 @@ def cmd_mutants(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     if budget.seconds is None:
         raise UsageError("--budget-per-fault must be a duration such as 30s")
-    try:
-        import kvcheck.reference.faults  # noqa: F401  (registers the engine faults)
-    except ImportError:
-        pass
     for name in args.fault or []:
         faultlib.get(name)
     def row_done(r: dict) -> None:      # each fault's verdict as it lands, on stderr
@@ -503,7 +495,6 @@ def cmd_mutants(args: argparse.Namespace) -> int:
 def _check_sut_fault(sut: str, fault: str) -> None:
     """Spec faults for --sut spec; a user SUT declares its own in a `faults` dict."""
     if sut == "reference":
-        import kvcheck.reference.faults  # noqa: F401  (registers the engine's faults)
         if faultlib.get(fault).layer != "engine":
             raise UsageError(f"fault {fault!r} is a {faultlib.get(fault).layer} fault; "
                              "--sut reference plants engine faults")

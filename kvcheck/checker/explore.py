@@ -25,9 +25,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..spec import faults as faultlib
+from ..fuzz import faults as faultlib
 from ..spec.config import Config, LayerSpec
-from ..spec.objects import DECISIONS, DECISION_KINDS, DEVICE_STATES, DISK_STATES, R_IDLE
+from ..spec.objects import DECISIONS, DECISION_KINDS, DEVICE_STATES, DISK_STATES, KIND, R_IDLE, state_name
 from ..spec.system import Spec
 
 EXIT_OK, EXIT_UNDECIDED, EXIT_INVARIANT = 0, 3, 10
@@ -97,11 +97,6 @@ class ExploreResult:
     exhaustive: bool
     violation: dict[str, Any] | None
     report: dict[str, Any]
-
-
-def _state_name(kind: str, v: int) -> str:
-    names = DISK_STATES if kind == "on_disk" else DEVICE_STATES
-    return names[v] if 0 <= v < len(names) else str(v)
 
 
 def explore(cfg: Config, fault: str | None = None, max_states: int = 2_000_000,
@@ -194,12 +189,11 @@ def explore(cfg: Config, fault: str | None = None, max_states: int = 2_000_000,
     if cfg.offload_enabled:
         obj_states.add("on_disk:none")
     for kind, a, b in trans:
-        obj_states.add(f"{kind}:{_state_name(kind, b)}")
+        obj_states.add(f"{kind}:{state_name(kind, b)}")
     required = [f"{k}:{st}" for k in sorted(kinds_present) for st in
-                (("free", "writing", "ready", "evicted") if k in ("compressed_kv", "indexer")
-                 else ("free", "ready", "evicted"))]
+                KIND[k].states[:1] + KIND[k].reachable_states()]
     if cfg.offload_enabled:
-        required += [f"on_disk:{st}" for st in DISK_STATES]
+        required += [f"on_disk:{st}" for st in KIND["on_disk"].states]
     sometimes = {f"decision {d}": d in dec_seen for d in DECISION_KINDS}
     sometimes.update({f"state {s_}": s_ in obj_states for s_ in required})
     sometimes.update({f"action {a}": by_action[a] > 0 for a in spec.actions})
@@ -252,7 +246,7 @@ def explore(cfg: Config, fault: str | None = None, max_states: int = 2_000_000,
         "actions": dict(sorted(by_action.items())),
         "decisions": sorted(dec_seen, key=DECISION_KINDS.index),
         "object_states": sorted(obj_states),
-        "transitions_observed": sorted(f"{k}:{_state_name(k, a)}->{_state_name(k, b)}" for k, a, b in trans),
+        "transitions_observed": sorted(f"{k}:{state_name(k, a)}->{state_name(k, b)}" for k, a, b in trans),
         "sometimes": sometimes,
         "sometimes_missing": [k for k, ok in sometimes.items() if not ok],
         "deadlocks": deadlocks,

@@ -17,9 +17,9 @@ from typing import Any, Callable
 
 from .. import __version__
 from ..fuzz.walk import Walker, shrink, to_trace
-from ..spec import faults as faultlib
-from ..spec.config import DEVICE_KINDS, Config
-from ..spec.objects import DECISION_KINDS, DISK_STATES
+from ..fuzz import faults as faultlib
+from ..spec.config import Config
+from ..spec.objects import DECISION_KINDS, OBJECTS
 from ..spec.state import Layout
 from ..spec.system import Spec
 
@@ -38,16 +38,8 @@ class Profile:
 
     def required_states(self, cfg: Config) -> list[str]:
         """Object states every clean run must reach (vacuity check)."""
-        kinds = {o.kind for o in Layout(cfg).objects}
-        out = []
-        for kind in DEVICE_KINDS:
-            if kind not in kinds:
-                continue
-            for st in ("ready", "evicted") + (("writing",) if kind in ("compressed_kv", "indexer") else ()):
-                out.append(f"{kind}:{st}")
-        if cfg.offload_enabled:
-            out += [f"on_disk:{st}" for st in DISK_STATES if st != "none"]
-        return out
+        kinds = {o.kind for o in Layout(cfg).objects} | ({"on_disk"} if cfg.offload_enabled else set())
+        return [f"{k.name}:{st}" for k in OBJECTS if k.name in kinds for st in k.reachable_states()]
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from ..fuzz.campaign import Budget, run_campaign
 from ..fuzz.walk import Walker, shrink
-from ..spec import faults as faultlib
+from ..fuzz import faults as faultlib
 from ..spec.config import Config
 from ..spec.system import Spec
 
@@ -59,6 +59,11 @@ def _optional(module: str, attr: str = "mutant_engine") -> Callable[..., Result]
         return None
 
 
+# The providers whose faults the matrix runs (vLLM's run in `kvcheck fuzz --sut vllm --fault`
+# and its adapter tests; a user's SUT declares its own).
+PROVIDERS = ("spec", "reference")
+
+
 def engines_for(layer: str) -> dict[str, Callable[[Config, str | None, float, int], Result]]:
     """The engines that apply to faults of a layer (those importable in this install)."""
     if layer == "spec":
@@ -78,18 +83,9 @@ def engines_for(layer: str) -> dict[str, Callable[[Config, str | None, float, in
     return table
 
 
-def register_engine_faults() -> None:
-    """Engine faults join the library when the reference engine is installed."""
-    try:
-        import kvcheck.reference.faults  # noqa: F401  (registers engine faults)
-    except ImportError:
-        pass
-
-
 def fault_row(cfg: Config, name: str, budget_s: float, seed: int,
               progress: Callable[[str], None] | None = None) -> Result:
     """One fault: every engine that applies to its layer, and its status."""
-    register_engine_faults()
     f = faultlib.get(name)
     row: Result = {"fault": name, "layer": f.layer, "expected": f.expected, "engines": {}}
     for ename, run in engines_for(f.layer).items():
@@ -113,7 +109,6 @@ def fault_row(cfg: Config, name: str, budget_s: float, seed: int,
 
 def control_cell(cfg: Config, layer: str, engine: str, budget_s: float, seed: int) -> Result:
     """The negative control of one engine on one layer: the clean system, the same budget."""
-    register_engine_faults()
     return engines_for(layer)[engine](cfg, None, budget_s, seed)
 
 
@@ -132,8 +127,7 @@ def run_mutants(cfg: Config, budget_s: float = 30.0, seed: int = 0, only: list[s
     """`on_row` gets each fault's row as soon as it is done (a long run shows its results as it
     goes, and an interrupted one keeps them). `workers` > 1 runs faults (and control cells) in
     that many processes; detection times are then measured side by side."""
-    register_engine_faults()
-    names = only or list(faultlib.FAULTS)
+    names = only or [n for n, f in faultlib.FAULTS.items() if f.provider in PROVIDERS]
     cells = [(layer, e) for layer in sorted({faultlib.get(n).layer for n in names}) for e in engines_for(layer)]
     rows: dict[str, Result] = {}
     control: Result = {}

@@ -26,13 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from ..spec import faults as faultlib
+from ..fuzz import faults as faultlib
 from ..spec.actions import ACTIONS, Ctx, run_body
 from ..spec.config import Config
 from ..spec.funnel import Decision
 from ..spec.invariants import INVARIANTS
 from ..spec.logic import TRACE, Expr
-from ..spec.objects import (OBJECT_KINDS, PARTIAL, R_BOUND, REUSE, layout_ok,
+from ..spec.objects import (DEVICE_KINDS, PARTIAL, R_BOUND, REUSE, layout_ok,
                             recovery, resident)
 from ..spec.state import View
 from ..spec.system import Spec
@@ -272,8 +272,7 @@ class Prover:
         for r in range(self.cfg.requests):
             d = Decision(v, Z, self.cfg, r, self.fault)
             for k in range(1, self.cfg.blocks + 1):
-                sound = Z.And(*[recovery(kind, v, Z, self.cfg, k) for kind in OBJECT_KINDS
-                                if kind != "on_disk"],
+                sound = Z.And(*[recovery(kind, v, Z, self.cfg, k) for kind in DEVICE_KINDS],
                               layout_ok(v, Z, self.cfg, k), resident(v, Z, self.cfg, k))
                 usable = Z.And(Z.In(d.kind, (REUSE, PARTIAL)), d.k == k)
                 s.push()

@@ -10,7 +10,7 @@ import os
 import sys
 from typing import Callable
 
-from ..spec import faults as faultlib
+from ..fuzz import faults as faultlib
 from ..spec.sut import SpecSUT, SystemUnderTest
 
 BUILTIN = ("spec", "reference")

@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..spec.objects import DECISION_KINDS, DEVICE_STATES, DISK_STATES, POOL
+from ..spec.objects import DECISION_KINDS, POOL, state_name
 from ..spec.system import Spec
 from ..spec.trace import Step, Trace
 
@@ -95,11 +95,6 @@ class WalkResult:
     full_check: bool
 
 
-def _state_name(slot_kind: str, value: int) -> str:
-    names = DISK_STATES if slot_kind == "on_disk" else DEVICE_STATES
-    return names[value] if 0 <= value < len(names) else str(value)
-
-
 class Walker:
     def __init__(self, spec: Spec, seed: int = 0, episode_len: int = 400, swarm: bool = True,
                  full_check: bool = False) -> None:
@@ -146,7 +141,7 @@ class Walker:
                 s2 = inst.effect(s)
                 for slot, kind in inst.state_slots:
                     if s[slot] != s2[slot]:
-                        a, b = _state_name(kind, s[slot]), _state_name(kind, s2[slot])
+                        a, b = state_name(kind, s[slot]), state_name(kind, s2[slot])
                         cov.transitions[f"{kind}:{a}->{b}"] += 1
                         cov.object_states[f"{kind}:{b}"] += 1
                 s = s2

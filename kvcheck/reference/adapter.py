@@ -21,7 +21,7 @@ from kvcheck.spec.sut import ActionRejected
 
 from . import faults as _faults
 from .engine import Engine
-from .manager import Refused
+from .records import Refused
 from .pools import PoolError
 
 _BUMP = {"bump_model": "ver", "bump_compressor": "cmp", "bump_indexer": "ix", "bump_abi": "abi"}

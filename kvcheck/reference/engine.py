@@ -20,10 +20,13 @@ from typing import Any
 import torch
 
 from kvcheck.spec.config import Config
-from kvcheck.spec.objects import PARTIAL, R_DECIDED, R_RUNNING, REUSE
+from kvcheck.spec.objects import PARTIAL, R_DECIDED, R_RUNNING, REUSE, block_objects
 
+from . import faults as EF
 from .hashing import ExtraKeys, block_hashes
-from .manager import CacheManager, Refused, Request
+from .kinds import manager_for
+from .manager import CacheManager
+from .records import Refused, Request
 from .model import HybridLM, ModelState
 
 SUFFIX = 3          # private suffix tokens per request
@@ -82,7 +85,7 @@ class Engine:
         self.prefix = prefix_tokens(cfg, prefix_seed)
         self.salt = "tenant-a"
         self.prefix_hashes = block_hashes(self.prefix, self.B, cfg.blocks, self.extra(self.salt),
-                                          with_salt=self.mgr.fault != "cache_salt_missing")
+                                          with_salt=not self.mgr.planted(EF.CACHE_SALT_MISSING))
         self.runs: dict[int, Run] = {}
         self.serial = 0
         self.reused: dict[str, int] = {}             # objects read back from pages, per kind
@@ -109,21 +112,9 @@ class Engine:
     def fields(self, g: int, kind: str, j: int) -> list[tuple[int, str, tuple[int, ...]]]:
         """(layer, field, shape) of the tensors object (g, kind, j) stores, in page order."""
         grp = self.cfg.groups[g]
-        B, H, D, HD, Di = self.B, self.H, self.D, self.HD, self.Di
-        out = []
-        for i in grp.layers:
-            if kind == "swa_window":
-                c = B if grp.window is None else min(B, grp.window - 1)
-                out += [(i, "win_k", (c, H, D)), (i, "win_v", (c, H, D))]
-            elif kind in ("compressed_kv", "indexer"):
-                e = (j + 1) * B // grp.m - j * B // grp.m
-                out.append((i, "comp", (e, 2 * HD)) if kind == "compressed_kv" else (i, "idx_keys", (e, Di)))
-            elif kind == "tail":
-                t = (j + 1) * B - grp.m * ((j + 1) * B // grp.m)
-                out += [(i, "tail_kv", (t, 2 * HD)), (i, "tail_gate", (t, 2 * HD))]
-                if grp.kind == "csa":
-                    out += [(i, "idx_tail_kv", (t, Di)), (i, "idx_tail_gate", (t, Di))]
-        return out
+        dims = {"B": self.B, "H": self.H, "D": self.D, "HD": self.HD, "Di": self.Di}
+        km = manager_for(kind)
+        return [f for i in grp.layers for f in km.fields(grp, i, j, dims)]
 
     def _page_numel(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -134,7 +125,7 @@ class Engine:
         return out
 
     def mgr_block_kinds(self, j: int) -> list[tuple[int, str]]:
-        return self.cfg.block_objects(j)
+        return block_objects(self.cfg, j)
 
     def block_data(self, st: ModelState, j: int) -> dict[tuple[int, str], torch.Tensor]:
         """The objects of block j cut from a state at L = (j+1)*B, flattened per page."""

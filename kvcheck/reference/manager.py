@@ -1,5 +1,7 @@
-"""The reference engine's cache manager: prefix table, per-block object records over physical
-pools, pins and leases, the four-layer funnel and the decision, tiers, admission, graphs.
+"""The reference engine's cache manager: the prefix table of chained block hashes, per-block
+object records over physical pools, pins and leases, requests, admission, versions and graphs.
+The per-kind rules live in kinds.py (one class per object kind), the funnel and the decision
+in funnel.py, the tier coordinator in tier_coordinator.py; CacheManager composes them.
 
 Written as an implementation (hash table of chained block hashes, page handles with
 generations, per-request block tables of pins, transfer futures), independently of the spec's
@@ -11,108 +13,31 @@ ActionRejected by the adapter) without changing anything when it is not.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from kvcheck.spec.config import Config, Group
-from kvcheck.spec.objects import (D_DURABLE, D_LOADING, D_NONE, D_OFFLOADING, D_QUARANTINED,
-                                  D_UNVERIFIED, DECISIONS, EVICTED, FREE, PARTIAL, PREFETCH,
-                                  R_BOUND, R_DECIDED, R_IDLE, R_PREEMPTED, R_RUNNING, R_WAITING,
-                                  READY, RECOMPUTE, REASONS, REUSE, WRITING)
+from kvcheck.spec.objects import (D_OFFLOADING, DECISIONS, EVICTED, PARTIAL, PREFETCH, R_BOUND,
+                                  R_DECIDED, R_IDLE, R_PREEMPTED, R_RUNNING, R_WAITING, READY,
+                                  REUSE, WRITING, block_objects)
 
+from . import faults as EF
+from .funnel import FunnelMixin
 from .hashing import ExtraKeys, block_hashes
-from .pools import POOL_KINDS, Page, PoolSet, encode_shift
-from .tiers import CopyInvalid, TierStore, check_header, unpack
+from .kinds import manager_for
+from .pools import POOL_KINDS, PoolSet, encode_shift
+from .records import BlockEntry, Decision, ObjRec, Refused, Request
+from .tier_coordinator import TierMixin
+from .tiers import TierStore
 
-REASON = dict(REASONS)
-MISSING_REASON = {"compressed_kv": "compressed_missing", "tail": "tail_missing",
-                  "swa_window": "window_incomplete", "indexer": "indexer_lagging"}
-
-
-class Refused(Exception):
-    """The manager refuses an operation in its current state (nothing changed)."""
-
-
-@dataclass(eq=False)
-class ObjRec:
-    """One cache object (group g, kind, block). Keeps its last stamps after eviction."""
-
-    g: int
-    kind: str
-    j: int
-    state: int = FREE
-    ver: int = 0
-    abi: int = 0
-    aln: int = 1
-    pool_id: int = 0
-    ref: int = 0
-    moved: int = 0
-    page: Page | None = None
-    staged: torch.Tensor | None = None     # produced, not yet compressed / synced
-    epoch: int = -1                        # model weights the data was computed with
-
-    @property
-    def live(self) -> bool:
-        return self.state in (WRITING, READY)
-
-
-@dataclass
-class CopyRec:
-    """The on-disk/host copy of one block."""
-
-    dst: int = D_NONE
-    hdr: dict = field(default_factory=lambda: {"ver": 0, "ix": 0, "cmp": 0, "abi": 0})
-    damaged: int = 0          # set by fault injection (torn write, bit flip): for observation
-
-
-@dataclass(eq=False)
-class BlockEntry:
-    key: str
-    j: int
-    objs: dict[tuple[int, str], ObjRec]
-    published: bool = False
-    copy: CopyRec = field(default_factory=CopyRec)
-
-
-@dataclass(eq=False)
-class Request:
-    rid: int
-    tokens: list[int]
-    n: int                               # blocks of the (hashable) shared prefix
-    hashes: list[str]
-    salt: str = ""
-    st: int = R_WAITING
-    k: int = 0
-    pos: int = 0
-    win: int = 0
-    dec: int = 0
-    lease: dict = field(default_factory=lambda: {"ver": 0, "ix": 0, "abi": 0, "cmp": 0})
-    pins: frozenset = frozenset()
-    bound_ptrs: dict = field(default_factory=dict)   # ObjRec -> (page, gen) at bind
-
-
-@dataclass
-class Decision:
-    kind: int
-    k: int
-    logical: int
-    bits: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": DECISIONS[self.kind], "k": self.k, "logical": self.logical,
-                "reasons": [n for n, b in REASONS if self.bits & b]}
-
-
-class CacheManager:
+class CacheManager(FunnelMixin, TierMixin):
     """Bookkeeping and device/tier data movement for one model (no model execution)."""
 
     def __init__(self, cfg: Config, model_id: str, page_numel: dict[str, int],
                  fault: str | None = None, cache_dir: str | None = None) -> None:
         self.cfg, self.model_id = cfg, model_id
-        from .faults import internal
-        self.fault = internal(fault)
+        self.planted = EF.planted(fault)
         self.B = cfg.block_size
         self.cur = {"ver": 0, "ix": 0, "cmp": 0, "abi": 0}
         # physical slots: the admission cap (bounded for unlisted kinds) plus room for
@@ -138,7 +63,7 @@ class CacheManager:
     # ---- structure ------------------------------------------------------------------------
     def block_kinds(self, j: int) -> list[tuple[int, str]]:
         """(group, kind) of the objects block j carries (its slots)."""
-        return self.cfg.block_objects(j)
+        return block_objects(self.cfg, j)
 
     def entry(self, key: str, j: int) -> BlockEntry:
         e = self.entries.get(key)
@@ -170,17 +95,8 @@ class CacheManager:
         return got
 
     def _recovery_set(self, g: Group, k: int) -> list[tuple[str, int]]:
-        out: list[tuple[str, int]] = []
-        if "compressed_kv" in g.objects:
-            blocks = [j for j in range(k) if self.cfg.has_compressed(g, j)]
-            out += [("compressed_kv", j) for j in blocks]
-            if "indexer" in g.objects:
-                out += [("indexer", j) for j in blocks]
-        if "tail" in g.objects and k >= 1 and self.cfg.needs_tail(g, k - 1):
-            out.append(("tail", k - 1))
-        if "swa_window" in g.objects:
-            out += [("swa_window", j) for j in range(self.window_lo(g.window, k), k)]
-        return out
+        return [(kind, j) for kind in g.objects
+                for j in manager_for(kind).recovery(self.cfg, g, k, self.window_lo)]
 
     def needed(self, req: Request, k: int) -> list[ObjRec]:
         """The ObjRecs of the recovery set at k. Entries, once created, keep their records for
@@ -226,17 +142,12 @@ class CacheManager:
         out: set[ObjRec] = set()
         for j in range(min(pos, len(req.hashes))):
             for (g, kind), o in self.entry(req.hashes[j], j).objs.items():
-                if kind in ("compressed_kv", "indexer"):
-                    out.add(o)
-                elif kind == "tail":
-                    if pos == j + 1:
-                        out.add(o)
-                elif self._groups[g].window is None or win <= j:
+                if manager_for(kind).holds(j, win, pos, self._groups[g].window is not None):
                     out.add(o)
         return out
 
     def version_of(self, kind: str) -> int:
-        return self.cur["cmp"] if kind == "compressed_kv" else self.cur["ix"] if kind == "indexer" else self.cur["ver"]
+        return self.cur[manager_for(kind).stamp]
 
     def shift(self, kind: str, abi: int | None = None, cmp: int | None = None, ix: int | None = None) -> int:
         return encode_shift(kind, self.cur["abi"] if abi is None else abi,
@@ -258,7 +169,7 @@ class CacheManager:
         req.pins = new
 
     def _release(self, req: Request) -> None:
-        if self.fault == "refcount_double_decrement" and req.st == R_RUNNING:
+        if self.planted(EF.REFCOUNT_DOUBLE_DECREMENT) and req.st == R_RUNNING:
             for o in req.pins:
                 if o.kind == "tail":
                     o.ref -= 1
@@ -272,146 +183,14 @@ class CacheManager:
         g = self.graph
         if g is None:
             return False
-        if o.kind in ("compressed_kv", "indexer"):
-            return o.j < g["pos"]
-        if o.kind == "tail":
-            return g["pos"] == o.j + 1
-        if self._groups[o.g].window is None:
-            return o.j < g["pos"]
-        return g["win"] <= o.j < g["pos"]
-
-    # ---- the funnel ----------------------------------------------------------------------------
-    def copy_restorable(self, e: BlockEntry) -> bool:
-        """A copy a load can bring back: durable or in flight, of the current model weights and
-        ABI, and intact — the engine scrubs the bytes (checksum) rather than trusting a flag."""
-        c = e.copy
-        if c.dst not in (D_DURABLE, D_LOADING, D_UNVERIFIED):
-            return False
-        if c.hdr["ver"] != self.cur["ver"] or c.hdr["abi"] != self.cur["abi"]:
-            return False
-        return self._intact(e)
-
-    def _intact(self, e: BlockEntry) -> bool:
-        if self.tiers is None:
-            return False
-        try:
-            if e.copy.dst in (D_LOADING, D_UNVERIFIED):
-                blob = self.tiers.loaded(e.key)
-            else:
-                blob = self.tiers._read(e.key)
-            unpack(blob)
-            return True
-        except (CopyInvalid, OSError, KeyError, AssertionError):
-            return False
-
-    def layers_at(self, req: Request, k: int) -> list[tuple[bool, int]]:
-        """The four layers at candidate k, each (passes, reason bits if it fails)."""
-        need = self.needed(req, k)
-        l1 = (k % self.cfg.align_blocks == 0, REASON["lcm_alignment"])
-        cur_abi, cur_ix = self.cur["abi"], self.cur["ix"]
-        cur_of = {"compressed_kv": self.cur["cmp"], "indexer": cur_ix, "tail": self.cur["ver"],
-                  "swa_window": self.cur["ver"]}
-        skip_abi = self.fault == "abi_version_ignored"
-        skip_ix = self.fault == "indexer_version_ignored"
-        abi_ok = ver_ok = ix_ok = aligned = True
-        for o in need:                        # layers 2 and 4 read the same objects: one pass
-            if not o.aln:
-                aligned = False
-            if o.state != WRITING and o.state != READY:
-                continue
-            if o.abi != cur_abi and not skip_abi:
-                abi_ok = False
-            if o.ver != cur_of[o.kind]:
-                if o.kind == "indexer":
-                    ix_ok = ix_ok and skip_ix
-                else:
-                    ver_ok = False
-        l2 = (abi_ok and ver_ok and ix_ok,
-              (0 if abi_ok else REASON["abi_mismatch"]) + (0 if ver_ok else REASON["model_version"])
-              + (0 if ix_ok else REASON["indexer_version"]))
-        bits, ok3, on_disk = 0, True, False
-        lag_ok = self.fault == "indexer_lag_not_checked"
-        for o in self._presence_set(req, k, need):
-            if o.state == READY or (lag_ok and o.kind == "indexer" and o.state == WRITING):
-                continue
-            ok3 = False
-            bits |= REASON[MISSING_REASON[o.kind]]
-            if not on_disk and self.copy_restorable(self.entry(req.hashes[o.j], o.j)):
-                on_disk = True
-        if on_disk:
-            bits |= REASON["on_disk_not_ready"]
-        l3 = (ok3, bits)
-        l4 = (aligned or self.fault == "misaligned_accepted", REASON["misaligned"])
-        return [l1, l2, l3, l4]
-
-    def _presence_set(self, req: Request, k: int, need: list[ObjRec]) -> list[ObjRec]:
-        if self.fault == "tail_check_skipped":
-            return [o for o in need if o.kind != "tail"]
-        if self.fault == "swa_window_off_by_one":
-            out = []
-            for g in self.cfg.groups:
-                rs = self.recovery_set(g, k)
-                swa = [j for kind, j in rs if kind == "swa_window"]
-                for kind, j in rs:
-                    if kind == "swa_window" and swa and j == swa[0] and g.window is not None:
-                        continue
-                    o = self.obj(req, g.index, kind, j)
-                    if o is not None:
-                        out.append(o)
-            return out
-        return need
-
-    def usable_after_load(self, req: Request, k: int) -> bool:
-        if k % self.cfg.align_blocks:
-            return False
-        for o in self.needed(req, k):
-            here = (o.state == READY and o.ver == self.version_of(o.kind) and o.abi == self.cur["abi"]
-                    and o.aln == 1)
-            if here:
-                continue
-            e = self.entry(req.hashes[o.j], o.j)
-            hv = e.copy.hdr["cmp" if o.kind == "compressed_kv" else "ix" if o.kind == "indexer" else "ver"]
-            if o.live or not self.copy_restorable(e) or hv != self.version_of(o.kind):
-                return False
-        return True
-
-    def logical_hit(self, req: Request) -> int:
-        h = 0
-        for j in range(min(req.n, len(req.hashes))):
-            e = self.entries.get(req.hashes[j])
-            if e is None or not e.published:
-                break
-            h = j + 1
-        return h
-
-    def decide(self, req: Request) -> Decision:
-        logical = self.logical_hit(req)
-        # Candidates from the longest down: the first that passes all four layers is k*; every
-        # longer one has been evaluated (failed) by then, which is all PREFETCH and the
-        # reasons need. (Not a filter chain: the window rule is not monotone in k.)
-        layers: dict[int, list[tuple[bool, int]]] = {}
-        kstar = 0
-        for k in range(logical, 0, -1):
-            layers[k] = self.layers_at(req, k)
-            if all(p for p, _ in layers[k]):
-                kstar = k
-                break
-        prefetch = any(self.usable_after_load(req, k) for k in range(kstar + 1, logical + 1))
-        bits = 0
-        if kstar < logical:
-            bits = next((why for passes, why in layers[logical] if not passes), 0)
-        kind = PREFETCH if prefetch else REUSE if kstar == logical > 0 else PARTIAL if kstar else RECOMPUTE
-        return Decision(kind, kstar, logical, bits)
-
-    def funnel_ok_at(self, req: Request, k: int) -> bool:
-        return k == 0 or all(p for p, _ in self.layers_at(req, k))
+        return manager_for(o.kind).holds(o.j, g["win"], g["pos"], self._groups[o.g].window is not None)
 
     # ---- requests ----------------------------------------------------------------------------
     def submit(self, rid: int, tokens: list[int], n: int, extra: ExtraKeys) -> Request:
         q = self.requests.get(rid)
         if q is not None and q.st != R_IDLE:
             raise Refused(f"request slot {rid} is busy")
-        salted = self.fault != "cache_salt_missing"
+        salted = not self.planted(EF.CACHE_SALT_MISSING)
         req = Request(rid, list(tokens), n, block_hashes(tokens, self.B, n, extra, with_salt=salted),
                       extra.cache_salt)
         self.requests[rid] = req
@@ -419,7 +198,7 @@ class CacheManager:
 
     def probe_decision(self, tokens: list[int], n: int, extra: ExtraKeys) -> Decision:
         """What a lookup would answer for these tokens (no state change): isolation probes."""
-        salted = self.fault != "cache_salt_missing"
+        salted = not self.planted(EF.CACHE_SALT_MISSING)
         req = Request(-1, list(tokens), n, block_hashes(tokens, self.B, n, extra, with_salt=salted),
                       extra.cache_salt)
         return self.decide(req)
@@ -458,7 +237,7 @@ class CacheManager:
             raise Refused("admission: max_active requests hold leases")
         if not self.bind_valid(req):
             raise Refused("the decision no longer holds (bind_stale)")
-        if self.fault == "hashes_published_early":
+        if self.planted(EF.HASHES_PUBLISHED_EARLY):
             for j in range(req.n):
                 self.entry(req.hashes[j], j).published = True
         req.st, req.pos, req.win = R_BOUND, req.k, self.retain_lo(req.k)
@@ -473,7 +252,7 @@ class CacheManager:
 
     def use_valid(self, req: Request) -> bool:
         """Re-validate at use: lease versions and the data pointers bound."""
-        if self.fault == "no_revalidation_at_use":
+        if self.planted(EF.NO_REVALIDATION_AT_USE):
             return True
         if not self.lease_current(req):
             return False
@@ -492,7 +271,7 @@ class CacheManager:
         if self.lease_current(req) and all(o.page is p and p.gen == gen and not p.freed
                                            for o, (p, gen) in req.bound_ptrs.items()):
             raise Refused("lease still valid")
-        if self.fault == "no_revalidation_at_use":
+        if self.planted(EF.NO_REVALIDATION_AT_USE):
             req.st = R_RUNNING                  # the faulty engine never notices the lease is stale
             return False
         req.st = R_WAITING
@@ -500,7 +279,7 @@ class CacheManager:
         return True
 
     def _pool_for(self, kind: str):
-        if self.fault == "shared_free_list" and kind == "swa_window":
+        if kind == "swa_window" and self.planted(EF.SHARED_FREE_LIST):
             return self.pools["tail"]
         return self.pools[kind]
 
@@ -524,7 +303,7 @@ class CacheManager:
             rewrite[gk] = rw
             if not o.live:
                 fresh[o.kind] = fresh.get(o.kind, 0) + 1
-        if self.fault != "admission_cap_ignored":
+        if not self.planted(EF.ADMISSION_CAP_IGNORED):
             for kind, n in fresh.items():
                 if self.occupancy(kind) + n > self.cfg.cap(kind):
                     raise Refused(f"admission: {kind} pool full")
@@ -537,7 +316,7 @@ class CacheManager:
                 o.page = pool.alloc()
                 o.pool_id, o.aln = pool.pool_id, 1
                 o.ver, o.abi = self.version_of(o.kind), self.cur["abi"]
-                if o.kind in ("compressed_kv", "indexer"):
+                if manager_for(o.kind).staged:
                     o.page.pool.write(o.page, torch.zeros(0), 0)
                     o.staged, o.state = flat, WRITING
                 else:
@@ -545,7 +324,7 @@ class CacheManager:
                     o.state = READY
                 o.epoch = self.cur["ver"]
                 self._count(f"{o.kind}:append")
-            elif o.epoch != self.cur["ver"] and self.fault != "entries_kept_across_weight_update":
+            elif o.epoch != self.cur["ver"] and not self.planted(EF.ENTRIES_KEPT_ACROSS_WEIGHT_UPDATE):
                 # current by its own version stamp but computed under older weights (entries
                 # depend on the layer input): refresh the bits in place.
                 if o.state == WRITING:
@@ -592,7 +371,7 @@ class CacheManager:
         e = self.entry_of(o)
         if not o.live:
             raise Refused("not resident")
-        if self.fault != "pinned_object_evicted":
+        if not self.planted(EF.PINNED_OBJECT_EVICTED):
             if o.ref > 0 or self.graph_pinned(o):
                 raise Refused("pinned")
         if e.copy.dst == D_OFFLOADING:
@@ -605,7 +384,7 @@ class CacheManager:
     def migrate(self, o: ObjRec) -> None:
         if o.state != READY or o.ref > 0:
             raise Refused("not movable")
-        if self.graph_pinned(o) and self.fault != "graph_pages_migrated":
+        if self.graph_pinned(o) and not self.planted(EF.GRAPH_PAGES_MIGRATED):
             raise Refused("referenced by a captured graph")
         o.page.pool.move(o.page)
         o.moved, o.aln = 1, int(o.page.aligned)
@@ -616,124 +395,6 @@ class CacheManager:
             if e.objs.get((o.g, o.kind)) is o:
                 return e
         raise KeyError(o)
-
-    # ---- tiers ---------------------------------------------------------------------------------
-    def offload_start(self, e: BlockEntry) -> None:
-        if self.tiers is None:
-            raise Refused("no host/disk tier")
-        if e.copy.dst not in (D_NONE, D_QUARANTINED):
-            raise Refused("copy already exists")
-        if self.inflight >= self.cfg.max_inflight:
-            raise Refused("admission: transfers in flight")
-        for o in e.objs.values():
-            if not (o.state == READY and o.ver == self.version_of(o.kind) and o.abi == self.cur["abi"]):
-                raise Refused(f"{o.kind} of block {e.j} is not ready and current")
-        objs, chunks, off = [], [], 0
-        for (g, kind), o in sorted(e.objs.items()):
-            raw = o.page.pool.read_raw(o.page).numpy().tobytes()       # DMA: exact bytes
-            objs.append({"g": g, "kind": kind, "offset": off, "nbytes": len(raw), "ver": o.ver, "abi": o.abi})
-            chunks.append(raw)
-            off += len(raw)
-        header = {"model_id": self.model_id, "block": e.j, "key": e.key, **self.cur,
-                  "layouts": self.pools.layouts(), "objects": objs}
-        self.tiers.offload(e.key, header, b"".join(chunks))
-        e.copy = CopyRec(D_OFFLOADING, dict(self.cur), 0)
-        self.inflight += 1
-        if self.fault == "offload_ready_before_write":
-            e.copy.dst = D_DURABLE                     # acknowledged at submission
-            self.inflight -= 1
-        self._count("on_disk:none->offloading")
-
-    def offload_ack(self, e: BlockEntry) -> None:
-        if e.copy.dst != D_OFFLOADING:
-            raise Refused("no write in flight")
-        self.tiers.wait_durable(e.key)                 # durable = the write future completed
-        e.copy.dst = D_DURABLE
-        self.inflight -= 1
-        self._count("on_disk:offloading->durable")
-
-    def _restore_fits(self, e: BlockEntry, reserve: int) -> bool:
-        missing: dict[str, int] = {}
-        for o in e.objs.values():
-            missing[o.kind] = missing.get(o.kind, 0) + (not o.live)
-        return all(self.occupancy(k) + n <= self.cfg.cap(k) - reserve for k, n in missing.items())
-
-    def prefetch_start(self, e: BlockEntry) -> None:
-        if e.copy.dst != D_DURABLE or all(o.live for o in e.objs.values()):
-            raise Refused("nothing to prefetch")
-        if self.inflight >= self.cfg.max_inflight:
-            raise Refused("admission: transfers in flight")
-        if not self._restore_fits(e, self.cfg.reserve):
-            raise Refused("admission: restore reserve")
-        self.tiers.load(e.key)
-        e.copy.dst = D_LOADING
-        self.inflight += 1
-
-    def prefetch_complete(self, e: BlockEntry) -> None:
-        if e.copy.dst != D_LOADING:
-            raise Refused("no load in flight")
-        try:
-            self.tiers.loaded(e.key)
-        except OSError:
-            pass                      # a missing/unreadable file fails verification next
-        e.copy.dst = D_UNVERIFIED
-        self.inflight -= 1
-
-    def verify(self, e: BlockEntry, aligned: int, want_ok: bool | None = None) -> bool:
-        """Verify the loaded bytes (checksum, then header) before any object becomes ready;
-        place the missing objects on success, quarantine on failure. `want_ok` (the adapter's
-        action: verify_ok / checksum_fail) makes a mismatching outcome a refusal."""
-        if e.copy.dst != D_UNVERIFIED:
-            raise Refused("nothing loaded")
-        header = payload = None
-        try:
-            blob = self.tiers.loaded(e.key)
-            if self.fault == "load_before_checksum":
-                header, payload = _unpack_unchecked(blob)
-            else:
-                header, payload = unpack(blob)
-                check_header(header, self.model_id, self.cur)
-            ok = True
-        except (CopyInvalid, OSError, ValueError):
-            ok = False
-        if want_ok is not None and ok != want_ok and self.fault != "load_before_checksum":
-            raise Refused("verification outcome differs")
-        if not ok:
-            self.tiers.quarantine(e.key)
-            e.copy.dst = D_QUARANTINED
-            self._count("on_disk:loaded_unverified->quarantined")
-            return False
-        if not self._restore_fits(e, 0):
-            if want_ok is False:                   # (fault path) cannot place it: drop it
-                self.tiers.quarantine(e.key)
-                e.copy.dst = D_QUARANTINED
-                return False
-            raise Refused("admission: no room to restore")
-        for meta in header["objects"]:
-            o = e.objs.get((meta["g"], meta["kind"]))
-            if o is None or o.live:
-                continue
-            raw = torch.frombuffer(bytearray(payload[meta["offset"]:meta["offset"] + meta["nbytes"]]),
-                                   dtype=torch.float32)
-            pool = self.pools[o.kind]
-            o.page = pool.alloc(aligned=bool(aligned))
-            pool.write_raw(o.page, raw)
-            o.state, o.aln, o.pool_id, o.moved = READY, int(o.page.aligned), pool.pool_id, 1
-            o.ver = header["cmp" if o.kind == "compressed_kv" else "ix" if o.kind == "indexer" else "ver"]
-            o.abi = header["abi"]
-            o.epoch = header["ver"]
-            self._count(f"{o.kind}:restore")
-        e.copy.dst = D_DURABLE
-        e.published = True
-        return True
-
-    def corrupt(self, e: BlockEntry) -> None:
-        if e.copy.dst not in (D_OFFLOADING, D_DURABLE, D_LOADING) or e.copy.damaged:
-            raise Refused("no intact copy to damage")
-        self.tiers.corrupt(e.key, in_flight_load=e.copy.dst == D_LOADING)
-        if e.copy.dst == D_LOADING:
-            self.tiers.corrupt(e.key)
-        e.copy.damaged = 1
 
     # ---- versions and graphs ---------------------------------------------------------------------
     def bump(self, field_: str) -> None:
@@ -767,13 +428,3 @@ class CacheManager:
         if self.tiers is not None:
             self.tiers.close()
 
-
-def _unpack_unchecked(blob: bytes) -> tuple[dict, bytes]:
-    """The fault `load_before_checksum`: parse the framing, skip checksum and header checks."""
-    import json
-    import struct
-    from .tiers import MAGIC
-    start = len(MAGIC) + 4
-    (hlen,) = struct.unpack("<I", blob[len(MAGIC):start])
-    header = json.loads(blob[start:start + hlen])
-    return header, blob[start + hlen:-32]

@@ -18,7 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
-from kvcheck.spec.objects import POOL
+from kvcheck.spec.objects import DEVICE_KINDS, POOL
+
+from .kinds import manager_for
 
 ALIGN = 256                    # bytes: hardware alignment a kernel's vector loads require
 ELEM = 4                       # float32
@@ -32,13 +34,8 @@ class PoolError(RuntimeError):
 
 
 def encode_shift(kind: str, abi: int, cmp: int, ix: int) -> int:
-    """Rotation of a page's flat data for its layout (ABI) and format versions."""
-    s = 7 * abi
-    if kind == "compressed_kv":
-        s += 3 * cmp
-    if kind == "indexer":
-        s += 5 * ix
-    return s
+    """Rotation of a page's flat data for its layout (ABI) and format versions (per kind)."""
+    return manager_for(kind).format_shift(abi, cmp, ix)
 
 
 @dataclass(frozen=True)
@@ -170,7 +167,7 @@ class Pool:
         return torch.roll(raw, -shift) if raw.numel() else raw
 
 
-POOL_KINDS = ("compressed_kv", "tail", "swa_window", "indexer")
+POOL_KINDS = DEVICE_KINDS
 
 
 class PoolSet:

@@ -10,20 +10,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from .config import DEVICE_KINDS
+from . import faults as F
 from .funnel import Decision
 from .logic import Expr, Logic
 from .objects import (current_version, header_version, D_DURABLE, D_LOADING, D_NONE, D_OFFLOADING, D_QUARANTINED,
-                      D_UNVERIFIED, EVICTED, POOL, PREFETCH, R_BOUND, R_DECIDED, R_IDLE,
+                      D_UNVERIFIED, EVICTED, KIND, POOL, PREFETCH, R_BOUND, R_DECIDED, R_IDLE,
                       R_PREEMPTED, R_RUNNING, R_WAITING, READY, WRITING, live)
 from .state import Layout, ObjSlot, View
 
 
 class Ctx:
-    """What an action body sees: the pre-state and helpers for the lease/pin semantics."""
+    """What an action body sees: the pre-state, helpers for the lease/pin semantics, and
+    `planted`, the probe a patch site asks whether its fault is planted."""
 
-    def __init__(self, v: View, L: Logic, lay: Layout, fault: str | None) -> None:
-        self.v, self.L, self.lay, self.cfg, self.fault = v, L, lay, lay.cfg, fault
+    def __init__(self, v: View, L: Logic, lay: Layout, fault: "str | F.Planted | None") -> None:
+        self.v, self.L, self.lay, self.cfg = v, L, lay, lay.cfg
+        self.planted = F.planted_spec_fault(fault)
         self.writes: dict[int, Any] = {}
         self._ref_delta: dict[int, list[Any]] = {}
 
@@ -52,17 +54,10 @@ class Ctx:
         return self.v.obj(o.group, o.kind, o.block)
 
     def held(self, o: ObjSlot, win: Any, pos: Any) -> Any:
-        """Does a holder resumed at `pos` with SWA pins from `win` hold object o?
-        compressed/indexer: every block before pos; tail: only the snapshot at pos;
-        swa_window: pages in [win, pos) (full attention: all of [0, pos))."""
-        L, j = self.L, o.block
-        if o.kind in ("compressed_kv", "indexer"):
-            return j < pos
-        if o.kind == "tail":
-            return pos == j + 1
-        if self.cfg.groups[o.group].window is None:
-            return j < pos
-        return L.And(win <= j, j < pos)
+        """Does a holder resumed at `pos` with SWA pins from `win` hold object o? (Its kind's
+        `held` rule: entries before pos, the tail snapshot at pos, the pages of the window.)"""
+        finite = self.cfg.groups[o.group].window is not None
+        return KIND[o.kind].held(self.L, o.block, win, pos, finite)
 
     def active(self, r: int) -> Any:
         st = self.v.req(r).rst
@@ -184,7 +179,7 @@ def submit(c: Ctx, r: int, n: int) -> Any:
 def lookup(c: Ctx, r: int) -> Any:
     """Check: the funnel decides REUSE(k)/PARTIAL(k)/PREFETCH/RECOMPUTE; leases record versions."""
     L, v, q = c.L, c.v, c.v.req(r)
-    d = Decision(v, L, c.cfg, r, c.fault)
+    d = Decision(v, L, c.cfg, r, c.planted)
     pf = d.kind == PREFETCH
     c.set(("r", r, "rst"), L.If(pf, R_WAITING, R_DECIDED))
     c.set(("r", r, "rdec"), d.kind)
@@ -197,7 +192,7 @@ def lookup(c: Ctx, r: int) -> Any:
 
 
 def _bind_valid(c: Ctx, r: int) -> Any:
-    d = Decision(c.v, c.L, c.cfg, r, c.fault)
+    d = Decision(c.v, c.L, c.cfg, r, c.planted)
     return c.L.And(c.lease_current(r), d.ok_at(c.L, c.v.req(r).rk))
 
 
@@ -226,7 +221,7 @@ def use(c: Ctx, r: int) -> Any:
     """Use: re-validate the lease's versions at the moment of reading, then run."""
     q = c.v.req(r)
     c.set(("r", r, "rst"), R_RUNNING)
-    if c.fault == "no_revalidation_at_use":
+    if c.planted(F.NO_REVALIDATION_AT_USE):
         return q.rst == R_BOUND
     return c.L.And(q.rst == R_BOUND, c.lease_current(r))
 
@@ -251,16 +246,17 @@ def append(c: Ctx, r: int, j: int) -> Any:
         ob = c.ob(o)
         rewrite = L.let(L.Not(L.And(live(ob.st, L), c.current(o))))
         guard.append(L.Not(L.And(rewrite, L.Or(ob.ref > 0, c.gpin(o)))))
-        fresh = WRITING if o.kind in ("compressed_kv", "indexer") else READY
+        fresh = KIND[o.kind].fresh
         cur = current_version(v, o.kind)
-        pool = POOL["tail"] if (c.fault == "shared_free_list" and o.kind == "swa_window") else POOL[o.kind]
+        aliased = o.kind == "swa_window" and c.planted(F.SHARED_FREE_LIST)
+        pool = POOL["tail"] if aliased else POOL[o.kind]
         c.set_obj(o, "st", L.If(rewrite, fresh, ob.st))
         c.set_obj(o, "ver", L.If(rewrite, cur, ob.ver))
         c.set_obj(o, "abi", L.If(rewrite, v.cur_abi, ob.abi))
         c.set_obj(o, "aln", L.If(rewrite, 1, ob.aln))
         c.set_obj(o, "pool", L.If(rewrite, pool, ob.pool))
         new_live.setdefault(o.kind, []).append(L.Not(live(ob.st, L)))
-    if c.fault != "admission_ignored":
+    if not c.planted(F.ADMISSION_IGNORED):
         for kind, fresh in new_live.items():
             guard.append(c.occupancy(kind) + L.Count(fresh) <= c.cfg.cap(kind))
     for o in c.lay.objects:
@@ -282,7 +278,7 @@ def slide(c: Ctx, r: int) -> Any:
     lo = L.let(c.retain_lo(q.rpos))
     c.set(("r", r, "rwin"), lo)
     for o in c.lay.objects:
-        if o.kind == "swa_window" and c.cfg.groups[o.group].window is not None:
+        if KIND[o.kind].windowed and c.cfg.groups[o.group].window is not None:
             c.add_ref(o, L.If(L.And(q.rwin <= o.block, o.block < lo, o.block < q.rpos), -1, 0))
     return L.And(q.rst == R_RUNNING, q.rwin < lo)
 
@@ -293,9 +289,9 @@ def finish(c: Ctx, r: int) -> Any:
     L, q = c.L, c.v.req(r)
     c.set(("r", r, "rst"), R_IDLE)
     c.release(r)
-    if c.fault == "refcount_double_decrement":
+    if c.planted(F.REFCOUNT_DOUBLE_DECREMENT):
         for o in c.lay.objects:
-            if o.kind == "tail":
+            if o.kind == "tail":            # the pin of the tail snapshot, released twice
                 c.add_ref(o, L.If(c.held(o, q.rwin, q.rpos), -1, 0))
     return L.And(q.rst == R_RUNNING, q.rpos == q.rlen)
 
@@ -319,7 +315,7 @@ def resume(c: Ctx, r: int) -> Any:
 
 # ---- per-object lifecycle -----------------------------------------------------------------
 
-@action(per_object_kind(("compressed_kv",)))
+@action(per_object_kind(tuple(k.name for k in KIND.values() if k.finished_by == "compress")))
 def compress(c: Ctx, g: int, kind: str, j: int) -> Any:
     """The compressor finishes an entry from its tail tokens (writing -> ready)."""
     o = ObjSlot(g, kind, j)
@@ -327,7 +323,7 @@ def compress(c: Ctx, g: int, kind: str, j: int) -> Any:
     return c.ob(o).st == WRITING
 
 
-@action(per_object_kind(("indexer",)))
+@action(per_object_kind(tuple(k.name for k in KIND.values() if k.finished_by == "indexer_sync")))
 def indexer_sync(c: Ctx, g: int, kind: str, j: int) -> Any:
     """The indexer catches up with the KV of an entry (it may lag; writing -> ready)."""
     o = ObjSlot(g, kind, j)
@@ -342,7 +338,7 @@ def evict(c: Ctx, g: int, kind: str, j: int) -> Any:
     L, o = c.L, ObjSlot(g, kind, j)
     ob = c.ob(o)
     c.set_obj(o, "st", EVICTED)
-    if c.fault == "eviction_ignores_pins":
+    if c.planted(F.EVICTION_IGNORES_PINS):
         return live(ob.st, L)
     return L.And(live(ob.st, L), ob.ref == 0, L.Not(c.gpin(o)), c.v.disk(j).dst != D_OFFLOADING)
 
@@ -354,7 +350,7 @@ def migrate(c: Ctx, g: int, kind: str, j: int) -> Any:
     ob = c.ob(o)
     c.set_obj(o, "gmv", 1)
     c.set_obj(o, "aln", 1)
-    if c.fault == "graph_pages_migrated":
+    if c.planted(F.GRAPH_PAGES_MIGRATED):
         return L.And(ob.st == READY, ob.ref == 0)
     return L.And(ob.st == READY, ob.ref == 0, L.Not(c.gpin(o)))
 
@@ -508,7 +504,7 @@ def release_graph(c: Ctx) -> Any:
     return c.v.graph == 1
 
 
-def run_body(act: Action, v: View, L: Logic, lay: Layout, fault: str | None,
+def run_body(act: Action, v: View, L: Logic, lay: Layout, fault: "str | F.Planted | None",
              params: dict[str, Any]) -> tuple[Any, dict[int, Any]]:
     c = Ctx(v, L, lay, fault)
     guard = act.body(c, **params)
@@ -516,4 +512,5 @@ def run_body(act: Action, v: View, L: Logic, lay: Layout, fault: str | None,
 
 
 ACTION_NAMES = tuple(ACTIONS)
-assert len(DEVICE_KINDS) == 4 and R_IDLE == 0 and D_LOADING == 3 and D_UNVERIFIED == 4
+assert R_IDLE == 0 and D_LOADING == 3 and D_UNVERIFIED == 4
+assert all(k.finished_by in (None, *ACTIONS) for k in KIND.values())

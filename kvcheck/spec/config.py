@@ -14,12 +14,9 @@ from typing import Any
 
 LAYER_KINDS = ("full", "swa", "hca", "csa")
 
-# The five cache objects (brief §2). Full-attention KV pages are swa_window pages with an
-# infinite window: "raw KV for positions [max(0, L-W+1), L)" with W = inf is all of [0, L).
-OBJECT_KINDS = ("compressed_kv", "tail", "swa_window", "indexer", "on_disk")
-DEVICE_KINDS = ("compressed_kv", "tail", "swa_window", "indexer")
-
-# Which device object kinds a group of each layer kind keeps.
+# Which device object kinds a group of each layer kind keeps (the kinds themselves are declared
+# once, in objects.py). Full-attention KV pages are swa_window pages with an infinite window:
+# "raw KV for positions [max(0, L-W+1), L)" with W = inf is all of [0, L).
 GROUP_OBJECTS: dict[str, tuple[str, ...]] = {
     "full": ("swa_window",),
     "swa": ("swa_window",),
@@ -159,19 +156,6 @@ class Config:
         snapshot of tokens [m*(L//m), L) is needed to resume there)?"""
         return ((j + 1) * self.block_size) % g.m != 0
 
-    def block_objects(self, j: int) -> list[tuple[int, str]]:
-        """(group, kind) of every device object logical block j carries: compressed entries and
-        indexer keys only where an entry completes, tails only where a snapshot is needed."""
-        out = []
-        for g in self.groups:
-            for kind in g.objects:
-                if kind in ("compressed_kv", "indexer") and not self.has_compressed(g, j):
-                    continue
-                if kind == "tail" and not self.needs_tail(g, j):
-                    continue
-                out.append((g.index, kind))
-        return out
-
     def tail_start_block(self, g: Group, k: int) -> int:
         """Block whose start is the tail's start at boundary k (the junction with the last entry)."""
         return (g.m * ((k * self.block_size) // g.m)) // self.block_size
@@ -204,6 +188,7 @@ class Config:
             if pt < 1 or pt % self.block_size:
                 raise ConfigError(f"config: page_tokens[{kind}]={pt} must be a positive multiple "
                                   f"of block_size={self.block_size}")
+        from .objects import DEVICE_KINDS   # declared with the kinds (objects.py imports this module)
         for kind, cap in self.capacity.items():
             if kind not in DEVICE_KINDS:
                 raise ConfigError(f"config: capacity: unknown object kind {kind!r}; "

@@ -1,44 +1,177 @@
-"""The fault library: named, planted bugs that each check must catch.
+"""The fault library: named, planted bugs that each check must catch, declared as patches.
 
-Owns the registry behind `kvcheck faults`. Spec faults are deviations of the spec itself
-(actions.py and funnel.py branch on the fault's name when the spec is built); later parts
-(the reference engine) register their own faults here. A fault counts as caught only when a
-run fails with its `expected` invariant or check among the violations at the first failing step.
+Owns the `Fault` record, the spec's own faults, the `Planted` probe through which a patch site
+asks "is my fault planted?", and the `Registry` that collects faults from explicit providers
+(spec, reference engine, vLLM, a user's SUT; fuzz/faults.py lists them). A fault names the site
+it patches (an action of the spec's table, a funnel layer, an engine method) and the check that
+must catch it; it counts as caught only when a run fails with that `expected` check. Sites ask
+with the fault's constant, never its name as a string, so a typo is a NameError; a spec built
+with a fault that no site asked for plants nothing and is refused (FaultError).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Iterable
 
 
 class UnknownFault(KeyError):
+    def __init__(self, name: str, hint: str = "") -> None:
+        super().__init__(name)
+        self.hint = hint
+
     def __str__(self) -> str:
-        return f"unknown fault {self.args[0]!r}; `kvcheck faults` lists the known ones"
+        return self.hint or f"unknown fault {self.args[0]!r}; `kvcheck faults` lists the known ones"
+
+
+class FaultError(ValueError):
+    """A fault that cannot be planted where it was asked for (exit code 2)."""
 
 
 @dataclass(frozen=True)
 class Fault:
     name: str
-    layer: str          # spec | engine | ...
+    provider: str       # who plants it: spec | reference | vllm | transformers | a user's SUT
+    site: str           # what it patches: action:NAME, funnel:layerN, or the engine's own method
     bug_class: str
     mirrors: str        # the public bug class / design it reproduces, where there is one
     expected: str       # the invariant or check that must catch it
     doc: str
+    suts: tuple[str, ...] = field(default=())     # --sut values that can plant it
 
-    def to_dict(self) -> dict[str, str]:
-        return asdict(self)
+    @property
+    def layer(self) -> str:
+        """spec | engine: where the fault lives (the spec itself, or a system under test)."""
+        return "spec" if self.provider == "spec" else "engine"
+
+    def to_dict(self) -> dict[str, object]:
+        d = asdict(self)
+        d["layer"] = self.layer
+        d["suts"] = list(self.suts)
+        return d
 
 
-FAULTS: dict[str, Fault] = {}
+class Planted:
+    """The fault a spec or engine runs with. A patch site calls `planted(F)` with its own
+    fault's constant; the asks are recorded so that a fault no site asked for is detected."""
+
+    __slots__ = ("fault", "asked")
+
+    def __init__(self, fault: Fault | None = None) -> None:
+        self.fault = fault
+        self.asked: set[str] = set()
+
+    def __call__(self, f: Fault) -> bool:
+        self.asked.add(f.name)
+        return self.fault is not None and self.fault.name == f.name
+
+    @property
+    def name(self) -> str | None:
+        return None if self.fault is None else self.fault.name
 
 
-def register(f: Fault) -> Fault:
-    if f.name in FAULTS:
-        raise ValueError(f"fault {f.name!r} registered twice")
-    FAULTS[f.name] = f
-    return f
+def _spec(name: str, site: str, bug_class: str, mirrors: str, expected: str, doc: str) -> Fault:
+    return Fault(name, "spec", site, bug_class, mirrors, expected, doc, ("spec",))
+
+
+DECISION_IGNORES_INDEXER_VERSION = _spec(
+    "decision_ignores_indexer_version", "funnel:layer2", "indexer stale after restore",
+    "DeepSeek-V3.2 sparse indexer state restored with another version (SGLang/vLLM "
+    "indexer cache discussions)", "hit_sound_indexer",
+    "Funnel layer 2 does not compare the indexer keys' version with the current indexer.")
+WINDOW_OFF_BY_ONE = _spec(
+    "window_off_by_one", "funnel:layer3", "window not covering needed positions",
+    "vLLM sliding-window hit that skips the first page of the window (null-block "
+    "accounting at the window edge)", "hit_sound_swa_window",
+    "The funnel checks SWA pages [lo+1, k) instead of [lo, k): the window's first page is unchecked.")
+TAIL_JUNCTION_NOT_CHECKED = _spec(
+    "tail_junction_not_checked", "funnel:layer3", "tail dropped / wrong tail",
+    "DeepSeek-V4 compressed layers resuming inside a compression block", "hit_sound_tail",
+    "The funnel accepts the oldest tail snapshot of the current compression block instead "
+    "of the one taken exactly at the hit point.")
+PREFETCH_COUNTED_AS_HIT = _spec(
+    "prefetch_counted_as_hit", "funnel:layer3", "offload marked ready before the copy completes",
+    "LMCache / SGLang HiCache: 'registered' treated as 'ready' before the load acknowledgement",
+    "hit_sound_on_disk",
+    "Layer 3 treats objects whose on-disk copy is still loading or unverified as present.")
+EVICTION_IGNORES_PINS = _spec(
+    "eviction_ignores_pins", "action:evict", "hit evicted between lookup and pin",
+    "vLLM/SGLang prefix hit evicted before the request pinned it", "toctou_bound_stable",
+    "Eviction does not check reference counts or graph pins.")
+COMPRESSED_VERSION_IGNORED = _spec(
+    "compressed_version_ignored", "funnel:layer2", "layout or version change not invalidating a cache",
+    "persisted compressed KV reused after a weight/quantization update", "hit_sound_compressed_kv",
+    "Layer 2 does not compare compressed entries' version with the current compressor.")
+ABI_IGNORED = _spec(
+    "abi_ignored", "funnel:layer2", "layout or version change not invalidating a cache",
+    "kernel ABI / page layout change not invalidating stored pages", "hit_sound_layout",
+    "Layer 2 does not compare the objects' ABI/layout fingerprint.")
+NO_REVALIDATION_AT_USE = _spec(
+    "no_revalidation_at_use", "action:use", "TOCTOU: lease not re-validated at use",
+    "state_data_ptrs / version re-check skipped before reading", "toctou_bound_stable",
+    "`use` runs a bound request without re-validating its lease versions.")
+REFCOUNT_DOUBLE_DECREMENT = _spec(
+    "refcount_double_decrement", "action:finish", "refcount imbalance",
+    "vLLM block pool ref_cnt going negative on double free", "refcount_equals_holders",
+    "`finish` releases the tail snapshot's pin twice.")
+ADMISSION_IGNORED = _spec(
+    "admission_ignored", "action:append", "admission cap ignored",
+    "cache growth crowding out new requests (OOM)", "admission_cap",
+    "`append` allocates without checking the pool's capacity.")
+SHARED_FREE_LIST = _spec(
+    "shared_free_list", "action:append", "groups aliasing memory",
+    "hybrid groups drawing pages from one free list", "five_state_routing",
+    "`append` draws SWA pages from the tail pool.")
+GRAPH_PAGES_MIGRATED = _spec(
+    "graph_pages_migrated", "action:migrate", "CUDA-graph replay of stale tables",
+    "compaction moving pages referenced by a captured CUDA graph", "graph_topology",
+    "Compaction moves pages that a captured graph references.")
+
+SPEC_FAULTS: tuple[Fault, ...] = (
+    DECISION_IGNORES_INDEXER_VERSION, WINDOW_OFF_BY_ONE, TAIL_JUNCTION_NOT_CHECKED,
+    PREFETCH_COUNTED_AS_HIT, EVICTION_IGNORES_PINS, COMPRESSED_VERSION_IGNORED, ABI_IGNORED,
+    NO_REVALIDATION_AT_USE, REFCOUNT_DOUBLE_DECREMENT, ADMISSION_IGNORED, SHARED_FREE_LIST,
+    GRAPH_PAGES_MIGRATED,
+)
+FAULTS: dict[str, Fault] = {f.name: f for f in SPEC_FAULTS}      # the spec's own
+
+
+class Registry:
+    """Faults from explicit providers, loaded on first use (a provider's module may need an
+    optional package; its fault list must import without it). Names are unique across
+    providers."""
+
+    def __init__(self, providers: dict[str, Callable[[], Iterable[Fault]]] | None = None) -> None:
+        self.providers: dict[str, Callable[[], Iterable[Fault]]] = {"spec": lambda: SPEC_FAULTS}
+        self.providers.update(providers or {})
+        self._faults: dict[str, Fault] | None = None
+
+    def all(self) -> dict[str, Fault]:
+        if self._faults is None:
+            out: dict[str, Fault] = {}
+            for prov, load in self.providers.items():
+                for f in load():
+                    if f.provider != prov:
+                        raise ValueError(f"fault {f.name!r} is declared by {f.provider!r}, listed under {prov!r}")
+                    if f.name in out:
+                        raise ValueError(f"fault {f.name!r} declared twice")
+                    out[f.name] = f
+            self._faults = out
+        return self._faults
+
+    def get(self, name: str, sut: str | None = None) -> Fault:
+        """The fault, checked against the SUT that is to plant it (when given)."""
+        faults = self.all()
+        f = faults.get(name)
+        if f is None:
+            raise UnknownFault(name)
+        if sut is not None and f.suts and sut not in f.suts:
+            raise UnknownFault(name, f"fault {name!r} is planted by --sut {' or '.join(f.suts)}, "
+                                     f"not --sut {sut}; `kvcheck faults` lists each fault's SUT")
+        return f
 
 
 def get(name: str) -> Fault:
+    """A spec fault by name (engine faults live with their engines: see fuzz/faults.py)."""
     try:
         return FAULTS[name]
     except KeyError:
@@ -46,49 +179,11 @@ def get(name: str) -> Fault:
 
 
 def spec_faults() -> list[Fault]:
-    return [f for f in FAULTS.values() if f.layer == "spec"]
+    return list(SPEC_FAULTS)
 
 
-for _f in (
-    Fault("decision_ignores_indexer_version", "spec", "indexer stale after restore",
-          "DeepSeek-V3.2 sparse indexer state restored with another version (SGLang/vLLM "
-          "indexer cache discussions)", "hit_sound_indexer",
-          "Funnel layer 2 does not compare the indexer keys' version with the current indexer."),
-    Fault("window_off_by_one", "spec", "window not covering needed positions",
-          "vLLM sliding-window hit that skips the first page of the window (null-block "
-          "accounting at the window edge)", "hit_sound_swa_window",
-          "The funnel checks SWA pages [lo+1, k) instead of [lo, k): the window's first page is unchecked."),
-    Fault("tail_junction_not_checked", "spec", "tail dropped / wrong tail",
-          "DeepSeek-V4 compressed layers resuming inside a compression block", "hit_sound_tail",
-          "The funnel accepts the oldest tail snapshot of the current compression block instead "
-          "of the one taken exactly at the hit point."),
-    Fault("prefetch_counted_as_hit", "spec", "offload marked ready before the copy completes",
-          "LMCache / SGLang HiCache: 'registered' treated as 'ready' before the load acknowledgement",
-          "hit_sound_on_disk",
-          "Layer 3 treats objects whose on-disk copy is still loading or unverified as present."),
-    Fault("eviction_ignores_pins", "spec", "hit evicted between lookup and pin",
-          "vLLM/SGLang prefix hit evicted before the request pinned it", "toctou_bound_stable",
-          "Eviction does not check reference counts or graph pins."),
-    Fault("compressed_version_ignored", "spec", "layout or version change not invalidating a cache",
-          "persisted compressed KV reused after a weight/quantization update", "hit_sound_compressed_kv",
-          "Layer 2 does not compare compressed entries' version with the current compressor."),
-    Fault("abi_ignored", "spec", "layout or version change not invalidating a cache",
-          "kernel ABI / page layout change not invalidating stored pages", "hit_sound_layout",
-          "Layer 2 does not compare the objects' ABI/layout fingerprint."),
-    Fault("no_revalidation_at_use", "spec", "TOCTOU: lease not re-validated at use",
-          "state_data_ptrs / version re-check skipped before reading", "toctou_bound_stable",
-          "`use` runs a bound request without re-validating its lease versions."),
-    Fault("refcount_double_decrement", "spec", "refcount imbalance",
-          "vLLM block pool ref_cnt going negative on double free", "refcount_equals_holders",
-          "`finish` releases the tail snapshot's pin twice."),
-    Fault("admission_ignored", "spec", "admission cap ignored",
-          "cache growth crowding out new requests (OOM)", "admission_cap",
-          "`append` allocates without checking the pool's capacity."),
-    Fault("shared_free_list", "spec", "groups aliasing memory",
-          "hybrid groups drawing pages from one free list", "five_state_routing",
-          "`append` draws SWA pages from the tail pool."),
-    Fault("graph_pages_migrated", "spec", "CUDA-graph replay of stale tables",
-          "compaction moving pages referenced by a captured CUDA graph", "graph_topology",
-          "Compaction moves pages that a captured graph references."),
-):
-    register(_f)
+def planted_spec_fault(fault: "str | Planted | None") -> Planted:
+    """The Planted probe for a spec built with `fault` (a spec fault's name)."""
+    if isinstance(fault, Planted):
+        return fault
+    return Planted(None if fault is None else get(fault))

@@ -10,27 +10,32 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import faults as F
 from .config import Config
 from .logic import Logic
-from .objects import (current_version, header_version, D_DURABLE, D_LOADING, D_UNVERIFIED, PARTIAL, PREFETCH, READY,
-                      RECOMPUTE, REASON_BIT, REUSE, live, needed_objects)
+from .objects import (current_version, header_version, D_DURABLE, D_LOADING, D_UNVERIFIED, KIND, PARTIAL,
+                      PREFETCH, READY, RECOMPUTE, REASON_BIT, REUSE, live, needed_objects)
 
 
-def _needed(cfg: Config, k: int, fault: str | None = None) -> list[tuple[int, str, int]]:
+def _needed(cfg: Config, k: int, fault: F.Planted | None = None) -> list[tuple[int, str, int]]:
     """(group, kind, block) of every object a resume at k reads. With `fault`, the set whose
     presence layer 3 checks (the coverage faults live here; layers 2 and 4 see the true set)."""
     out = []
     for g in cfg.groups:
         need = needed_objects(cfg, g, k)
-        if fault == "window_off_by_one" and "swa_window" in need and need["swa_window"]:
+        if fault is not None and need.get("swa_window") and fault(F.WINDOW_OFF_BY_ONE):
             need["swa_window"] = need["swa_window"][1:]          # first page of the window unchecked
-        if fault == "tail_junction_not_checked" and need.get("tail"):
-            start = cfg.tail_start_block(g, k)                   # any older snapshot of this entry
-            if cfg.needs_tail(g, start):
-                need["tail"] = [start]
+        start = cfg.tail_start_block(g, k) if need.get("tail") else None   # an older snapshot
+        if fault is not None and start is not None and cfg.needs_tail(g, start) \
+                and fault(F.TAIL_JUNCTION_NOT_CHECKED):
+            need["tail"] = [start]
         for kind, blocks in need.items():
             out.extend((g.index, kind, j) for j in blocks)
     return out
+
+
+# Layer 2's planted faults: the kind whose version stamp each one leaves unchecked.
+_STAMP_PATCH = {"indexer": F.DECISION_IGNORES_INDEXER_VERSION, "compressed_kv": F.COMPRESSED_VERSION_IGNORED}
 
 
 def restorable(v: Any, L: Logic, j: int) -> Any:
@@ -40,24 +45,24 @@ def restorable(v: Any, L: Logic, j: int) -> Any:
                  d.dver == v.cur_ver, d.dabi == v.cur_abi)
 
 
-def layers_at(v: Any, L: Logic, cfg: Config, k: int, fault: str | None) -> list[tuple[Any, Any]]:
+def layers_at(v: Any, L: Logic, cfg: Config, k: int, fault: F.Planted) -> list[tuple[Any, Any]]:
     """[(passes, reason_bits_if_it_fails)] for the four layers at a concrete k >= 1."""
     need = _needed(cfg, k)
     # layer 1: alignment
     l1 = (k % cfg.align_blocks == 0, REASON_BIT["lcm_alignment"])
     # layer 2: fingerprints of the objects that are present
-    abi, ver, ixv = [], [], []
+    abi: list[Any] = []
+    stamps: dict[str, list[Any]] = {"model_version": [], "indexer_version": []}
     for g, kind, j in need:
         o = v.obj(g, kind, j)
         here = live(o.st, L)
-        if fault != "abi_ignored":
+        if not fault(F.ABI_IGNORED):
             abi.append(L.Implies(here, o.abi == v.cur_abi))
-        if kind == "indexer":
-            if fault != "decision_ignores_indexer_version":
-                ixv.append(L.Implies(here, o.ver == v.cur_ix))
-        elif not (fault == "compressed_version_ignored" and kind == "compressed_kv"):
-            ver.append(L.Implies(here, o.ver == current_version(v, kind)))
-    abi_ok, ver_ok, ix_ok = L.let(L.And(*abi)), L.let(L.And(*ver)), L.let(L.And(*ixv))
+        patch = _STAMP_PATCH.get(kind)
+        if patch is None or not fault(patch):
+            stamps[KIND[kind].version_reason].append(L.Implies(here, o.ver == current_version(v, kind)))
+    abi_ok = L.let(L.And(*abi))
+    ver_ok, ix_ok = L.let(L.And(*stamps["model_version"])), L.let(L.And(*stamps["indexer_version"]))
     l2_bits = L.let(L.If(abi_ok, 0, REASON_BIT["abi_mismatch"]) + L.If(ver_ok, 0, REASON_BIT["model_version"])
                     + L.If(ix_ok, 0, REASON_BIT["indexer_version"]))
     l2 = (L.And(abi_ok, ver_ok, ix_ok), l2_bits)
@@ -67,11 +72,9 @@ def layers_at(v: Any, L: Logic, cfg: Config, k: int, fault: str | None) -> list[
     for g, kind, j in _needed(cfg, k, fault):
         o = v.obj(g, kind, j)
         ok = o.st == READY
-        if fault == "prefetch_counted_as_hit":
+        if fault(F.PREFETCH_COUNTED_AS_HIT):
             ok = L.Or(ok, L.In(v.disk(j).dst, (D_LOADING, D_UNVERIFIED)))
-        reason = {"compressed_kv": "compressed_missing", "tail": "tail_missing",
-                  "swa_window": "window_incomplete", "indexer": "indexer_lagging"}[kind]
-        per_reason.setdefault(reason, []).append(ok)
+        per_reason.setdefault(KIND[kind].missing_reason, []).append(ok)
         missing_restorable.append(L.And(L.Not(ok), restorable(v, L, j)))
     l3_parts = {r: L.let(L.And(*c)) for r, c in per_reason.items()}
     on_disk = L.let(L.Or(*missing_restorable))
@@ -85,7 +88,7 @@ def layers_at(v: Any, L: Logic, cfg: Config, k: int, fault: str | None) -> list[
     return [l1, l2, l3, l4]
 
 
-def prefetch_ok_at(v: Any, L: Logic, cfg: Config, k: int, fault: str | None) -> Any:
+def prefetch_ok_at(v: Any, L: Logic, cfg: Config, k: int) -> Any:
     """Would k be usable once every restorable copy is loaded and verified?"""
     if k % cfg.align_blocks:
         return False
@@ -102,7 +105,8 @@ def prefetch_ok_at(v: Any, L: Logic, cfg: Config, k: int, fault: str | None) -> 
 class Decision:
     """The decision of request r's lookup as terms of the chosen logic."""
 
-    def __init__(self, v: Any, L: Logic, cfg: Config, r: int, fault: str | None) -> None:
+    def __init__(self, v: Any, L: Logic, cfg: Config, r: int, fault: "str | F.Planted | None") -> None:
+        fault = F.planted_spec_fault(fault)
         req = v.req(r)
         n = cfg.blocks
         self.ok: dict[int, Any] = {0: True}
@@ -124,7 +128,7 @@ class Decision:
         pf = []
         for k in range(1, n + 1):
             pf.append(L.And(self.hit[k], L.Not(self.ok[k]), self.k < k,
-                            prefetch_ok_at(v, L, cfg, k, fault)))
+                            prefetch_ok_at(v, L, cfg, k)))
         self.prefetch = L.let(L.Or(*pf))
         self.kind = L.let(L.If(self.prefetch, PREFETCH,
                                L.If(L.And(self.k == self.logical, self.k > 0), REUSE,

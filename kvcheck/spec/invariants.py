@@ -12,8 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .actions import Ctx
-from .config import DEVICE_KINDS
-from .objects import (D_LOADING, D_OFFLOADING, PARTIAL, POOL, R_BOUND, R_RUNNING, REUSE,
+from .objects import (DEVICE_KINDS, D_LOADING, D_OFFLOADING, PARTIAL, POOL, R_BOUND, R_RUNNING, REUSE,
                       layout_ok, live, recovery, resident)
 
 

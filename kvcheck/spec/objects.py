@@ -8,9 +8,9 @@ the funnel (which may carry planted faults) is written separately in funnel.py.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
-from .config import DEVICE_KINDS, OBJECT_KINDS, Config, Group
+from .config import Config, Group
 from .logic import Logic
 
 # ---- device object lifecycle (compressed_kv, tail, swa_window, indexer) -----------------
@@ -33,10 +33,7 @@ REQUEST_STATES = ("idle", "waiting", "decided", "bound", "running", "preempted")
 # ---- decisions -----------------------------------------------------------------------
 D_NO, RECOMPUTE, PARTIAL, PREFETCH, REUSE = 0, 1, 2, 3, 4
 DECISIONS = ("none", "RECOMPUTE", "PARTIAL", "PREFETCH", "REUSE")
-DECISION_KINDS = ("REUSE", "PARTIAL", "PREFETCH", "RECOMPUTE")
-
-# ---- physical pools: one per device object kind (five-state routing by structure) ------
-POOL = {kind: i for i, kind in enumerate(DEVICE_KINDS)}
+DECISION_KINDS = tuple(reversed(DECISIONS[1:]))      # the four a lookup answers, best first
 
 # ---- degradation reasons (bits), named by the funnel layer that raises them ------------
 REASONS = (
@@ -60,6 +57,10 @@ def reason_names(bits: int) -> list[str]:
 
 @dataclass(frozen=True)
 class ObjectKind:
+    """One cache object kind, declared once: its documentation (what `kvcheck spec` prints)
+    and every per-kind rule the spec, the funnel, the explorers' coverage and the engines
+    derive from it. Blocks are logical blocks; a resume at k means at token L = k * B."""
+
     name: str
     layers: str
     states: tuple[str, ...]
@@ -67,6 +68,34 @@ class ObjectKind:
     hit_validation: str
     eviction: str
     cost_of_loss: str
+    device: bool = True                  # held in a device pool (on_disk is a copy of a block)
+    fresh: int = READY                   # the state a write leaves it in (WRITING: finished later)
+    finished_by: str | None = None       # the action that takes it from WRITING to READY
+    version: str = "cur_ver"             # the global version it is stamped with ...
+    header: str = "dver"                 # ... and where a disk copy's header records it
+    version_reason: str = "model_version"    # funnel layer 2's reason when its stamp is stale
+    missing_reason: str = ""             # funnel layer 3's reason when it is not ready
+    windowed: bool = False               # a holder keeps only a window of it (released as it slides)
+    # geometry: does block j of group g carry one (cfg, g, j) -> bool; which blocks a resume
+    # at k reads (cfg, g, k) -> [j]; does a holder resumed at pos with SWA pins from win keep
+    # block j (L, j, win, pos, finite_window) -> bool | term
+    carried: Callable[[Any, Any, int], bool] = lambda cfg, g, j: True
+    needed: Callable[[Any, Any, int], list[int]] = lambda cfg, g, k: []
+    held: Callable[[Any, int, Any, Any, bool], Any] = lambda L, j, win, pos, finite: j < pos
+
+    def reachable_states(self) -> tuple[str, ...]:
+        """The lifecycle states a run can reach after the initial one (coverage targets)."""
+        if not self.device:
+            return self.states[1:]
+        return tuple(s for s in self.states[1:] if s != "writing" or self.fresh == WRITING)
+
+
+def _entry_blocks(cfg: Any, g: Any, k: int) -> list[int]:
+    return [j for j in range(k) if cfg.has_compressed(g, j)]
+
+
+def _swa_held(L: Any, j: int, win: Any, pos: Any, finite: bool) -> Any:
+    return L.And(win <= j, j < pos) if finite else j < pos
 
 
 OBJECTS: tuple[ObjectKind, ...] = (
@@ -76,28 +105,41 @@ OBJECTS: tuple[ObjectKind, ...] = (
         "compressing), written by the current model/compressor version",
         "entries of every block before k present, version == current, ABI == current",
         "conservative: evicted last; only when unpinned and not graph-captured",
-        "the layer cannot continue; recomputing costs the whole prefix"),
+        "the layer cannot continue; recomputing costs the whole prefix",
+        fresh=WRITING, finished_by="compress", version="cur_cmp", header="dcmp",
+        missing_reason="compressed_missing",
+        carried=lambda cfg, g, j: cfg.has_compressed(g, j), needed=_entry_blocks),
     ObjectKind(
         "tail", "compressed layers (csa, hca)", DEVICE_STATES,
         "raw KV and gate of tokens [m*(L//m), L), contiguous, junction with the last entry "
         "exact: the snapshot taken at exactly L",
         "the tail snapshot of the block ending at L present and current (not an older one)",
         "fast: any tail not at a request's current position may go",
-        "a single missing page makes it unusable; no approximate splice"),
+        "a single missing page makes it unusable; no approximate splice",
+        missing_reason="tail_missing",
+        carried=lambda cfg, g, j: cfg.needs_tail(g, j),
+        needed=lambda cfg, g, k: [k - 1] if k >= 1 and cfg.needs_tail(g, k - 1) else [],
+        held=lambda L, j, win, pos, finite: pos == j + 1),
     ObjectKind(
         "swa_window", "swa layers, the SWA branch of csa/hca, full layers (W = infinity)",
         DEVICE_STATES,
         "raw KV for positions [max(0, L-W+1), L): every page of the window present",
         "every page from block (L-W+1)//B to k-1 present, current, aligned",
         "pages outside every retained window first",
-        "attention reads the wrong history range"),
+        "attention reads the wrong history range",
+        missing_reason="window_incomplete", windowed=True,
+        needed=lambda cfg, g, k: list(range(cfg.window_lo_block(g.window, k), k)),
+        held=_swa_held),
     ObjectKind(
         "indexer", "sparse (csa) layers", DEVICE_STATES,
         "indexer keys for the same entries as the compressed KV, same indexer version, "
         "synced (not lagging the KV)",
         "indexer keys of every block before k ready (synced) and of the current indexer version",
         "with its compressed entries",
-        "sparse layers select the wrong entries; quality drops silently"),
+        "sparse layers select the wrong entries; quality drops silently",
+        fresh=WRITING, finished_by="indexer_sync", version="cur_ix", header="dix",
+        version_reason="indexer_version", missing_reason="indexer_lagging",
+        carried=lambda cfg, g, j: cfg.has_compressed(g, j), needed=_entry_blocks),
     ObjectKind(
         "on_disk", "any layer (offloaded copy of a whole block)", DISK_STATES,
         "the offloaded copy is durable (write-back acknowledged), loaded back, checksum and "
@@ -105,26 +147,41 @@ OBJECTS: tuple[ObjectKind, ...] = (
         "a block whose device objects are missing is never a hit while its copy is in flight; "
         "it is PREFETCH",
         "quarantined on checksum/header failure; overwritten by a new offload",
-        "a registered-but-not-ready copy served as a hit reads placeholder data"),
+        "a registered-but-not-ready copy served as a hit reads placeholder data",
+        device=False, version="", header="", version_reason="", missing_reason="on_disk_not_ready"),
 )
-assert tuple(o.name for o in OBJECTS) == OBJECT_KINDS
+KIND: dict[str, ObjectKind] = {o.name: o for o in OBJECTS}
+OBJECT_KINDS = tuple(KIND)
+DEVICE_KINDS = tuple(o.name for o in OBJECTS if o.device)
+assert all(o.missing_reason in REASON_BIT for o in OBJECTS)
+assert all(o.version_reason in REASON_BIT for o in OBJECTS if o.device)
+
+# ---- physical pools: one per device object kind (five-state routing by structure) ------
+POOL = {kind: i for i, kind in enumerate(DEVICE_KINDS)}
+
+
+def state_name(kind: str, value: int) -> str:
+    """The lifecycle state `value` of an object of `kind`, by name (the number if out of range)."""
+    names = KIND[kind].states
+    return names[value] if 0 <= value < len(names) else str(value)
+
+
+def block_objects(cfg: Config, j: int) -> list[tuple[int, str]]:
+    """(group, kind) of every device object logical block j carries: compressed entries and
+    indexer keys only where an entry completes, tails only where a snapshot is needed."""
+    return [(g.index, kind) for g in cfg.groups for kind in g.objects if KIND[kind].carried(cfg, g, j)]
 
 
 def live(st: Any, L: Logic) -> Any:
     return L.Or(st == WRITING, st == READY)
 
 
-# Which version stamp an object kind is written with, and where a disk header records it.
-VERSION_OF = {"compressed_kv": "cur_cmp", "indexer": "cur_ix", "tail": "cur_ver", "swa_window": "cur_ver"}
-HEADER_OF = {"compressed_kv": "dcmp", "indexer": "dix", "tail": "dver", "swa_window": "dver"}
-
-
 def current_version(v: Any, kind: str) -> Any:
-    return getattr(v, VERSION_OF[kind])
+    return getattr(v, KIND[kind].version)
 
 
 def header_version(v: Any, kind: str, j: int) -> Any:
-    return getattr(v.disk(j), HEADER_OF[kind])
+    return getattr(v.disk(j), KIND[kind].header)
 
 
 # ---- recovery conditions (ground truth) -------------------------------------------------
@@ -133,17 +190,7 @@ def header_version(v: Any, kind: str, j: int) -> Any:
 
 def needed_objects(cfg: Config, g: Group, k: int) -> dict[str, list[int]]:
     """Blocks whose objects of each kind a resume at k reads (the recovery set)."""
-    out: dict[str, list[int]] = {}
-    if "compressed_kv" in g.objects:
-        out["compressed_kv"] = [j for j in range(k) if cfg.has_compressed(g, j)]
-    if "indexer" in g.objects:
-        out["indexer"] = [j for j in range(k) if cfg.has_compressed(g, j)]
-    if "tail" in g.objects:
-        out["tail"] = [k - 1] if k >= 1 and cfg.needs_tail(g, k - 1) else []
-    if "swa_window" in g.objects:
-        lo = cfg.window_lo_block(g.window, k)
-        out["swa_window"] = list(range(lo, k))
-    return out
+    return {kind: KIND[kind].needed(cfg, g, k) for kind in g.objects}
 
 
 def recovery(kind: str, v: Any, L: Logic, cfg: Config, k: int) -> Any:

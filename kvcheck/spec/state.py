@@ -7,59 +7,92 @@ slot and `View` reads a state through those names whatever the semantics of its 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .config import Config
-from .objects import (D_NONE, DECISIONS, DEVICE_STATES, DISK_STATES, FREE, R_IDLE,
-                      REQUEST_STATES)
+from .objects import (D_NONE, DECISIONS, DEVICE_STATES, DISK_STATES, FREE, POOL, R_IDLE,
+                      REQUEST_STATES, block_objects)
+
+@dataclass(frozen=True)
+class Field:
+    """One state variable: what it means, its domain [0, hi(cfg)] (TypeOK) and its initial
+    value (Init); `values` names its values where they are an enumeration."""
+
+    doc: str
+    hi: Callable[[Config], int] = lambda cfg: 1
+    init: int = 0
+    values: tuple[str, ...] = ()
+
+
+def _enum(doc: str, values: tuple[str, ...], init: int = 0) -> Field:
+    return Field(doc, lambda cfg: len(values) - 1, init, values)
+
+
+def _versions(cfg: Config) -> int:
+    return cfg.max_version
+
+
+def _blocks(cfg: Config) -> int:
+    return cfg.blocks
+
 
 # Per device object (group g, kind, block j):
 OBJ_FIELDS = {
-    "st": "lifecycle state: free | writing | ready | evicted",
-    "ver": "version stamp it was written with: compressor version for compressed_kv, indexer "
-           "version for indexer, model version for tail and swa_window",
-    "abi": "kernel ABI / layout fingerprint it was written with",
-    "aln": "1 if its physical address meets the hardware alignment",
-    "pool": "physical pool its page came from (must be its own kind's pool)",
-    "ref": "reference count: the number of requests holding it",
-    "gmv": "1 if it moved to another address since the last graph capture",
+    "st": _enum("lifecycle state: free | writing | ready | evicted", DEVICE_STATES, FREE),
+    "ver": Field("version stamp it was written with: compressor version for compressed_kv, "
+                 "indexer version for indexer, model version for tail and swa_window", _versions),
+    "abi": Field("kernel ABI / layout fingerprint it was written with", _versions),
+    "aln": Field("1 if its physical address meets the hardware alignment", init=1),
+    "pool": Field("physical pool its page came from (must be its own kind's pool)",
+                  lambda cfg: max(POOL.values())),
+    "ref": Field("reference count: the number of requests holding it", lambda cfg: cfg.requests),
+    "gmv": Field("1 if it moved to another address since the last graph capture"),
 }
 # Per logical block j:
 BLOCK_FIELDS = {
-    "hashed": "1 once the block's hash is published in the prefix table",
-    "dst": "on-disk copy state: none | offloading | durable | loading | loaded_unverified | quarantined",
-    "dver": "model version recorded in the copy's header",
-    "dix": "indexer version recorded in the copy's header",
-    "dcmp": "compressor version recorded in the copy's header",
-    "dabi": "ABI/layout recorded in the copy's header",
-    "dbad": "1 if the copy's bytes are corrupted (torn write, bit flip)",
+    "hashed": Field("1 once the block's hash is published in the prefix table"),
+    "dst": _enum("on-disk copy state: none | offloading | durable | loading | loaded_unverified | "
+                 "quarantined", DISK_STATES, D_NONE),
+    "dver": Field("model version recorded in the copy's header", _versions),
+    "dix": Field("indexer version recorded in the copy's header", _versions),
+    "dcmp": Field("compressor version recorded in the copy's header", _versions),
+    "dabi": Field("ABI/layout recorded in the copy's header", _versions),
+    "dbad": Field("1 if the copy's bytes are corrupted (torn write, bit flip)"),
 }
 # Per request slot r:
 REQ_FIELDS = {
-    "rst": "request state: idle | waiting | decided | bound | running | preempted",
-    "rlen": "blocks of the shared prefix this request covers (its suffix is private)",
-    "rk": "blocks reused by its last lookup (the lease)",
-    "rpos": "blocks computed or reused so far (the resume position)",
-    "rwin": "first block of its retained SWA window (pins below it were released)",
-    "rdec": "decision of its last lookup: none | RECOMPUTE | PARTIAL | PREFETCH | REUSE",
-    "rver": "model version at lease time (re-validated at use)",
-    "rix": "indexer version at lease time",
-    "rabi": "ABI at lease time",
-    "rcmp": "compressor version at lease time",
+    "rst": _enum("request state: idle | waiting | decided | bound | running | preempted",
+                 REQUEST_STATES, R_IDLE),
+    "rlen": Field("blocks of the shared prefix this request covers (its suffix is private)", _blocks),
+    "rk": Field("blocks reused by its last lookup (the lease)", _blocks),
+    "rpos": Field("blocks computed or reused so far (the resume position)", _blocks),
+    "rwin": Field("first block of its retained SWA window (pins below it were released)", _blocks),
+    "rdec": _enum("decision of its last lookup: none | RECOMPUTE | PARTIAL | PREFETCH | REUSE", DECISIONS),
+    "rver": Field("model version at lease time (re-validated at use)", _versions),
+    "rix": Field("indexer version at lease time", _versions),
+    "rabi": Field("ABI at lease time", _versions),
+    "rcmp": Field("compressor version at lease time", _versions),
 }
 # Globals:
 GLOBAL_FIELDS = {
-    "cur_ver": "current model version (weights)",
-    "cur_ix": "current indexer version",
-    "cur_cmp": "current compressor version (compressed-KV quantization/format)",
-    "cur_abi": "current kernel ABI / layout version",
-    "inflight": "transfers in flight (offloads + prefetches)",
-    "graph": "1 while a captured execution graph is live",
-    "gwin": "captured graph's first SWA block",
-    "gpos": "captured graph's position (pages it references end here)",
+    "cur_ver": Field("current model version (weights)", _versions),
+    "cur_ix": Field("current indexer version", _versions),
+    "cur_cmp": Field("current compressor version (compressed-KV quantization/format)", _versions),
+    "cur_abi": Field("current kernel ABI / layout version", _versions),
+    "inflight": Field("transfers in flight (offloads + prefetches)", lambda cfg: cfg.max_inflight),
+    "graph": Field("1 while a captured execution graph is live"),
+    "gwin": Field("captured graph's first SWA block", _blocks),
+    "gpos": Field("captured graph's position (pages it references end here)", _blocks),
 }
+FIELDS: dict[str, Field] = {**OBJ_FIELDS, **BLOCK_FIELDS, **REQ_FIELDS, **GLOBAL_FIELDS}
+assert len(FIELDS) == len(OBJ_FIELDS) + len(BLOCK_FIELDS) + len(REQ_FIELDS) + len(GLOBAL_FIELDS)
 
-VALUE_NAMES = {"st": DEVICE_STATES, "dst": DISK_STATES, "rst": REQUEST_STATES, "rdec": DECISIONS}
+
+def field_docs(fields: dict[str, Field]) -> dict[str, str]:
+    return {name: f.doc for name, f in fields.items()}
+
+
+VALUE_NAMES = {name: f.values for name, f in FIELDS.items() if f.values}
 
 
 @dataclass(frozen=True)
@@ -77,7 +110,7 @@ class Layout:
         self.index: dict[tuple, int] = {}
         self.names: list[tuple] = []
         self.objects: list[ObjSlot] = []
-        present = {(g, kind, j) for j in range(cfg.blocks) for g, kind in cfg.block_objects(j)}
+        present = {(g, kind, j) for j in range(cfg.blocks) for g, kind in block_objects(cfg, j)}
         for g in cfg.groups:
             for kind in g.objects:
                 for j in range(cfg.blocks):
@@ -118,28 +151,12 @@ class Layout:
 
     def init(self) -> tuple[int, ...]:
         """Init: empty pools, nothing hashed, no copies, idle requests, version 0, aligned."""
-        s = [0] * self.size
-        for o in self.objects:
-            s[self.o(o.group, o.kind, o.block, "st")] = FREE
-            s[self.o(o.group, o.kind, o.block, "aln")] = 1
-        for j in range(self.cfg.blocks):
-            s[self.b(j, "dst")] = D_NONE
-        for r in range(self.cfg.requests):
-            s[self.r(r, "rst")] = R_IDLE
-        return tuple(s)
+        return tuple(FIELDS[key[-1]].init for key in self.names)
 
     def domains(self) -> list[tuple[int, int]]:
         """TypeOK: the (lo, hi) range of every slot in every state reachable without faults."""
-        cfg, n, mv = self.cfg, self.cfg.blocks, self.cfg.max_version
-        ranges = {"st": (0, 3), "ver": (0, mv), "abi": (0, mv), "aln": (0, 1), "pool": (0, 3),
-                  "ref": (0, cfg.requests), "gmv": (0, 1),
-                  "hashed": (0, 1), "dst": (0, 5), "dver": (0, mv), "dix": (0, mv), "dcmp": (0, mv),
-                  "dabi": (0, mv), "dbad": (0, 1),
-                  "rst": (0, 5), "rlen": (0, n), "rk": (0, n), "rpos": (0, n), "rwin": (0, n),
-                  "rdec": (0, 4), "rver": (0, mv), "rix": (0, mv), "rabi": (0, mv), "rcmp": (0, mv),
-                  "cur_ver": (0, mv), "cur_ix": (0, mv), "cur_cmp": (0, mv), "cur_abi": (0, mv),
-                  "inflight": (0, cfg.max_inflight), "graph": (0, 1), "gwin": (0, n), "gpos": (0, n)}
-        return [ranges[key[-1]] for key in self.names]
+        his = {name: f.hi(self.cfg) for name, f in FIELDS.items()}
+        return [(0, his[key[-1]]) for key in self.names]
 
     def describe(self, s: Sequence[int]) -> dict[str, Any]:
         """A readable dict of a concrete state (for traces and counterexamples)."""

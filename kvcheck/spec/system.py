@@ -97,9 +97,8 @@ class Spec:
     def __init__(self, cfg: Config | None = None, fault: str | None = None) -> None:
         self.cfg = cfg or Config()
         self.cfg.check_single_window()
-        if fault is not None and faultlib.get(fault).layer != "spec":
-            raise faultlib.UnknownFault(fault)
         self.fault = fault
+        self.planted = faultlib.planted_spec_fault(fault)      # UnknownFault if not a spec fault
         self.lay = Layout(self.cfg)
         self.sym = _sym_vec(self.lay.size)
         self.instances: list[Instance] = []
@@ -115,12 +114,16 @@ class Spec:
         self._build_invariants()
         self._full = self._check_fn(list(range(len(self.conjuncts))), "check_all")
         self._decide = [self._build_decision(r) for r in range(self.cfg.requests)]
+        f = self.planted.fault
+        if f is not None and f.name not in self.planted.asked:
+            raise faultlib.FaultError(f"fault {f.name!r} plants nothing in this config: its site "
+                                      f"({f.site}) is never reached by any action or lookup")
 
     # ---- compilation ----------------------------------------------------------------
     def _build(self, act: Action, params: dict[str, Any]) -> Instance | None:
         TRACE.frames.append([])
         try:
-            guard, writes = run_body(act, View(self.sym, self.lay), TRACE, self.lay, self.fault, params)
+            guard, writes = run_body(act, View(self.sym, self.lay), TRACE, self.lay, self.planted, params)
         finally:
             frame = TRACE.frames.pop()
         if guard is False:
@@ -157,7 +160,7 @@ class Spec:
 
     def _build_invariants(self) -> None:
         for inv in INVARIANTS.values():
-            c = Ctx(View(self.sym, self.lay), TRACE, self.lay, self.fault)
+            c = Ctx(View(self.sym, self.lay), TRACE, self.lay, self.planted)
             for where, pred in inv.conjuncts(c):
                 if pred is True:
                     continue
@@ -176,7 +179,7 @@ class Spec:
     def _build_decision(self, r: int) -> Callable[[tuple], tuple]:
         TRACE.frames.append([])
         try:
-            d = Decision(View(self.sym, self.lay), TRACE, self.cfg, r, self.fault)
+            d = Decision(View(self.sym, self.lay), TRACE, self.cfg, r, self.planted)
             outs = [_src(d.kind), _src(d.k), _src(d.logical), _src(d.reasons)]
         finally:
             frame = TRACE.frames.pop()
@@ -225,7 +228,7 @@ class Spec:
     def interpret(self, s: tuple, inst: Instance, L: Logic = CONCRETE) -> tuple[Any, tuple]:
         """Guard and successor of `inst` evaluated straight from the definitions."""
         guard, writes = run_body(ACTIONS[inst.action], View(s, self.lay), L, self.lay,
-                                 self.fault, inst.params)
+                                 self.planted, inst.params)
         t = list(s)
         for i, val in writes.items():
             t[i] = int(val)
@@ -234,6 +237,6 @@ class Spec:
     def interpret_invariants(self, s: tuple, L: Logic = CONCRETE) -> dict[str, bool]:
         out = {}
         for inv in INVARIANTS.values():
-            c = Ctx(View(s, self.lay), L, self.lay, self.fault)
+            c = Ctx(View(s, self.lay), L, self.lay, self.planted)
             out[inv.name] = bool(L.And(*[p for _, p in inv.conjuncts(c)]))
         return out

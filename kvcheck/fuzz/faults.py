@@ -1,0 +1,50 @@
+"""The one fault registry: every planted fault, from explicit providers.
+
+Owns which systems under test plant faults and where their declarations live: the spec's
+own (spec/faults.py), the reference engine's (reference/faults.py), the vLLM adapter's, and a
+user's `MODULE:CLASS` SUT (its class attribute `faults`: {name: expected check}). Providers are
+loaded on first use, nothing registers itself on import. `kvcheck faults`, `--fault` and
+`kvcheck mutants` read faults from here, so a misspelled name is an error everywhere.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..spec.faults import Fault, FaultError, Planted, Registry, UnknownFault, spec_faults
+
+__all__ = ["Fault", "FaultError", "Planted", "REGISTRY", "UnknownFault", "get", "spec_faults",
+           "user_faults", "FAULTS"]
+
+
+def _reference() -> tuple[Fault, ...]:
+    from ..reference.faults import ENGINE_FAULTS
+    return ENGINE_FAULTS
+
+
+def _vllm() -> tuple[Fault, ...]:
+    from .adapters import vllm       # the fault table imports without vLLM installed
+    return tuple(Fault(name, "vllm", "vllm:KVCacheManager (wrapped)", "vLLM KV cache manager fault",
+                       "", check, desc, ("vllm",)) for name, (check, desc) in vllm.FAULTS.items())
+
+
+REGISTRY = Registry({"reference": _reference, "vllm": _vllm})
+
+
+def get(name: str, sut: str | None = None) -> Fault:
+    """A fault by name; with `sut`, also checked to be one that SUT plants."""
+    return REGISTRY.get(name, sut)
+
+
+def user_faults(cls: Any, sut: str) -> dict[str, Fault]:
+    """The faults a user's SUT class declares (`faults = {name: expected_check}`)."""
+    declared = getattr(cls, "faults", None) or {}
+    if not isinstance(declared, dict):
+        raise FaultError(f"--sut {sut}: its `faults` attribute must be a dict {{name: expected check}}")
+    return {n: Fault(str(n), "user", sut, "user-declared fault", "", str(c), "", (sut,))
+            for n, c in declared.items()}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "FAULTS":              # every fault by name, loaded on first use
+        return REGISTRY.all()
+    raise AttributeError(name)
