@@ -33,7 +33,7 @@ REQUEST_STATES = ("idle", "waiting", "decided", "bound", "running", "preempted")
 # ---- decisions -----------------------------------------------------------------------
 D_NO, RECOMPUTE, PARTIAL, PREFETCH, REUSE = 0, 1, 2, 3, 4
 DECISIONS = ("none", "RECOMPUTE", "PARTIAL", "PREFETCH", "REUSE")
-DECISION_KINDS = tuple(reversed(DECISIONS[1:]))      # the four a lookup answers, best first
+DECISION_KINDS = tuple(DECISIONS[c] for c in (REUSE, PARTIAL, PREFETCH, RECOMPUTE))  # a lookup's answers
 
 # ---- degradation reasons (bits), named by the funnel layer that raises them ------------
 REASONS = (

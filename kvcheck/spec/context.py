@@ -1,0 +1,120 @@
+"""What an action body sees: the pre-state view, the logic, the config, the planted fault, and
+the lease/pin semantics every action shares (who holds what, pins, releases, occupancy).
+
+Owns the writes an action records (TLA+'s primed variables, computed from the pre-state only)
+and the reference-count deltas, folded into one write per slot when the body returns.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from . import faults as F
+from .logic import Logic
+from .objects import KIND, R_BOUND, R_PREEMPTED, R_RUNNING, current_version, live
+from .state import Layout, ObjSlot, View
+
+
+class Ctx:
+    """What an action body sees: the pre-state, helpers for the lease/pin semantics, and
+    `planted`, the probe a patch site asks whether its fault is planted."""
+
+    def __init__(self, v: View, L: Logic, lay: Layout, fault: "str | F.Planted | None") -> None:
+        self.v, self.L, self.lay, self.cfg = v, L, lay, lay.cfg
+        self.planted = F.planted_spec_fault(fault)
+        self.writes: dict[int, Any] = {}
+        self._ref_delta: dict[int, list[Any]] = {}
+
+    # ---- writes ---------------------------------------------------------------------
+    def set(self, key: tuple, value: Any) -> None:
+        self.writes[self.lay.index[key]] = value
+
+    def set_obj(self, o: ObjSlot, f: str, value: Any) -> None:
+        self.set(("o", o.group, o.kind, o.block, f), value)
+
+    def add_ref(self, o: ObjSlot, delta: Any) -> None:
+        if isinstance(delta, int) and delta == 0:
+            return
+        self._ref_delta.setdefault(self.lay.o(o.group, o.kind, o.block, "ref"), []).append(delta)
+
+    def finish(self) -> dict[int, Any]:
+        for idx, deltas in self._ref_delta.items():
+            val = self.v.vec[idx]
+            for d in deltas:
+                val = val + d
+            self.writes[idx] = val
+        return self.writes
+
+    # ---- lease semantics ------------------------------------------------------------
+    def ob(self, o: ObjSlot) -> Any:
+        return self.v.obj(o.group, o.kind, o.block)
+
+    def held(self, o: ObjSlot, win: Any, pos: Any) -> Any:
+        """Does a holder resumed at `pos` with SWA pins from `win` hold object o? (Its kind's
+        `held` rule: entries before pos, the tail snapshot at pos, the pages of the window.)"""
+        finite = self.cfg.groups[o.group].window is not None
+        return KIND[o.kind].held(self.L, o.block, win, pos, finite)
+
+    def active(self, r: int) -> Any:
+        st = self.v.req(r).rst
+        return self.L.Or(st == R_BOUND, st == R_RUNNING)
+
+    def holds(self, r: int, o: ObjSlot) -> Any:
+        q = self.v.req(r)
+        return self.L.And(self.active(r), self.held(o, q.rwin, q.rpos))
+
+    def gpin(self, o: ObjSlot) -> Any:
+        return self.L.And(self.v.graph == 1, self.held(o, self.v.gwin, self.v.gpos))
+
+    def retain_lo(self, kexpr: Any) -> Any:
+        """First block of the SWA pages a request resumed at k keeps (widest finite window)."""
+        wins = [g.window for g in self.cfg.groups if g.window is not None]
+        table = [min((self.cfg.window_lo_block(w, k) for w in wins), default=k)
+                 for k in range(self.cfg.blocks + 1)]
+        return self.L.Table(kexpr, table)
+
+    def lease_current(self, r: int) -> Any:
+        q, v = self.v.req(r), self.v
+        return self.L.And(q.rver == v.cur_ver, q.rix == v.cur_ix, q.rabi == v.cur_abi,
+                          q.rcmp == v.cur_cmp)
+
+    def occupancy(self, kind: str) -> Any:
+        return self.L.Count(live(self.ob(o).st, self.L) for o in self.lay.objects if o.kind == kind)
+
+    def n_active(self) -> Any:
+        return self.L.Count(self.active(r) for r in range(self.cfg.requests))
+
+    def current(self, o: ObjSlot) -> Any:
+        """Written by the current versions (content and layout)."""
+        ob, v = self.ob(o), self.v
+        return self.L.And(ob.ver == current_version(v, o.kind), ob.abi == v.cur_abi)
+
+    def block_objects(self, j: int) -> list[ObjSlot]:
+        return [o for o in self.lay.objects if o.block == j]
+
+    def release(self, r: int) -> None:
+        """Drop every pin request r holds (finish, preempt, stale lease)."""
+        q = self.v.req(r)
+        for o in self.lay.objects:
+            if self.held(o, q.rwin, q.rpos) is False:
+                continue
+            self.add_ref(o, self.L.If(self.holds(r, o), -1, 0))
+
+    def pin(self, win: Any, pos: Any) -> None:
+        for o in self.lay.objects:
+            h = self.held(o, win, pos)
+            if isinstance(h, bool) and not h:
+                continue
+            self.add_ref(o, self.L.If(h, 1, 0))
+
+    def preempt_running(self) -> None:
+        """A version change drains running requests: they lose their pins and must re-look-up."""
+        L = self.L
+        for r in range(self.cfg.requests):
+            q = self.v.req(r)
+            running = q.rst == R_RUNNING
+            self.set(("r", r, "rst"), L.If(running, R_PREEMPTED, q.rst))
+            for o in self.lay.objects:
+                h = self.held(o, q.rwin, q.rpos)
+                if isinstance(h, bool) and not h:
+                    continue
+                self.add_ref(o, L.If(L.And(running, h), -1, 0))
