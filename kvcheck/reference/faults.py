@@ -34,6 +34,12 @@ ENGINE_FAULTS: tuple[Fault, ...] = (
           "LMCache local-disk backend: loaded chunks used before integrity/metadata checks (class of bug)",
           "abstract_state_matches_spec",
           "Loaded copies are placed without checking the checksum or the header."),
+    Fault("engine_disk_copy_key_unchecked", "engine", "copy of another block served as a hit",
+          "disk/remote KV stores that check a copy's checksum and model header but not that it "
+          "was written for the requested key (file naming collisions, shared cache directories; "
+          "class of bug)", "sut_rejected_enabled_action",
+          "The load path does not compare the copy's binding (key, block, objects) with the "
+          "requested block: a valid copy of another block at this block's path passes."),
     Fault("engine_no_revalidation_at_use", "engine", "TOCTOU: lease not re-validated at use",
           "vLLM state_data_ptrs / version re-check skipped before the kernel reads (class of bug)",
           "toctou_bound_stable", "`use` runs a bound request without re-validating its lease."),
