@@ -212,6 +212,9 @@ class TierStore:
         return blob
 
     def load(self, key: str) -> Future:
+        c = self.copies.get(key)
+        if c is None and key in self.index:                 # recovered: bound as indexed
+            self.expect(key, self.index[key].header)
         c = self.copies[key]
         c.load = self.pool.submit(self._read, key, True)
         return c.load

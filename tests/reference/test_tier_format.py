@@ -11,8 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvcheck.reference.disk_format import MAGIC
-from kvcheck.reference.tiers import CopyInvalid, TierStore, pack, unpack
+from kvcheck.reference.tiers import MAGIC, CopyInvalid, TierStore, pack, unpack
 
 KEY = "c" * 64
 JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),

@@ -12,7 +12,7 @@ import torch
 from tier_engine import ROOMY, decision, filled, other_weights, restore, served_equals_recompute
 
 from kvcheck.reference.engine import Engine
-from kvcheck.reference.tiers import CopyInvalid, TierFull, TierStore
+from kvcheck.reference.tiers import TierFull, TierStore, unpack
 
 torch.set_num_threads(1)
 HDR = {"model_id": "m", "ver": 0, "ix": 0, "cmp": 0, "abi": 0}
@@ -47,6 +47,16 @@ def test_restarted_engine_with_other_weights_recomputes(tmp_path) -> None:
         assert len(list(tmp_path.glob("*.kvblk"))) == 4
     finally:
         eng.close()
+
+
+def test_new_store_on_the_directory_loads_the_durable_copies(tmp_path) -> None:
+    t = TierStore(tmp_path)
+    t.offload(key(0), {**HDR, "block": 0}, b"zero" * 50).result()
+    t.close()
+    t2 = TierStore(tmp_path)
+    t2.load(key(0))
+    assert unpack(t2.loaded(key(0)))[1] == b"zero" * 50
+    t2.close()
 
 
 def test_recovery_counts_and_quarantine(tmp_path) -> None:
