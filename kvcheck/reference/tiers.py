@@ -195,7 +195,7 @@ class TierStore:
         assert c.host is not None
         return c.host
 
-    def _read(self, key: str, for_load: bool = False) -> bytes:
+    def _read(self, key: str, for_load: bool = False, identity: dict[str, Any] | None = None) -> bytes:
         """The bytes of key's copy, verified and bound to key and to this identity, or
         CopyRejected (the funnel's scrub and, with for_load, the load path)."""
         blob = self._raw(key)
@@ -203,7 +203,7 @@ class TierStore:
             return blob
         c = self.copies.get(key)
         exp = dict(c.expect) if c is not None and c.expect else {"key": key}
-        exp.update(self.identity())
+        exp.update(self.identity() if identity is None else identity)
         try:
             header, _ = unpack(blob)
             check_binding(header, exp, check_key=not (for_load and "key" in self.unchecked))
@@ -216,7 +216,8 @@ class TierStore:
         if c is None and key in self.index:                 # recovered: bound as indexed
             self.expect(key, self.index[key].header)
         c = self.copies[key]
-        c.load = self.pool.submit(self._read, key, True)
+        # the identity asked for is taken now, on the caller's thread (no model work on I/O threads)
+        c.load = self.pool.submit(self._read, key, True, self.identity())
         return c.load
 
     def loaded(self, key: str) -> bytes:
