@@ -28,8 +28,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import recovery
-from .disk_format import (FORMAT_VERSION, MAGIC, CopyInvalid, CopyRejected, check_binding,  # noqa: F401
+from .disk_format import (FORMAT_VERSION, MAGIC, CopyInvalid, CopyRejected, check_binding,
                           check_header, durable_write, pack, unpack)
+
+__all__ = ["FORMAT_VERSION", "MAGIC", "CopyInvalid", "CopyRejected", "Copy", "TierError", "TierFull",
+           "TierStore", "check_binding", "check_header", "durable_write", "misplaced", "pack", "unpack"]
 
 
 class TierError(RuntimeError):
@@ -115,7 +118,8 @@ class TierStore:
     def offload(self, key: str, header: dict[str, Any], payload: bytes) -> Future:
         """Start the write-back; the returned future completes when the copy is durable."""
         exp = _expectation(key, header)
-        blob = pack(header, payload, bind={**exp, **self.identity()})
+        bind = {**exp, **self.identity()}
+        blob = pack(header, payload, bind=bind)
         c = self.copies.setdefault(key, Copy(key))
         c.expect = exp
         c.host = blob if "host" in self.tiers else None
@@ -132,7 +136,8 @@ class TierStore:
             c.future.set_exception(TierFull(errno.ENOSPC, f"copy of {len(blob)} bytes does not fit in the "
                                             f"tier's {self.max_bytes}-byte budget", str(self.path(key))))
             return c.future
-        c.future = self.pool.submit(self._write, key, header, blob)
+        indexed = {**{k: v for k, v in header.items() if k != "layouts"}, "bind": bind}
+        c.future = self.pool.submit(self._write, key, indexed, blob)
         return c.future
 
     def _write(self, key: str, header: dict[str, Any], blob: bytes) -> None:
@@ -143,8 +148,7 @@ class TierStore:
                 self._reserved -= len(blob)
         st = self.path(key).stat()
         with self._lock:
-            self.index[key] = recovery.Durable({k: v for k, v in header.items() if k != "layouts"},
-                                               len(blob), st.st_mtime_ns)
+            self.index[key] = recovery.Durable(header, len(blob), st.st_mtime_ns)
 
     def _make_room(self, need: int, keep: str | None) -> bool:
         """Evict (quarantined first, then oldest durable copies, never `keep` nor a copy being

@@ -59,6 +59,21 @@ def test_new_store_on_the_directory_loads_the_durable_copies(tmp_path) -> None:
     t2.close()
 
 
+def test_durable_copies_lists_this_identitys_copies_written_or_recovered(tmp_path) -> None:
+    t = TierStore(tmp_path)
+    t.bind_identity(lambda: {"weights": "w1"})
+    t.offload(key(0), HDR, b"a").result()
+    assert list(t.durable_copies()) == [key(0)]
+    t.close()
+    t2 = TierStore(tmp_path)
+    t2.bind_identity(lambda: {"weights": "w1"})
+    t2.offload(key(1), HDR, b"b").result()
+    assert sorted(t2.durable_copies()) == [key(0), key(1)]
+    t2.bind_identity(lambda: {"weights": "w2"})
+    assert t2.durable_copies() == {}
+    t2.close()
+
+
 def test_recovery_counts_and_quarantine(tmp_path) -> None:
     t = TierStore(tmp_path)
     for i in range(4):
