@@ -1,6 +1,7 @@
 """Every malformed copy is CopyInvalid: arbitrary bytes, and valid framing and checksum around
 any header (a JSON list, a number, nesting deeper than the parser's limit, non-UTF-8, a length
-past the end, a broken object table). Loads and the start-up scan never raise anything else."""
+past the end, a broken object table). Loads and the start-up scan never raise anything else.
+Hypothesis runs derandomized (the same examples every run, no example database)."""
 from __future__ import annotations
 
 import hashlib
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 from kvcheck.reference.tiers import MAGIC, CopyInvalid, TierStore, pack, unpack
 
 KEY = "c" * 64
+FIXED_EXAMPLES = {"deadline": None, "derandomize": True, "database": None}
 JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
                     lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4),
                     max_leaves=20)
@@ -64,32 +66,33 @@ def test_header_length_must_not_reach_into_the_checksum() -> None:
         unpack(frame(good[12:12 + hlen], hlen=hlen + 32))
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, **FIXED_EXAMPLES, suppress_health_check=[HealthCheck.too_slow])
 @given(st.binary(max_size=200))
 def test_arbitrary_bytes(blob) -> None:
     only_copy_invalid(blob)
     only_copy_invalid(MAGIC + blob)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, **FIXED_EXAMPLES)
 @given(JSON, st.binary(max_size=40))
 def test_valid_framing_around_any_json(doc, payload) -> None:
     only_copy_invalid(frame(json.dumps(doc).encode(), payload))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, **FIXED_EXAMPLES)
 @given(FIELDS, st.binary(max_size=40))
 def test_valid_framing_around_header_like_json(doc, payload) -> None:
     only_copy_invalid(frame(json.dumps(doc).encode(), payload))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, **FIXED_EXAMPLES)
 @given(st.binary(max_size=64), st.binary(max_size=40))
 def test_valid_framing_around_any_header_bytes(header, payload) -> None:
     only_copy_invalid(frame(header, payload))
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, **FIXED_EXAMPLES,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(FIELDS, st.binary(max_size=40))
 def test_load_and_recovery_only_raise_copy_invalid(tmp_path_factory, doc, payload) -> None:
     d = tmp_path_factory.mktemp("t")
