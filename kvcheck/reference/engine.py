@@ -20,13 +20,13 @@ from typing import Any
 import torch
 
 from kvcheck.spec.config import Config
-from kvcheck.spec.objects import PARTIAL, R_DECIDED, R_RUNNING, REUSE, block_objects
+from kvcheck.spec.objects import D_DURABLE, PARTIAL, R_DECIDED, R_RUNNING, REUSE, block_objects
 
 from . import faults as EF
 from .hashing import ExtraKeys, block_hashes
 from .kinds import manager_for
 from .manager import CacheManager
-from .records import Refused, Request
+from .records import CopyRec, Refused, Request
 from .model import HybridLM, ModelState
 
 SUFFIX = 3          # private suffix tokens per request
@@ -69,7 +69,8 @@ class Run:
 
 class Engine:
     def __init__(self, cfg: Config, fault: str | None = None, cache_dir: str | None = None,
-                 prefix_seed: int | None = None) -> None:
+                 prefix_seed: int | None = None, reuse_disk: bool = False,
+                 tier_max_bytes: int | None = None) -> None:
         self.cfg, self.fault = cfg, fault
         self.B = cfg.block_size
         self._cfg_key = json.dumps(cfg.to_dict(), sort_keys=True, default=str)
@@ -82,6 +83,8 @@ class Engine:
              "dims": [m0.width, m0.n_heads, m0.mlp, m0.idx_heads, m0.idx_dim]},
             sort_keys=True, default=str).encode()).hexdigest()[:16]
         self.mgr = CacheManager(cfg, self.model_id, self._page_numel(), fault, cache_dir)
+        self._layout_fp: dict[int, str] = {}
+        self._bind_tiers(reuse_disk, tier_max_bytes)
         self.prefix = prefix_tokens(cfg, prefix_seed)
         self.salt = "tenant-a"
         self.prefix_hashes = block_hashes(self.prefix, self.B, cfg.blocks, self.extra(self.salt),
@@ -90,6 +93,49 @@ class Engine:
         self.serial = 0
         self.reused: dict[str, int] = {}             # objects read back from pages, per kind
         self.last_finished: tuple[int, Run, list[int], int] | None = None
+
+    # ---- the disk tier's binding and restarts (see tiers.py, recovery.py) --------------------
+    def tier_identity(self) -> dict[str, Any]:
+        """What every copy is bound to besides its key: the model architecture, the exact
+        weights now in use (their fingerprint covers the seed and the version), the kernels'
+        reduction order, the ABI and the pools' layout."""
+        m, abi = self.model(), self.mgr.cur["abi"]
+        if abi not in self._layout_fp:
+            self._layout_fp[abi] = hashlib.sha256(json.dumps(
+                self.mgr.pools.layouts(), sort_keys=True).encode()).hexdigest()[:16]
+        return {"model_id": self.model_id, "weights": m.fingerprint[:32],
+                "kernels": m.versions["kernels"], "abi": abi, "layout": self._layout_fp[abi]}
+
+    def _bind_tiers(self, reuse_disk: bool, max_bytes: int | None) -> None:
+        t = self.mgr.tiers
+        if t is None:
+            return
+        unchecked = {"key"} if self.mgr.planted(EF.DISK_COPY_KEY_UNCHECKED) else \
+            {"all"} if self.mgr.planted(EF.LOAD_BEFORE_CHECKSUM) else set()
+        t.bind_identity(self.tier_identity, frozenset(unchecked))
+        if max_bytes is not None:
+            t.max_bytes = max_bytes
+        if reuse_disk:
+            self.adopt_recovered()
+
+    def adopt_recovered(self) -> int:
+        """A restarted engine takes the durable copies of its own identity found on disk as
+        published blocks with a durable copy (objects not resident: a lookup answers PREFETCH).
+        Off by default: the spec's lockstep starts from an empty cache."""
+        n = 0
+        for key, h in self.mgr.tiers.durable_copies().items():
+            j = h.get("block")
+            if not (isinstance(j, int) and 0 <= j < self.cfg.blocks) or key in self.mgr.entries:
+                continue
+            want = [[g, kind] for g, kind in sorted(self.mgr.block_kinds(j))]
+            if sorted(h.get("bind", {}).get("objects", [])) != want:
+                continue
+            e = self.mgr.entry(key, j)
+            e.copy = CopyRec(D_DURABLE, {f: h.get(f, 0) for f in ("ver", "ix", "cmp", "abi")}, 0)
+            e.published = True
+            self.mgr.tiers.expect(key, h)
+            n += 1
+        return n
 
     # ---- models and versions --------------------------------------------------------------
     def model(self, ver: int | None = None) -> HybridLM:

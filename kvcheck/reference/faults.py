@@ -51,6 +51,14 @@ LOAD_BEFORE_CHECKSUM = _engine(
     "abstract_state_matches_spec",
     "Loaded copies are placed without checking the checksum or the header.")
 
+DISK_COPY_KEY_UNCHECKED = _engine(
+    "engine_disk_copy_key_unchecked", "tiers:load", "copy of another block served as a hit",
+    "disk/remote KV stores that check a copy's checksum and model header but not that it "
+    "was written for the requested key (file naming collisions, shared cache directories; "
+    "class of bug)", "abstract_state_matches_spec",
+    "The load path does not compare the copy's binding (key, block, objects) with the "
+    "requested block: a valid copy of another block at this block's path passes verification.")
+
 NO_REVALIDATION_AT_USE = _engine(
     "engine_no_revalidation_at_use", "manager:use", "TOCTOU: lease not re-validated at use",
     "vLLM state_data_ptrs / version re-check skipped before the kernel reads (class of bug)",
@@ -117,6 +125,7 @@ ENGINE_FAULTS: tuple[Fault, ...] = (
     INDEXER_LAG_NOT_CHECKED,
     OFFLOAD_READY_BEFORE_WRITE,
     LOAD_BEFORE_CHECKSUM,
+    DISK_COPY_KEY_UNCHECKED,
     NO_REVALIDATION_AT_USE,
     PINNED_OBJECT_EVICTED,
     GRAPH_PAGES_MIGRATED,

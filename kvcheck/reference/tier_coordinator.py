@@ -130,7 +130,8 @@ class TierMixin(_Base):
             ok = True
         except (CopyInvalid, OSError, ValueError):
             ok = False
-        if want_ok is not None and ok != want_ok and not self.planted(EF.LOAD_BEFORE_CHECKSUM):
+        trusting = self.planted(EF.LOAD_BEFORE_CHECKSUM) or self.planted(EF.DISK_COPY_KEY_UNCHECKED)
+        if want_ok is not None and ok != want_ok and not trusting:     # a faulty engine places what it trusts
             raise Refused("verification outcome differs")
         if not ok:
             self.tiers.quarantine(e.key)
