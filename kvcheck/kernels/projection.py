@@ -9,7 +9,7 @@ kernel) depends on M and on the thread count; a batched GEMM with B >= 2 runs ea
 Under this rule a row's bits are the same whatever M, its offset, the other rows, 1-8 threads,
 and ATen AVX512/AVX2 and MKL AVX512/AVX2/AVX (sweeps over M in 1..2048). The weight is row-major
 [K, N] (`x @ w`); nn.Linear's [N, K] layout is never used. Cost: ~1.05x plain `x @ w` at 512
-rows, ~5x at 1 row (fixed per-call overhead of the pad and the batched call, ~14 us).
+rows, ~5-6x at 1 row (a fixed ~12 us overhead of the batched call, +0.3-0.5 ms per decode step).
 """
 from __future__ import annotations
 
