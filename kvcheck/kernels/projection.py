@@ -5,11 +5,12 @@ Owns the one GEMM rule every other op relies on: every product is a *batched* GE
 Why (measured on torch 2.13 CPU, MKL 2024.2 sgemm, docs/kernels.md): on AVX512 (and on this AMD
 CPU with MKL limited to AVX2) a GEMM with fewer than 4 rows takes another path than one with 4 or
 more, and a single GEMM is split across threads by MKL, so the per-thread piece (and its edge
-kernel) depends on M and on the thread count; a batched GEMM with B >= 2 runs each matrix whole.
+kernel) depends on M and on the thread count; a batched GEMM with B >= 2 showed no such
+dependence (it appears to run each matrix whole, on one thread).
 Under this rule a row's bits are the same whatever M, its offset, the other rows, 1-8 threads,
 and ATen AVX512/AVX2 and MKL AVX512/AVX2/AVX (sweeps over M in 1..2048). The weight is row-major
 [K, N] (`x @ w`); nn.Linear's [N, K] layout is never used. Cost: ~1.05x plain `x @ w` at 512
-rows, ~5-6x at 1 row (a fixed ~12 us overhead of the batched call, +0.3-0.5 ms per decode step).
+rows, ~5-6x at 1 row (a fixed ~12 us overhead of the batched call, +0.3-0.6 ms per decode step).
 """
 from __future__ import annotations
 
