@@ -51,7 +51,8 @@ def test_plain_matmul_is_not_row_invariant_here():
     for threads in (1, 3):
         torch.set_num_threads(threads)
         report = {}
-        for name, f in (("plain", lambda t: t @ w), ("pad2-gemm", pad2), ("linear", lambda t: linear(t, w)),
+        for name, f in (("plain", lambda t: t @ w), ("pad2-gemm", pad2),
+                        ("linear", lambda t: linear(t, w)),
                         ("bmm_rows", lambda t: bmm_rows(t[None], w[None])[0])):
             full = f(x)
             report[name] = sum(int(not torch.equal(f(x[i:i + m])[:1], full[i:i + 1]))
