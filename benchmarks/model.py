@@ -3,6 +3,8 @@
 decode_step_ms: median of one decode step at position 512 (default config); prefill_512_ms:
 median of a one-shot 512-token prefill; single-threaded (the headline: the model is small and
 per-op overhead bound), then again with torch's default threads (`default_threads`), plus the
+cost of the GEMM rule (`gemm_rule`: kernels.projection.linear vs plain `x @ w`, summed over
+the model's weight shapes, at 1 and 512 rows, single-threaded medians), and the
 load average (other processes on a 2-core box distort multi-thread numbers badly: an OpenMP
 region waits for a descheduled worker). Bits do not depend on the thread count.
 Speed is never asserted by tests.
@@ -47,6 +49,24 @@ def _measure(model: HybridLM, toks: list[int]) -> dict:
             "decode_step_min_ms": r(min(dec)), "prefill_512_min_ms": r(min(pre))}
 
 
+def _gemm_rule_cost(model: HybridLM) -> dict:
+    """linear (the batch-invariant GEMM rule) vs plain x @ w at the model's weight shapes."""
+    from kvcheck.kernels.projection import linear
+    shapes = sorted({tuple(w.shape) for w in [*model._w_in, *model.weights.values()]
+                     if w.dim() == 2 and w.shape[0] in (model.width, model.mlp)})
+    g = torch.Generator().manual_seed(2)
+    out = {}
+    for m, reps in ((1, 300), (512, 30)):
+        t = {"plain": 0.0, "linear": 0.0}
+        for k, n in shapes:
+            x, w = torch.randn(m, k, generator=g), torch.randn(k, n, generator=g)
+            t["plain"] += statistics.median(_times_ms(lambda: x @ w, reps))
+            t["linear"] += statistics.median(_times_ms(lambda: linear(x, w), reps))
+        out[f"rows_{m}"] = {"plain_ms": round(t["plain"], 4), "linear_ms": round(t["linear"], 4),
+                            "ratio": round(t["linear"] / t["plain"], 2)}
+    return {"shapes": [list(s) for s in shapes], **out}
+
+
 def main() -> None:
     model = HybridLM()
     g = torch.Generator().manual_seed(1)
@@ -55,11 +75,13 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     torch.set_num_threads(1)
     one = _measure(model, toks)
+    gemm = _gemm_rule_cost(model)
     torch.set_num_threads(default_threads)
     multi = _measure(model, toks)
     print(json.dumps({
         **one, "threads": 1,
         "decode_target_ms": 2.0, "prefill_target_ms": 100.0,
+        "gemm_rule": gemm, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "default_threads": {"threads": default_threads, **multi},
         "loadavg_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "layers": [l.kind for l in model.config.layers],

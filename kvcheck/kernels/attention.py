@@ -3,9 +3,10 @@ entries) and over per-query gathered slots (CSA's top-k entries), composable in 
 
 Invariance: keys are cut into *absolute* tiles of KV_TILE slots (tile j holds slots
 [j*KV_TILE, (j+1)*KV_TILE), zero-padded). Scores and per-tile weighted sums are batched GEMMs with
-one fixed shape per (head, tile) entry, [Tp, D] x [D, KV_TILE] and [Tp, KV_TILE] x [KV_TILE, D+1]
-(query rows padded to a multiple of ROW_TILE once, in the carry, so no GEMV path; the softmax
-denominator rides in the GEMM as a ones column). The max is exact in any order; the per-tile sums
+one fixed shape per (head, tile) entry, [Tp, D] x [D, KV_TILE] and [Tp, KV_TILE] x [KV_TILE, D+1],
+through projection.bmm_rows (query rows padded to a multiple of ROW_TILE once, in the carry; at
+least two matrices per call: the GEMM rule of projection.py; the softmax denominator rides in
+the GEMM as a ones column). The max is exact in any order; the per-tile sums
 are added in ascending tile order; segments (window, entries, top-k) merge by the online-softmax
 rule, the max starting at a finite floor M0. A query's bits therefore depend only on its own key
 set, never on which tiles the batch spans: a tile outside its range adds an exact +0 (p = 0), and
@@ -19,10 +20,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .projection import ROW_TILE, pad_dim
+from .projection import bmm_rows, pad_dim, padded_rows
 
 KV_TILE = 64
-Q_CHUNK = 64          # queries scored together in a long prefill (any even value: speed only)
+Q_CHUNK = 64          # queries scored together in a long prefill (any multiple of ROW_TILE)
 NULL_PAGE = -1
 _NEG = float("-inf")
 
@@ -41,12 +42,8 @@ class Carry:
 M0 = -1e30
 
 
-def _rows(n: int) -> int:
-    return max(ROW_TILE, -(-n // ROW_TILE) * ROW_TILE)
-
-
 def new_carry(n_heads: int, n_q: int, head_dim: int) -> Carry:
-    tp = _rows(n_q)
+    tp = padded_rows(n_q)
     return Carry(torch.full((n_heads, tp, 1), M0), torch.zeros(n_heads, tp, head_dim + 1), n_q)
 
 
@@ -112,9 +109,9 @@ def attend_range(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
         hidden = pad_dim(hidden, 1, 0, tp - T, True)           # [n, Tp, TILE]
     if valid is not None:
         hidden = hidden | ~pad_dim(valid[a - start:b - start], 0, *rows).view(n, 1, KV_TILE)
-    s = torch.bmm(qh, kt).view(H, n, tp, KV_TILE)
+    s = bmm_rows(qh, kt).view(H, n, tp, KV_TILE)
     p = _merge(carry, s, hidden, (1, 3), lambda m: m[:, None]).view(H * n, tp, KV_TILE)
-    pv = torch.bmm(p, vt).view(H, n, tp, D + 1)
+    pv = bmm_rows(p, vt).view(H, n, tp, D + 1)
     acc = carry.acc
     for j in range(n):                                           # ascending absolute tiles
         acc = acc + pv[:, j]

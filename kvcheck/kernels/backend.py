@@ -61,7 +61,9 @@ def attend_selected_torch(q, k, v, sel, carry):
 _SHARED = dict(linear=projection.linear, bmm_rows=projection.bmm_rows, rms_norm=norm.rms_norm,
                rope=norm.rope, silu=activation.silu, new_carry=attention.new_carry,
                finish=attention.finish, gather_pages=attention.gather_pages)
-_TILING = f"kv{attention.KV_TILE}/row{projection.ROW_TILE}"
+# the GEMM rule (projection.py) is part of the reduction order: row2 (single GEMM, rows padded to
+# 2) was the AVX2-only rule; row4/b2 (>= 2 matrices of a multiple of 4 rows) gives other bits
+_TILING = f"kv{attention.KV_TILE}/row{projection.ROW_TILE}/b{projection.MIN_BATCH}"
 
 TORCH = Ops(name="torch", version=f"torch-ref/{_TILING}", **_SHARED,
             attend_range=attention.attend_range, attend_gathered=attention.attend_gathered,

@@ -1,9 +1,9 @@
 """Lightning indexer: score(t, s) = sum_h w[t, h] * ReLU(q[t, h] . k[s]) over compressed indexer
 keys s < limit[t]; other entries score -inf.
 
-Invariance: q . k is a padded-row GEMM against key tiles of a fixed KV_TILE columns (an entry
-always sits at the same column of the same tile, zero-padded), and the head sum is an explicit
-loop in head order, so score(t, s) depends only on q[t], w[t], k[s].
+Invariance: q . k is a `linear` (the GEMM rule of projection.py) against key tiles of a fixed
+KV_TILE columns (an entry always sits at the same column of the same tile, zero-padded), and the
+head sum is an explicit loop in head order, so score(t, s) depends only on q[t], w[t], k[s].
 """
 from __future__ import annotations
 

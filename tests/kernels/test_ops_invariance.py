@@ -42,11 +42,23 @@ def test_linear_row_invariant(m, off, seed, kn):
 
 
 def test_plain_matmul_is_not_row_invariant_here():
-    """Why projection.linear exists: the M=1 GEMV path differs from the GEMM path (documents
-    the hazard on this machine; if a future torch fixes it, the test only reports)."""
-    x, w = _rand(0, 64, 64), _rand(1, 64, 192)
-    diff = sum(int(not torch.equal((x[i:i + 1] @ w)[0], (x @ w)[i])) for i in range(64))
-    print(f"plain x @ W: {diff}/64 rows differ alone vs in a batch of 64")
+    """Why projection.linear exists: a plain GEMM's small-M path (M=1 GEMV on AVX2; M < 4 on
+    AVX512), and MKL's split of one GEMM across threads, give a row other bits than the same row
+    in a bigger batch. The hazard counts are machine-dependent and only printed; the GEMM rule
+    (linear, bmm_rows) must show none of it on the same inputs."""
+    x, w = _rand(0, 64, 64), _rand(1, 64, 17)
+    pad2 = lambda t: (t if len(t) % 2 == 0 else torch.cat([t, t.new_zeros(1, 64)])) @ w  # noqa: E731
+    for threads in (1, 3):
+        torch.set_num_threads(threads)
+        report = {}
+        for name, f in (("plain", lambda t: t @ w), ("pad2-gemm", pad2),
+                        ("linear", lambda t: linear(t, w)),
+                        ("bmm_rows", lambda t: bmm_rows(t[None], w[None])[0])):
+            full = f(x)
+            report[name] = sum(int(not torch.equal(f(x[i:i + m])[:1], full[i:i + 1]))
+                               for m in (1, 2, 3, 5, 6, 7) for i in range(0, 64 - m, 5))
+        print(f"threads={threads}: rows differing alone/in a small batch vs in 64: {report}")
+        assert report["linear"] == 0 and report["bmm_rows"] == 0, report
 
 
 @FAST
@@ -236,3 +248,22 @@ def test_linear_two_threads():
     assert torch.equal(one, two)
     for i in (0, 1, 777, 2047):
         assert torch.equal(linear(x[i:i + 1], w)[0], two[i])
+
+
+@FAST
+@given(m=st.integers(1, 64), off=st.integers(0, 8), threads=st.sampled_from([2, 3, 4]),
+       seed=st.integers(0, 2**16), kn=st.sampled_from([(64, 548), (64, 17), (16, 64), (128, 64)]))
+def test_gemm_rule_thread_count_invariant(m, off, threads, seed, kn):
+    """MKL splits one GEMM across threads (an edge kernel per piece: on AVX512 with 3+ threads even
+    a 4-row [4, 64] x [64, 17] GEMM changes bits): the rule keeps a row's bits for any count."""
+    K, N = kn
+    x, w = _rand(seed, off + m, K), _rand(seed + 1, K, N)
+    a, b = _rand(seed + 2, 3, off + m, K), _rand(seed + 3, 3, K, N)
+    alone = [linear(x[off + i:off + i + 1], w)[0] for i in range(m)]
+    alone_b = [bmm_rows(a[j:j + 1, off + i:off + i + 1], b[j:j + 1])[0, 0]
+               for j in range(3) for i in (0, m - 1)]
+    torch.set_num_threads(threads)
+    batch, batch_b = linear(x[off:off + m], w), bmm_rows(a[:, off:off + m], b)
+    assert all(torch.equal(alone[i], batch[i]) for i in range(m))
+    assert all(torch.equal(alone_b[2 * j + r], batch_b[j, (0, m - 1)[r]])
+               for j in range(3) for r in (0, 1))

@@ -44,7 +44,7 @@ def test_backend_switch_surface():
 
 def test_versions_name_the_backend(models):
     ref, tri = models
-    assert ref.versions["kernels"] == "torch-ref/kv64/row2"          # unchanged default
+    assert ref.versions["kernels"] == "torch-ref/kv64/row4/b2"       # the GEMM rule's reduction order
     assert tri.versions["kernels"].startswith("triton-abi1-")
     assert ref.fingerprint == tri.fingerprint                         # same weights and config
 
