@@ -274,7 +274,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 def _diff_reference(args: argparse.Namespace) -> int:
     """Reuse vs recompute on the reference engine, bitwise, over generated workloads."""
-    from ..reference import diff as refdiff
+    from ..fuzz import diff as refdiff
     from ..reference import engine as refengine
     import kvcheck.reference.faults  # noqa: F401  (registers the engine's faults)
     cfg = Config.load(args.config)
