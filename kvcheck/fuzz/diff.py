@@ -40,7 +40,7 @@ from kvcheck.spec.trace import Trace
 from kvcheck.spec.workloads import THEMES, weights as theme_weights
 
 from .lockstep import EXIT, Finding, Lockstep, SpecModel
-from .shrink import shrink
+from .shrink import shrink_finding
 from .traces import replay, to_trace
 
 CHECKS = "invariants on the engine state, reuse == recompute, conformance; isolation probe after each lookup"
@@ -107,15 +107,8 @@ def run_scenario(spec: Spec, fault: str | None, program: list[Instance]
 
 def minimize(spec: Spec, fault: str | None, f: Finding, seconds: float = 20.0) -> Finding:
     """The one shrinker, while a check of the finding still fails."""
-    found: dict[tuple[int, ...], Finding] = {}
-
-    def fails(prog: list[Instance]) -> list[Instance] | None:
-        g = run_scenario(spec, fault, prog)[0]
-        if g is None or not set(g.checks) & set(f.checks):
-            return None
-        found[tuple(map(id, g.program))] = g
-        return g.program
-    return found.get(tuple(map(id, shrink(f.program, fails, seconds))), f)
+    return shrink_finding(f, lambda prog: run_scenario(spec, fault, prog)[0],
+                          lambda g: bool(set(g.checks) & set(f.checks)), seconds)
 
 
 def replay_reference(trace: Trace) -> dict[str, Any]:

@@ -246,9 +246,12 @@ class Lockstep:
         return self.stamp(self.soft) if self.soft is not None else None
 
     def end(self) -> None:
-        """The end of a run: a divergence whose consequence never showed is the finding."""
+        """The end of a run: a divergence whose consequence never showed is the finding (its
+        trace ends where it diverged)."""
         if not self.failed and self.diverged is not None:
-            raise self.fail(self.diverged)
+            self.failed = True
+            self.found(self.diverged)
+            raise self.diverged
 
     def close(self) -> None:
         """Release the SUT's resources now (threads, files), not from the garbage collector."""
@@ -297,7 +300,7 @@ class Lockstep:
             f = Finding("conformance", ["decision_matches_spec"], f"{label}: spec decided {decision}, SUT {got}")
             if got and (got.get("kind"), got.get("k")) == (decision["kind"], decision["k"]):
                 f.soft = True
-                self.soft = self.soft or self.stamp(f)   # only the reasons differ: still in lockstep
+                self.soft = self.soft or f     # only the reasons differ: still in lockstep
             else:
                 self.diverge(f, seen, x.params["r"])
                 return

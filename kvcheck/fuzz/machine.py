@@ -22,7 +22,7 @@ from ..spec.sut import SystemUnderTest
 from ..spec.system import Instance, Spec
 from ..spec.workloads import THEMES, weights as theme_weights
 from .lockstep import Finding, Lockstep, SpecModel, lead
-from .shrink import shrink
+from . import shrink as shrinking
 from .walk import CORE, WEIGHTS
 
 # Every draw is a byte: Hypothesis draws integers within 256 of zero uniformly, but a wider
@@ -215,7 +215,7 @@ def run_program(machine: type[RuleBasedStateMachine], program: list[Instance],
 
     def note(core: Lockstep, inst: Instance) -> None:
         choices.append([x for x in m.enabled.get(inst.action, ()) if x is not inst])   # type: ignore[union-attr]
-    return m.core.run(program, before=note if choices is not None else lambda *_: None)
+    return m.core.run(program, **({"before": note} if choices is not None else {}))
 
 
 def shrink_finding(machine: type[RuleBasedStateMachine], tally: Tally, f: Finding,
@@ -229,14 +229,6 @@ def shrink_finding(machine: type[RuleBasedStateMachine], tally: Tally, f: Findin
     want = lead(f.checks)
     saved = (tally.steps, Counter(tally.actions), Counter(tally.decisions), tally.best)
     tally.replaying = True
-    found: dict[tuple[int, ...], Finding] = {}
-
-    def fails(prog: list[Instance]) -> list[Instance] | None:
-        g = run_program(machine, prog)
-        if g is None or (g.kind, g.soft) != (f.kind, f.soft) or want not in g.checks:
-            return None
-        found[tuple(map(id, g.program))] = g
-        return g.program
 
     def alternatives(prog: list[Instance]) -> list[list[Instance]]:
         choices: list[list[Instance]] = []
@@ -244,8 +236,9 @@ def shrink_finding(machine: type[RuleBasedStateMachine], tally: Tally, f: Findin
         return choices
 
     try:
-        best = shrink(f.program, fails, seconds, alternatives)
-        return found.get(tuple(map(id, best)), f)
+        return shrinking.shrink_finding(f, lambda prog: run_program(machine, prog),
+                                        lambda g: (g.kind, g.soft) == (f.kind, f.soft) and want in g.checks,
+                                        seconds, alternatives)
     finally:      # replays are not campaign steps
         tally.steps, tally.actions, tally.decisions, tally.best = saved
         tally.replaying = False

@@ -55,3 +55,20 @@ def shrink(program: Program, fails: Callable[[Program], Program | None], seconds
         cur = best
         best = substitute(best) if alternatives is not None else None
     return cur
+
+
+def shrink_finding(f: Any, run: Callable[[Program], Any], same: Callable[[Any], bool], seconds: float,
+                   alternatives: Callable[[Program], list[list[Any]]] | None = None) -> Any:
+    """`shrink` for a finding of the lockstep core: `run(program)` replays a program and returns
+    its finding (or None); a candidate counts when `same(finding)`. Returns the finding of the
+    shortest program (`f` itself when nothing shorter fails the same way)."""
+    found: dict[tuple[int, ...], Any] = {}
+
+    def fails(prog: Program) -> Program | None:
+        g = run(prog)
+        if g is None or not same(g):
+            return None
+        found[tuple(map(id, g.program))] = g
+        return g.program
+    best = shrink(f.program, fails, max(0.0, seconds), alternatives)
+    return found.get(tuple(map(id, best)), f)

@@ -19,7 +19,7 @@ from pathlib import Path
 from kvcheck.spec.trace import Trace
 
 from ..lockstep import EXIT, Act, Finding, FreeModel, Lockstep
-from ..shrink import shrink
+from ..shrink import shrink_finding
 from ..traces import replay as replay_on_core, to_trace
 from .vllm_adapter import VllmAdapter
 from .vllm_checks import Violation
@@ -86,15 +86,8 @@ def execute(layout: str, num_blocks: int, fault: str | None, program: list[Act],
 def _shrink(layout: str, num_blocks: int, fault: str | None, f: Finding, strict: bool,
             seconds: float) -> Finding:
     """The one shrinker, while the same check still fails."""
-    found: dict[tuple[int, ...], Finding] = {}
-
-    def fails(prog: list[Act]) -> list[Act] | None:
-        g = execute(layout, num_blocks, fault, prog, strict)[1]
-        if g is None or g.checks != f.checks:
-            return None
-        found[tuple(map(id, g.program))] = g
-        return g.program
-    return found.get(tuple(map(id, shrink(f.program, fails, max(0.0, seconds)))), f)
+    return shrink_finding(f, lambda prog: execute(layout, num_blocks, fault, prog, strict)[1],
+                          lambda g: g.checks == f.checks, seconds)
 
 
 def _save(layout: str, num_blocks: int, fault: str | None, seed: int, f: Finding, strict: bool,
