@@ -3,12 +3,14 @@ the adapter's own checks, the one shrinker and the one replay (old traces includ
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
 from kvcheck.fuzz import lockstep
 from kvcheck.fuzz.lockstep import EXIT, Act, Finding, FreeModel, Lockstep, SpecModel
 from kvcheck.fuzz.shrink import shrink
+from kvcheck.fuzz.suts import resolve_sut
 from kvcheck.fuzz.traces import replay, to_trace
 from kvcheck.spec.config import Config
 from kvcheck.spec.sut import ActionRejected, SpecSUT
@@ -179,3 +181,31 @@ def _states(spec: Spec, prog: list) -> list:
         s = x.effect(s)
         out.append(s)
     return out
+
+
+OLD = Path(__file__).parent / "traces-78478e7"      # written by the code before the core
+
+
+@pytest.mark.parametrize("name, sut, code, check", [
+    ("fuzz-spec-shared_free_list", None, 10, "five_state_routing"),
+    ("fuzz-toy-hash_only_hit", "examples.toy_allocator:ToyAllocator", 13, "decision_matches_spec"),
+    ("fuzz-reference-engine_tail_check_skipped", "reference", 10, "hit_sound_tail"),
+    ("diff-reference-engine_pinned_object_evicted", "reference", 10, "toctou_bound_stable"),   # a probe
+    ("diff-reference-engine_load_before_checksum", "reference", 13, "abstract_state_matches_spec"),  # refused follow steps
+    ("diff-reference-engine_cache_salt_missing", "reference", 13, "decision_matches_spec"),   # isolation
+])
+def test_traces_written_before_the_core_replay(name, sut, code, check, monkeypatch) -> None:
+    """`kvcheck replay` (the old code gave 13 for the follow-through diff trace: a follow step
+    the engine had refused when it was recorded)."""
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    trace = Trace.load(OLD / f"{name}.json")
+    assert trace.violation and check in trace.violation["checks"]
+    got, out = replay(trace, None if sut is None else resolve_sut(sut, trace.meta.get("sut_fault"))())
+    assert got == code and check in out["finding"]["checks"], out
+
+
+def test_vllm_trace_written_before_the_core_replays() -> None:
+    pytest.importorskip("vllm")
+    from kvcheck.fuzz.adapters import vllm as V
+    out = V.replay(OLD / "vllm-full_swa-swa_hit_unchecked.json")
+    assert out["reproduced"] and out["exit_code"] == 10 and out["violation"]["check"] == "hit_sound_swa_window"
