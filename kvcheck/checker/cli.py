@@ -271,7 +271,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 def _diff_reference(args: argparse.Namespace) -> int:
     """Reuse vs recompute on the reference engine, bitwise, over generated workloads."""
-    from ..reference import diff as refdiff
+    from ..fuzz import diff as refdiff
     from ..reference import engine as refengine
     cfg = Config.load(args.config)
     if args.fault is not None and faultlib.get(args.fault).layer != "engine":

@@ -187,7 +187,7 @@ def run_profiles(cfg: Config, out: Path, seed: int, report: dict[str, Any], code
     """The fuzz, diff and mutants profiles (clean runs): each must hold, the smoke mutants must
     be killed by their expected checks, and the negative control must stay clean."""
     from ..fuzz.campaign import Budget, run_campaign
-    from ..reference.diff import run_reference_diff
+    from ..fuzz.diff import run_reference_diff
     from .mutants import run_mutants
     eng = report["engines"]
     verdicts: list[tuple[str, int]] = []

@@ -73,7 +73,7 @@ def engines_for(layer: str) -> dict[str, Callable[[Config, str | None, float, in
         table = {}
         if _optional("kvcheck.reference.adapter", "ReferenceSUT") is not None:
             table["fuzz"] = _fuzz("reference")
-        optional = {"diff": "kvcheck.reference.diff"}
+        optional = {"diff": "kvcheck.fuzz.diff"}
     else:
         return {}
     for name, module in optional.items():

@@ -31,11 +31,10 @@ from ..spec.config import Config
 from ..spec.objects import DECISION_KINDS
 from ..spec.system import Spec
 from ..spec.trace import Trace
-from .machine import BudgetSpent, Finding, Tally, make_machine, shrink_finding
-from .walk import to_trace
+from .lockstep import EXIT, EXIT_UNDECIDED, Finding
+from .machine import BudgetSpent, Tally, make_machine, shrink_finding
 from .suts import resolve_sut
-
-EXIT_FOR = {"invariant": 10, "differential": 11, "conformance": 13}
+from .traces import to_trace
 
 
 @dataclass
@@ -62,14 +61,13 @@ def run_campaign(cfg: Config, sut: str = "spec", budget: Budget = Budget(seconds
                  fault: str | None = None, db: str | None = None, out: Path = Path("kvcheck-report"),
                  steps_per_example: int = 200, examples_per_round: int = 25, shrink_seconds: float = 60.0,
                  progress: Callable[[int], None] | None = None,
-                 differential: Callable[..., None] | None = None,
                  observability: Path | None = None) -> dict[str, Any]:
     """One worker's campaign. Returns a JSON-serialisable result with `exit_code`.
     `observability`: append Hypothesis's observations (one JSON object per test case and per
     info/alert message) to this JSONL file."""
     if observability is None:
         return _campaign(cfg, sut, budget, seed, fault, db, out, steps_per_example,
-                         examples_per_round, shrink_seconds, progress, differential)
+                         examples_per_round, shrink_seconds, progress)
     from hypothesis.internal import observability as hyp_obs
     observability.parent.mkdir(parents=True, exist_ok=True)
     # line coverage would put a tracer under every step (10x slower): off for campaigns
@@ -80,7 +78,7 @@ def run_campaign(cfg: Config, sut: str = "spec", budget: Budget = Budget(seconds
                 fh.write(json.dumps(dataclasses.asdict(obs), default=repr) + "\n")
             with hyp_obs.with_observability_callback(write):
                 res = _campaign(cfg, sut, budget, seed, fault, db, out, steps_per_example,
-                                examples_per_round, shrink_seconds, progress, differential)
+                                examples_per_round, shrink_seconds, progress)
     finally:
         hyp_obs.OBSERVABILITY_COLLECT_COVERAGE = saved
     res["observability"] = str(observability)
@@ -116,8 +114,7 @@ def _no_local_constants() -> Iterator[None]:
 
 def _campaign(cfg: Config, sut: str, budget: Budget, seed: int, fault: str | None, db: str | None,
               out: Path, steps_per_example: int, examples_per_round: int, shrink_seconds: float,
-              progress: Callable[[int], None] | None,
-              differential: Callable[..., None] | None) -> dict[str, Any]:
+              progress: Callable[[int], None] | None) -> dict[str, Any]:
     spec_fault = fault if sut == "spec" else None
     spec = Spec(cfg, spec_fault)
     factory = resolve_sut(sut, fault)
@@ -131,7 +128,7 @@ def _campaign(cfg: Config, sut: str, budget: Budget, seed: int, fault: str | Non
     if budget.seconds is not None:
         tally.deadline = t0 + budget.seconds
     tally.max_steps = budget.steps        # both end Hypothesis's target phase too (no bound of its own)
-    machine = make_machine(spec, factory, tally, differential)
+    machine = make_machine(spec, factory, tally)
     database = DirectoryBasedExampleDatabase(db) if db else None
     finding: Finding | None = None
     error: str | None = None
@@ -226,9 +223,9 @@ def _campaign(cfg: Config, sut: str, budget: Budget, seed: int, fault: str | Non
             "trace": str(path), "trace_steps": [s.label() for s in trace.steps],
             "reproducer": f"python {shlex.quote(str(repro))}",
             "replay": f"kvcheck replay {shlex.quote(str(path))}" + ("" if sut == "spec" else f" --sut {sut}")})
-        code = EXIT_FOR[finding.kind]
+        code = EXIT[finding.kind]
     elif error:
-        code = 3
+        code = EXIT_UNDECIDED
     result["exit_code"] = code
     return result
 
@@ -246,24 +243,21 @@ def machine_actions(spec: Spec, factory: Callable[[], Any]) -> list[str]:
 
 def _trace(spec: Spec, trail: list[tuple[str, dict[str, Any]]], sut: str, seed: int,
            finding: Finding, sut_fault: str | None, lockstep: int) -> Trace:
-    trace = to_trace(spec, trail, seed, engine="fuzz", expect_upto=lockstep)
-    trace.sut = sut
-    trace.violation = {"step": len(trail) - 1, "kind": finding.kind, "checks": finding.checks,
-                       "message": finding.message}
-    trace.meta = {"sut_fault": sut_fault}
-    return trace
+    return to_trace(spec, trail, seed, engine="fuzz", expect_upto=lockstep, sut=sut, finding=finding,
+                    meta={"sut_fault": sut_fault})
 
 
 def _reproducer(trace: Path, sut: str) -> str:
     return f'''"""kvcheck reproducer: replays the shrunk failing trace and exits with its code."""
 import sys
 
-from kvcheck.checker.replay import replay_trace, sut_by_name
+from kvcheck.fuzz.suts import resolve_sut
+from kvcheck.fuzz.traces import replay
 from kvcheck.spec.trace import Trace
 
 trace = Trace.load({str(trace)!r})
-sut = None if {sut!r} == "spec" else sut_by_name({sut!r}, trace.meta.get("sut_fault"))
-code, out = replay_trace(trace, sut)
+sut = None if {sut!r} == "spec" else resolve_sut({sut!r}, trace.meta.get("sut_fault"))()
+code, out = replay(trace, sut)
 print(out)
 sys.exit(code)
 '''

@@ -3,7 +3,8 @@
 Owns the cheapest engine: episodes from Init, swarm-style (each episode enables a random
 subset of the non-core actions, so rare interleavings get room), choosing uniformly among
 enabled action names. Collects coverage (actions, decisions, object states, transitions) and
-the metrics of brief §3; on a violation, shrinks the episode to a short replayable trace.
+the metrics of brief §3; on a violation, the episode is shrunk (kvcheck.fuzz.shrink) to a
+short replayable trace (kvcheck.fuzz.traces).
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from typing import Any, Callable
 
 from ..spec.objects import DECISION_KINDS, POOL, state_name
 from ..spec.system import Spec
-from ..spec.trace import Step, Trace
+from .shrink import shrink as one_shrinker
+from .traces import to_trace  # noqa: F401  (the one trace builder; walks' traces are built there)
 
 CORE = ("submit", "lookup", "bind", "use", "append", "finish")
 # Disruptive actions are rarer so that episodes build state before it is disturbed
@@ -186,56 +188,11 @@ def replay(spec: Spec, steps: list[tuple[str, dict[str, Any]]]) -> tuple[int, li
 
 def shrink(spec: Spec, steps: list[tuple[str, dict[str, Any]]], keep: set[str],
            budget_s: float = 5.0) -> list[tuple[str, dict[str, Any]]]:
-    """Greedy delta debugging: drop chunks, then single steps, while the trace still reaches a
-    state violating one of the invariants in `keep` (the ones first seen)."""
-    def still_fails(cand: list) -> int:
+    """The one shrinker, while the trace still reaches a state violating one of the invariants
+    in `keep` (the ones first seen); each candidate is cut after its violating step."""
+    def still_fails(cand: list) -> list | None:
         n, bad, err = replay(spec, cand)
-        if err is None and n >= 0 and {inv for inv, _ in bad} & keep:
-            return n
-        return -1
+        return cand[: n + 1] if err is None and n >= 0 and {inv for inv, _ in bad} & keep else None
 
-    deadline = time.perf_counter() + budget_s
-    cur = list(steps)
-    n = still_fails(cur)
-    if n < 0:
-        return cur
-    cur = cur[: n + 1]
-    chunk = max(1, len(cur) // 2)
-    while chunk >= 1 and time.perf_counter() < deadline:
-        i, changed = 0, False
-        while i < len(cur) and time.perf_counter() < deadline:
-            cand = cur[:i] + cur[i + chunk:]
-            m = still_fails(cand)
-            if m >= 0:
-                cur, changed = cand[: m + 1], True
-            else:
-                i += chunk
-        if not changed:
-            chunk //= 2
-    return cur
-
-
-def to_trace(spec: Spec, steps: list[tuple[str, dict[str, Any]]], seed: int | None,
-             engine: str = "walk", expect_upto: int | None = None) -> Trace:
-    """A trace with the decisions and violations observed along the way as expectations (for
-    the first `expect_upto` steps only: after a SUT left the spec, the spec expects nothing)."""
-    s = spec.init()
-    out: list[Step] = []
-    violation = None
-    for n, (action, params) in enumerate(steps):
-        if expect_upto is not None and n >= expect_upto:
-            out.append(Step(action, dict(params), {}))
-            continue
-        inst = spec.instance(action, params)
-        expect: dict[str, Any] = {}
-        if action == "lookup":
-            expect["decision"] = spec.decide(s, params["r"])
-        s = inst.effect(s)
-        bad = spec.check(s)
-        if bad:
-            expect["violations"] = sorted({inv for inv, _ in bad})
-            violation = {"step": n, "action": inst.label(), "invariants": expect["violations"],
-                         "where": [f"{inv}: {w}" for inv, w in bad]}
-        out.append(Step(action, dict(params), expect))
-    return Trace(spec.cfg, out, spec.fault, engine, seed, "spec", violation)
-
+    cur = still_fails(list(steps))
+    return list(steps) if cur is None else one_shrinker(cur, still_fails, budget_s)

@@ -1,10 +1,16 @@
-"""The adapter protocol: a system under test is whatever can be driven by the spec's actions and
-observed through the spec's state.
+"""The adapter protocol: a system under test is whatever can be driven by actions and observed
+through an abstraction function; the lockstep core (kvcheck.fuzz.lockstep) runs every one.
 
 Owns the contract between the spec and every engine implementation (the reference engine,
 vLLM's cache manager, a user's own). It lives with the spec so that reference/ needs nothing
 from fuzz/. `SpecSUT` is the spec itself behind the protocol: the oracle, and the negative
 control every engine is compared with.
+
+Optional hooks the core calls when an adapter has them (each returns None when all is well):
+`differential_check(action, params) -> str` (reuse vs recompute: a message is a differential
+finding), `isolation_check(r) -> str` (after a lookup: what another tenant would hit),
+`extra_checks(action, params) -> (kind, check, message)` (the adapter's own checks, e.g.
+vLLM's shadow-model safety and bookkeeping), `close()` (release threads and files now).
 """
 from __future__ import annotations
 
@@ -20,15 +26,15 @@ class ActionRejected(Exception):
 
 # Negative probes: actions a SUT must refuse where the spec's guard forbids them (evicting a
 # pinned page, migrating a captured one, allocating past a cap, using a stale lease, ...).
-# Both `kvcheck diff` and the fuzz machine send some of them where they are disabled.
+# The lockstep core sends them where they are disabled (for `kvcheck diff` and the fuzz machine).
 PROBE_ACTIONS = ("evict", "migrate", "append", "use", "bind", "verify_ok", "offload_start",
                  "prefetch_start", "use_stale", "compress")
 
 
 @runtime_checkable
 class SystemUnderTest(Protocol):
-    """`name` for reports; `actions`: the spec actions it implements (None: all of them) —
-    engines only drive those."""
+    """`name` for reports; `actions`: the actions it implements (None: all the spec's) —
+    drivers only send those."""
 
     name: str
     actions: frozenset[str] | None
@@ -37,8 +43,9 @@ class SystemUnderTest(Protocol):
         """Start from the spec's Init for this config (empty caches, idle requests)."""
 
     def apply(self, action: str, params: dict[str, Any]) -> dict[str, Any]:
-        """Perform one spec action. Returns observations (for `lookup`: {"decision": {...}}).
-        Raises ActionRejected when the action is not enabled in the SUT's current state."""
+        """Perform one action (a spec action, or one of the adapter's own vocabulary). Returns
+        observations (for `lookup`: {"decision": {...}}). Raises ActionRejected when the
+        action is not enabled in the SUT's current state."""
 
     def observe(self) -> tuple[int, ...] | dict[int, int] | None:
         """The abstraction function: the SUT's state mapped onto the spec's state — the whole

@@ -8,6 +8,8 @@ import json
 import pytest
 
 from kvcheck.fuzz.adapters import vllm as V
+from kvcheck.fuzz.adapters import vllm_layouts
+from kvcheck.fuzz.lockstep import Finding
 
 
 def test_unavailable_without_vllm(monkeypatch):
@@ -18,7 +20,7 @@ def test_unavailable_without_vllm(monkeypatch):
             raise ImportError(f"No module named {name!r}")
         return real(name, *a, **k)
 
-    monkeypatch.setattr(V, "_V", {})
+    monkeypatch.setattr(vllm_layouts, "_V", {})
     monkeypatch.setattr(builtins, "__import__", fake)
     with pytest.raises(V.VllmUnavailable) as e:
         V.run_campaign("full+swa", steps=10)
@@ -93,7 +95,7 @@ def test_hypothesis_machine_clean_and_catches_fault():
     cfg = settings(max_examples=8, stateful_step_count=30, deadline=None, database=None,
                    suppress_health_check=list(HealthCheck), report_multiple_bugs=False)
     run_state_machine_as_test(VllmMachine.for_layout("full+swa"), settings=cfg)
-    with pytest.raises(V.Violation) as e:   # generation only: the campaign tests cover shrinking
+    with pytest.raises(Finding) as e:   # generation only: the campaign tests cover shrinking
         run_state_machine_as_test(VllmMachine.for_layout("full+swa", "swa_hit_unchecked"),
                                   settings=settings(cfg, max_examples=200, phases=[Phase.generate]))
-    assert e.value.check == "hit_sound_swa_window"
+    assert e.value.kind == "safety" and e.value.checks == ["hit_sound_swa_window"]

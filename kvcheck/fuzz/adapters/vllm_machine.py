@@ -1,15 +1,16 @@
-"""A Hypothesis stateful machine over vLLM's KV cache manager (the same adapter and checks as
-``vllm.run_campaign``, with Hypothesis choosing and shrinking the operations).
+"""A Hypothesis stateful machine over vLLM's KV cache manager: a driver of the lockstep core,
+like ``vllm.run_campaign``, with Hypothesis choosing and shrinking the operations.
 
 Use: ``VllmMachine.for_layout("full+swa", fault=None).TestCase`` in a test, or
-``run_state_machine_as_test(VllmMachine.for_layout(...))``. Every invariant is checked after
-every rule by the adapter itself (a violation raises ``vllm.Violation``).
+``run_state_machine_as_test(VllmMachine.for_layout(...))``. Every step goes through the core,
+which runs the adapter's checks after it (a broken one raises ``lockstep.Finding``).
 """
 from __future__ import annotations
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
+from ..lockstep import Act, FreeModel, Lockstep
 from . import vllm as V
 
 _BASES = [[(i * 7 + k * 13) % V.VOCAB for i in range(44)] for k in range(3)]
@@ -29,6 +30,10 @@ class VllmMachine(RuleBasedStateMachine):
     @initialize()
     def start(self) -> None:
         self.ad = V.VllmAdapter(self.layout, self.num_blocks, self.fault)
+        self.core = Lockstep(FreeModel(), self.ad)
+
+    def _do(self, action: str, params: dict) -> None:
+        self.core.step(Act(action, params))
 
     def _pick(self, action: str, data) -> str | None:
         rs = self.ad.enabled()[action]
@@ -40,42 +45,42 @@ class VllmMachine(RuleBasedStateMachine):
     def submit(self, base, cut, n, tail, salt) -> None:
         cut = min(cut, n)
         toks = _BASES[base][:cut] + (tail + [1] * n)[: n - cut]
-        self.ad.apply("submit", {"r": f"r{self.ad.next_id}", "tokens": toks, "salt": salt})
+        self._do("submit", {"r": f"r{self.ad.next_id}", "tokens": toks, "salt": salt})
 
     @rule(data=st.data(), chunk=st.integers(1, 48))
     def lookup(self, data, chunk) -> None:
         r = self._pick("lookup", data)
         if r is not None:
-            self.ad.apply("lookup", {"r": r, "chunk": chunk})
+            self._do("lookup", {"r": r, "chunk": chunk})
 
     @rule(data=st.data(), chunk=st.integers(1, 48))
     def prefill(self, data, chunk) -> None:
         r = self._pick("prefill", data)
         if r is not None:
-            self.ad.apply("prefill", {"r": r, "chunk": chunk})
+            self._do("prefill", {"r": r, "chunk": chunk})
 
     @rule(data=st.data(), tok=st.integers(0, V.VOCAB - 1))
     def decode(self, data, tok) -> None:
         r = self._pick("decode", data)
         if r is not None:
-            self.ad.apply("decode", {"r": r, "tok": tok})
+            self._do("decode", {"r": r, "tok": tok})
 
     @rule(data=st.data())
     def finish(self, data) -> None:
         r = self._pick("finish", data)
         if r is not None:
-            self.ad.apply("finish", {"r": r})
+            self._do("finish", {"r": r})
 
     @rule(data=st.data())
     def preempt(self, data) -> None:
         r = self._pick("preempt", data)
         if r is not None:
-            self.ad.apply("preempt", {"r": r})
+            self._do("preempt", {"r": r})
 
     @rule()
     def reset_prefix_cache(self) -> None:
-        self.ad.apply("reset_prefix_cache", {})
+        self._do("reset_prefix_cache", {})
 
     @rule(ids=st.lists(st.integers(1, 63), min_size=1, max_size=3))
     def evict_blocks(self, ids) -> None:
-        self.ad.apply("evict_blocks", {"block_ids": ids})
+        self._do("evict_blocks", {"block_ids": ids})

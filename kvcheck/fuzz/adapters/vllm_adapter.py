@@ -1,0 +1,276 @@
+"""vLLM's real (v1, hybrid) KV cache manager as a system under test: its actions, how to apply
+one, how to observe it, and its own checks (kvcheck/fuzz/adapters/vllm_checks.py).
+
+vLLM's ``KVCacheManager`` (hybrid coordinator + per-type managers + block pool) is pure Python
+and runs on CPU. The actions are vLLM's own vocabulary: submit (tokens, cache salt), lookup =
+``get_computed_blocks`` + admission ``allocate_slots``, chunked prefill and decode =
+``allocate_slots``, finish/preempt = ``free``, ``reset_prefix_cache``, connector
+``evict_blocks``; eviction happens by itself under a small ``num_blocks``. Its state has no
+mapping onto the spec's, so it runs on the lockstep core with the free model: its checks,
+reported by ``extra_checks`` after every step, are the ground truth.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from kvcheck.spec.config import Config
+from kvcheck.spec.sut import ActionRejected
+
+from .vllm_checks import ShadowChecks, Violation, _Req
+from .vllm_layouts import (_LAYOUTS, _RETENTION, _SWA_FAULTS, ACTIONS, B, FAULTS, LAYOUTS, MAX_MODEL_LEN,
+                           MAX_TOKENS, VOCAB, _make_specs, _vllm, layout_configs)
+
+
+class VllmAdapter(ShadowChecks):
+    """vLLM's KVCacheManager behind kvcheck's adapter protocol: reset / apply / observe, and
+    extra_checks. `strict`: a lost reuse is a finding too (else it is only recorded in `lost`)."""
+
+    name = "vllm"
+    actions = frozenset(ACTIONS)
+
+    def __init__(self, layout: str, num_blocks: int = 24, fault: str | None = None,
+                 strict: bool = False) -> None:
+        if layout not in _LAYOUTS:
+            raise ValueError(f"unknown vLLM layout {layout!r}; known: {', '.join(LAYOUTS)}")
+        if fault is not None and fault not in FAULTS:
+            raise ValueError(f"unknown vLLM fault {fault!r}; known: {', '.join(FAULTS)}")
+        groups = _LAYOUTS[layout][1]
+        if fault in _SWA_FAULTS and not any(k in ("swa", "swa_mla") for k, _, _ in groups):
+            raise ValueError(f"fault {fault!r} needs a layout with a sliding-window group")
+        self.layout, self.num_blocks, self.fault, self.strict = layout, num_blocks, fault, strict
+        self.groups = groups
+        self.sched_bs = _LAYOUTS[layout][2]
+        self.cfgs = layout_configs(layout)
+        self.cfg = next(iter(self.cfgs.values()))
+        self.reset()
+
+    # ---- construction ------------------------------------------------------------------
+    def reset(self, cfg: Config | None = None) -> None:
+        V = _vllm()
+        specs = _make_specs(self.layout)
+        kcfg = V["KVCacheConfig"](num_blocks=self.num_blocks, kv_cache_tensors=[],
+                                  kv_cache_groups=[V["KVCacheGroupSpec"]([f"layer{i}"], s)
+                                                   for i, s in enumerate(specs)],
+                                  prefix_cache_retention_interval=_RETENTION.get(self.layout))
+        self.mgr = V["KVCacheManager"](kcfg, max_model_len=MAX_MODEL_LEN,
+                                       scheduler_block_size=self.sched_bs, hash_block_size=B)
+        self.pool = self.mgr.block_pool
+        self.coord = self.mgr.coordinator
+        self.align = int(getattr(self.coord, "_cache_hit_alignment_tokens", self.sched_bs))
+        self.hasher = V["ku"].get_request_block_hasher(B, V["sha256"])
+        self.reqs: dict[str, _Req] = {}
+        self.written: dict[int, tuple] = {}        # block id -> (salt, token prefix) written there
+        self.hash_content: dict[bytes, tuple] = {}  # hash -> (salt, token prefix) it fingerprints
+        self.next_id = 0
+        self.coverage: Counter = Counter()
+        self.lost: list[Violation] = []
+        self.hits = 0                              # lookups that hit
+        self.broken: Violation | None = None       # what the last step broke (extra_checks)
+        self._plant()
+
+    def _plant(self) -> None:
+        f = self.fault
+        if f in _SWA_FAULTS:
+            SWM = _vllm()["stm"].SlidingWindowManager
+            extra = 1 if f == "swa_overstrict" else None
+
+            class FaultySWA(SWM):  # type: ignore[misc, valid-type]
+                @classmethod
+                def _contiguous_blocks_for_hit(cls, window_size, block_size, use_eagle):
+                    if extra is None:
+                        return 1
+                    return super()._contiguous_blocks_for_hit(window_size, block_size, use_eagle) + extra
+
+            groups = getattr(self.coord, "attention_groups", None)
+            if groups is None:
+                raise ValueError(f"fault {f!r} needs a hybrid layout")
+            self.coord.attention_groups = [
+                g._replace(manager_cls=FaultySWA) if issubclass(g.manager_cls, SWM) else g
+                for g in groups]
+        elif f == "evict_keeps_hash":
+            pool = self.pool
+
+            def keep_map_entry(block) -> bool:   # forget the block's hash, keep the map entry
+                pool.cached_block_hashes_by_block.pop(block.block_id, None)
+                block.reset_hash()
+                return False
+
+            pool._maybe_evict_cached_block = keep_map_entry
+
+    # ---- the protocol ------------------------------------------------------------------
+    def observe(self) -> None:
+        """vLLM's state has no mapping onto the spec's state tuple (only its hits and
+        bookkeeping are checked), so the abstraction function is partial: None."""
+        return None
+
+    def enabled(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {a: [] for a in ACTIONS}
+        for rid, r in self.reqs.items():
+            if r.state in ("waiting", "preempted"):
+                out["lookup"].append(rid)
+            else:
+                rem = r.obj.num_tokens - r.obj.num_computed_tokens
+                if rem > 1:
+                    out["prefill"].append(rid)
+                elif r.obj.num_tokens < MAX_TOKENS:
+                    out["decode"].append(rid)
+                out["finish"].append(rid)
+                out["preempt"].append(rid)
+        return out
+
+    def apply(self, action: str, params: dict[str, Any]) -> dict[str, Any]:
+        """Perform one action; the first check it breaks is kept for `extra_checks` (the
+        checks run inside the action, where vLLM's answer is at hand)."""
+        fn = getattr(self, f"_a_{action}", None)
+        if fn is None or action not in ACTIONS:
+            raise ActionRejected(f"unknown vLLM adapter action {action!r}")
+        n_lost = len(self.lost)
+        try:
+            obs = fn(**params) or {}
+            self.coverage[action] += 1
+            self._after_step()
+        except TypeError as e:
+            if "argument" in str(e) and "_a_" in str(e):
+                raise ActionRejected(f"bad parameters for {action}: {e}") from None
+            self.broken, obs = Violation("bookkeeping", "vllm_internal_error", f"vLLM raised TypeError: {e}"), {}
+        except (AssertionError, ValueError, KeyError, IndexError) as e:
+            self.broken, obs = Violation("bookkeeping", "vllm_internal_error",
+                                         f"vLLM raised {type(e).__name__}: {e}"), {}
+        except Violation as v:
+            self.broken, obs = v, {}
+        if self.broken is None and self.strict and len(self.lost) > n_lost:
+            self.broken = self.lost[-1]
+        return obs
+
+    def extra_checks(self, action: str, params: dict[str, Any]) -> tuple[str, str, str] | None:
+        """(kind, check, message) of the check the last step broke, if any."""
+        v, self.broken = self.broken, None
+        return None if v is None else (v.kind, v.check, v.message)
+
+    # ---- actions -----------------------------------------------------------------------
+    def _get(self, r: str, states: tuple[str, ...]) -> _Req:
+        req = self.reqs.get(r)
+        if req is None or req.state not in states:
+            raise ActionRejected(f"request {r} is not {'/'.join(states)}")
+        return req
+
+    def _a_submit(self, tokens: list[int], salt: str | None = None, r: str | None = None) -> dict:
+        V = _vllm()
+        rid = r or f"r{self.next_id}"
+        if rid in self.reqs:
+            raise ActionRejected(f"request {rid} already exists")
+        if not 1 <= len(tokens) < MAX_TOKENS:
+            raise ActionRejected(f"a request needs 1..{MAX_TOKENS - 1} tokens")
+        self.next_id += 1
+        obj = V["Request"](rid, list(tokens), V["SamplingParams"](max_tokens=MAX_TOKENS), None,
+                           cache_salt=salt, block_hasher=self.hasher)
+        self.reqs[rid] = _Req(rid, obj, salt, owned=[set() for _ in self.groups])
+        return {"r": rid}
+
+    def _a_lookup(self, r: str, chunk: int) -> dict:
+        req = self._get(r, ("waiting", "preempted"))
+        o = req.obj
+        usable = self.spec_usable(req)
+        blocks, hit, junction = self.mgr.get_computed_blocks(o)
+        o.shared_prefix_boundary = junction      # as the scheduler does
+        self.hits += hit > 0
+        self._check_hit(req, blocks, hit)
+        obs: dict[str, Any] = {"hit": hit, "usable": usable}
+        if hit < usable:
+            v = Violation("lost_reuse", "lost_reuse",
+                          f"{self.layout}: request {r} ({o.num_tokens} tokens): the spec allows a "
+                          f"hit of {usable} tokens from the cached blocks, vLLM returned {hit}")
+            self.lost.append(v)
+            obs["lost_reuse"] = str(v)
+        elif hit > usable:
+            raise Violation("divergence", "hit_exceeds_spec",
+                            f"vLLM hit {hit} > spec-usable {usable} for {r} although every needed "
+                            "block holds the right content (alignment rule differs?)")
+        chunk = max(1, min(chunk, o.num_tokens - hit))
+        new = self.mgr.allocate_slots(o, chunk, hit, blocks)
+        if new is None:
+            self.coverage["state:admission_refused"] += 1
+            obs["admitted"] = False
+            return obs
+        self._own(req, new)
+        # the admitted table starts with exactly the hit blocks
+        for g, lst in enumerate(blocks.blocks):
+            table = self._table(g, r)
+            # (allocate_slots may already have nulled blocks that fell out of a window)
+            if len(table) < len(lst) or any(t.block_id != b.block_id and not t.is_null
+                                            for t, b in zip(table, lst)):
+                raise Violation("bookkeeping", "hit_blocks_bound",
+                                f"group {g}: request {r}'s table does not start with its hit blocks")
+        o.status = _vllm()["RequestStatus"].RUNNING
+        o.num_computed_tokens = hit + chunk
+        req.state = "running"
+        self.coverage["state:hit" if hit else "state:miss"] += 1
+        self._maybe_sample(req)
+        obs["admitted"] = True
+        return obs
+
+    def _step(self, req: _Req, n: int, tok: int | None) -> dict:
+        new = self.mgr.allocate_slots(req.obj, n)
+        if new is None:
+            self.coverage["state:alloc_refused"] += 1
+            return {"allocated": False}
+        self._own(req, new)
+        req.obj.num_computed_tokens += n
+        self._maybe_sample(req, tok)
+        return {"allocated": True}
+
+    def _a_prefill(self, r: str, chunk: int) -> dict:
+        req = self._get(r, ("running",))
+        rem = req.obj.num_tokens - req.obj.num_computed_tokens
+        if rem <= 1:
+            raise ActionRejected(f"request {r} has no prompt left to prefill")
+        return self._step(req, max(1, min(chunk, rem)), None)
+
+    def _a_decode(self, r: str, tok: int) -> dict:
+        req = self._get(r, ("running",))
+        if req.obj.num_tokens - req.obj.num_computed_tokens != 1 or req.obj.num_tokens >= MAX_TOKENS:
+            raise ActionRejected(f"request {r} cannot decode now")
+        return self._step(req, 1, tok)
+
+    def _maybe_sample(self, req: _Req, tok: int | None = None) -> None:
+        o = req.obj
+        if o.num_computed_tokens == o.num_tokens and o.num_tokens < MAX_TOKENS:
+            # the forward produced a token (requests stop growing at MAX_TOKENS < max_model_len)
+            o.append_output_token_ids(tok if tok is not None else (o.num_tokens * 7) % VOCAB)
+
+    def _a_finish(self, r: str) -> dict:
+        req = self._get(r, ("running",))
+        self._free(req)
+        del self.reqs[r]
+        return {}
+
+    def _a_preempt(self, r: str) -> dict:
+        req = self._get(r, ("running",))
+        self._free(req)
+        o = req.obj
+        o.status = _vllm()["RequestStatus"].PREEMPTED
+        o.num_computed_tokens = 0
+        o.num_preemptions += 1
+        req.state = "preempted"
+        req.owned = [set() for _ in self.groups]
+        return {}
+
+    def _free(self, req: _Req) -> None:
+        held = [b for g in range(len(self.groups)) for b in self._table(g, req.rid) if not b.is_null]
+        self.mgr.free(req.obj)
+        if self.fault == "drop_ref_on_free":
+            shared = [b for b in held if b.ref_cnt >= 1]
+            if shared:
+                shared[0].ref_cnt -= 1
+
+    def _a_reset_prefix_cache(self) -> dict:
+        ok = self.mgr.reset_prefix_cache()
+        self.coverage["state:reset_ok" if ok else "state:reset_refused"] += 1
+        return {"reset": ok}
+
+    def _a_evict_blocks(self, block_ids: list[int]) -> dict:
+        ids = {i for i in block_ids if 0 < i < self.num_blocks}
+        self.mgr.evict_blocks(ids)
+        return {}
+

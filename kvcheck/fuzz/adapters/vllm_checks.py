@@ -1,0 +1,262 @@
+"""The vLLM adapter's own checks: a shadow content model independent of vLLM's hashes, the
+ground truth of what a resume reads, and the safety, bookkeeping and lost-reuse checks.
+
+Every block a request writes is stamped with the exact token prefix (and cache salt) it was
+computed from; a hit is *safe* when it is aligned, leaves the last token, has one length
+across groups and every block the resume reads (``kvcheck.spec.objects.needed_objects`` on
+the layout's Config) holds the right content; *bookkeeping* holds when ref counts equal
+holders, the free queue is exactly the unreferenced blocks, the null block is inert, no block
+is shared unless complete and identical, every published hash maps to its content and a
+running request's window is intact; *lost reuse* is a hit shorter than the spec allows.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvcheck.spec.objects import needed_objects
+
+from .vllm_layouts import B, _cdiv, _vllm
+
+
+@dataclass
+class Violation(Exception):
+    kind: str       # safety | bookkeeping | divergence | lost_reuse
+    check: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}/{self.check}: {self.message}"
+
+
+@dataclass
+class _Req:
+    rid: str
+    obj: Any                  # vllm Request
+    salt: str | None
+    state: str = "waiting"    # waiting | running | preempted
+    owned: list[set[int]] = field(default_factory=list)   # per group: blocks this request wrote
+
+
+class ShadowChecks:
+    """The checks, mixed into the adapter (its manager, pool, groups and requests)."""
+
+    groups: list[tuple[str, int, int | None]]
+    reqs: dict[str, _Req]
+    written: dict[int, tuple]
+    hash_content: dict[bytes, tuple]
+
+    # ---- shadow content model ------------------------------------------------------------
+    def _table(self, g: int, rid: str) -> list:
+        m = self.coord.single_type_managers[g].req_to_blocks
+        return m[rid] if rid in m else []
+
+    def _own(self, req: _Req, new: Any) -> None:
+        for g, lst in enumerate(new.blocks):
+            req.owned[g].update(b.block_id for b in lst if not b.is_null)
+
+    @staticmethod
+    def _content(req: _Req, end: int) -> tuple:
+        return (req.salt, tuple(req.obj.all_token_ids[:end]))
+
+    def _after_step(self) -> None:
+        for req in self.reqs.values():
+            o = req.obj
+            for j, h in enumerate(o.block_hashes):
+                self.hash_content.setdefault(bytes(h), self._content(req, (j + 1) * B))
+            if req.state != "running":
+                continue
+            for g, (_, bs, _) in enumerate(self.groups):
+                for i, b in enumerate(self._table(g, req.rid)):
+                    if b.block_id in req.owned[g] and not b.is_null:
+                        end = min((i + 1) * bs, o.num_computed_tokens)
+                        if end > i * bs:
+                            self.written[b.block_id] = self._content(req, end)
+        self.check_bookkeeping()
+
+    # ---- ground truth --------------------------------------------------------------------
+    def needed_hit(self, g: int, L: int) -> list[int]:
+        """Physical blocks of group g that a resume at L (a multiple of B) reads."""
+        kind, bs, p = self.groups[g]
+        if kind == "chunked_local":   # not a spec layer kind: [C*floor(L/C), L)
+            lo = (L // p) * p
+            return list(range(lo // bs, _cdiv(L, bs)))
+        if kind == "tail_ring":       # not prefix-cacheable: never part of a hit
+            return []
+        if kind in ("compressed", "indexer"):
+            sk = "csa" if p == 4 else "hca"
+            sg = next(x for x in self.cfg.groups if x.kind == sk)
+            obj = "indexer" if kind == "indexer" else "compressed_kv"
+            js = needed_objects(self.cfg, sg, L // B)[obj]
+            return sorted({j * B // bs for j in js})
+        skind = "full" if kind in ("full", "mla") else "swa"
+        cfg = self.cfgs[p] if skind == "swa" else self.cfg
+        sg = next(x for x in cfg.groups if x.kind == skind)
+        js = needed_objects(cfg, sg, L // B)["swa_window"]
+        return sorted({j * B // bs for j in js})
+
+    def needed_running(self, g: int, L: int) -> list[int]:
+        """Blocks the next token of a request at L computed tokens reads (token-level rule)."""
+        kind, bs, p = self.groups[g]
+        if kind == "tail_ring":
+            return []
+        if kind in ("compressed", "indexer"):   # entries of complete compression blocks
+            return list(range(0, (L // p) * p // bs))
+        if kind in ("full", "mla"):
+            lo = 0
+        elif kind == "chunked_local":
+            lo = (L // p) * p
+        else:
+            lo = max(0, L - p + 1)
+        return list(range(lo // bs, _cdiv(L, bs)))
+
+    def _check_kind(self, g: int) -> str:
+        return {"chunked_local": "hit_sound_chunked_local", "compressed": "hit_sound_compressed_kv",
+                "indexer": "hit_sound_indexer"}.get(self.groups[g][0], "hit_sound_swa_window")
+
+    def tail_needed(self, L: int) -> bool:
+        """Does a resume at L need a tail snapshot (a compression block open at L)? vLLM keeps
+        the open group's raw keys in a per-request ring that is never prefix-cached."""
+        return any(needed_objects(self.cfg, sg, L // B).get("tail")
+                   for sg in self.cfg.groups if "tail" in sg.objects)
+
+    def _group_hash(self, req: _Req, g: int, i: int) -> bytes | None:
+        bs = self.groups[g][1]
+        j = (i + 1) * bs // B - 1
+        hs = req.obj.block_hashes
+        return hs[j] if j < len(hs) else None
+
+    def spec_usable(self, req: _Req) -> int:
+        """Longest hit the spec allows: aligned, <= tokens-1, and every needed block of every
+        group present in the prefix-cache map with the right content."""
+        ku = _vllm()["ku"]
+        cache = self.pool.cached_block_hash_to_block
+        cap = ((req.obj.num_tokens - 1) // self.align) * self.align
+        for L in range(cap, 0, -self.align):
+            ok = not self.tail_needed(L)
+            for g in range(len(self.groups)):
+                for i in self.needed_hit(g, L):
+                    h = self._group_hash(req, g, i)
+                    blk = cache.get_one_block(ku.make_block_hash_with_group_id(h, g)) if h else None
+                    if blk is None or self.written.get(blk.block_id) != self._content(req, (i + 1) * self.groups[g][1]):
+                        ok = False
+                        break
+                if not ok:
+                    break
+            if ok:
+                return L
+        return 0
+
+    # ---- checks ----------------------------------------------------------------------------
+    def _check_hit(self, req: _Req, blocks: Any, hit: int) -> None:
+        r, n = req.rid, req.obj.num_tokens
+        if hit % self.align:
+            raise Violation("safety", "hit_aligned", f"hit {hit} of {r} not aligned to {self.align}")
+        if hit > max(0, n - 1):
+            raise Violation("safety", "hit_leaves_last_token", f"hit {hit} of {r} >= its {n} tokens")
+        if hit and self.tail_needed(hit):
+            raise Violation("safety", "hit_sound_tail",
+                            f"hit of {hit} tokens for {r} ends inside a compression block, and vLLM "
+                            "caches no tail (the compressor ring is not prefix-cacheable)")
+        for g, lst in enumerate(blocks.blocks):
+            bs = self.groups[g][1]
+            if self.groups[g][0] == "tail_ring":
+                if lst:
+                    raise Violation("safety", "hit_sound_tail",
+                                    f"the non-cacheable compressor ring returned {len(lst)} hit blocks")
+                continue
+            if len(lst) != hit // bs:
+                raise Violation("safety", "hit_length_equal",
+                                f"group {g} ({self.groups[g][0]}) returned {len(lst)} blocks of {bs} "
+                                f"for a {hit}-token hit")
+            need = set(self.needed_hit(g, hit)) if hit else set()
+            for i, b in enumerate(lst):
+                want = self._content(req, (i + 1) * bs)
+                if i in need and b.is_null:
+                    raise Violation("safety", self._check_kind(g),
+                                    f"{self.layout} group {g} ({self.groups[g][0]}): hit of {hit} tokens "
+                                    f"for {r}, but block {i} (tokens {i*bs}..{(i+1)*bs-1}) that the resume "
+                                    "reads is the null block")
+                if not b.is_null and self.written.get(b.block_id) != want:
+                    raise Violation("safety", self._check_kind(g),
+                                    f"{self.layout} group {g}: hit of {hit} tokens for {r} returns block "
+                                    f"#{b.block_id} at index {i} whose content is not the request's prefix")
+
+    def check_bookkeeping(self) -> None:
+        pool = self.pool
+        null = pool.null_block
+        holders: Counter = Counter()
+        where: dict[int, list[tuple[str, int, int]]] = {}
+        for g, mgr in enumerate(self.coord.single_type_managers):
+            for rid, lst in mgr.req_to_blocks.items():
+                for i, b in enumerate(lst):
+                    if b.is_null:
+                        continue
+                    holders[b.block_id] += 1
+                    where.setdefault(b.block_id, []).append((rid, g, i))
+        free = pool.free_block_queue.get_all_free_blocks()
+        free_ids = [b.block_id for b in free]
+        if len(free_ids) != pool.get_num_free_blocks():
+            raise Violation("bookkeeping", "free_count",
+                            f"free queue holds {len(free_ids)} blocks, num_free_blocks says "
+                            f"{pool.get_num_free_blocks()}")
+        fset = set(free_ids)
+        if len(fset) != len(free_ids):
+            raise Violation("bookkeeping", "free_queue_iff_unreferenced", "a block is queued twice")
+        for b in pool.blocks:
+            if b.is_null:
+                continue
+            if b.ref_cnt != holders[b.block_id]:
+                raise Violation("bookkeeping", "refcount_equals_holders",
+                                f"block #{b.block_id}: ref_cnt {b.ref_cnt} but {holders[b.block_id]} "
+                                f"holder(s) {where.get(b.block_id, [])}")
+            if (b.block_id in fset) != (b.ref_cnt == 0):
+                raise Violation("bookkeeping", "free_queue_iff_unreferenced",
+                                f"block #{b.block_id}: ref_cnt {b.ref_cnt}, in free queue: {b.block_id in fset}")
+        if null.block_id in fset or null.block_hash is not None \
+                or null.block_id in pool.cached_block_hashes_by_block:
+            raise Violation("bookkeeping", "null_block_inert", "the null block is queued or hashed")
+        for bid, hs in where.items():
+            if len(hs) < 2:
+                continue
+            for rid, g, i in hs:
+                req = self.reqs.get(rid)
+                bs = self.groups[g][1]
+                if req is None or (i + 1) * bs > req.obj.num_computed_tokens \
+                        or self.written.get(bid) != self._content(req, (i + 1) * bs):
+                    raise Violation("bookkeeping", "no_alias",
+                                    f"block #{bid} is in several tables {hs} but is not a complete "
+                                    f"block with identical content for {rid}")
+        for key, val in pool.cached_block_hash_to_block._cache.items():
+            blks = [val] if not isinstance(val, dict) else list(val.values())
+            h = bytes(_vllm()["ku"].get_block_hash(key))
+            for b in blks:
+                if b.is_null or not (b.block_hash == key or key in pool.cached_block_hashes_by_block.get(b.block_id, ())):
+                    raise Violation("bookkeeping", "hash_map_sound",
+                                    f"prefix-cache map entry points at block #{b.block_id} that does not carry it")
+                want = self.hash_content.get(h)
+                w = self.written.get(b.block_id)
+                bs = self.groups[_vllm()["ku"].get_group_id(key)][1]
+                # The block must hold the hash's prefix, and the hash must end inside the block
+                # (vLLM also registers interior hash-block boundaries of a larger block).
+                if want is not None and w is not None and not (
+                        w[0] == want[0] and len(w[1]) >= len(want[1]) > ((len(w[1]) - 1) // bs) * bs
+                        and w[1][:len(want[1])] == want[1]):
+                    raise Violation("bookkeeping", "hash_map_sound",
+                                    f"a published hash maps to block #{b.block_id}, which now holds other "
+                                    "content (stale prefix-cache entry)")
+        for req in self.reqs.values():
+            if req.state != "running":
+                continue
+            L = req.obj.num_computed_tokens
+            for g, (kind, bs, _) in enumerate(self.groups):
+                table = self._table(g, req.rid)
+                for i in self.needed_running(g, L):
+                    b = table[i] if i < len(table) else None
+                    if b is None or b.is_null or self.written.get(b.block_id) != self._content(req, min((i + 1) * bs, L)):
+                        raise Violation("bookkeeping", "toctou_bound_stable",
+                                        f"running {req.rid} at {L} tokens: group {g} ({kind}) block {i} that "
+                                        "its next token reads is missing or overwritten")
+
+

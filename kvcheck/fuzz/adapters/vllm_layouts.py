@@ -1,0 +1,185 @@
+"""vLLM's layouts, planted faults and lazy import: the data the vLLM adapter is built from.
+
+Owns the hybrid layouts (groups of full, sliding-window, chunked-local, MLA, compressed and
+indexer attention, their block sizes), the spec Configs that give each layout's ground
+truth, the faults the adapter can plant and the check each must trip, and importing vLLM
+lazily (about 8 s the first time; without it :class:`VllmUnavailable`, one line).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from kvcheck.spec.config import Config, LayerSpec
+
+INSTALL_HINT = ("vLLM is not importable: install it with `bash scripts/install-vllm.sh` "
+                "(pip install --no-deps vllm==0.33.0 + requirements-vllm.txt)")
+B = 4                 # hash block size (tokens) of every layout
+MAX_MODEL_LEN = 64
+MAX_TOKENS = 48       # requests never grow past this (max_model_len = 64)
+VOCAB = 40
+
+# name -> (description, groups); a group is (kind, block_size, param) with kind in
+# full | swa | chunked_local | mla | swa_mla; param = window / chunk size.
+_LAYOUTS: dict[str, tuple[str, list[tuple[str, int, int | None]], int]] = {
+    "full": ("one full-attention group (Llama-like), block 4",
+             [("full", 4, None)], 4),
+    "full+swa": ("full + sliding window W=6 (Gemma-like), block 4",
+                 [("full", 4, None), ("swa", 4, 6)], 4),
+    "full+chunked_local": ("full + chunked local attention C=8 (Llama-4-like), block 4",
+                           [("full", 4, None), ("chunked_local", 4, 8)], 4),
+    "mla+swa_mla": ("MLA + sliding-window MLA W=6 (DeepSeek-V4 SWA branch), block 4",
+                    [("mla", 4, None), ("swa_mla", 4, 6)], 4),
+    "mixed_block": ("full block 8 + SWA W=6 block 4: scheduler block 8 (LCM), hash block 4 (GCD)",
+                    [("full", 8, None), ("swa", 4, 6)], 8),
+    "full+swa+swa": ("full + two sliding windows W=6 and W=11 (3 groups, fixed-point lookup)",
+                     [("full", 4, None), ("swa", 4, 6), ("swa", 4, 11)], 4),
+    "dsv4": ("DeepSeek-V4-like: SWA-MLA W=8 + CSA compressed MLA (m=4) + its sparse indexer (m=4) "
+             "+ HCA compressed MLA (m=16, block 16) + compressor tail ring (not cacheable)",
+             [("swa_mla", 4, 8), ("compressed", 4, 4), ("indexer", 4, 4), ("compressed", 16, 16),
+              ("tail_ring", 8, None)], 16),
+}
+# Sparse prefix-cache retention (KVCacheConfig.prefix_cache_retention_interval = 0): sliding-window
+# groups only keep the blocks a reachable boundary (replay point, shared-prefix junction) needs.
+_RETENTION: dict[str, int] = {}
+for _base in ("full+swa", "mixed_block"):
+    _d, _g, _s = _LAYOUTS[_base]
+    _LAYOUTS[f"{_base}-sparse"] = (f"{_d}; sparse SWA retention (prefix_cache_retention_interval=0)", _g, _s)
+    _RETENTION[f"{_base}-sparse"] = 0
+LAYOUTS: dict[str, str] = {k: v[0] for k, v in _LAYOUTS.items()}
+
+# fault -> (expected check, description)
+FAULTS: dict[str, tuple[str, str]] = {
+    "drop_ref_on_free": ("refcount_equals_holders",
+                         "free() drops one extra reference of a block still shared by another request"),
+    "swa_hit_unchecked": ("hit_sound_swa_window",
+                          "sliding-window lookup accepts a hit after checking only its last block "
+                          "(window coverage unchecked)"),
+    "evict_keeps_hash": ("hash_map_sound",
+                         "reusing a free cached block does not remove its hash from the prefix-cache map"),
+    "swa_overstrict": ("lost_reuse",
+                       "sliding-window lookup demands one more contiguous block than the window needs"),
+}
+_SWA_FAULTS = {"swa_hit_unchecked", "swa_overstrict"}
+
+# The mapped actions (every one must be exercised by a campaign).
+ACTIONS = ("submit", "lookup", "prefill", "decode", "finish", "preempt", "reset_prefix_cache",
+           "evict_blocks")
+SAFETY_CHECKS = ("hit_aligned", "hit_leaves_last_token", "hit_length_equal",
+                 "hit_sound_swa_window", "hit_sound_chunked_local", "hit_sound_compressed_kv",
+                 "hit_sound_indexer", "hit_sound_tail")
+BOOKKEEPING_CHECKS = ("refcount_equals_holders", "free_queue_iff_unreferenced", "free_count",
+                      "null_block_inert", "no_alias", "hash_map_sound", "toctou_bound_stable")
+
+
+class VllmUnavailable(Exception):
+    """vLLM cannot be imported (one-line install hint)."""
+
+
+_V: dict[str, Any] = {}
+
+
+def _vllm() -> dict[str, Any]:
+    """Import the vLLM pieces lazily (about 8 s the first time)."""
+    if _V:
+        return _V
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    import logging
+    logging.getLogger("vllm").setLevel(logging.ERROR)
+    try:
+        import torch
+        import vllm
+        from vllm.sampling_params import SamplingParams
+        from vllm.utils.hashing import sha256
+        from vllm.v1.core import kv_cache_utils as ku
+        from vllm.v1.core import single_type_kv_cache_manager as stm
+        from vllm.v1.core.kv_cache_manager import KVCacheManager
+        from vllm.v1.kv_cache_interface import (ChunkedLocalAttentionSpec, CircularBufferSpec,
+                                                FullAttentionSpec, SparseCacheRole,
+                                                KVCacheConfig, KVCacheGroupSpec,
+                                                MLAAttentionSpec, SlidingWindowMLASpec,
+                                                SlidingWindowSpec)
+        from vllm.v1.request import Request, RequestStatus
+    except Exception as e:  # ImportError, or a broken install
+        raise VllmUnavailable(f"{INSTALL_HINT} ({type(e).__name__}: {e})".splitlines()[0]) from None
+    ku.init_none_hash(sha256)
+    _V.update(torch=torch, version=vllm.__version__, SamplingParams=SamplingParams, sha256=sha256,
+              ku=ku, stm=stm, KVCacheManager=KVCacheManager, Request=Request,
+              RequestStatus=RequestStatus, FullAttentionSpec=FullAttentionSpec,
+              SlidingWindowSpec=SlidingWindowSpec, ChunkedLocalAttentionSpec=ChunkedLocalAttentionSpec,
+              MLAAttentionSpec=MLAAttentionSpec, SlidingWindowMLASpec=SlidingWindowMLASpec,
+              KVCacheConfig=KVCacheConfig, KVCacheGroupSpec=KVCacheGroupSpec,
+              CircularBufferSpec=CircularBufferSpec, SparseCacheRole=SparseCacheRole)
+    return _V
+
+
+def vllm_version() -> str:
+    return _vllm()["version"]
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def layout_configs(layout: str) -> dict[int | None, Config]:
+    """The spec Configs whose groups give the ground truth, keyed by sliding window (None when
+    the layout has none). The spec allows one window per config, so a layout with several
+    windows gets one config per window (full + that swa). Chunked local has no spec kind: it is
+    checked by the adapter's own rule and left out."""
+    if layout == "dsv4":   # the spec's view: swa + csa (m=4, indexer) + hca (m=16)
+        layers = (LayerSpec("swa", window=8), LayerSpec("csa", window=8, m=4, topk=1),
+                  LayerSpec("hca", window=8, m=16))
+        return {8: Config(layers=layers, block_size=B, page_tokens={"hca": 16})}
+    full, swas = [], {}
+    for kind, bs, p in _LAYOUTS[layout][1]:
+        if kind in ("full", "mla"):
+            full.append(bs)
+        elif kind in ("swa", "swa_mla"):
+            swas.setdefault(p, bs)
+    out: dict[int | None, Config] = {}
+    for w in (list(swas) or [None]):
+        layers = [LayerSpec("full")] if full else []
+        page = {"full": full[0]} if full else {}
+        if w is not None:
+            layers.append(LayerSpec("swa", window=w))
+            page["swa"] = swas[w]
+        page = {k: v for k, v in page.items() if v != B}
+        out[w] = Config(layers=tuple(layers), block_size=B, page_tokens=page)
+    return out
+
+
+def layout_config(layout: str) -> Config:
+    """The spec Config written into traces (the first of `layout_configs`)."""
+    return next(iter(layout_configs(layout).values()))
+
+
+def _make_specs(layout: str) -> list:
+    V = _vllm()
+    torch = V["torch"]
+    common = dict(num_kv_heads=1, head_size=8, dtype=torch.float32)
+    out = []
+    for kind, bs, p in _LAYOUTS[layout][1]:
+        if kind == "full":
+            out.append(V["FullAttentionSpec"](block_size=bs, **common))
+        elif kind == "swa":
+            out.append(V["SlidingWindowSpec"](block_size=bs, sliding_window=p, **common))
+        elif kind == "chunked_local":
+            out.append(V["ChunkedLocalAttentionSpec"](block_size=bs, attention_chunk_size=p, **common))
+        elif kind == "mla":
+            out.append(V["MLAAttentionSpec"](block_size=bs, num_kv_heads=1, head_size=16,
+                                             dtype=torch.float32))
+        elif kind == "swa_mla":
+            out.append(V["SlidingWindowMLASpec"](block_size=bs, sliding_window=p, num_kv_heads=1,
+                                                 head_size=16, dtype=torch.float32,
+                                                 **({"model_version": "deepseek_v4"} if layout == "dsv4" else {})))
+        elif kind in ("compressed", "indexer"):
+            extra = {"cache_role": V["SparseCacheRole"].INDEXER} if kind == "indexer" else {}
+            out.append(V["MLAAttentionSpec"](block_size=bs, num_kv_heads=1, head_size=16,
+                                             dtype=torch.float32, tokens_per_state=p,
+                                             model_version="deepseek_v4", **extra))
+        elif kind == "tail_ring":
+            out.append(V["CircularBufferSpec"](block_size=bs, num_kv_heads=1, head_size=16,
+                                               head_size_v=0, dtype=torch.float32))
+    return out
+
+

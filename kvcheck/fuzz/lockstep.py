@@ -1,0 +1,395 @@
+"""The lockstep core: a system under test stepped together with a model of what it must do.
+
+Every driver runs on it (the Hypothesis machine, `kvcheck diff`, `kvcheck replay`, the vLLM
+campaign), so a check, its order and what a divergence means are written once. A step goes
+to the model and to the SUT; then, in the leading order, the model's invariants on the SUT's
+own state, the differential oracle, the adapter's extra checks, and conformance (the SUT's
+decision and abstract state against the model's). A divergence is followed on the SUT alone
+(the diverging request driven to completion, then a fresh request over the prefix) so that a
+wrong decision is reported by the check it breaks. Negative probes send what the model forbids.
+
+The model side is pluggable: `SpecModel` (the spec's guards, effects, decisions and
+invariants) for SUTs that speak the spec's actions; `FreeModel` (every action allowed, no
+abstract state) for an adapter with its own vocabulary whose ground truth is its own checks.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+from ..spec.objects import R_IDLE
+from ..spec.sut import PROBE_ACTIONS, ActionRejected, SystemUnderTest, observed_mismatch
+from ..spec.system import Instance, Spec
+
+# The exit code of each kind of finding (the integrator folds these into one ExitCode enum).
+EXIT_OK, EXIT_UNDECIDED = 0, 3
+EXIT = {"invariant": 10, "differential": 11, "conformance": 13,
+        "safety": 10, "bookkeeping": 10, "divergence": 13, "lost_reuse": 13}   # adapters' kinds
+
+# The order in which a diverged request is driven to completion (the first accepted one wins).
+DRIVE = ("bind", "bind_stale", "use", "use_stale", "append", "finish", "lookup")
+
+# The order in which a finding's checks say most about it: an unsound hit (what a reuse read)
+# first, then a lease broken under a bound request, a graph's pages moved, accounting, routing;
+# conformance and differential checks (one per finding) after.
+LEADS = ("hit_sound_", "toctou_bound_stable", "graph_topology", "refcount_equals_holders",
+         "admission_cap", "five_state_routing")
+
+
+def lead(checks: list[str]) -> str:
+    """The check a shrunk finding must keep (the others may go with the steps that caused them)."""
+    def at(c: str) -> tuple[int, str]:
+        return next((n for n, p in enumerate(LEADS) if c.startswith(p)), len(LEADS)), c
+    return min(checks, key=at)
+
+
+class Finding(AssertionError):
+    """A failure with the checks that found it. `kind`: invariant | differential | conformance,
+    or an adapter's own kind (EXIT gives each its exit code)."""
+
+    KINDS = ("invariant", "differential", "conformance")     # most specific first
+
+    def __init__(self, kind: str, checks: list[str], message: str, where: list[str] | None = None) -> None:
+        super().__init__(f"[{kind}] {message}")
+        self.kind, self.checks, self.message = kind, checks, message
+        self.where = where or []                             # every violated conjunct, for reports
+        self.trail: list[tuple[str, dict[str, Any]]] = []    # the steps the SUT took
+        self.program: list[Any] = []                         # ... that the driver chose
+        self.soft = False                                    # only a decision's reasons differ
+        self.lockstep = 0                                    # steps of trail taken with the model
+
+    def rank(self) -> tuple[int, int, int]:
+        """Most specific first: what a divergence breaks before the divergence; among
+        divergences, a wrong decision or state before a forbidden action merely accepted."""
+        k = self.KINDS.index(self.kind) if self.kind in self.KINDS else len(self.KINDS)
+        return k, self.checks == ["sut_accepted_disabled_action"], len(self.trail)
+
+
+class Act(NamedTuple):
+    """A step of an adapter's own vocabulary (FreeModel's step; SpecModel's is an Instance)."""
+
+    action: str
+    params: dict[str, Any]
+
+    def label(self) -> str:
+        return f"{self.action}(" + ", ".join(f"{k}={v}" for k, v in self.params.items()) + ")"
+
+
+class SpecModel:
+    """The spec as the model: guards, effects, decisions and invariants; the SUT's observation
+    (when it is the whole state) stands in for the spec's state after a divergence."""
+
+    exact = True          # the guards are the truth: a SUT refusing an enabled step diverges
+
+    def __init__(self, spec: Spec, supported: frozenset[str] | None = None) -> None:
+        self.spec, lay, cfg = spec, spec.lay, spec.cfg
+        self.size, self.names = lay.size, lay.names
+        self.instances = [i for i in spec.instances if supported is None or i.action in supported]
+        self.probes = [x for x in self.instances if x.action in PROBE_ACTIONS]
+        self.requests, self.blocks = cfg.requests, cfg.blocks
+        self.rst = [lay.r(r, "rst") for r in range(cfg.requests)]
+        per: list[dict[str, list[Instance]]] = [{} for _ in range(cfg.requests)]
+        for i in self.instances:
+            if "r" in i.params:
+                per[i.params["r"]].setdefault(i.action, []).append(i)
+        self.drive_steps = [[i for a in DRIVE for i in per[r].get(a, ())] for r in range(cfg.requests)]
+
+    def init(self) -> tuple[int, ...]:
+        return self.spec.init()
+
+    def step(self, action: str, params: dict[str, Any]) -> Instance:
+        return self.spec.instance(action, params)             # KeyError: not a spec step
+
+    def allows(self, s: tuple, x: Instance) -> bool:
+        return x.guard(s)
+
+    def effect(self, s: tuple, x: Instance) -> tuple:
+        return x.effect(s)
+
+    def decide(self, s: tuple, x: Instance) -> dict[str, Any] | None:
+        return self.spec.decide(s, x.params["r"]) if x.action == "lookup" else None
+
+    def invariants(self, s: tuple, x: Instance | None = None) -> list[tuple[str, str]]:
+        """Violations in s (after x, from a state where every invariant held: only the
+        conjuncts x can change)."""
+        return self.spec.check(s) if x is None else self.spec.check_after(x, s)
+
+    def as_state(self, seen: Any) -> tuple | None:
+        return tuple(seen) if isinstance(seen, tuple) and len(seen) == self.size else None
+
+    def mismatch(self, seen: Any, s: tuple) -> list[str]:
+        return [".".join(map(str, self.names[i])) for i in observed_mismatch(seen, s)]
+
+    def drive_order(self, s: tuple, focus: int | None) -> list[int]:
+        """The requests a follow-through drives: the diverging one, then every busy one."""
+        rest = [r for r in range(self.requests) if r != focus and s[self.rst[r]] != R_IDLE]
+        return ([focus] if focus is not None else []) + rest
+
+    def fresh(self, s: tuple) -> list[Instance]:
+        """Submits for the first idle request, longest first (a fresh request over the prefix)."""
+        for r in range(self.requests):
+            if s[self.rst[r]] == R_IDLE:
+                return [self.spec.instance("submit", {"r": r, "n": n}) for n in range(self.blocks, 0, -1)]
+        return []
+
+
+class FreeModel:
+    """No model: every step is allowed and there is no abstract state, so the adapter's own
+    extra checks are the ground truth (a refused step is the adapter's own guard: skipped)."""
+
+    exact = False
+    probes: list[Act] = []
+
+    def init(self) -> None:
+        return None
+
+    def step(self, action: str, params: dict[str, Any]) -> Act:
+        return Act(action, params)
+
+    def allows(self, s: None, x: Act) -> bool:
+        return True
+
+    def effect(self, s: None, x: Act) -> None:
+        return None
+
+    def decide(self, s: None, x: Act) -> None:
+        return None
+
+    def invariants(self, s: None, x: Act | None = None) -> list[tuple[str, str]]:
+        return []
+
+    def as_state(self, seen: Any) -> None:
+        return None
+
+    def mismatch(self, seen: Any, s: None) -> list[str]:
+        return []
+
+
+def _noop(*_: Any) -> None:
+    return None
+
+
+class Lockstep:
+    """One run: a model and a SUT from their initial states. `step` takes a step the driver
+    chose (the model allows it), `probe` one the model forbids; a finding is raised from them.
+    `follow`: after a divergence, drive the SUT's requests to completion (generation does;
+    a replay takes the recorded steps instead). Hooks: `count(action, decision)` per step the
+    SUT took, `after(state)` after each, `found(finding)` on a failure."""
+
+    def __init__(self, model: Any, sut: SystemUnderTest, follow: bool = True, full_check: bool = False,
+                 count: Callable[[str, Any], None] = _noop, after: Callable[[Any], None] = _noop,
+                 found: Callable[[Finding], None] = _noop) -> None:
+        self.model, self.sut, self.follow, self.full_check = model, sut, follow, full_check
+        self.count, self.after, self.found = count, after, found
+        self.s = model.init()
+        self.trail: list[tuple[str, dict[str, Any]]] = []
+        self.program: list[Any] = []
+        self.lockstep = 0
+        self.diverged: Finding | None = None   # set: the SUT left the model; it is followed alone
+        self.soft: Finding | None = None       # a decision whose reasons alone differ
+        self.failed = False
+        # optional adapter hooks (kvcheck.spec.sut): the oracle, tenant isolation, own checks
+        self._oracle = getattr(sut, "differential_check", None)
+        self._isolation = getattr(sut, "isolation_check", None)
+        self._extra = getattr(sut, "extra_checks", None)
+        # probes only where they can tell something: the spec as SUT refuses every one of them
+        self.probes = [] if getattr(sut, "name", None) == "spec" else getattr(model, "probes", [])
+
+    # ---- what a driver calls ---------------------------------------------------------------
+    def step(self, x: Any) -> None:
+        """A chosen step: in lockstep, or on the SUT alone once it diverged."""
+        self.program.append(x)
+        try:
+            if self.diverged is None:
+                self.check(x)
+            else:
+                self.follow_step(x)
+        except Finding as f:
+            raise self.fail(f) from None
+
+    def probe(self, x: Any) -> bool:
+        """A negative probe: an action the model forbids here. Refusing it is right; doing it
+        is a divergence (followed like any other). Returns whether the SUT took it."""
+        try:
+            self.sut.apply(x.action, dict(x.params))
+        except ActionRejected:
+            return False
+        self.program.append(x)
+        f = Finding("conformance", ["sut_accepted_disabled_action"],
+                    f"{x.label()}: the model forbids it here, the SUT did it")
+        try:
+            self.diverged = self.stamp(f)       # (what it breaks, if anything, comes first)
+            self.diverge(f, self.took(x), x.params.get("r"))
+        except Finding as f:
+            raise self.fail(f) from None
+        return True
+
+    def run(self, program: list[Any], stop_at_divergence: bool = False,
+            before: Callable[["Lockstep", Any], None] = _noop) -> Finding | None:
+        """Run chosen steps (one the model does not allow where it falls is sent as a probe
+        when it is a probe action, else skipped, as a driver would not have drawn it) and
+        end the run. Returns the finding, if any; the SUT is closed."""
+        m = self.model
+        try:
+            for x in program:
+                before(self, x)
+                if m.allows(self.s, x):
+                    self.step(x)
+                elif self.probes and self.diverged is None and x.action in PROBE_ACTIONS:
+                    self.probe(x)
+                if stop_at_divergence and self.diverged is not None:
+                    break
+            self.end()
+        except Finding as f:
+            return f
+        finally:
+            self.close()
+        return self.stamp(self.soft) if self.soft is not None else None
+
+    def end(self) -> None:
+        """The end of a run: a divergence whose consequence never showed is the finding (its
+        trace ends where it diverged)."""
+        if not self.failed and self.diverged is not None:
+            self.failed = True
+            self.found(self.diverged)
+            raise self.diverged
+
+    def close(self) -> None:
+        """Release the SUT's resources now (threads, files), not from the garbage collector."""
+        fn = getattr(self.sut, "close", None)
+        if fn is not None:
+            fn()
+
+    def stamp(self, f: Finding) -> Finding:
+        """Attach the run's steps so far to a finding."""
+        f.trail, f.lockstep, f.program = list(self.trail), self.lockstep, list(self.program)
+        return f
+
+    def fail(self, f: Finding) -> Finding:
+        self.stamp(f)
+        self.failed = True
+        self.found(f)
+        return f
+
+    # ---- the checks ------------------------------------------------------------------------
+    def check(self, x: Any) -> None:
+        """One step in lockstep, every check in the leading order."""
+        m, pre, label = self.model, self.s, x.label()
+        decision = m.decide(pre, x)
+        self.s = m.effect(pre, x)
+        self.trail.append((x.action, dict(x.params)))
+        self.lockstep = len(self.trail)
+        self.count(x.action, decision)
+        try:
+            obs = self.sut.apply(x.action, dict(x.params))
+        except ActionRejected as e:
+            self.trail.pop()                    # the SUT did not take this step
+            self.lockstep -= 1
+            if not m.exact:                     # no model to say it should have: skipped
+                self.s = pre
+                self.program.pop()
+                return
+            self.diverge(Finding("conformance", ["sut_rejected_enabled_action"],
+                                 f"{label}: the model enables it, the SUT rejected it ({e})"),
+                         self.sut.observe(), x.params.get("r"))
+            return
+        seen = self.sut.observe()
+        self.judge(label, seen, x, True)
+        self.oracle(label, x)
+        got = obs.get("decision") if decision is not None else None
+        if decision is not None and got != decision:
+            f = Finding("conformance", ["decision_matches_spec"], f"{label}: spec decided {decision}, SUT {got}")
+            if got and (got.get("kind"), got.get("k")) == (decision["kind"], decision["k"]):
+                f.soft = True
+                self.soft = self.soft or f     # only the reasons differ: still in lockstep
+            else:
+                self.diverge(f, seen, x.params["r"])
+                return
+        if decision is not None and self._isolation is not None:
+            msg = self._isolation(x.params["r"])
+            if msg:     # the SUT's state is the spec's, but another tenant would hit this prefix
+                raise Finding("conformance", ["decision_matches_spec"], f"{label}: {msg}")
+        diff = m.mismatch(seen, self.s)
+        if diff:
+            self.diverge(Finding("conformance", ["abstract_state_matches_spec"],
+                                 f"after {label}: SUT state differs from the spec at {', '.join(diff[:6])}"),
+                         seen, x.params.get("r"))
+            return
+        self.after(self.s)
+
+    def judge(self, label: str, seen: Any, x: Any, lockstep: bool) -> None:
+        """The model's invariants on the SUT's own state (the spec's state when the SUT shows
+        only part of its own): what a divergence *does*, so they run before conformance."""
+        m = self.model
+        if lockstep and seen == self.s and not self.full_check:
+            bad = m.invariants(self.s, x)       # in lockstep: only conjuncts the step can change
+        elif (st := m.as_state(seen)) is not None:
+            bad = m.invariants(st)
+        elif lockstep:
+            bad = m.invariants(self.s, None if self.full_check else x)
+        else:
+            bad = []
+        if bad:
+            invs = sorted({i for i, _ in bad})
+            raise Finding("invariant", invs, f"after {label}: " + "; ".join(f"{i}: {w}" for i, w in bad[:6]),
+                          [f"{i}: {w}" for i, w in bad])
+
+    def oracle(self, label: str, x: Any) -> None:
+        """The differential oracle, then the adapter's own checks."""
+        msg = self._oracle(x.action, dict(x.params)) if self._oracle is not None else None
+        if msg:
+            raise Finding("differential", ["reuse_equals_recompute"], f"after {label}: {msg}")
+        bad = self._extra(x.action, x.params) if self._extra is not None else None
+        if bad:
+            kind, check, message = bad
+            raise Finding(kind, [check], message)
+
+    def took(self, x: Any) -> Any:
+        """The SUT took x on its own (not in lockstep): record it and judge its state."""
+        self.trail.append((x.action, dict(x.params)))
+        self.count(x.action, None)
+        seen = self.sut.observe()
+        label = x.label()
+        self.judge(label, seen, x, False)
+        self.oracle(label, x)
+        return seen
+
+    # ---- a diverged SUT --------------------------------------------------------------------
+    def diverge(self, f: Finding, seen: Any, focus: int | None) -> None:
+        """The SUT left the model. When it exposes its whole state, follow it alone (its state
+        read as a model state, judged by the invariants and the oracle): drive the diverging
+        request to completion as the SUT decides, then serve a fresh request over the prefix,
+        so that a wrong decision is reported by the check it breaks. Otherwise, or when nothing
+        breaks, the finding is the divergence itself (raised at the end of the run)."""
+        self.diverged = self.stamp(f)    # its trace ends here, unless a consequence shows
+        st = self.model.as_state(seen)
+        if st is None:
+            raise f
+        self.s = st
+        if self.follow:
+            for r in self.model.drive_order(st, focus):
+                self.drive(r)
+            for x in self.model.fresh(self.s):
+                if self.follow_step(x):
+                    self.drive(x.params["r"])
+                    break
+        self.after(self.s)
+
+    def drive(self, r: int) -> None:
+        """Request r to completion as the SUT decides: each time, the first step of DRIVE that
+        the SUT accepts (the model's guards no longer apply: the SUT's decision is what runs)."""
+        for _ in range(3 * self.model.blocks + 6):
+            done = next((i for i in self.model.drive_steps[r] if self.follow_step(i)), None)
+            if done is None or done.action == "finish":
+                return
+
+    def follow_step(self, x: Any) -> bool:
+        """One step on the SUT alone. A refusal is not a finding here (its rules already differ
+        from the model's); the divergence is."""
+        try:
+            self.sut.apply(x.action, dict(x.params))
+        except ActionRejected:
+            return False
+        seen = self.took(x)
+        self.s = self.model.as_state(seen)
+        self.after(self.s)
+        return True
