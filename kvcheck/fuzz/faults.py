@@ -13,7 +13,7 @@ from typing import Any
 from ..spec.faults import Fault, FaultError, Planted, Registry, UnknownFault, spec_faults
 
 __all__ = ["Fault", "FaultError", "Planted", "REGISTRY", "UnknownFault", "get", "spec_faults",
-           "user_faults", "FAULTS"]
+           "user_faults"]          # and FAULTS (every fault by name, loaded on first use)
 
 
 def _reference() -> tuple[Fault, ...]:
@@ -22,9 +22,8 @@ def _reference() -> tuple[Fault, ...]:
 
 
 def _vllm() -> tuple[Fault, ...]:
-    from .adapters import vllm       # the fault table imports without vLLM installed
-    return tuple(Fault(name, "vllm", "vllm:KVCacheManager (wrapped)", "vLLM KV cache manager fault",
-                       "", check, desc, ("vllm",)) for name, (check, desc) in vllm.FAULTS.items())
+    from .adapters.vllm_layouts import VLLM_FAULTS      # imports without vLLM installed
+    return VLLM_FAULTS
 
 
 REGISTRY = Registry({"reference": _reference, "vllm": _vllm})

@@ -18,8 +18,9 @@ from kvcheck.spec.config import Config
 from kvcheck.spec.sut import ActionRejected
 
 from .vllm_checks import ShadowChecks, Violation, _Req
-from .vllm_layouts import (_LAYOUTS, _RETENTION, _SWA_FAULTS, ACTIONS, B, FAULTS, LAYOUTS, MAX_MODEL_LEN,
-                           MAX_TOKENS, VOCAB, _make_specs, _vllm, layout_configs)
+from .vllm_layouts import (_LAYOUTS, _RETENTION, _SWA_FAULTS, ACTIONS, B, DROP_REF_ON_FREE, EVICT_KEEPS_HASH,
+                           LAYOUTS, MAX_MODEL_LEN, MAX_TOKENS, SWA_OVERSTRICT, VOCAB, _make_specs, _vllm,
+                           layout_configs, planted)
 
 
 class VllmAdapter(ShadowChecks):
@@ -33,10 +34,12 @@ class VllmAdapter(ShadowChecks):
                  strict: bool = False) -> None:
         if layout not in _LAYOUTS:
             raise ValueError(f"unknown vLLM layout {layout!r}; known: {', '.join(LAYOUTS)}")
-        if fault is not None and fault not in FAULTS:
-            raise ValueError(f"unknown vLLM fault {fault!r}; known: {', '.join(FAULTS)}")
+        try:
+            self.planted = planted(fault)
+        except KeyError as e:                      # UnknownFault: one line naming the SUT
+            raise ValueError(str(e)) from None
         groups = _LAYOUTS[layout][1]
-        if fault in _SWA_FAULTS and not any(k in ("swa", "swa_mla") for k, _, _ in groups):
+        if any(f.name == fault for f in _SWA_FAULTS) and not any(k in ("swa", "swa_mla") for k, _, _ in groups):
             raise ValueError(f"fault {fault!r} needs a layout with a sliding-window group")
         self.layout, self.num_blocks, self.fault, self.strict = layout, num_blocks, fault, strict
         self.groups = groups
@@ -71,9 +74,9 @@ class VllmAdapter(ShadowChecks):
 
     def _plant(self) -> None:
         f = self.fault
-        if f in _SWA_FAULTS:
+        if any(self.planted(x) for x in _SWA_FAULTS):
             SWM = _vllm()["stm"].SlidingWindowManager
-            extra = 1 if f == "swa_overstrict" else None
+            extra = 1 if self.planted(SWA_OVERSTRICT) else None
 
             class FaultySWA(SWM):  # type: ignore[misc, valid-type]
                 @classmethod
@@ -88,7 +91,7 @@ class VllmAdapter(ShadowChecks):
             self.coord.attention_groups = [
                 g._replace(manager_cls=FaultySWA) if issubclass(g.manager_cls, SWM) else g
                 for g in groups]
-        elif f == "evict_keeps_hash":
+        elif self.planted(EVICT_KEEPS_HASH):
             pool = self.pool
 
             def keep_map_entry(block) -> bool:   # forget the block's hash, keep the map entry
@@ -259,7 +262,7 @@ class VllmAdapter(ShadowChecks):
     def _free(self, req: _Req) -> None:
         held = [b for g in range(len(self.groups)) for b in self._table(g, req.rid) if not b.is_null]
         self.mgr.free(req.obj)
-        if self.fault == "drop_ref_on_free":
+        if self.planted(DROP_REF_ON_FREE):
             shared = [b for b in held if b.ref_cnt >= 1]
             if shared:
                 shared[0].ref_cnt -= 1

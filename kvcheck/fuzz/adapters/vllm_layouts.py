@@ -11,6 +11,7 @@ import os
 from typing import Any
 
 from kvcheck.spec.config import Config, LayerSpec
+from kvcheck.spec.faults import Fault, Planted, UnknownFault
 
 INSTALL_HINT = ("vLLM is not importable: install it with `bash scripts/install-vllm.sh` "
                 "(pip install --no-deps vllm==0.33.0 + requirements-vllm.txt)")
@@ -48,19 +49,37 @@ for _base in ("full+swa", "mixed_block"):
     _RETENTION[f"{_base}-sparse"] = 0
 LAYOUTS: dict[str, str] = {k: v[0] for k, v in _LAYOUTS.items()}
 
-# fault -> (expected check, description)
-FAULTS: dict[str, tuple[str, str]] = {
-    "drop_ref_on_free": ("refcount_equals_holders",
-                         "free() drops one extra reference of a block still shared by another request"),
-    "swa_hit_unchecked": ("hit_sound_swa_window",
-                          "sliding-window lookup accepts a hit after checking only its last block "
-                          "(window coverage unchecked)"),
-    "evict_keeps_hash": ("hash_map_sound",
-                         "reusing a free cached block does not remove its hash from the prefix-cache map"),
-    "swa_overstrict": ("lost_reuse",
-                       "sliding-window lookup demands one more contiguous block than the window needs"),
-}
-_SWA_FAULTS = {"swa_hit_unchecked", "swa_overstrict"}
+# The faults the adapter plants in vLLM's own classes (declared patches: the adapter's sites
+# ask `planted(FAULT)`); `kvcheck faults` lists them through fuzz/faults.py.
+def _fault(name: str, site: str, bug_class: str, expected: str, doc: str) -> Fault:
+    return Fault(name, "vllm", site, bug_class, "vLLM v1 KV cache manager (planted in a thin wrapper)",
+                 expected, doc, ("vllm",))
+
+
+DROP_REF_ON_FREE = _fault(
+    "drop_ref_on_free", "vllm:KVCacheManager.free", "refcount imbalance", "refcount_equals_holders",
+    "free() drops one extra reference of a block still shared by another request")
+SWA_HIT_UNCHECKED = _fault(
+    "swa_hit_unchecked", "vllm:SlidingWindowManager._contiguous_blocks_for_hit",
+    "window not covering needed positions", "hit_sound_swa_window",
+    "sliding-window lookup accepts a hit after checking only its last block (window coverage unchecked)")
+EVICT_KEEPS_HASH = _fault(
+    "evict_keeps_hash", "vllm:BlockPool._maybe_evict_cached_block", "stale hash after free",
+    "hash_map_sound", "reusing a free cached block does not remove its hash from the prefix-cache map")
+SWA_OVERSTRICT = _fault(
+    "swa_overstrict", "vllm:SlidingWindowManager._contiguous_blocks_for_hit", "lost reuse",
+    "lost_reuse", "sliding-window lookup demands one more contiguous block than the window needs")
+VLLM_FAULTS: tuple[Fault, ...] = (DROP_REF_ON_FREE, SWA_HIT_UNCHECKED, EVICT_KEEPS_HASH, SWA_OVERSTRICT)
+FAULTS: dict[str, tuple[str, str]] = {f.name: (f.expected, f.doc) for f in VLLM_FAULTS}  # name -> (check, doc)
+_SWA_FAULTS = (SWA_HIT_UNCHECKED, SWA_OVERSTRICT)      # need a layout with a sliding-window group
+
+
+def planted(name: str | None) -> Planted:
+    """The adapter's probe for a fault name (unknown names are refused, naming the SUT)."""
+    by_name = {f.name: f for f in VLLM_FAULTS}
+    if name is not None and name not in by_name:
+        raise UnknownFault(name, f"unknown vLLM fault {name!r}; --sut vllm plants: {', '.join(by_name)}")
+    return Planted(None if name is None else by_name[name])
 
 # The mapped actions (every one must be exercised by a campaign).
 ACTIONS = ("submit", "lookup", "prefill", "decode", "finish", "preempt", "reset_prefix_cache",
