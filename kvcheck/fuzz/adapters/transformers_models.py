@@ -320,8 +320,9 @@ def boundaries_of(cfg) -> dict[str, int]:
     d = cfg.to_dict()
     for k, v in d.items():
         if k in GRANULARITY and isinstance(v, int) and not isinstance(v, bool) and v > 1:
-            if k in ("index_topk", "index_topk_blocks", "index_local_blocks"):
-                continue  # a count of selected entries, not a token boundary
+            if k in ("index_topk_blocks", "index_local_blocks"):
+                continue  # counts of selected blocks, not token boundaries (index_topk is: past it
+                # the indexer starts to drop keys)
             if k in WINDOW_FIELDS and d.get("use_sliding_window") is False:
                 continue
             found[k] = v
