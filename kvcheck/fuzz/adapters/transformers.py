@@ -86,12 +86,14 @@ def _cache_objects(runner) -> list[dict[str, Any]]:
 
 
 def run_diff(model_type: str, config_json: str | None = None, dtype: str = "float32", scenarios: int = 20,
-             seed: int = 0, fault: str | None = None, out_dir: str | None = None, trace: bool = True) -> dict:
+             seed: int = 0, fault: str | None = None, out_dir: str | None = None, trace: bool = True,
+             model_hook=None) -> dict:
     """Reuse vs recompute for a tiny random-weight model of ``model_type`` (see docs/adapters-transformers.md).
 
     A model that cannot be built from its derived config gives ``verdict: unsupported`` with a
     one-line ``reason``; usage errors (unknown model type or dtype or fault, bad config file,
     transformers missing) raise :class:`AdapterError`. With ``out_dir``, the verdict is kept there.
+    ``model_hook(model)`` runs on the built model first (to plant a bug in one operation).
     """
     from .transformers_models import build_model, decoder_type, derive_config, torch_dtype
     from .transformers_scenarios import Runner
@@ -123,6 +125,8 @@ def run_diff(model_type: str, config_json: str | None = None, dtype: str = "floa
         if out_dir:
             record_verdict(out_dir, res)
         return jsonable(res)
+    if model_hook is not None:
+        model_hook(model)
     runner = Runner(model, config, mt, dtype, seed)
     try:
         try:
@@ -147,7 +151,7 @@ def run_diff(model_type: str, config_json: str | None = None, dtype: str = "floa
         res["scenarios_run"] = len(run["scenarios"])
         res["first_divergent_operation"] = None
         if trace and runner.kept and cal is not None:
-            idx, (ids, restored) = next(iter(runner.kept.items()))
+            idx, ids, restored = runner.kept["index"], runner.kept["ids"], runner.kept["cache"]
             sc = run["scenarios"][idx]
             L = sc["first_divergent_layer"]
             if L is not None:
@@ -170,21 +174,24 @@ def run_diff(model_type: str, config_json: str | None = None, dtype: str = "floa
 
 
 def sweep(model_types: list[str] | None = None, dtypes=("float32", "bfloat16"), scenarios: int = 10,
-          seed: int = 0, out_dir: str | None = None, progress=None) -> list[dict[str, Any]]:
+          seed: int = 0, out_dir: str | None = None, progress=None, listed=None,
+          shared: dict | None = None) -> list[dict[str, Any]]:
     """Run every listed model type (or ``model_types``) in each dtype; a composite type whose
     decoder is itself listed shares that run. Returns one summary row per (model type, dtype)."""
     import time
 
-    listed = list_models(out_dir)
+    listed = list_models(out_dir) if listed is None else listed
     if model_types is not None:
         listed = [m for m in listed if m["model_type"] in model_types]
-    rows, done = [], {}
+    rows, done = [], ({} if shared is None else shared)
     for m in listed:
         for dt in dtypes:
             key = (m.get("runs_as") or m["model_type"], dt)
             t0 = time.monotonic()
             if key in done:
                 res = dict(done[key], model_type=m["model_type"])
+                if out_dir:
+                    record_verdict(out_dir, res)
             else:
                 res = run_diff(m["model_type"], dtype=dt, scenarios=scenarios, seed=seed, out_dir=out_dir)
                 done[key] = res

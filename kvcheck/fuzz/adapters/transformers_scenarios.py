@@ -117,7 +117,7 @@ class Runner:
         self.eps = float(torch.finfo(next(model.parameters()).dtype).eps)
         self.cache_layer_classes: list[str] = []
         self.path = "setup"
-        self.kept: dict[int, Any] = {}  # scenario index -> (ids, restored cache) for tracing
+        self.kept: dict[str, Any] = {}  # the divergent scenario with the earliest layer, for tracing
 
     def close(self):
         self.rec.close()
@@ -222,8 +222,8 @@ class Runner:
         if verdict == "divergent":
             res["cache_diff"] = self._explain(restored_rows, after_rows, cal)
             res["explained_by"] = explanation(res["cache_diff"], first_layer)
-            if not self.kept and first_layer is not None:
-                self.kept[idx] = (ids, kept)
+            if first_layer is not None and (not self.kept or first_layer < self.kept["layer"]):
+                self.kept = dict(layer=first_layer, index=idx, ids=ids, cache=kept)
         return res
 
     def _generate(self, ids, last_logits, cache, n_gen: int, tol: float) -> dict[str, Any]:
