@@ -9,6 +9,7 @@ and building a seeded random-weight model from it. ``transformers`` is imported 
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import math
 import re
@@ -156,6 +157,11 @@ def _jsonable_fields(f: dict) -> dict:
 
 def list_model_types() -> list[dict[str, Any]]:
     """Every causal-LM model type of the installed transformers whose cache is not uniform full attention."""
+    return copy.deepcopy(_discover())
+
+
+@functools.lru_cache(maxsize=1)
+def _discover() -> list[dict[str, Any]]:
     _, causal = _config_mapping()
     out = []
     for mt in sorted(causal):
