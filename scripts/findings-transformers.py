@@ -66,6 +66,9 @@ def render(rows: list[dict], listed: list[dict], meta: dict) -> str:
                 how = r.get("reason")
             elif r["verdict"] == "error":
                 how = "; ".join(r.get("errors") or [])
+            if r["verdict"] == "divergent" and r.get("divergent_suffix_modes"):
+                how = (how or "") + (f" [diverges with suffix {'/'.join(r['divergent_suffix_modes'])}; clean: "
+                                     f"{'/'.join(r.get('clean_suffix_modes') or []) or 'none'}]")
             rec = None
             if r.get("in_recompute") is not None:
                 rec = "yes" if r["in_recompute"] else "no: only on reuse"

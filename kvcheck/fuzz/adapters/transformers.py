@@ -215,6 +215,10 @@ def summary_row(res: dict[str, Any]) -> dict[str, Any]:
                 in_recompute=tr.get("in_recompute"), reason=res.get("reason"),
                 errors=(res.get("errors") or ([res["error"]] if res.get("error") else []))[:3],
                 causal=(res.get("recompute_causality") or {}).get("causal"),
+                divergent_suffix_modes=sorted(m for m, v in (res.get("suffix_modes") or {}).items()
+                                              if "divergent" in v),
+                clean_suffix_modes=sorted(m for m, v in (res.get("suffix_modes") or {}).items()
+                                          if v and set(v) <= {"exact", "within-tolerance"}),
                 kinds=sorted({k for layer in res.get("cache_objects") or [] if isinstance(layer, dict)
                               for k in layer["objects"].values()}))
 

@@ -52,8 +52,9 @@ class LayerRecorder:
                 h = out[0] if isinstance(out, (tuple, list)) else out
                 if hasattr(h, "last_hidden_state"):
                     h = h.last_hidden_state
-                if hasattr(h, "detach"):
-                    self.calls[i].append(h.detach())
+                if hasattr(h, "detach") and h.dim() >= 2:
+                    # [..., tokens, hidden] -> [streams x batch, tokens, hidden] (e.g. gemma3n's altup)
+                    self.calls[i].append(h.detach().reshape(-1, h.shape[-2], h.shape[-1]))
         return hook
 
     def start(self):
@@ -64,7 +65,7 @@ class LayerRecorder:
         import torch
 
         self.on = False
-        return [torch.cat(c, dim=1) if c and all(x.dim() >= 2 for x in c) else None for c in self.calls]
+        return [torch.cat(c, dim=1) if c and len({x.shape[0] for x in c}) == 1 else None for c in self.calls]
 
     def close(self):
         for h in self.handles:
@@ -116,7 +117,7 @@ class Runner:
         self.mods = ModuleStack(model)
         self.eps = float(torch.finfo(next(model.parameters()).dtype).eps)
         self.cache_layer_classes: list[str] = []
-        self.path = "setup"
+        self.path, self.in_model = "setup", False
         self.kept: dict[str, Any] = {}  # the divergent scenario with the earliest layer, for tracing
 
     def close(self):
@@ -125,10 +126,12 @@ class Runner:
 
     # -- model calls ---------------------------------------------------------------------
     def _call(self, path: str, **kw):
-        self.path = path
+        self.path, self.in_model = path, True
         self.mods.stack.clear()
         with self.torch.no_grad():
-            return self.model(**kw)
+            out = self.model(**kw)
+        self.in_model = False
+        return out
 
     def full(self, ids, record=False):
         if record:
@@ -149,6 +152,9 @@ class Runner:
         return self.torch.randint(0, self.vocab, (batch, n), generator=gen)
 
     def crash(self, exc: BaseException, where: str) -> str:
+        if not self.in_model:
+            return (f"{where}: kvcheck could not compare this model's outputs after its {self.path} call "
+                    f"(not a model crash): {type(exc).__name__}: {one_line(exc)}")
         layer, module = self.mods.where()
         return (f"{where}: {self.path} crashed in layer {layer}, module {module or '(model)'}: "
                 f"{type(exc).__name__}: {one_line(exc)}")
@@ -312,7 +318,9 @@ class Runner:
             max_abs_diff=max((r["max_abs_diff"] for r in results if r.get("max_abs_diff") is not None),
                              default=0.0),
             verdict=worst, counts=counts, scenarios=results,
-            errors=[r["error"] for r in results if r["verdict"] == "error"])
+            errors=[r["error"] for r in results if r["verdict"] == "error"],
+            suffix_modes={m: sorted({r["verdict"] for r in results if r["suffix_mode"] == m})
+                          for m in planlib.SUFFIX_MODES})
 
 
 def explanation(rows: list[dict[str, Any]], first_layer: int | None) -> dict[str, Any] | None:

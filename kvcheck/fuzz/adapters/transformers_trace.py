@@ -118,7 +118,7 @@ def _align(a, b, start: int, n: int, T: int):
         if m > full:
             return None
         best = None
-        for o in {0, max(0, min(full - m, start + n - m))}:
+        for o in sorted({0, max(0, min(full - m, start + n - m)), min(start, full - m)}):
             cut = b.narrow(d, o, m)
             err = (_mismatches(a, cut) if a.shape == cut.shape and a.numel() else float("inf"))
             if best is None or err < best[0]:
@@ -198,7 +198,9 @@ def compare(name: str, a, xa, b, xb, start: int, n: int, T: int, rel_tol: float)
         ai = _align(xa, xb, start, n, T)
         inp = _rel(ai[0], ai[1]) if ai is not None else None
     tail = ("" if inp is None else " while its input is equal within tolerance" if inp <= rel_tol
-            else f"; its input already differs (relative {inp:.2g})")
+            else f"; its input already differs (relative {inp:.2g}) while every operation recorded before "
+                 "it agrees: the difference arises in code between recorded operations (functional code of "
+                 "the enclosing module, e.g. a scan over the cached state), just before this one")
     return dict(how=f"output differs (relative {r:.2g}, tolerance {rel_tol:.2g}){tail}", relative=r)
 
 
@@ -266,7 +268,8 @@ def trace(runner, ids, P: int, steps: list[int], restored, layer_idx: int, rel_t
                 where = "only on reuse: a full forward of the same tokens is causal and agrees with the recompute"
             found.update(call=dict(start=start, tokens=n), recompute=where, in_recompute=in_recompute is not None)
             return found
-        return dict(operation=None, how="no operation of this layer differs beyond tolerance "
-                                        f"(relative {rel_tol:.2g}); the difference comes from its input")
+        return dict(operation=None, how="no operation of this layer differs beyond the trace's tolerance "
+                                        f"(relative {rel_tol:.2g}, a few times the layer's calibrated noise): "
+                                        "the divergence of this layer is at float-noise scale")
     finally:
         rec.close()
