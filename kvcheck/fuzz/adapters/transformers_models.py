@@ -57,7 +57,7 @@ SIZES = {
     "vocab_size": 128, "hidden_size": 64, "intermediate_size": 64, "num_attention_heads": 4,
     "head_dim": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16, "v_head_dim": 16, "kv_lora_rank": 32,
     "q_lora_rank": 32, "o_lora_rank": 16, "o_groups": 2, "index_head_dim": 16, "index_n_heads": 2,
-    "n_routed_experts": 4, "num_local_experts": 4, "num_experts": 4, "num_experts_per_tok": 2,
+    "n_routed_experts": 4, "num_local_experts": 4, "num_experts": 4, "num_experts_per_tok": 2, "num_experts_per_token": 2,
     "moe_topk": 2, "n_shared_experts": 1, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1,
     "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
     "linear_value_head_dim": 16, "linear_head_dim": 16, "linear_num_heads": 4, "lru_width": 64,
@@ -71,7 +71,11 @@ SIZES = {
     "sliding_window_pattern": 2, "max_window_layers": 1, "interleave_moe_layer_step": 1,
     "num_kv_shared_layers": 0, "qk_head_dim": 24,
 }
-SIZE_PATTERNS = ((re.compile(r"intermediate_size|ffn_dim|ff_dim|ffn_hidden"), 32),)
+# Dimension fields by pattern (when not named above), applied only to values above the cap.
+SIZE_PATTERNS = ((re.compile(r"intermediate_size|ffn_dim|ff_dim|ffn_hidden"), 32), (re.compile(r"vocab"), 128),
+                 (re.compile(r"lora_rank$"), 32), (re.compile(r"head_dim$"), 16),
+                 (re.compile(r"(^|_)n_heads$|^num_\w*heads$"), 4))
+SIZE_CAPS = {16: 64, 32: 64, 128: 128, 4: 8}  # pattern value -> only shrink values above this
 MAX_LAYERS = 6
 MAX_PARAMS = 4_000_000  # a tiny model; a bigger one means a sub-config was not shrunk
 # Hybrid evidence in a config's field names (besides layer types other than full attention).
@@ -265,7 +269,7 @@ def derive_config(mt: str) -> dict[str, Any]:
     return p
 
 
-COUNTS = ("num_experts_per_tok", "moe_topk", "n_shared_experts", "n_group", "topk_group",
+COUNTS = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "n_shared_experts", "n_group", "topk_group",
           "first_k_dense_replace", "num_mem_blocks", "altup_num_inputs")
 TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id")
 
@@ -287,9 +291,10 @@ def _shrink(d: dict[str, Any]) -> dict[str, Any]:
             p[k] = 2
         elif isinstance(v, int) and not isinstance(v, bool) and re.search(r"layer_offset$", k) and v > 1:
             p[k] = 1
-        elif isinstance(v, int) and not isinstance(v, bool) and v > 64 \
-                and any(rx.search(k) for rx, _ in SIZE_PATTERNS):
-            p[k] = next(s for rx, s in SIZE_PATTERNS if rx.search(k))
+        elif isinstance(v, int) and not isinstance(v, bool) and any(rx.search(k) for rx, _ in SIZE_PATTERNS):
+            small = next(s for rx, s in SIZE_PATTERNS if rx.search(k))
+            if v > SIZE_CAPS.get(small, 64):
+                p[k] = small
         elif k in TOKEN_IDS:
             if isinstance(v, int) and v >= vocab:
                 p[k] = TOKEN_IDS.index(k)
@@ -415,6 +420,9 @@ def build_model(model_type: str, config_json: str | None = None, dtype: str = "f
                 out = model(input_ids=torch.zeros((1, 4), dtype=torch.long), use_cache=True)
             if getattr(out, "logits", None) is None:
                 raise AdapterError("the model returns no logits")
+            if getattr(out, "cache", None) is None and getattr(out, "past_key_values", None) is None:
+                raise AdapterError(f"{type(model).__name__} returns no cache object with use_cache=True (it keeps "
+                                   "its state inside its modules): reuse cannot be driven through a cache")
             return model, model.config, mt, params
         except Exception as exc:  # noqa: BLE001 - any failure to build is reported, never raised
             first = first or f"{type(exc).__name__}: {one_line(exc)}"

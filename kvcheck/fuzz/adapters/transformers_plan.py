@@ -121,6 +121,7 @@ def calibrate(runner, length: int, gen) -> dict[str, Any]:
         runner.rec.start()
         with torch.no_grad():
             out = runner.model(input_ids=ids, use_cache=True)
+        out_cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
         hs = runner.rec.stop()
         ref = out.logits[0].double()
         scale = max(scale, float(ref.abs().max()))
@@ -131,9 +132,9 @@ def calibrate(runner, length: int, gen) -> dict[str, Any]:
             outb = runner.model(input_ids=batch, use_cache=True)
         hsb = runner.rec.stop()
         noise = max(noise, float((outb.logits[1].double() - ref).abs().max()))
-        row_cache = select_row(getattr(outb, "cache", None), 1)
+        row_cache = select_row(getattr(outb, "cache", None) or getattr(outb, "past_key_values", None), 1)
         if row_cache is not None:
-            for r in compare_caches(row_cache, out.cache):
+            for r in compare_caches(row_cache, out_cache):
                 if math.isfinite(r["max_abs_diff"]):
                     key = (r["layer"], r["object"])
                     obj_noise[key] = max(obj_noise.get(key, 0.0), r["max_abs_diff"])

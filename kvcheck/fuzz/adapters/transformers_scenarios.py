@@ -38,6 +38,11 @@ def decoder_layers(model) -> list:
     return list(best)
 
 
+def cache_of(out):
+    """The cache object a forward returned (transformers 5 calls it ``cache``)."""
+    return getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+
+
 class LayerRecorder:
     """Forward hooks on the decoder layers, recording each layer's output hidden states."""
 
@@ -142,11 +147,11 @@ class Runner:
 
     def prefill(self, ids):
         out = self._call("prefill", input_ids=ids, use_cache=True)
-        return out.logits[0].double(), out.cache
+        return out.logits[0].double(), cache_of(out)
 
     def step(self, ids, cache, path="extend"):
         out = self._call(path if ids.shape[1] > 1 else "decode", input_ids=ids, cache=cache, use_cache=True)
-        return out.logits[0].double(), out.cache
+        return out.logits[0].double(), cache_of(out)
 
     def tokens(self, gen, n: int, batch: int = 1):
         return self.torch.randint(0, self.vocab, (batch, n), generator=gen)
