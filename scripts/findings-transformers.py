@@ -26,6 +26,28 @@ def _cell(s) -> str:
     return (str(s) if s is not None else "—").replace("|", "\\|").replace("\n", " ")
 
 
+def _mechanism(r: dict) -> str:
+    """A coarse class of a divergent/error row, read from its trace (for grouping only)."""
+    op, how = r.get("first_divergent_operation") or "", r.get("how") or ""
+    if r["verdict"] == "error":
+        return "a path crashed (error)"
+    if op.endswith(".topk") and "equal within tolerance" in how:
+        return "top-k over tied scores keeps different indices (ties broken by tensor shape)"
+    if op.endswith(".topk"):
+        return "top-k over scores that differ"
+    if op.endswith(".mask"):
+        return "the attention mask differs"
+    if "already differs" in how:
+        return "functional code between recorded operations (e.g. a scan over the cached state)"
+    if not op:
+        return "no operation beyond the trace margin (float-noise scale)"
+    if isinstance(r.get("relative"), float) and r["relative"] < 1e-4:
+        return "float-noise scale (first differing operation within 1e-4 relative): reductions of another shape"
+    if op.endswith((".attention.weights", ".attention.output")):
+        return "attention weights/output differ with equal inputs"
+    return "an operation's output differs with equal input"
+
+
 def render(rows: list[dict], listed: list[dict], meta: dict) -> str:
     by = {(r["model_type"], r["dtype"]): r for r in rows}
     out = [
@@ -79,6 +101,16 @@ def render(rows: list[dict], listed: list[dict], meta: dict) -> str:
                        f"{_cell(r.get('first_divergent_operation'))} | {_cell(how)} | {_cell(rec)} |")
     out.append("")
     out.append("The operation is traced in the divergent scenario whose first divergent layer is the earliest.")
+    out += ["", "## Divergent and failing model types, grouped by mechanism", ""]
+    groups: dict[str, list[str]] = {}
+    for r in rows:
+        if r["verdict"] not in ("divergent", "error"):
+            continue
+        groups.setdefault(_mechanism(r), []).append(f"{r['model_type']} ({r['dtype']})")
+    if not groups:
+        out.append("None.")
+    for mech, names in sorted(groups.items()):
+        out.append(f"- **{mech}**: {', '.join(names)}")
     out += ["", "## Not run", ""]
     out.append(("None: every listed model type ran in every dtype." if not missing else
                 "These were listed but not run in this sweep (time budget of the sweep ran out): "
@@ -109,6 +141,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="docs/findings-transformers.md")
     ap.add_argument("--rows", default="kvcheck-report/findings-transformers.json")
     ap.add_argument("--fresh", action="store_true")
+    ap.add_argument("--render-only", action="store_true", help="re-render the doc from --rows, run nothing")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     import transformers
@@ -147,6 +180,10 @@ def main(argv=None) -> int:
               f"{row.get('first_divergent_operation') or ''}", file=sys.stderr, flush=True)
         save()
 
+    if args.render_only:
+        with open(args.rows, encoding="utf-8") as fh:
+            meta = json.load(fh).get("meta", meta)
+        todo = []
     shared: dict = {}
     for mt in todo:
         hf.sweep([mt], dtypes=dtypes, scenarios=args.scenarios, seed=args.seed, progress=progress,

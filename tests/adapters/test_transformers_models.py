@@ -10,6 +10,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
+from kvcheck.fuzz.adapters import transformers_build as build  # noqa: E402
 from kvcheck.fuzz.adapters import transformers_models as models  # noqa: E402
 from kvcheck.fuzz.adapters.transformers import list_models, record_verdict  # noqa: E402
 
@@ -47,7 +48,7 @@ def test_discovery_is_not_a_hand_list(listed):
     ("nemotron_h", {"sliding_window": 8, "conv_kernel": 4, "chunk_size": 8}),
 ])
 def test_derived_config_has_small_consistent_boundaries(mt, expect):
-    model, cfg, _, params = models.build_model(mt)
+    model, cfg, _, params = build.build_model(mt)
     assert models.boundaries_of(cfg.get_text_config(decoder=True)) == expect
     assert params["hidden_size"] <= 128 and params.get("num_hidden_layers", 0) <= 12
     assert sum(p.numel() for p in model.parameters()) < models.MAX_PARAMS
@@ -82,3 +83,14 @@ def test_cli_unsupported_is_exit_2_without_traceback(tmp_path):
     assert out.returncode == 2
     assert "Traceback" not in out.stdout + out.stderr
     assert "unsupported: cannot build a tiny mistral" in out.stdout
+
+
+def test_sweep_shares_a_composite_types_decoder_run(tmp_path):
+    from kvcheck.fuzz.adapters.transformers import sweep
+
+    rows = sweep(["gemma3", "gemma3_text"], dtypes=("float32",), scenarios=1, out_dir=str(tmp_path))
+    assert [r["model_type"] for r in rows] == ["gemma3", "gemma3_text"]
+    assert rows[0]["runs_as"] == rows[1]["runs_as"] == "gemma3_text"
+    assert rows[0]["verdict"] == rows[1]["verdict"] in ("exact", "within-tolerance")
+    stored = json.loads((tmp_path / "transformers-verdicts.json").read_text())
+    assert set(stored) == {"gemma3|float32", "gemma3_text|float32"}

@@ -26,7 +26,7 @@ __all__ = ["AdapterError", "run_diff", "list_models", "render_text", "FAULTS", "
 
 VERDICTS = ("exact", "within-tolerance", "divergent", "error", "unsupported")
 VERDICTS_FILE = "transformers-verdicts.json"
-TRACE_MARGIN = 4.0  # an operation differs when beyond this many times the layer's relative tolerance
+TRACE_MARGIN = 4.0  # an operation differs beyond this many times the layer's relative noise (floor 2 eps)
 RECURRENT_NOTE = (f"{RECURRENT}: outside kvcheck's five kinds: a fixed-size summary of every token "
                   "before L, usable at exactly L (no partial reuse); checked like a one-position window")
 
@@ -95,7 +95,8 @@ def run_diff(model_type: str, config_json: str | None = None, dtype: str = "floa
     transformers missing) raise :class:`AdapterError`. With ``out_dir``, the verdict is kept there.
     ``model_hook(model)`` runs on the built model first (to plant a bug in one operation).
     """
-    from .transformers_models import build_model, decoder_type, derive_config, torch_dtype
+    from .transformers_build import build_model, torch_dtype
+    from .transformers_models import decoder_type, derive_config
     from .transformers_scenarios import Runner
 
     if not isinstance(scenarios, int) or scenarios < 1:
@@ -155,7 +156,8 @@ def run_diff(model_type: str, config_json: str | None = None, dtype: str = "floa
             sc = run["scenarios"][idx]
             L = sc["first_divergent_layer"]
             if L is not None:
-                rel = TRACE_MARGIN * cal["layer_tolerance"][L] / max(cal["layer_scale"][L], 1e-30)
+                scale = max(cal["layer_scale"][L], 1e-30)
+                rel = TRACE_MARGIN * max(NOISE_FACTOR * cal["layer_noise"][L] / scale, 2 * runner.eps)
                 from .transformers_trace import trace as trace_op
                 try:
                     tr = trace_op(runner, ids, sc["prefix_len"], sc["steps"], restored, L, rel)
@@ -212,7 +214,7 @@ def summary_row(res: dict[str, Any]) -> dict[str, Any]:
                 tolerance=res.get("tolerance"), boundaries=res.get("boundaries"),
                 first_divergent_layer=res.get("first_divergent_layer"),
                 first_divergent_operation=tr.get("operation"), how=tr.get("how"), recompute=tr.get("recompute"),
-                in_recompute=tr.get("in_recompute"), reason=res.get("reason"),
+                in_recompute=tr.get("in_recompute"), reason=res.get("reason"), relative=tr.get("relative"),
                 errors=(res.get("errors") or ([res["error"]] if res.get("error") else []))[:3],
                 causal=(res.get("recompute_causality") or {}).get("causal"),
                 divergent_suffix_modes=sorted(m for m, v in (res.get("suffix_modes") or {}).items()

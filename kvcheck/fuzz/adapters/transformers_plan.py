@@ -169,4 +169,5 @@ def calibrate(runner, length: int, gen) -> dict[str, Any]:
     causality = dict(causal=c_pos is None, max_abs_diff=c_max, first_position=c_pos,
                      first_layer=c_layer, sequence_len=length, appended_tokens=5)
     return dict(noise=noise, scale=scale, tolerance=tol, layer_tolerance=layer_tol, layer_scale=layer_scale,
+                layer_noise=layer_noise,
                 obj_noise=obj_noise, causality=causality)

@@ -31,6 +31,10 @@ class OpRecorder:
         for _, mod in self.layer.named_modules():
             self.handles.append(mod.register_forward_pre_hook(self._enter))
             self.handles.append(mod.register_forward_hook(self._leave))
+        # inside an experts module each call sees the tokens routed to it, not positions: its
+        # router's top-k and the experts module's own output are compared instead
+        self.skip = {id(m) for n, m in self.layer.named_modules() if ".experts." in f".{n}" and
+                     not n.endswith("experts")}
         self.patched = []
         mod = sys.modules.get(type(self.layer).__module__)
         for holder in {m for m in (mod,) + tuple(sys.modules.get(type(x).__module__) for x in
@@ -51,6 +55,8 @@ class OpRecorder:
     def _leave(self, mod, inp, out):
         if self.stack:
             self.stack.pop()
+        if id(mod) in self.skip:
+            return
         x = inp[0] if isinstance(inp, tuple) and inp and self.torch.is_tensor(inp[0]) else None
         for j, t in enumerate(out if isinstance(out, (tuple, list)) else [out]):
             if self.torch.is_tensor(t) and t.dim() > 0:
@@ -197,7 +203,10 @@ def compare(name: str, a, xa, b, xb, start: int, n: int, T: int, rel_tol: float)
     if xa is not None and xb is not None:
         ai = _align(xa, xb, start, n, T)
         inp = _rel(ai[0], ai[1]) if ai is not None else None
-    tail = ("" if inp is None else " while its input is equal within tolerance" if inp <= rel_tol
+    if name.split("#")[0].endswith((".attention.weights", ".attention.output")):
+        inp = -1.0  # its inputs are the query/key/value/mask ops, compared (and equal) just before
+    tail = (" while its inputs (query, key, value, mask) agree: the attention function computes "
+            "differently for this call" if inp == -1.0 else "" if inp is None else " while its input is equal within tolerance" if inp <= rel_tol
             else f"; its input already differs (relative {inp:.2g}) while every operation recorded before "
                  "it agrees: the difference arises in code between recorded operations (functional code of "
                  "the enclosing module, e.g. a scan over the cached state), just before this one")
@@ -227,7 +236,14 @@ def _rel(a, b) -> float:
 
 def _first_diff(opsA, opsB, start, n, T, rel_tol):
     ref = {name: (t, x) for name, t, x in opsB}
+    mine = {name for name, _, _ in opsA}
     for name, t, x in opsA:
+        if name.endswith(".attention.query"):
+            mask = name[: -len("query")] + "mask"
+            if (mask in mine) != (mask in ref):
+                side = ("reuse passes an attention mask while the recompute passes none" if mask in mine else
+                        "reuse passes no attention mask (None) while the recompute passes one")
+                return dict(operation=mask, how=side)
         if name not in ref:
             continue
         d = compare(name, t, x, ref[name][0], ref[name][1], start, n, T, rel_tol)
