@@ -264,7 +264,8 @@ def _diff_transformers(args: argparse.Namespace) -> int:
         raise UsageError("--sut transformers needs --model-type NAME (see --list-models)")
     try:
         res = hf.run_diff(args.model_type, config_json=args.config_json, dtype=args.dtype,
-                          scenarios=args.scenarios, seed=args.seed, fault=args.fault, out_dir=args.out)
+                          scenarios=args.scenarios, seed=args.seed, fault=args.fault, out_dir=args.out,
+                          cover=True)
     except hf.AdapterError as e:
         raise UsageError(str(e)) from None
     code = {"unsupported": 2, "divergent": EXIT_DIFF, "error": EXIT_DIFF}.get(res["verdict"], 0)

@@ -41,8 +41,8 @@ def test_discovery_is_not_a_hand_list(listed):
 
 
 @pytest.mark.parametrize("mt,expect", [
-    ("deepseek_v4", {"sliding_window": 8, "index_topk": 4, "compress_rates[compressed_sparse_attention]": 4,
-                     "compress_rates[heavily_compressed_attention]": 8}),
+    ("deepseek_v4", {"sliding_window": 8, "index_topk": 3, "compress_rates[compressed_sparse_attention]": 4,
+                     "compress_rates[heavily_compressed_attention]": 16}),
     ("llama4_text", {"attention_chunk_size": 6}),
     ("qwen3_next", {"linear_conv_kernel_dim": 4}),
     ("nemotron_h", {"sliding_window": 8, "conv_kernel": 4, "chunk_size": 8}),

@@ -122,6 +122,6 @@ def test_deepseek_v32_runs_and_names_the_indexer_top_k():
     """Was a traceback (generic tiny config); now a verdict, traced to the indexer's top-k."""
     res = run_diff("deepseek_v32", scenarios=4, seed=0)
     assert res["verdict"] == "divergent"
-    assert res["boundaries"] == {"index_topk": 4}
+    assert res["boundaries"] == {"index_topk": 3}
     assert res["first_divergent_operation"].endswith("self_attn.indexer.topk")
     assert "selected a different set of indices" in res["operation_trace"]["how"]

@@ -87,13 +87,15 @@ def _cache_objects(runner) -> list[dict[str, Any]]:
 
 def run_diff(model_type: str, config_json: str | None = None, dtype: str = "float32", scenarios: int = 20,
              seed: int = 0, fault: str | None = None, out_dir: str | None = None, trace: bool = True,
-             model_hook=None) -> dict:
+             model_hook=None, cover: bool = False) -> dict:
     """Reuse vs recompute for a tiny random-weight model of ``model_type`` (see docs/adapters-transformers.md).
 
     A model that cannot be built from its derived config gives ``verdict: unsupported`` with a
     one-line ``reason``; usage errors (unknown model type or dtype or fault, bad config file,
     transformers missing) raise :class:`AdapterError`. With ``out_dir``, the verdict is kept there.
     ``model_hook(model)`` runs on the built model first (to plant a bug in one operation).
+    ``cover``: run at least one scenario on, one before and one after every boundary (more than
+    ``scenarios`` if the model has many boundaries; the CLI and the sweep do).
     """
     from .transformers_build import build_model, torch_dtype
     from .transformers_models import decoder_type, derive_config
@@ -131,7 +133,7 @@ def run_diff(model_type: str, config_json: str | None = None, dtype: str = "floa
     runner = Runner(model, config, mt, dtype, seed)
     try:
         try:
-            run = runner.run(scenarios, fault)
+            run = runner.run(scenarios, fault, cover)
         except AdapterError:
             raise
         except Exception as exc:  # noqa: BLE001 - the SUT crashed outside a scenario (e.g. probing its cache)
@@ -195,7 +197,8 @@ def sweep(model_types: list[str] | None = None, dtypes=("float32", "bfloat16"), 
                 if out_dir:
                     record_verdict(out_dir, res)
             else:
-                res = run_diff(m["model_type"], dtype=dt, scenarios=scenarios, seed=seed, out_dir=out_dir)
+                res = run_diff(m["model_type"], dtype=dt, scenarios=scenarios, seed=seed, out_dir=out_dir,
+                               cover=True)
                 done[key] = res
             row = summary_row(res)
             row["seconds"] = round(time.monotonic() - t0, 2)
@@ -249,7 +252,9 @@ def render_text(res: dict[str, Any], code: int) -> str:
     lines.append(f"  {'prefix':>6} {'boundary':22} {'suffix':14} {'max|dlogit|':>12} verdict")
     for sc in res.get("scenarios", []):
         d = sc.get("max_abs_diff")
-        lines.append(f"  {sc['prefix_len']:>6} {str(sc.get('prefix_boundary', '')):22} {sc['suffix_mode']:14} "
+        tag = str(sc.get("prefix_boundary", ""))
+        tag = tag if len(tag) <= 22 else tag[:21] + "…"
+        lines.append(f"  {sc['prefix_len']:>6} {tag:22} {sc['suffix_mode']:14} "
                      f"{(f'{d:12.3g}' if isinstance(d, (int, float)) else str(d)):>12} {sc['verdict']}"
                      + (f"  layer {sc.get('first_divergent_layer')}" if sc["verdict"] == "divergent" else "")
                      + (f"  {sc['error']}" if sc["verdict"] == "error" else ""))

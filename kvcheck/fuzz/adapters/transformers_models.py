@@ -46,12 +46,12 @@ WINDOW_FIELDS = ("sliding_window", "window_size", "attention_window_size", "slid
 GRANULARITY = {
     **{f: 8 for f in WINDOW_FIELDS},
     "attention_chunk_size": 6, "block_size": 8, "chunk_size": 8, "mamba_chunk_size": 8,
-    "index_block_size": 4, "index_topk_blocks": 2, "index_local_blocks": 1, "index_topk": 4,
+    "index_block_size": 4, "index_topk_blocks": 2, "index_local_blocks": 1, "index_topk": 3,
     "indexer_compress_ratio": 4, "conv_kernel": 4, "linear_conv_kernel_dim": 4, "mamba_d_conv": 4,
     "conv1d_width": 4, "conv_kernel_size": 4, "short_conv_kernel_size": 4, "conv_L_cache": 3,
     "ple_conv_kernel_size": 4,
 }
-COMPRESS_RATES = (4, 8)  # compress_rates dict values, in the order the config lists them
+COMPRESS_RATES = (4, 16)  # compress_rates dict values, in the order the config lists them
 # Dimension fields (exact names), set small and consistent.
 SIZES = {
     "vocab_size": 128, "hidden_size": 64, "intermediate_size": 64, "num_attention_heads": 4,

@@ -49,6 +49,8 @@ def prefix_candidates(bounds: dict[str, int], min_len: int) -> list[tuple[int, s
     def add(n: int, tag: str):
         if n >= min_len and n not in cand:
             cand[n] = tag
+        elif n in cand and tag.split(":")[0] == cand[n].split(":")[0] and "small" not in cand[n]:
+            cand[n] += "," + tag.split(":", 1)[1]  # two boundaries at one length: both named
 
     items = sorted(bounds.items(), key=lambda kv: kv[1])
     for name, b in items:
@@ -76,6 +78,15 @@ def prefix_candidates(bounds: dict[str, int], min_len: int) -> list[tuple[int, s
     for n in (1, 2, 3, 5):
         add(n, "off:small")
     return list(cand.items())
+
+
+def first_tier(bounds: dict[str, int], min_prefix: int) -> int:
+    """How many candidates are on, one before or one after a boundary (``cover`` runs them all)."""
+    def tier1(tag: str) -> bool:
+        return any("*" not in part and "small" not in part and "lcm" not in part
+                   for part in tag.split(":", 1)[1].split(","))
+
+    return sum(1 for _, tag in prefix_candidates(bounds, min_prefix) if tier1(tag))
 
 
 def plan(bounds: dict[str, int], n: int, rng: random.Random, min_prefix: int) -> list[tuple]:

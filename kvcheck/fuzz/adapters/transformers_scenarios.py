@@ -297,13 +297,16 @@ class Runner:
             layer = rng.choice(eligible)
         return CacheFault(name, layer, random.Random(rng.randrange(2**31)))
 
-    def run(self, scenarios: int, fault_name: str | None) -> dict[str, Any]:
+    def run(self, scenarios: int, fault_name: str | None, cover: bool = False) -> dict[str, Any]:
         torch = self.torch
         rng = random.Random(self.seed)
         gen = torch.Generator().manual_seed(self.seed)
         bounds = planlib.boundaries(self)
         fault = self.make_fault(fault_name, rng)
-        todo = planlib.plan(bounds, scenarios, rng, 3 if fault is not None else 1)
+        min_prefix = 3 if fault is not None else 1
+        if cover:  # at least on, one before and one after every boundary
+            scenarios = max(scenarios, planlib.first_tier(bounds, min_prefix))
+        todo = planlib.plan(bounds, scenarios, rng, min_prefix)
         max_len = max(p[0] + p[2] + GEN_TOKENS for p in todo)
         try:
             cal = planlib.calibrate(self, max_len, gen)
