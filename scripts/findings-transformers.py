@@ -134,7 +134,7 @@ def main(argv=None) -> int:
     import torch
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--scenarios", type=int, default=10)
+    ap.add_argument("--scenarios", type=int, default=14)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", default=None, help="comma-separated model types (default: every listed one)")
     ap.add_argument("--dtypes", default="float32,bfloat16")

@@ -159,7 +159,9 @@ def run_diff(model_type: str, config_json: str | None = None, dtype: str = "floa
             L = sc["first_divergent_layer"]
             if L is not None:
                 scale = max(cal["layer_scale"][L], 1e-30)
-                rel = TRACE_MARGIN * max(NOISE_FACTOR * cal["layer_noise"][L] / scale, 2 * runner.eps)
+                # floor: 16 eps like the layer tolerance, but 2 eps in 16-bit types (16 eps is 12% there)
+                floor = (EPS_FLOOR if runner.eps < 1e-4 else 2.0) * runner.eps
+                rel = TRACE_MARGIN * max(NOISE_FACTOR * cal["layer_noise"][L] / scale, floor)
                 from .transformers_trace import trace as trace_op
                 try:
                     tr = trace_op(runner, ids, sc["prefix_len"], sc["steps"], restored, L, rel)

@@ -131,7 +131,7 @@ def calibrate(runner, length: int, gen) -> dict[str, Any]:
         ids = runner.tokens(gen, length)
         runner.rec.start()
         with torch.no_grad():
-            out = runner.model(input_ids=ids, use_cache=True)
+            out = runner._call("calibration", input_ids=ids, use_cache=True)
         out_cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
         hs = runner.rec.stop()
         ref = out.logits[0].double()
@@ -140,7 +140,7 @@ def calibrate(runner, length: int, gen) -> dict[str, Any]:
         batch[1] = ids[0]
         runner.rec.start()
         with torch.no_grad():
-            outb = runner.model(input_ids=batch, use_cache=True)
+            outb = runner._call("calibration", input_ids=batch, use_cache=True)
         hsb = runner.rec.stop()
         noise = max(noise, float((outb.logits[1].double() - ref).abs().max()))
         row_cache = select_row(getattr(outb, "cache", None) or getattr(outb, "past_key_values", None), 1)

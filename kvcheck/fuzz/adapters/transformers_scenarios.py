@@ -48,6 +48,7 @@ class LayerRecorder:
 
     def __init__(self, layers):
         self.on = False
+        self.shape = (0, 0)  # (tokens, batch) of the model call under way
         self.calls: list[list] = [[] for _ in layers]
         self.handles = [m.register_forward_hook(self._hook(i)) for i, m in enumerate(layers)]
 
@@ -58,9 +59,20 @@ class LayerRecorder:
                 if hasattr(h, "last_hidden_state"):
                     h = h.last_hidden_state
                 if hasattr(h, "detach") and h.dim() >= 2:
-                    # [..., tokens, hidden] -> [streams x batch, tokens, hidden] (e.g. gemma3n's altup)
-                    self.calls[i].append(h.detach().reshape(-1, h.shape[-2], h.shape[-1]))
+                    h = self._as_btf(h.detach())
+                    if h is not None:
+                        self.calls[i].append(h)
         return hook
+
+    def _as_btf(self, h):
+        """``[batch, tokens, features]`` whatever the layout (gemma3n's altup streams first,
+        DeepSeek-V4's hyper-connection copies after the tokens): found by the call's sizes."""
+        n, b = self.shape
+        td = next((d for d in range(1, h.dim()) if h.shape[d] == n), 0 if h.shape[0] == n else None)
+        bd = next((d for d in range(h.dim()) if d != td and h.shape[d] == b), None)
+        if td is None or bd is None:
+            return None
+        return h.movedim((bd, td), (0, 1)).reshape(b, n, -1)
 
     def start(self):
         self.calls = [[] for _ in self.calls]
@@ -132,6 +144,7 @@ class Runner:
     # -- model calls ---------------------------------------------------------------------
     def _call(self, path: str, **kw):
         self.path, self.in_model = path, True
+        self.rec.shape = (kw["input_ids"].shape[1], kw["input_ids"].shape[0])
         self.mods.stack.clear()
         with self.torch.no_grad():
             out = self.model(**kw)

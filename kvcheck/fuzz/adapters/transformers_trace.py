@@ -124,7 +124,11 @@ def _align(a, b, start: int, n: int, T: int):
         if m > full:
             return None
         best = None
-        for o in sorted({0, max(0, min(full - m, start + n - m)), min(start, full - m)}):
+        # rows that are not query positions (entries a call emits, e.g. a compressor's new
+        # blocks) may sit anywhere: every offset is tried; key dims take the offsets that fit
+        offsets = (range(full - m + 1) if qd is None else
+                   sorted({0, max(0, min(full - m, start + n - m)), min(start, full - m)}))
+        for o in offsets:
             cut = b.narrow(d, o, m)
             err = (_mismatches(a, cut) if a.shape == cut.shape and a.numel() else float("inf"))
             if best is None or err < best[0]:
@@ -199,18 +203,42 @@ def compare(name: str, a, xa, b, xb, start: int, n: int, T: int, rel_tol: float)
     r = _rel(al[0], al[1])
     if r <= rel_tol:
         return None
-    inp = None
+    inp, shift = None, ""
     if xa is not None and xb is not None:
         ai = _align(xa, xb, start, n, T)
         inp = _rel(ai[0], ai[1]) if ai is not None else None
+        if inp is not None and inp > rel_tol:
+            shift = _shifted_row(ai[0], ai[1], xb, rel_tol)
     if name.split("#")[0].endswith((".attention.weights", ".attention.output")):
         inp = -1.0  # its inputs are the query/key/value/mask ops, compared (and equal) just before
     tail = (" while its inputs (query, key, value, mask) agree: the attention function computes "
-            "differently for this call" if inp == -1.0 else "" if inp is None else " while its input is equal within tolerance" if inp <= rel_tol
+            "differently for this call" if inp == -1.0 else "" if inp is None
+            else " while its input is equal within tolerance" if inp <= rel_tol
             else f"; its input already differs (relative {inp:.2g}) while every operation recorded before "
                  "it agrees: the difference arises in code between recorded operations (functional code of "
                  "the enclosing module, e.g. a scan over the cached state), just before this one")
-    return dict(how=f"output differs (relative {r:.2g}, tolerance {rel_tol:.2g}){tail}", relative=r)
+    return dict(how=f"output differs (relative {r:.2g}, tolerance {rel_tol:.2g}){tail}{shift}", relative=r)
+
+
+def _shifted_row(a, b_aligned, b_full, rel_tol) -> str:
+    """If the first differing row (dim -2) of the reuse input equals another row of the recompute's
+    input, say so: the entry was built from a different token range / placed at another index."""
+    if a.dim() < 2 or b_full.dim() != a.dim() or a.shape[-1] != b_full.shape[-1]:
+        return ""
+    A = _finite(a).reshape(-1, a.shape[-2], a.shape[-1])[0]
+    Ba = _finite(b_aligned).reshape(-1, b_aligned.shape[-2], b_aligned.shape[-1])[0]
+    B = _finite(b_full).reshape(-1, b_full.shape[-2], b_full.shape[-1])[0]
+    scale = max(float(B.abs().max()), 1e-30)
+    bad = ((A - Ba).abs().amax(-1) > rel_tol * scale).nonzero()
+    if not bad.numel():
+        return ""
+    j = int(bad[0, 0])
+    d = (B - A[j]).abs().amax(-1)
+    k = int(d.argmin())
+    if float(d[k]) > rel_tol * scale:
+        return f"; row {j} of its input on reuse matches no row of the recompute's input"
+    return (f"; row {j} of its input on reuse equals row {k} of the recompute's input (built from "
+            "another token range, or placed at another index)")
 
 
 def _mismatches(a, b) -> float:
@@ -277,7 +305,7 @@ def trace(runner, ids, P: int, steps: list[int], restored, layer_idx: int, rel_t
             same_as_short = _first_diff(ops, short_ops, start, n, start + n, rel_tol) is None
             if in_recompute is not None:
                 where = (f"present in the recompute path itself: the full forward is not causal ("
-                         f"{in_recompute['operation']} at positions {start}..{start + n - 1} changes when "
+                         f"{in_recompute['operation']} at positions 0..{start + n - 1} changes when "
                          f"tokens {start + n}..{T - 1} are appended)"
                          + ("; reuse equals a recompute of the tokens it has seen" if same_as_short else ""))
             else:
