@@ -43,6 +43,8 @@ def _mechanism(r: dict) -> str:
         return "no operation beyond the trace margin (float-noise scale)"
     if isinstance(r.get("relative"), float) and r["relative"] < 1e-4:
         return "float-noise scale (first differing operation within 1e-4 relative): reductions of another shape"
+    if op.endswith((".attention.key", ".attention.value")):
+        return "the keys/values the attention reads differ (on reuse they come from the cache)"
     if op.endswith((".attention.weights", ".attention.output")):
         return "attention weights/output differ with equal inputs"
     return "an operation's output differs with equal input"

@@ -211,6 +211,10 @@ def compare(name: str, a, xa, b, xb, start: int, n: int, T: int, rel_tol: float)
             shift = _shifted_row(ai[0], ai[1], xb, rel_tol)
     if name.split("#")[0].endswith((".attention.weights", ".attention.output")):
         inp = -1.0  # its inputs are the query/key/value/mask ops, compared (and equal) just before
+    if name.split("#")[0].endswith((".attention.key", ".attention.value")):
+        return dict(how=f"the {name.split('#')[0].rsplit('.', 1)[1]}s the attention reads (on reuse: the "
+                        f"cached ones and this call's) differ from the recompute's (relative {r:.2g}, "
+                        f"tolerance {rel_tol:.2g}) while every operation before agrees", relative=r)
     tail = (" while its inputs (query, key, value, mask) agree: the attention function computes "
             "differently for this call" if inp == -1.0 else "" if inp is None
             else " while its input is equal within tolerance" if inp <= rel_tol
