@@ -11,9 +11,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
 
-import torch
+# this file is named like the library: keep its folder off the path so `import transformers` finds
+# the real one
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+
+import torch  # noqa: E402
 
 
 def main() -> None:

@@ -33,6 +33,9 @@ def import_transformers():
         import transformers
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise AdapterError(f"transformers is not installed ({exc}); install it with: {INSTALL_HINT}") from None
+    if not hasattr(transformers, "AutoConfig"):
+        raise AdapterError(f"the module named transformers at {getattr(transformers, '__file__', '?')} is not "
+                           f"the Hugging Face library (it shadows it); install it with: {INSTALL_HINT}")
     transformers.logging.set_verbosity_error()
     return transformers
 
