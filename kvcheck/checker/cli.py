@@ -229,43 +229,49 @@ def cmd_diff(args: argparse.Namespace) -> int:
     """Reuse vs full recompute. `--sut transformers`: a Hugging Face model built from a config."""
     if args.scenarios is None:
         args.scenarios = 200 if args.sut == "reference" else 20
+    if args.sut == "reference" and args.list_models:
+        raise UsageError("--list-models applies to --sut transformers only")
     if args.sut == "reference":
         return _diff_reference(args)
     if args.backend != "torch":
         raise UsageError("--backend applies to --sut reference only")
+    return _diff_transformers(args)
+
+
+def _diff_transformers(args: argparse.Namespace) -> int:
+    """`--sut transformers`: one model type (exit 0/11, 2 unsupported), or `--list-models`."""
     from ..fuzz.adapters import transformers as hf
+    if args.list_models:
+        try:
+            models = hf.list_models(args.out)
+        except hf.AdapterError as e:
+            raise UsageError(str(e)) from None
+
+        def listing() -> str:
+            lines = [f"{len(models)} hybrid model types (last verdicts from {hf.verdicts_path(args.out)}):"]
+            for m in models:
+                last = ", ".join(f"{dt} {v['verdict']}" for dt, v in sorted(m["last_verdicts"].items())) or "not run"
+                what = ", ".join(k for k in m["layer_kinds"] if k != "full_attention") or ", ".join(m["fields"])
+                lines.append(f"  {m['model_type']:28} {what[:60]:60} {last}")
+            return "\n".join(lines)
+
+        _emit(args, {"models": models, "verdicts_file": hf.verdicts_path(args.out)}, listing)
+        return 0
     if not args.model_type:
-        raise UsageError("--sut transformers needs --model-type NAME (supported: "
-                         + ", ".join(hf.SUPPORTED_MODEL_TYPES) + ")")
+        raise UsageError("--sut transformers needs --model-type NAME (see --list-models)")
     try:
         res = hf.run_diff(args.model_type, config_json=args.config_json, dtype=args.dtype,
-                          scenarios=args.scenarios, seed=args.seed, fault=args.fault)
+                          scenarios=args.scenarios, seed=args.seed, fault=args.fault, out_dir=args.out,
+                          cover=True)
     except hf.AdapterError as e:
         raise UsageError(str(e)) from None
-    code = EXIT_DIFF if res["verdict"] == "divergent" else 0
+    code = {"unsupported": 2, "divergent": EXIT_DIFF, "error": EXIT_DIFF}.get(res["verdict"], 0)
     res["exit_code"] = code
     res["command"] = " ".join(["kvcheck", "diff", "--sut", "transformers", "--model-type", args.model_type,
                                "--dtype", args.dtype, "--scenarios", str(args.scenarios), "--seed", str(args.seed)]
                               + (["--config-json", args.config_json] if args.config_json else [])
                               + (["--fault", args.fault] if args.fault else []))
-
-    def text() -> str:
-        lines = [f"kvcheck diff --sut transformers: {res['model_type']} ({res['dtype']}, transformers "
-                 f"{res['transformers_version']}): {res['verdict']} (exit {code})",
-                 f"  tolerance {res['tolerance']:.3g} ({res.get('tolerance_method', 'calibrated')})",
-                 "  " + ", ".join(f"{k} {v}" for k, v in res["counts"].items()),
-                 f"  {'prefix':>6} {'boundary':16} {'suffix':14} {'max|dlogit|':>12} {'first pos':>9} "
-                 f"{'flips':>5} verdict"]
-        for sc in res["scenarios"]:
-            lines.append(f"  {sc['prefix_len']:>6} {str(sc.get('prefix_boundary', '')):16} "
-                         f"{sc['suffix_mode']:14} {sc['max_abs_diff']:12.3g} "
-                         f"{str(sc.get('first_divergent_position')):>9} {sc.get('argmax_flips', 0):>5} "
-                         f"{sc['verdict']}" + (f"  layer {sc.get('first_divergent_layer')}"
-                                               if sc["verdict"] == "divergent" else ""))
-        lines.append(f"  seed {args.seed}; rerun: {res['command']}")
-        return "\n".join(lines)
-
-    _emit(args, res, text)
+    _emit(args, res, lambda: hf.render_text(res, code) + f"\n  seed {args.seed}; rerun: {res['command']}")
     return code
 
 
@@ -587,6 +593,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--cache-dir", metavar="DIR", help="reference engine: put the disk tier here "
                    "(default: a fresh temporary directory per engine)")
     d.add_argument("--model-type", metavar="NAME", help="transformers model_type (e.g. mistral, gemma3_text)")
+    d.add_argument("--list-models", action="store_true", help="--sut transformers: list every hybrid model type "
+                   "with its last verdict (kept in --out DIR/transformers-verdicts.json)")
     d.add_argument("--config-json", metavar="FILE", help="JSON overrides of the tiny default model config")
     d.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16"],
                    help="model dtype (default: %(default)s)")

@@ -1,0 +1,96 @@
+"""Hybrid model types are found from the installed transformers, and any of them gets a tiny
+config whose granularities short sequences cross."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from kvcheck.fuzz.adapters import transformers_build as build  # noqa: E402
+from kvcheck.fuzz.adapters import transformers_models as models  # noqa: E402
+from kvcheck.fuzz.adapters.transformers import list_models, record_verdict  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(scope="module")
+def listed():
+    return {m["model_type"]: m for m in list_models()}
+
+
+def test_discovery_finds_hybrids_and_skips_uniform_full_attention(listed):
+    for mt in ("mistral", "gemma3_text", "gpt_oss", "qwen3_next", "deepseek_v32", "deepseek_v4", "llama4_text",
+               "mamba", "recurrent_gemma"):
+        assert mt in listed, mt
+    for mt in ("llama", "gpt2", "deepseek_v3"):  # uniform full attention (MLA is still full)
+        assert mt not in listed, mt
+    assert "chunked_attention" in listed["llama4_text"]["layer_kinds"]
+    assert "DynamicIndexedLayer" in listed["deepseek_v32"]["cache_classes"]
+    assert listed["gemma3"]["runs_as"] == "gemma3_text"
+
+
+def test_discovery_is_not_a_hand_list(listed):
+    # the evidence is what the config class declares
+    assert "index_topk" in listed["deepseek_v32"]["fields"]
+    assert "attention_chunk_size" in listed["llama4_text"]["fields"]
+    assert set(listed["deepseek_v4"]["fields"]) >= {"compress_rates", "sliding_window", "index_topk"}
+
+
+@pytest.mark.parametrize("mt,expect", [
+    ("deepseek_v4", {"sliding_window": 8, "index_topk": 3, "compress_rates[compressed_sparse_attention]": 4,
+                     "compress_rates[heavily_compressed_attention]": 16}),
+    ("llama4_text", {"attention_chunk_size": 6}),
+    ("qwen3_next", {"linear_conv_kernel_dim": 4}),
+    ("nemotron_h", {"sliding_window": 8, "conv_kernel": 4, "chunk_size": 8}),
+])
+def test_derived_config_has_small_consistent_boundaries(mt, expect):
+    model, cfg, _, params = build.build_model(mt)
+    assert models.boundaries_of(cfg.get_text_config(decoder=True)) == expect
+    assert params["hidden_size"] <= 128 and params.get("num_hidden_layers", 0) <= 12
+    assert sum(p.numel() for p in model.parameters()) < models.MAX_PARAMS
+
+
+def test_derived_layers_show_every_layer_kind():
+    p = models.derive_config("gemma3_text")
+    assert p["layer_types"] == ["sliding_attention"] * 5 + ["full_attention"]
+    p = models.derive_config("deepseek_v4")
+    assert {"compressed_sparse_attention", "heavily_compressed_attention"} <= set(p["layer_types"])
+
+
+def test_verdict_store_and_cli_listing(tmp_path, capsys):
+    from kvcheck.checker.cli import main
+
+    record_verdict(str(tmp_path), dict(model_type="mistral", dtype="float32", verdict="within-tolerance"))
+    assert main(["diff", "--sut", "transformers", "--list-models", "--json", "--out", str(tmp_path)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    by = {m["model_type"]: m for m in data["models"]}
+    assert by["mistral"]["last_verdicts"]["float32"]["verdict"] == "within-tolerance"
+    assert by["gpt_oss"]["last_verdicts"] == {}
+    assert data["verdicts_file"] == str(tmp_path / "transformers-verdicts.json")
+
+
+def test_cli_unsupported_is_exit_2_without_traceback(tmp_path):
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"num_key_value_heads": 3}))
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    out = subprocess.run([sys.executable, "-m", "kvcheck", "diff", "--sut", "transformers", "--model-type",
+                          "mistral", "--config-json", str(cfg), "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert out.returncode == 2
+    assert "Traceback" not in out.stdout + out.stderr
+    assert "unsupported: cannot build a tiny mistral" in out.stdout
+
+
+def test_sweep_shares_a_composite_types_decoder_run(tmp_path):
+    from kvcheck.fuzz.adapters.transformers import sweep
+
+    rows = sweep(["gemma3", "gemma3_text"], dtypes=("float32",), scenarios=1, out_dir=str(tmp_path))
+    assert [r["model_type"] for r in rows] == ["gemma3", "gemma3_text"]
+    assert rows[0]["runs_as"] == rows[1]["runs_as"] == "gemma3_text"
+    assert rows[0]["verdict"] == rows[1]["verdict"] in ("exact", "within-tolerance")
+    stored = json.loads((tmp_path / "transformers-verdicts.json").read_text())
+    assert set(stored) == {"gemma3|float32", "gemma3_text|float32"}
