@@ -1,7 +1,8 @@
 """The one fault registry: every planted fault, from explicit providers.
 
 Owns which systems under test plant faults and where their declarations live: the spec's
-own (spec/faults.py), the reference engine's (reference/faults.py), the vLLM adapter's, and a
+own (spec/faults.py), the reference engine's (reference/faults.py), the vLLM and transformers
+adapters', and a
 user's `MODULE:CLASS` SUT (its class attribute `faults`: {name: expected check}). Providers are
 loaded on first use, nothing registers itself on import. `kvcheck faults`, `--fault` and
 `kvcheck mutants` read faults from here, so a misspelled name is an error everywhere.
@@ -26,7 +27,12 @@ def _vllm() -> tuple[Fault, ...]:
     return VLLM_FAULTS
 
 
-REGISTRY = Registry({"reference": _reference, "vllm": _vllm})
+def _transformers() -> tuple[Fault, ...]:
+    from .adapters.transformers_cache import TRANSFORMERS_FAULTS     # imports without transformers
+    return TRANSFORMERS_FAULTS
+
+
+REGISTRY = Registry({"reference": _reference, "vllm": _vllm, "transformers": _transformers})
 
 
 def get(name: str, sut: str | None = None) -> Fault:

@@ -92,7 +92,8 @@ def test_hypothesis_machine_clean_and_catches_fault():
 
     from kvcheck.fuzz.adapters.vllm_machine import VllmMachine
 
-    cfg = settings(max_examples=8, stateful_step_count=30, deadline=None, database=None,
+    # derandomized: the same examples every run (a random 200-example search missed sometimes)
+    cfg = settings(max_examples=8, stateful_step_count=30, deadline=None, database=None, derandomize=True,
                    suppress_health_check=list(HealthCheck), report_multiple_bugs=False)
     run_state_machine_as_test(VllmMachine.for_layout("full+swa"), settings=cfg)
     with pytest.raises(Finding) as e:   # generation only: the campaign tests cover shrinking

@@ -1,7 +1,7 @@
 """The cache objects of a transformers model, named in kvcheck's vocabulary, and planted faults.
 
 Owns the mapping from transformers' per-layer cache attributes onto kvcheck's five object kinds
-(spec/config.py ``OBJECT_KINDS``), the per-object comparison of two caches, and the faults a
+(spec/objects.py ``OBJECT_KINDS``), the per-object comparison of two caches, and the faults a
 restored snapshot can be corrupted with (the planted bugs of a reuse path).
 """
 
@@ -12,10 +12,23 @@ import math
 import random
 from typing import Any
 
-from ...spec.config import OBJECT_KINDS
+from ...spec.faults import Fault
+from ...spec.objects import OBJECT_KINDS
 from .transformers_models import AdapterError
 
-FAULTS = ("drop_window_position", "perturb_key")
+
+def _fault(name: str, bug_class: str, doc: str) -> Fault:
+    return Fault(name, "transformers", "transformers:restored cache snapshot", bug_class,
+                 "a reuse path that restores a corrupted or incomplete cache", "divergent", doc,
+                 ("transformers",))
+
+
+DROP_WINDOW_POSITION = _fault("drop_window_position", "window not covering needed positions",
+                              "a restored sliding-window cache loses one position inside the window")
+PERTURB_KEY = _fault("perturb_key", "placeholder or corrupt data served as a hit",
+                     "one cached key of a restored snapshot is perturbed")
+TRANSFORMERS_FAULTS: tuple[Fault, ...] = (DROP_WINDOW_POSITION, PERTURB_KEY)
+FAULTS = tuple(f.name for f in TRANSFORMERS_FAULTS)      # NAME or NAME@LAYER on the command line
 # Recurrent / SSM state is a fixed-size summary of every token before L: none of the five kinds
 # (it is usable at exactly L and nowhere else); it is named as what it is.
 RECURRENT = "recurrent_state"
@@ -129,7 +142,7 @@ class CacheFault:
             keys = getattr(layer, "keys", None)
             if keys is None or not hasattr(keys, "shape") or keys.dim() < 2:
                 continue
-            if name == "drop_window_position" and not getattr(layer, "is_sliding", False):
+            if name == DROP_WINDOW_POSITION.name and not getattr(layer, "is_sliding", False):
                 continue
             out.append(i)
         return out
@@ -141,7 +154,7 @@ class CacheFault:
         keys, values = layer.keys, layer.values
         n = keys.shape[-2]
         shared = values is keys
-        if self.name == "drop_window_position":
+        if self.name == DROP_WINDOW_POSITION.name:
             if n < 2:
                 return dict(applied=False, reason=f"window holds {n} position(s)")
             j = self.rng.randrange(1, n)
@@ -150,7 +163,7 @@ class CacheFault:
             layer.values = layer.keys if shared else values.index_select(-2, idx)
             first = getattr(layer, "cumulative_length", n) - n
             return dict(applied=True, position=int(first + j), slot=j)
-        if self.name == "perturb_key":
+        if self.name == PERTURB_KEY.name:
             if n < 1:
                 return dict(applied=False, reason="no cached key")
             j = self.rng.randrange(n)
