@@ -28,9 +28,9 @@ from typing import Any
 from ..spec import faults as faultlib
 from ..spec.config import Config, LayerSpec
 from ..spec.objects import DECISIONS, DECISION_KINDS, DEVICE_STATES, DISK_STATES, R_IDLE
+from ..spec.outputs import write_atomic
 from ..spec.system import Spec
-
-EXIT_OK, EXIT_UNDECIDED, EXIT_INVARIANT = 0, 3, 10
+from ..spec.verdict import ExitCode
 
 # The CI profile: configs small enough to be explored EXHAUSTIVELY in well under a minute on
 # one core (the four version counters multiply every object's stamps, so no single config with
@@ -355,8 +355,7 @@ def write_diagrams(report: dict[str, Any], out: Path) -> dict[str, dict[str, str
         a, b = rest.split("->")
         edges.setdefault(kind, []).append((a, b))
     for kind, text in diagrams(report).items():
-        p = out / f"states-{kind}.dot"
-        p.write_text(text)
+        p = write_atomic(out / f"states-{kind}.dot", text)
         files[kind] = {"dot": str(p)}
         if dot:
             png = out / f"states-{kind}.png"
@@ -367,8 +366,7 @@ def write_diagrams(report: dict[str, Any], out: Path) -> dict[str, dict[str, str
                 continue
             except (OSError, subprocess.SubprocessError):
                 pass
-        svg = out / f"states-{kind}.svg"
-        svg.write_text(svg_diagram(kind, edges[kind]))
+        svg = write_atomic(out / f"states-{kind}.svg", svg_diagram(kind, edges[kind]))
         files[kind]["svg"] = str(svg)
     return files
 
@@ -388,7 +386,7 @@ def run_explore(cfg: Config, out: Path | None = None, fault: str | None = None,
     cmd = ["kvcheck", "explore"] + (["--config", config_path] if config_path else []) \
         + (["--fault", fault] if fault else [])
     rep.update({"command": shlex.join(cmd), "fault": fault, "config": cfg.to_dict()})
-    code = EXIT_OK
+    code = ExitCode.OK
     if res.violation is not None:
         v = res.violation
         steps = concrete_steps(spec, v.pop("path"))
@@ -401,7 +399,7 @@ def run_explore(cfg: Config, out: Path | None = None, fault: str | None = None,
         v["steps"] = [s.label() for s in tr.steps]
         v["replay"] = f"kvcheck replay {shlex.quote(str(path))}"
         rep["violation"] = v
-        code = EXIT_INVARIANT
+        code = ExitCode.INVARIANT
         if fault:
             expected = faultlib.get(fault).expected
             rep["fault_result"] = {"expected": expected, "caught_by": v["invariants"],
@@ -410,10 +408,10 @@ def run_explore(cfg: Config, out: Path | None = None, fault: str | None = None,
     elif fault:
         rep["fault_result"] = {"expected": faultlib.get(fault).expected, "caught_by": [], "caught": False}
         rep["verdict"] = "fault survived" + ("" if res.exhaustive else " (max-states hit)")
-        code = EXIT_OK if res.exhaustive else EXIT_UNDECIDED
+        code = ExitCode.OK if res.exhaustive else ExitCode.UNDECIDED
     elif not res.exhaustive and rep["sometimes_missing"]:
         rep["verdict"] = "undecided: max-states hit before exhaustion, coverage incomplete"
-        code = EXIT_UNDECIDED
+        code = ExitCode.UNDECIDED
     else:
         rep["verdict"] = "holds" + ("" if res.exhaustive else " (bounded: max-states hit)")
     if out is not None:
@@ -421,12 +419,11 @@ def run_explore(cfg: Config, out: Path | None = None, fault: str | None = None,
     if graph is not None and graph_file:
         import networkx as nx
         gp = Path(graph_file)
-        gp.parent.mkdir(parents=True, exist_ok=True)
         if gp.suffix == ".dot":
             lines = ["digraph states {"] + [f"  {a} -> {b};" for a, b in graph.edges] + ["}"]
-            gp.write_text("\n".join(lines) + "\n")
+            write_atomic(gp, "\n".join(lines) + "\n")
         else:
-            nx.write_graphml(graph, gp)
+            write_atomic(gp, "\n".join(nx.generate_graphml(graph)) + "\n")
         rep["graph"] = str(gp)
     rep["exit_code"] = code
     return code, rep
@@ -470,13 +467,13 @@ def run_profile(out: Path | None = None, max_states: int = 2_000_000) -> tuple[i
     viol = next((r for r in reps if "violation" in r), None)
     if viol is not None:
         merged["violation"] = viol["violation"]
-        code, verdict = EXIT_INVARIANT, "violated"
-    elif EXIT_UNDECIDED in codes:
-        code, verdict = EXIT_UNDECIDED, "undecided: max-states hit before exhaustion, coverage incomplete"
+        code, verdict = ExitCode.INVARIANT, "violated"
+    elif ExitCode.UNDECIDED in codes:
+        code, verdict = ExitCode.UNDECIDED, "undecided: max-states hit before exhaustion, coverage incomplete"
     elif merged["sometimes_missing"]:
-        code, verdict = EXIT_UNDECIDED, "undecided: a sometimes-property is never reached (vacuity)"
+        code, verdict = ExitCode.UNDECIDED, "undecided: a sometimes-property is never reached (vacuity)"
     else:
-        code, verdict = EXIT_OK, "holds (CI profile explored exhaustively)"
+        code, verdict = ExitCode.OK, "holds (CI profile explored exhaustively)"
     merged["verdict"], merged["exit_code"] = verdict, code
     if out is not None:
         merged["diagrams"] = write_diagrams(merged, out)
@@ -511,21 +508,22 @@ def render_text(rep: dict[str, Any]) -> str:
 
 
 def cmd_explore(args: Any) -> int:
-    from .cli import _check_writable, _emit
-    from .gate import write_atomic
+    from .common import check_fault, check_out_file, check_writable, emit
     if args.fault is not None:
-        faultlib.get(args.fault)
+        check_fault(args.fault, ("spec",), "`kvcheck explore`")
     cfg = Config.load(args.config) if args.config else fault_config(args.fault)
     out = Path(args.out) if getattr(args, "out", None) else None
     if out is not None:
-        _check_writable(out)
+        check_writable(out)
+    if args.graph is not None:
+        check_out_file(Path(args.graph), "--graph", (".graphml", ".dot"))
     if args.config is None and args.fault is None and args.graph is None:
         code, rep = run_profile(out, args.max_states)
     else:
         code, rep = run_explore(cfg, out, args.fault, args.max_states, args.graph, args.config)
     if out is not None:
         write_atomic(out / "explore.json", json.dumps(rep, indent=1) + "\n")
-    _emit(args, rep, lambda: render_text(rep))
+    emit(args, rep, lambda: render_text(rep))
     return code
 
 

@@ -36,8 +36,7 @@ from ..spec.objects import (OBJECT_KINDS, PARTIAL, R_BOUND, REUSE, layout_ok,
                             recovery, resident)
 from ..spec.state import View
 from ..spec.system import Spec
-
-EXIT_OK, EXIT_UNDECIDED, EXIT_Z3 = 0, 3, 12
+from ..spec.verdict import ExitCode
 
 
 # ---- auxiliary invariants ---------------------------------------------------------------
@@ -424,11 +423,11 @@ def run_prove(cfg: Config, out: Path | None = None, fault: str | None = None,
         rep["fault_result"] = {"expected": expected, "caught_by": caught_by,
                                "caught": expected in caught_by}
     if path is not None:
-        code, verdict = EXIT_Z3, "violated"
+        code, verdict = ExitCode.Z3, "violated"
     elif any(o["status"] != "proved" for o in obligations):
-        code, verdict = EXIT_UNDECIDED, "unknown"
+        code, verdict = ExitCode.UNDECIDED, "unknown"
     else:
-        code, verdict = EXIT_OK, "proved"
+        code, verdict = ExitCode.OK, "proved"
     rep["verdict"], rep["exit_code"] = verdict, code
     return code, rep
 
@@ -459,7 +458,7 @@ def render_text(rep: dict[str, Any]) -> str:
 
 def cmd_prove(args: Any) -> int:
     import json
-    from .cli import _check_writable, _emit
+    from .common import check_fault, check_writable, emit
     if args.config is None and args.fault is not None:
         from .explore import fault_config     # the small profile where BMC reaches every fault
         cfg = fault_config(args.fault)
@@ -469,15 +468,15 @@ def cmd_prove(args: Any) -> int:
         from dataclasses import replace
         cfg = replace(cfg, blocks=args.blocks)
     if args.fault is not None:
-        faultlib.get(args.fault)
+        check_fault(args.fault, ("spec",), "`kvcheck prove`")
     out = Path(args.out) if getattr(args, "out", None) else None
     if out is not None:
-        _check_writable(out)
+        check_writable(out)
     code, rep = run_prove(cfg, out, args.fault, args.depth, args.config)
     if out is not None:
-        from .gate import write_atomic
+        from ..spec.outputs import write_atomic
         write_atomic(out / "prove.json", json.dumps(rep, indent=1) + "\n")
-    _emit(args, rep, lambda: render_text(rep))
+    emit(args, rep, lambda: render_text(rep))
     return code
 
 

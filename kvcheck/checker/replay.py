@@ -13,7 +13,9 @@ from ..fuzz.suts import resolve_sut
 from ..spec.sut import ActionRejected, SystemUnderTest, observed_mismatch
 from ..spec.system import Spec
 from ..spec.trace import Trace
-from .gate import EXIT_CONFORMANCE, EXIT_DIFF, EXIT_INVARIANT, EXIT_OK
+from ..spec.verdict import ExitCode
+
+EXIT_OK, EXIT_INVARIANT, EXIT_DIFF, EXIT_CONFORMANCE = ExitCode.OK, ExitCode.INVARIANT, ExitCode.DIFF, ExitCode.CONFORMANCE
 
 
 def replay_trace(trace: Trace, sut: SystemUnderTest | None = None) -> tuple[int, dict[str, Any]]:

@@ -40,7 +40,8 @@ from kvcheck.spec.workloads import THEMES, weights as theme_weights
 
 from .adapter import ReferenceSUT
 
-EXIT = {"invariant": 10, "differential": 11, "conformance": 13}
+from ..spec.verdict import FOR_FINDING as EXIT  # noqa: E402  (the one exit-code table)
+
 
 class _Finding(Exception):
     def __init__(self, kind: str, checks: list[str], message: str, step: int) -> None:
