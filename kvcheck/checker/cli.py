@@ -2,7 +2,7 @@
 
 Each command's body lives in its own module (cmd_*.py, and explore/prove/report for theirs);
 what they share (one-line errors, output, progress, path checks) is common.py. Every bad input
-becomes one clear line on stderr with exit code 2; Ctrl-C is exit 130 (brief §6, §10).
+becomes one clear line on stderr with exit code 2; Ctrl-C is exit 130.
 """
 from __future__ import annotations
 

@@ -19,6 +19,7 @@ from ..spec import faults as faultlib
 from ..spec.config import Config
 from ..spec.system import Spec
 from ..spec.verdict import ExitCode
+from .common import register_engine_faults
 
 Result = dict[str, Any]
 
@@ -80,14 +81,6 @@ def engines_for(layer: str) -> dict[str, Callable[[Config, str | None, float, in
         if fn is not None:
             table[name] = fn
     return table
-
-
-def register_engine_faults() -> None:
-    """Engine faults join the library when the reference engine is installed."""
-    try:
-        import kvcheck.reference.faults  # noqa: F401  (registers engine faults)
-    except ImportError:
-        pass
 
 
 def fault_row(cfg: Config, name: str, budget_s: float, seed: int,

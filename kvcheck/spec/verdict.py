@@ -1,4 +1,4 @@
-"""Exit codes: the one table every command, engine and adapter returns (brief §6).
+"""Exit codes: the one table every command, engine and adapter returns.
 
 An `IntEnum`, so a code is still a plain int in JSON results and `sys.exit`, and every part of
 kvcheck (spec, reference, fuzz, checker) can name codes without importing the command line.

@@ -105,3 +105,26 @@ def test_cap_workers_at_the_cores() -> None:
     n, note = cap_workers(100_000)
     assert n == cores() and "capped" in note
     assert cap_workers(1) == (1, None)
+
+
+@pytest.mark.parametrize("phase", ["walk", "checkers"])
+def test_gate_interrupted_writes_its_report_and_claims_nothing(capsys, tmp_path, monkeypatch, phase) -> None:
+    """Ctrl-C (as the KeyboardInterrupt Python raises for SIGINT) in the walk or in the checkers:
+    report.json / report.md say "interrupted", exit 130."""
+    from badinput import run
+    from kvcheck.checker import gate
+    from kvcheck.fuzz import walk
+
+    def ctrl_c(*a, **k):
+        raise KeyboardInterrupt
+    if phase == "walk":
+        monkeypatch.setattr(walk.Walker, "run", ctrl_c)
+    else:
+        monkeypatch.setattr(gate, "run_checkers", ctrl_c)
+    code, out, err = run(capsys, "gate", "--out", str(tmp_path), "--steps", "200", "--json")
+    assert code == 130, err
+    res = json.loads(out)
+    rep = json.loads((tmp_path / "report.json").read_text())
+    assert res["exit_code"] == rep["exit_code"] == 130 and rep["verdict"].startswith("interrupted")
+    assert "interrupted" in (tmp_path / "report.md").read_text()
+    assert ("walk" in rep["engines"]) == (phase != "walk")
