@@ -368,6 +368,11 @@ def run_prove(cfg: Config, out: Path | None = None, fault: str | None = None,
         f = faultlib.get(fault)
         if f.layer != "spec":
             raise faultlib.UnknownFault(f"{fault} (a {f.layer} fault: prove plants spec faults only)")
+    # Z3 answers a SIGINT during check() by cancelling it and returning `unknown`, which would
+    # turn Ctrl-C into "undecided" and let the run go on; off, Python's KeyboardInterrupt comes
+    # as soon as the current check returns, and the run stops with exit 130.
+    import z3
+    z3.set_param("ctrl_c", False)
     t0 = time.perf_counter()
     pv = Prover(cfg, fault)
     res = pv.induction()
