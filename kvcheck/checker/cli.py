@@ -15,7 +15,7 @@ from .. import __version__
 from ..spec import faults as faultlib
 from ..spec.config import ConfigError
 from ..spec.trace import TraceError
-from ..spec.verdict import SUMMARY as EXIT_CODES
+from ..spec.verdict import SUMMARY as EXIT_SUMMARY
 from ..spec.verdict import ExitCode
 from ..fuzz.suts import SutError
 from .common import OneLineParser, UsageError, nonneg_int, positive_int
@@ -29,12 +29,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Verify prefix-cache reuse in hybrid-attention LLM serving: a prefix-cache "
                     "hit must be usable (every per-layer cache object complete, current and "
                     "readable) and reuse must equal a full recompute.",
-        epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=EXIT_SUMMARY, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"kvcheck {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
 
     def add(name: str, fn: Callable[[argparse.Namespace], int], help: str, config: bool = True):
-        sp = sub.add_parser(name, help=help, description=help, epilog=EXIT_CODES,
+        sp = sub.add_parser(name, help=help, description=help, epilog=EXIT_SUMMARY,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
         sp.add_argument("--json", action="store_true", help="machine-readable output on stdout")
         if config:

@@ -324,7 +324,9 @@ def merge_results(results: list[dict[str, Any]], cfg: Config, sut: str, seed: in
     merged["workers"] = results
     merged["steps"] = sum(r["steps"] for r in results)
     merged["findings"] = [f for r in results for f in r["findings"]]
-    merged["exit_code"] = max((r["exit_code"] for r in results), key=lambda c: (c != 0, c != 130, c))
+    # a finding first, then an interruption, then the rest: the worst verdict stands
+    merged["exit_code"] = max((r["exit_code"] for r in results),
+                              key=lambda c: (c != ExitCode.OK, c != ExitCode.INTERRUPTED, c))
     merged["interrupted"] = any(r.get("interrupted") for r in results)
     acts: dict[str, int] = {}
     for r in results:
