@@ -3,7 +3,6 @@ file + rename used to leave every report 0600, unreadable by a CI uploader or we
 running as another user."""
 from __future__ import annotations
 
-import json
 import os
 import stat
 from pathlib import Path
