@@ -43,8 +43,10 @@ def _int(name: str, v: Any, lo: int, hi: int) -> int:
     """An integer field within [lo, hi], or a ConfigError naming the field."""
     if isinstance(v, bool) or not isinstance(v, int):
         raise ConfigError(f"config: {name} must be an integer, got {type(v).__name__} {v!r:.40}")
-    if not lo <= v <= hi:
-        raise ConfigError(f"config: {name} must be in {lo}..{hi}, got {v}")
+    if v < lo:
+        raise ConfigError(f"config: {name} must be >= {lo}{' (non-negative)' if lo == 0 else ''}, got {v}")
+    if v > hi:
+        raise ConfigError(f"config: {name} must be <= {hi}, got {v}")
     return v
 
 

@@ -97,8 +97,8 @@ def _step(i: int, s: Any) -> Step:
     if not isinstance(params, dict):
         raise TraceError(f"{where}.params must be an object")
     for k, v in params.items():
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise TraceError(f"{where}.params.{k} must be an integer, got {type(v).__name__}")
+        if isinstance(v, bool) or not isinstance(v, (int, str)):
+            raise TraceError(f"{where}.params.{k} must be an integer or a name, got {type(v).__name__}")
     expect = s.get("expect", {}) or {}
     if not isinstance(expect, dict):
         raise TraceError(f"{where}.expect must be an object, got {type(expect).__name__}")
