@@ -184,3 +184,12 @@ def test_db_at_a_regular_file(capsys, tmp_path) -> None:
 def test_argparse_errors_are_one_line(capsys) -> None:
     assert_bad_input(*run(capsys, "fuzz", "--workers", "0")[::2], "--workers")
     assert_bad_input(*run(capsys, "no-such-command")[::2], "invalid choice")
+
+
+def test_vllm_traces_keep_their_own_actions_and_token_lists() -> None:
+    """The spec-step checks apply to traces replayed on the spec; a vLLM trace names the
+    adapter's actions with token lists and must still load."""
+    from kvcheck.spec.trace import Trace
+    t = Trace.from_dict(trace_dict(sut="vllm", steps=[
+        {"action": "alloc", "params": {"r": "r1", "tokens": [1, 2, 3], "salt": None}}]))
+    assert t.steps[0].params["tokens"] == [1, 2, 3]
