@@ -130,7 +130,7 @@ def run_gate(cfg: Config, out: Path, config_path: str | None = None, fault: str 
             if fault is None:
                 code = run_profiles(cfg, out, seed, report, code)
     except KeyboardInterrupt:
-        return _interrupted(out, report, phase)
+        return _interrupted(out, report, phase, code)
     report["exit_code"] = int(code)
     write_report(out, report)
     return code, report
@@ -142,13 +142,22 @@ def write_report(out: Path, report: dict[str, Any]) -> None:
     write_atomic(out / "report.md", md + render_checkers_md(report) + render_profiles_md(report))
 
 
-def _interrupted(out: Path, report: dict[str, Any], phase: str) -> tuple[int, dict[str, Any]]:
-    """Ctrl-C: the report of what ran, verdict "interrupted", exit 130 (never a pass)."""
-    report["verdict"] = f"interrupted during {phase}"
+FAILURES = (ExitCode.INVARIANT, ExitCode.DIFF, ExitCode.Z3, ExitCode.CONFORMANCE)
+
+
+def _interrupted(out: Path, report: dict[str, Any], phase: str,
+                 code: int = ExitCode.OK) -> tuple[int, dict[str, Any]]:
+    """Ctrl-C: the report of what ran, exit 130, never a pass; a failure already found (the
+    walk's violation) keeps its code."""
     report["interrupted"] = phase
-    report["exit_code"] = int(ExitCode.INTERRUPTED)
+    if code in FAILURES:
+        report["verdict"] = f"{report['verdict']} (then interrupted during {phase})"
+    else:
+        code = ExitCode.INTERRUPTED
+        report["verdict"] = f"interrupted during {phase}"
+    report["exit_code"] = int(code)
     write_report(out, report)
-    return ExitCode.INTERRUPTED, report
+    return ExitCode(code), report
 
 
 def run_checkers(cfg: Config, out: Path, fault: str | None, report: dict[str, Any], code: int,
