@@ -133,3 +133,16 @@ def test_gate_interrupted_writes_its_report_and_claims_nothing(capsys, tmp_path,
     assert res["exit_code"] == rep["exit_code"] == 130 and rep["verdict"].startswith("interrupted")
     assert "interrupted" in (tmp_path / "report.md").read_text()
     assert ("walk" in rep["engines"]) == (phase != "walk")
+
+
+def test_gate_interrupted_after_a_violation_keeps_exit_10(capsys, tmp_path, monkeypatch) -> None:
+    from badinput import run
+    from kvcheck.checker import gate
+
+    def ctrl_c(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(gate, "run_checkers", ctrl_c)
+    code, out, err = run(capsys, "gate", "--out", str(tmp_path), "--fault", "eviction_ignores_pins", "--json")
+    rep = json.loads((tmp_path / "report.json").read_text())
+    assert code == rep["exit_code"] == 10, err           # the walk's violation was earned
+    assert "interrupted" in rep["verdict"] and rep["violation"]["invariants"]
