@@ -14,7 +14,6 @@ from which "every request idle" is unreachable, and the per-kind state diagrams 
 """
 from __future__ import annotations
 
-import json
 import shlex
 import shutil
 import subprocess
@@ -28,9 +27,9 @@ from typing import Any
 from ..fuzz import faults as faultlib
 from ..spec.config import Config, LayerSpec
 from ..spec.objects import DECISIONS, DECISION_KINDS, DEVICE_STATES, DISK_STATES, KIND, R_IDLE, state_name
+from ..spec.outputs import write_atomic
 from ..spec.system import Spec
-
-EXIT_OK, EXIT_UNDECIDED, EXIT_INVARIANT = 0, 3, 10
+from ..spec.verdict import ExitCode
 
 # The CI profile: configs small enough to be explored EXHAUSTIVELY in well under a minute on
 # one core (the four version counters multiply every object's stamps, so no single config with
@@ -349,8 +348,7 @@ def write_diagrams(report: dict[str, Any], out: Path) -> dict[str, dict[str, str
         a, b = rest.split("->")
         edges.setdefault(kind, []).append((a, b))
     for kind, text in diagrams(report).items():
-        p = out / f"states-{kind}.dot"
-        p.write_text(text)
+        p = write_atomic(out / f"states-{kind}.dot", text)
         files[kind] = {"dot": str(p)}
         if dot:
             png = out / f"states-{kind}.png"
@@ -361,8 +359,7 @@ def write_diagrams(report: dict[str, Any], out: Path) -> dict[str, dict[str, str
                 continue
             except (OSError, subprocess.SubprocessError):
                 pass
-        svg = out / f"states-{kind}.svg"
-        svg.write_text(svg_diagram(kind, edges[kind]))
+        svg = write_atomic(out / f"states-{kind}.svg", svg_diagram(kind, edges[kind]))
         files[kind]["svg"] = str(svg)
     return files
 
@@ -382,7 +379,7 @@ def run_explore(cfg: Config, out: Path | None = None, fault: str | None = None,
     cmd = ["kvcheck", "explore"] + (["--config", config_path] if config_path else []) \
         + (["--fault", fault] if fault else [])
     rep.update({"command": shlex.join(cmd), "fault": fault, "config": cfg.to_dict()})
-    code = EXIT_OK
+    code = ExitCode.OK
     if res.violation is not None:
         v = res.violation
         steps = concrete_steps(spec, v.pop("path"))
@@ -395,7 +392,7 @@ def run_explore(cfg: Config, out: Path | None = None, fault: str | None = None,
         v["steps"] = [s.label() for s in tr.steps]
         v["replay"] = f"kvcheck replay {shlex.quote(str(path))}"
         rep["violation"] = v
-        code = EXIT_INVARIANT
+        code = ExitCode.INVARIANT
         if fault:
             expected = faultlib.get(fault).expected
             rep["fault_result"] = {"expected": expected, "caught_by": v["invariants"],
@@ -404,10 +401,10 @@ def run_explore(cfg: Config, out: Path | None = None, fault: str | None = None,
     elif fault:
         rep["fault_result"] = {"expected": faultlib.get(fault).expected, "caught_by": [], "caught": False}
         rep["verdict"] = "fault survived" + ("" if res.exhaustive else " (max-states hit)")
-        code = EXIT_OK if res.exhaustive else EXIT_UNDECIDED
+        code = ExitCode.OK if res.exhaustive else ExitCode.UNDECIDED
     elif not res.exhaustive and rep["sometimes_missing"]:
         rep["verdict"] = "undecided: max-states hit before exhaustion, coverage incomplete"
-        code = EXIT_UNDECIDED
+        code = ExitCode.UNDECIDED
     else:
         rep["verdict"] = "holds" + ("" if res.exhaustive else " (bounded: max-states hit)")
     if out is not None:
@@ -415,12 +412,11 @@ def run_explore(cfg: Config, out: Path | None = None, fault: str | None = None,
     if graph is not None and graph_file:
         import networkx as nx
         gp = Path(graph_file)
-        gp.parent.mkdir(parents=True, exist_ok=True)
         if gp.suffix == ".dot":
             lines = ["digraph states {"] + [f"  {a} -> {b};" for a, b in graph.edges] + ["}"]
-            gp.write_text("\n".join(lines) + "\n")
+            write_atomic(gp, "\n".join(lines) + "\n")
         else:
-            nx.write_graphml(graph, gp)
+            write_atomic(gp, "\n".join(nx.generate_graphml(graph)) + "\n")
         rep["graph"] = str(gp)
     rep["exit_code"] = code
     return code, rep
@@ -464,63 +460,17 @@ def run_profile(out: Path | None = None, max_states: int = 2_000_000) -> tuple[i
     viol = next((r for r in reps if "violation" in r), None)
     if viol is not None:
         merged["violation"] = viol["violation"]
-        code, verdict = EXIT_INVARIANT, "violated"
-    elif EXIT_UNDECIDED in codes:
-        code, verdict = EXIT_UNDECIDED, "undecided: max-states hit before exhaustion, coverage incomplete"
+        code, verdict = ExitCode.INVARIANT, "violated"
+    elif ExitCode.UNDECIDED in codes:
+        code, verdict = ExitCode.UNDECIDED, "undecided: max-states hit before exhaustion, coverage incomplete"
     elif merged["sometimes_missing"]:
-        code, verdict = EXIT_UNDECIDED, "undecided: a sometimes-property is never reached (vacuity)"
+        code, verdict = ExitCode.UNDECIDED, "undecided: a sometimes-property is never reached (vacuity)"
     else:
-        code, verdict = EXIT_OK, "holds (CI profile explored exhaustively)"
+        code, verdict = ExitCode.OK, "holds (CI profile explored exhaustively)"
     merged["verdict"], merged["exit_code"] = verdict, code
     if out is not None:
         merged["diagrams"] = write_diagrams(merged, out)
     return code, merged
-
-
-def render_text(rep: dict[str, Any]) -> str:
-    lines = [f"kvcheck explore: {rep['verdict']} (exit {rep['exit_code']})",
-             f"  {rep['states']} distinct states ({'symmetry-reduced, ' if rep['symmetry'] else ''}"
-             f"{'exhaustive' if rep['exhaustive'] else 'not exhaustive'}), {rep['transitions']} transitions, "
-             f"depth {rep['depth']}, {rep['seconds']} s ({rep['states_per_s']} states/s)",
-             "  decisions reached: " + (", ".join(rep["decisions"]) or "none"),
-             f"  actions reached: {sum(1 for v in rep['actions'].values() if v)}/{len(rep['actions'])}",
-             f"  deadlocks: {rep['deadlocks']}"]
-    if rep.get("idle_unreachable") is not None:
-        lines.append(f"  states from which every-request-idle is unreachable: {rep['idle_unreachable']['count']}")
-    if rep["sometimes_missing"]:
-        lines.append("  sometimes-properties NOT reached: " + ", ".join(rep["sometimes_missing"]))
-    if "violation" in rep:
-        v = rep["violation"]
-        lines.append(f"  shortest violation ({v['depth']} steps): {', '.join(v['invariants'])}")
-        lines += [f"    {i:3}. {s}" for i, s in enumerate(v["steps"])]
-        lines.append(f"  replay: {v['replay']}")
-    if "fault_result" in rep:
-        fr = rep["fault_result"]
-        lines.append(f"  fault {rep['fault']}: expected {fr['expected']} -> "
-                     + ("caught" if fr["caught"] else
-                        (f"MIS-ATTRIBUTED (caught by {', '.join(fr['caught_by'])})" if fr["caught_by"] else "SURVIVED")))
-    if rep.get("graph"):
-        lines.append(f"  graph: {rep['graph']}")
-    return "\n".join(lines)
-
-
-def cmd_explore(args: Any) -> int:
-    from .cli import _check_writable, _emit
-    from .gate import write_atomic
-    if args.fault is not None:
-        faultlib.get(args.fault)
-    cfg = Config.load(args.config) if args.config else fault_config(args.fault)
-    out = Path(args.out) if getattr(args, "out", None) else None
-    if out is not None:
-        _check_writable(out)
-    if args.config is None and args.fault is None and args.graph is None:
-        code, rep = run_profile(out, args.max_states)
-    else:
-        code, rep = run_explore(cfg, out, args.fault, args.max_states, args.graph, args.config)
-    if out is not None:
-        write_atomic(out / "explore.json", json.dumps(rep, indent=1) + "\n")
-    _emit(args, rep, lambda: render_text(rep))
-    return code
 
 
 def mutant_engine(cfg: Config, fault: str | None, budget_s: float, seed: int) -> dict[str, Any]:

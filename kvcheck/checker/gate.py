@@ -1,16 +1,17 @@
 """`kvcheck gate`: the CI profile of every engine present, one verdict.
 
 Owns the profile (minimum steps and coverage), the verdict and its exit code, and the report
-directory. Today's engine: seeded random walks of the spec with every invariant checked after
-every step. With `--fault NAME` the same walk must fail, and with the fault's expected
-invariant; the shrunk counterexample is saved as a trace with its replay command.
+directory. Engines: seeded random walks of the spec with every invariant checked after every
+step, then Z3 proofs and exhaustive exploration at CI bounds, then the fuzz, diff and mutants
+profiles. With `--fault NAME` the walk must fail, and with the fault's expected invariant; the
+shrunk counterexample is saved as a trace with its replay command. Ctrl-C writes the report of
+what ran, with verdict "interrupted" and exit 130.
 """
 from __future__ import annotations
 
 import json
 import os
 import shlex
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -21,10 +22,10 @@ from ..fuzz import faults as faultlib
 from ..spec.config import Config
 from ..spec.objects import DECISION_KINDS, OBJECTS
 from ..spec.state import Layout
+from ..spec.outputs import write_atomic
 from ..spec.system import Spec
+from ..spec.verdict import ExitCode
 
-EXIT_OK, EXIT_USAGE, EXIT_UNDECIDED = 0, 2, 3
-EXIT_INVARIANT, EXIT_DIFF, EXIT_Z3, EXIT_CONFORMANCE = 10, 11, 12, 13
 
 
 @dataclass(frozen=True)
@@ -42,14 +43,6 @@ class Profile:
         return [f"{k.name}:{st}" for k in OBJECTS if k.name in kinds for st in k.reachable_states()]
 
 
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def run_gate(cfg: Config, out: Path, config_path: str | None = None, fault: str | None = None,
              seed: int = 0, steps: int | None = None, profile: Profile = Profile(),
              progress: Callable[[int, int], None] | None = None,
@@ -61,9 +54,6 @@ def run_gate(cfg: Config, out: Path, config_path: str | None = None, fault: str 
     spec = Spec(cfg, fault)
     target = steps if steps is not None else (profile.fault_steps if fault else profile.steps)
     walker = Walker(spec, seed=seed)
-    res = walker.run(target, seconds=profile.fault_seconds if fault else None,
-                     progress=(lambda n: progress(n, target)) if progress else None)
-    cov = res.coverage
     cmd = ["kvcheck", "gate", "--seed", str(seed)]
     if config_path:
         cmd += ["--config", config_path]
@@ -71,15 +61,20 @@ def run_gate(cfg: Config, out: Path, config_path: str | None = None, fault: str 
         cmd += ["--fault", fault]
     report: dict[str, Any] = {
         "kvcheck": __version__, "command": shlex.join(cmd), "seed": seed, "fault": fault,
-        "config": cfg.to_dict(),
-        "engines": {"walk": {
+        "config": cfg.to_dict(), "engines": {}}
+    try:
+        res = walker.run(target, seconds=profile.fault_seconds if fault else None,
+                         progress=(lambda n: progress(n, target)) if progress else None)
+    except KeyboardInterrupt:
+        return _interrupted(out, report, "walk")
+    cov = res.coverage
+    report["engines"] = {"walk": {
             "steps": cov.steps, "episodes": cov.episodes, "seconds": round(res.seconds, 3),
             "steps_per_s": round(cov.steps / max(res.seconds, 1e-9)),
             "invariants_checked": len({k.invariant for k in spec.conjuncts}),
             "conjuncts": len(spec.conjuncts),
-            "coverage": cov.to_dict(), "metrics": res.metrics.to_dict()}},
-    }
-    code = EXIT_OK
+            "coverage": cov.to_dict(), "metrics": res.metrics.to_dict()}}
+    code = ExitCode.OK
     if res.violation is not None:
         v = res.violation
         keep = set(v.invariants)
@@ -97,7 +92,7 @@ def run_gate(cfg: Config, out: Path, config_path: str | None = None, fault: str 
             expected = faultlib.get(fault).expected
             report["fault_result"] = {"expected": expected, "caught_by": caught_by,
                                       "caught": expected in caught_by}
-        code = EXIT_INVARIANT
+        code = ExitCode.INVARIANT
         report["verdict"] = "violated"
     else:
         missing = []
@@ -111,64 +106,99 @@ def run_gate(cfg: Config, out: Path, config_path: str | None = None, fault: str 
             expected = faultlib.get(fault).expected
             report["fault_result"] = {"expected": expected, "caught_by": [], "caught": False}
             report["verdict"] = "fault survived"
-            code = EXIT_OK
+            code = ExitCode.OK
         elif missing:
             report["verdict"] = "undecided: coverage below the profile minimum"
-            code = EXIT_UNDECIDED
+            code = ExitCode.UNDECIDED
         else:
             report["verdict"] = "holds"
     if checkers is None:
         checkers = os.environ.get("KVCHECK_GATE_CHECKERS", "1") != "0"
-    if checkers:
-        code = run_checkers(cfg, out, fault, report, code, config_path)
-        if fault is None:
-            code = run_profiles(cfg, out, seed, report, code)
-    report["exit_code"] = code
-    write_atomic(out / "report.json", json.dumps(report, indent=1) + "\n")
-    write_atomic(out / "report.md", render_md(report) + render_checkers_md(report) + render_profiles_md(report))
+    phase = "prove/explore"
+    try:
+        if checkers:
+            code = run_checkers(cfg, out, fault, report, code, config_path)
+            phase = "fuzz/diff/mutants profiles"
+            if fault is None:
+                code = run_profiles(cfg, out, seed, report, code)
+    except KeyboardInterrupt:
+        return _interrupted(out, report, phase, code)
+    report["exit_code"] = int(code)
+    write_report(out, report)
     return code, report
+
+
+def write_report(out: Path, report: dict[str, Any]) -> None:
+    write_atomic(out / "report.json", json.dumps(report, indent=1) + "\n")
+    md = render_md(report) if "walk" in report["engines"] else f"# kvcheck gate: {report['verdict']}\n"
+    write_atomic(out / "report.md", md + render_checkers_md(report) + render_profiles_md(report))
+
+
+FAILURES = (ExitCode.INVARIANT, ExitCode.DIFF, ExitCode.Z3, ExitCode.CONFORMANCE)
+
+
+def _interrupted(out: Path, report: dict[str, Any], phase: str,
+                 code: int = ExitCode.OK) -> tuple[int, dict[str, Any]]:
+    """Ctrl-C: the report of what ran, exit 130, never a pass; a failure already found (the
+    walk's violation) keeps its code."""
+    report["interrupted"] = phase
+    if code in FAILURES:
+        report["verdict"] = f"{report['verdict']} (then interrupted during {phase})"
+    else:
+        code = ExitCode.INTERRUPTED
+        report["verdict"] = f"interrupted during {phase}"
+    report["exit_code"] = int(code)
+    write_report(out, report)
+    return ExitCode(code), report
 
 
 def run_checkers(cfg: Config, out: Path, fault: str | None, report: dict[str, Any], code: int,
                  config_path: str | None = None) -> int:
-    """Issue 6: Z3 proofs (clean runs) and explicit-state exploration at CI bounds. Writes
-    prove.json / explore.json next to report.json; a violation gives its engine's exit code
-    unless the walk already decided the verdict."""
-    from .explore import fault_config, run_explore, run_profile
-    from .prove import run_prove
+    """Z3 proofs (clean runs) and explicit-state exploration at CI bounds. Writes prove.json /
+    explore.json next to report.json; a violation gives its engine's exit code unless the walk
+    already decided the verdict."""
+    from .explore import fault_config, run_explore
     if fault is None:
-        # the two engines are independent: run them side by side (one core each)
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
+        # the two engines are independent: run them side by side (one core each); Ctrl-C stops both
+        from ..fuzz.pool import Interrupted, run_jobs
+        got: dict[str, Any] = {}
         try:
-            ctx = multiprocessing.get_context("fork")
-        except ValueError:  # pragma: no cover - platforms without fork
-            ctx = None
-        with ProcessPoolExecutor(max_workers=2, mp_context=ctx) as pool:
-            fp = pool.submit(run_prove, cfg, out, None, None, config_path)
-            fe = pool.submit(run_profile, out)
-            pcode, prep = fp.result()
-            ecode, erep = fe.result()
+            for key, r in run_jobs(_checker_job, {"prove": ("prove", cfg, out, config_path),
+                                                  "explore": ("explore", cfg, out, config_path)}, 2):
+                if isinstance(r, BaseException):
+                    raise r
+                got[key] = r
+        except Interrupted:
+            raise KeyboardInterrupt from None
+        (pcode, prep), (ecode, erep) = got["prove"], got["explore"]
         write_atomic(out / "prove.json", json.dumps(prep, indent=1) + "\n")
         report["engines"]["prove"] = {k: prep[k] for k in ("verdict", "exit_code", "seconds", "bmc", "invariants")}
     else:
-        pcode = EXIT_OK
+        pcode = ExitCode.OK
         ecode, erep = run_explore(fault_config(fault), out, fault)
     write_atomic(out / "explore.json", json.dumps(erep, indent=1) + "\n")
     report["engines"]["explore"] = {k: erep.get(k) for k in (
         "verdict", "exit_code", "states", "transitions", "depth", "seconds", "states_per_s", "exhaustive",
         "sometimes_missing", "deadlocks", "idle_unreachable", "violation", "fault_result")}
-    if code in (EXIT_OK, EXIT_UNDECIDED) and fault is None:
-        if pcode == EXIT_Z3:
+    if code in (ExitCode.OK, ExitCode.UNDECIDED) and fault is None:
+        if pcode == ExitCode.Z3:
             report["verdict"] = "violated (prove: Z3 counterexample)"
-            return EXIT_Z3
-        if ecode == EXIT_INVARIANT:
+            return ExitCode.Z3
+        if ecode == ExitCode.INVARIANT:
             report["verdict"] = "violated (explore)"
-            return EXIT_INVARIANT
-        if code == EXIT_OK and EXIT_UNDECIDED in (pcode, ecode):
+            return ExitCode.INVARIANT
+        if code == ExitCode.OK and ExitCode.UNDECIDED in (pcode, ecode):
             report["verdict"] = "undecided: prove/explore could not decide"
-            return EXIT_UNDECIDED
+            return ExitCode.UNDECIDED
     return code
+
+
+def _checker_job(which: str, cfg: Config, out: Path, config_path: str | None) -> tuple[int, dict[str, Any]]:
+    if which == "prove":
+        from .prove import run_prove
+        return run_prove(cfg, out, None, None, config_path)
+    from .explore import run_profile
+    return run_profile(out)
 
 
 @dataclass(frozen=True)
@@ -193,6 +223,8 @@ def run_profiles(cfg: Config, out: Path, seed: int, report: dict[str, Any], code
     verdicts: list[tuple[str, int]] = []
     for sut, steps in (("spec", prof.fuzz_spec_steps), ("reference", prof.fuzz_reference_steps)):
         r = run_campaign(cfg, sut, Budget(steps=steps), seed=seed, out=out)
+        if r.get("interrupted"):
+            raise KeyboardInterrupt        # the campaign kept its Ctrl-C: the gate stops too
         eng[f"fuzz_{sut}"] = {k: r[k] for k in ("steps", "seconds", "steps_per_s", "coverage", "findings", "exit_code")}
         verdicts.append((f"fuzz --sut {sut}", r["exit_code"]))
     d = run_reference_diff(prof.diff_scenarios, seed, None, out, cfg)
@@ -201,14 +233,16 @@ def run_profiles(cfg: Config, out: Path, seed: int, report: dict[str, Any], code
                                                     "mismatches", "exit_code")}
     verdicts.append(("diff --sut reference", d["exit_code"]))
     m = run_mutants(cfg, prof.mutants_budget_s, seed, list(prof.mutants_smoke))
+    if m.get("interrupted"):
+        raise KeyboardInterrupt
     eng["mutants_smoke"] = {k: m[k] for k in ("mutation_score", "killed", "scored", "survivors",
                                               "misattributed", "negative_control_clean", "exit_code")}
     eng["mutants_smoke"]["faults"] = {r["fault"]: r["status"] for r in m["faults"]}
     verdicts.append(("mutants smoke", m["exit_code"]))
-    if code not in (EXIT_OK, EXIT_UNDECIDED):
+    if code not in (ExitCode.OK, ExitCode.UNDECIDED):
         return code
     for name, c in verdicts:
-        if c not in (EXIT_OK,):
+        if c not in (ExitCode.OK,):
             report["verdict"] = f"failed ({name}: exit {c})"
             return c
     return code

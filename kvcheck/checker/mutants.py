@@ -13,10 +13,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..fuzz.campaign import Budget, run_campaign
+from ..fuzz.pool import Interrupted, run_jobs
 from ..fuzz.walk import Walker, shrink
 from ..fuzz import faults as faultlib
 from ..spec.config import Config
 from ..spec.system import Spec
+from ..spec.verdict import ExitCode
 
 Result = dict[str, Any]
 
@@ -41,6 +43,8 @@ def _fuzz(sut: str) -> Callable[[Config, str | None, float, int], Result]:
             r = run_campaign(cfg, sut, Budget(seconds=budget_s), seed=seed, fault=fault, out=Path(d),
                              shrink_seconds=min(20.0, max(5.0, budget_s / 2)))
             secs = time.perf_counter() - t0
+        if r.get("interrupted") and not r["findings"]:
+            raise KeyboardInterrupt     # a cell cut short by Ctrl-C is no miss: stop the matrix
         if not r["findings"]:
             return {"detected": False, "caught_by": [], "seconds": round(secs, 2), "steps": r["steps"]}
         f = r["findings"][0]
@@ -131,33 +135,35 @@ def run_mutants(cfg: Config, budget_s: float = 30.0, seed: int = 0, only: list[s
     cells = [(layer, e) for layer in sorted({faultlib.get(n).layer for n in names}) for e in engines_for(layer)]
     rows: dict[str, Result] = {}
     control: Result = {}
-    if workers <= 1:
-        for name in names:
-            rows[name] = fault_row(cfg, name, budget_s, seed, progress)
-            if on_row:
-                on_row(rows[name])
-        # negative control: the clean system, every engine, same budgets
-        for layer, e in cells:
-            if progress:
-                progress(f"clean / {layer} / {e}")
-            control[f"{layer}:{e}"] = control_cell(cfg, layer, e, budget_s, seed)
-    else:
-        from concurrent.futures import ProcessPoolExecutor, as_completed
-        with ProcessPoolExecutor(max_workers=workers, initializer=one_thread) as pool:
-            jobs = {pool.submit(fault_row, cfg, n, budget_s, seed): ("row", n) for n in names}
-            jobs.update({pool.submit(control_cell, cfg, layer, e, budget_s, seed): ("control", f"{layer}:{e}")
-                         for layer, e in cells})
-            for fut in as_completed(jobs):
-                what, key = jobs[fut]
+    interrupted = False
+    try:
+        if workers <= 1:
+            for name in names:
+                rows[name] = fault_row(cfg, name, budget_s, seed, progress)
+                if on_row:
+                    on_row(rows[name])
+            # negative control: the clean system, every engine, same budgets
+            for layer, e in cells:
+                if progress:
+                    progress(f"clean / {layer} / {e}")
+                control[f"{layer}:{e}"] = control_cell(cfg, layer, e, budget_s, seed)
+        else:
+            jobs: dict[tuple[str, str], tuple] = {("row", n): (cfg, n, budget_s, seed) for n in names}
+            jobs.update({("control", f"{layer}:{e}"): (cfg, layer, e, budget_s, seed) for layer, e in cells})
+            for (what, key), res in run_jobs(_job, jobs, workers, initializer=one_thread):
+                if isinstance(res, BaseException):
+                    raise res
                 if what == "row":
-                    rows[key] = fut.result()
+                    rows[key] = res
                     if progress:
                         progress(key)
                     if on_row:
                         on_row(rows[key])
                 else:
-                    control[key] = fut.result()
-    ordered = [rows[n] for n in names]
+                    control[key] = res
+    except (KeyboardInterrupt, Interrupted):
+        interrupted = True          # the rows done so far stand; the cell in flight is dropped
+    ordered = [rows[n] for n in names if n in rows]
     survivors = [{"fault": r["fault"], "expected": r["expected"],
                   "why": f"no engine failed within {budget_s:g}s per engine"}
                  for r in ordered if r["status"] == "survived"]
@@ -174,4 +180,13 @@ def run_mutants(cfg: Config, budget_s: float = 30.0, seed: int = 0, only: list[s
             "survivors": survivors, "misattributed": misattributed,
             "negative_control": control, "negative_control_clean": control_clean,
             "budget_per_fault_s": budget_s, "seed": seed, "workers": workers,
-            "exit_code": 0 if (control_clean and killed == len(scored)) else (10 if not control_clean else 3)}
+            "interrupted": interrupted,
+            "not_run": [n for n in names if n not in rows],
+            "exit_code": int(ExitCode.INTERRUPTED if interrupted else ExitCode.OK
+                             if (control_clean and killed == len(scored)) else
+                             ExitCode.INVARIANT if not control_clean else ExitCode.UNDECIDED)}
+
+
+def _job(*args: Any) -> Result:
+    """A row (cfg, name, budget, seed) or a control cell (cfg, layer, engine, budget, seed)."""
+    return fault_row(*args) if len(args) == 4 else control_cell(*args)

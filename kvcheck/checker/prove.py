@@ -15,7 +15,7 @@ Owns three obligations:
   of the funnel implies every recovery condition at k (`recovery` of every object kind,
   `layout_ok`, `resident` from objects.py).
 
-The auxiliary invariants (AUX below) are what makes the named invariants inductive; they are
+The auxiliary invariants (AUX, in prove_aux.py) are what makes the named invariants inductive; they are
 proved by the same induction (they are part of the hypothesis and each is itself an obligation).
 """
 from __future__ import annotations
@@ -32,60 +32,11 @@ from ..spec.config import Config
 from ..spec.funnel import Decision
 from ..spec.invariants import INVARIANTS
 from ..spec.logic import TRACE, Expr
-from ..spec.objects import (DEVICE_KINDS, PARTIAL, R_BOUND, REUSE, layout_ok,
-                            recovery, resident)
+from ..spec.objects import DEVICE_KINDS, PARTIAL, REUSE, layout_ok, recovery, resident
 from ..spec.state import View
 from ..spec.system import Spec
-
-EXIT_OK, EXIT_UNDECIDED, EXIT_Z3 = 0, 3, 12
-
-
-# ---- auxiliary invariants ---------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Aux:
-    name: str
-    doc: str
-    conjuncts: Callable[[Ctx], list[tuple[str, Any]]]
-
-
-def _type_ok(c: Ctx) -> list[tuple[str, Any]]:
-    vec, L = c.v.vec, c.L
-    out = []
-    for key, (lo, hi), x in zip(c.lay.names, c.lay.domains(), vec):
-        out.append((".".join(map(str, key[1:])), L.And(lo <= x, x <= hi)))
-    return out
-
-
-def _bound_pins_lease(c: Ctx) -> list[tuple[str, Any]]:
-    L, out = c.L, []
-    for r in range(c.cfg.requests):
-        q = c.v.req(r)
-        out.append((f"request {r}", L.Implies(q.rst == R_BOUND,
-                                              L.And(q.rpos == q.rk, q.rwin == c.retain_lo(q.rk)))))
-    return out
-
-
-def _lease_not_ahead(c: Ctx) -> list[tuple[str, Any]]:
-    L, v, out = c.L, c.v, []
-    for r in range(c.cfg.requests):
-        q = v.req(r)
-        out.append((f"request {r}", L.And(q.rver <= v.cur_ver, q.rix <= v.cur_ix,
-                                          q.rabi <= v.cur_abi, q.rcmp <= v.cur_cmp)))
-    return out
-
-
-AUX: dict[str, Aux] = {a.name: a for a in (
-    Aux("type_ok", "TypeOK: every slot stays in its declared range (Layout.domains). Assumed by "
-        "every induction step, so it must be proved too.", _type_ok),
-    Aux("bound_pins_lease", "A bound request is positioned at its lease and pins exactly what a "
-        "resume there reads: rpos == rk and rwin == retain_lo(rk). Without it a CTI has a bound "
-        "request whose needed pages have ref 0, so `evict` may take them.", _bound_pins_lease),
-    Aux("lease_not_ahead", "A lease never records a version newer than the current one "
-        "(rver <= cur_ver, rix <= cur_ix, rabi <= cur_abi, rcmp <= cur_cmp). Without it a CTI "
-        "has a stale lease from 'the future' that a version bump makes current again.",
-        _lease_not_ahead),
-)}
+from ..spec.verdict import ExitCode
+from .prove_aux import AUX
 
 
 # ---- results ----------------------------------------------------------------------------
@@ -368,6 +319,11 @@ def run_prove(cfg: Config, out: Path | None = None, fault: str | None = None,
         f = faultlib.get(fault)
         if f.layer != "spec":
             raise faultlib.UnknownFault(f"{fault} (a {f.layer} fault: prove plants spec faults only)")
+    # Z3 answers a SIGINT during check() by cancelling it and returning `unknown`, which would
+    # turn Ctrl-C into "undecided" and let the run go on; off, Python's KeyboardInterrupt comes
+    # as soon as the current check returns, and the run stops with exit 130.
+    import z3
+    z3.set_param("ctrl_c", False)
     t0 = time.perf_counter()
     pv = Prover(cfg, fault)
     res = pv.induction()
@@ -423,61 +379,13 @@ def run_prove(cfg: Config, out: Path | None = None, fault: str | None = None,
         rep["fault_result"] = {"expected": expected, "caught_by": caught_by,
                                "caught": expected in caught_by}
     if path is not None:
-        code, verdict = EXIT_Z3, "violated"
+        code, verdict = ExitCode.Z3, "violated"
     elif any(o["status"] != "proved" for o in obligations):
-        code, verdict = EXIT_UNDECIDED, "unknown"
+        code, verdict = ExitCode.UNDECIDED, "unknown"
     else:
-        code, verdict = EXIT_OK, "proved"
+        code, verdict = ExitCode.OK, "proved"
     rep["verdict"], rep["exit_code"] = verdict, code
     return code, rep
-
-
-def render_text(rep: dict[str, Any]) -> str:
-    lines = [f"kvcheck prove: {rep['verdict']} (exit {rep['exit_code']}) in {rep['seconds']} s "
-             f"[{rep['blocks']} blocks, {rep['instances']} action instances, {rep['slots']} slots]"]
-    for o in rep["invariants"]:
-        b = "" if o["bound"] is None else f" bound {o['bound']}"
-        lines.append(f"  {o['status']:8} {o['name']:28} {o['method']}{b}  {o['seconds']} s"
-                     + (f"  ({o['note']})" if o.get("note") and o["status"] != "proved" else ""))
-    v = rep["bmc"]["violation"]
-    if v:
-        lines.append(f"  BMC counterexample ({len(v['steps'])} steps): {', '.join(v['invariants'])}")
-        lines += [f"    {i:3}. {s}" for i, s in enumerate(v["steps"])]
-        lines.append(f"  replay: {v['replay']}")
-    if "fault_result" in rep:
-        fr = rep["fault_result"]
-        if fr["caught"]:
-            lines.append(f"  fault {rep['fault']}: expected {fr['expected']} -> caught")
-        elif fr["caught_by"]:
-            lines.append(f"  fault {rep['fault']}: expected {fr['expected']} -> MIS-ATTRIBUTED "
-                         f"(caught by {', '.join(fr['caught_by'])})")
-        else:
-            lines.append(f"  fault {rep['fault']} SURVIVED to BMC depth {rep['bmc']['checked']}")
-    return "\n".join(lines)
-
-
-def cmd_prove(args: Any) -> int:
-    import json
-    from .cli import _check_writable, _emit
-    if args.config is None and args.fault is not None:
-        from .explore import fault_config     # the small profile where BMC reaches every fault
-        cfg = fault_config(args.fault)
-    else:
-        cfg = Config.load(args.config)
-    if args.blocks is not None:
-        from dataclasses import replace
-        cfg = replace(cfg, blocks=args.blocks)
-    if args.fault is not None:
-        faultlib.get(args.fault)
-    out = Path(args.out) if getattr(args, "out", None) else None
-    if out is not None:
-        _check_writable(out)
-    code, rep = run_prove(cfg, out, args.fault, args.depth, args.config)
-    if out is not None:
-        from .gate import write_atomic
-        write_atomic(out / "prove.json", json.dumps(rep, indent=1) + "\n")
-    _emit(args, rep, lambda: render_text(rep))
-    return code
 
 
 def mutant_engine(cfg: Config, fault: str | None, budget_s: float, seed: int) -> dict[str, Any]:

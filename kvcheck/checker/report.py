@@ -10,21 +10,34 @@ import base64
 import html
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+from ..spec.config import read_json
+from ..spec.outputs import write_atomic
+from .common import UsageError, check_out_file
+
+
+class _Bad(UsageError):
+    pass
 
 
 def load_dir(d: Path) -> dict[str, Any]:
-    from .cli import UsageError
+    """The JSON files of a report directory, each an object with a verdict and an exit code."""
     if not d.is_dir():
         raise UsageError(f"report directory {d} does not exist or is not a directory")
     out: dict[str, Any] = {}
     for name in ("report", "prove", "explore"):
         p = d / f"{name}.json"
         if p.exists():
-            try:
-                out[name] = json.loads(p.read_text())
-            except (OSError, json.JSONDecodeError) as e:
-                raise UsageError(f"cannot read {p}: {e}") from None
+            data = read_json(p, f"{name}.json", _Bad)
+            if not isinstance(data, dict):
+                raise UsageError(f"{p} is not a kvcheck report: expected a JSON object, "
+                                 f"got a {type(data).__name__}")
+            if not isinstance(data.get("verdict"), str):
+                raise UsageError(f"{p} is not a kvcheck report: no 'verdict' string")
+            if isinstance(data.get("exit_code"), bool) or not isinstance(data.get("exit_code"), int):
+                raise UsageError(f"{p} is not a kvcheck report: no integer 'exit_code'")
+            out[name] = data
     if not out:
         raise UsageError(f"no report.json, prove.json or explore.json in {d}")
     return out
@@ -175,15 +188,27 @@ def render_html(data: dict[str, Any], d: Path) -> str:
     return "\n".join(H) + "\n"
 
 
+def _render(fn: Callable[[dict[str, Any], Path], str], data: dict[str, Any], d: Path) -> str:
+    """Render, turning a report file of the wrong shape into one line (exit 2)."""
+    try:
+        return fn(data, d)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError) as e:
+        raise UsageError(f"the JSON files in {d} do not have the shape kvcheck writes "
+                         f"({type(e).__name__}: {str(e)[:80]})") from None
+
+
 def cmd_report(args: Any) -> int:
-    from .gate import write_atomic
     d = Path(args.in_dir)
     data = load_dir(d)
-    md = render_markdown(data, d)
+    check_out_file(d / "summary.md", "summary")
+    if args.html:
+        check_out_file(d / "report.html", "report.html")
+    md = _render(render_markdown, data, d)
+    page = _render(render_html, data, d) if args.html else None
     write_atomic(d / "summary.md", md)
     out = {"markdown": str(d / "summary.md")}
-    if args.html:
-        write_atomic(d / "report.html", render_html(data, d))
+    if page is not None:
+        write_atomic(d / "report.html", page)
         out["html"] = str(d / "report.html")
     if args.json:
         print(json.dumps(out, indent=1))

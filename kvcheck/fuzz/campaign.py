@@ -11,9 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import shlex
 import time
-from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,10 +27,13 @@ from hypothesis.stateful import get_state_machine_test
 
 from ..spec.config import Config
 from ..spec.objects import DECISION_KINDS
+from ..spec.outputs import kvcheck_command, python_command, write_atomic
 from ..spec.system import Spec
 from ..spec.trace import Trace
-from .lockstep import EXIT, EXIT_UNDECIDED, Finding
+from ..spec.verdict import FOR_FINDING, ExitCode
+from .lockstep import Finding
 from .machine import BudgetSpent, Tally, make_machine, shrink_finding
+from .pool import Interrupted, run_jobs
 from .suts import resolve_sut
 from .traces import to_trace
 
@@ -118,6 +119,7 @@ def _campaign(cfg: Config, sut: str, budget: Budget, seed: int, fault: str | Non
     spec_fault = fault if sut == "spec" else None
     spec = Spec(cfg, spec_fault)
     factory = resolve_sut(sut, fault)
+    actions = machine_actions(spec, factory)   # constructs one SUT: a broken one is exit 2 now
     tally = Tally()
     t0 = time.perf_counter()
     # Shrinking time: a quarter to Hypothesis (its shrinker is slow on long stateful runs and
@@ -186,15 +188,18 @@ def _campaign(cfg: Config, sut: str, budget: Budget, seed: int, fault: str | Non
     if finding is None and error is None and tally.soft is not None:
         finding = tally.soft          # decisions whose reasons differ, and nothing worse found
         tally.found(finding)
-    if finding is not None and finding.program:
-        finding = shrink_finding(machine, tally, finding, max(1.0, shrink_seconds - hyp_shrink))
+    if finding is not None and finding.program and not interrupted:
+        try:
+            finding = shrink_finding(machine, tally, finding, max(1.0, shrink_seconds - hyp_shrink))
+        except KeyboardInterrupt:      # keep the finding unshrunk
+            interrupted = True
     seconds = time.perf_counter() - t0
     result: dict[str, Any] = {
         "sut": sut, "seed": seed, "fault": fault, "budget": budget.describe(),
         "seconds": round(seconds, 2), "steps": tally.steps, "examples": tally.runs,
         "steps_per_s": round(tally.steps / max(seconds, 1e-9)),
         "coverage": {"actions": dict(sorted(tally.actions.items())),
-                     "actions_missing": sorted(set(machine_actions(spec, factory)) - set(tally.actions)),
+                     "actions_missing": sorted(set(actions) - set(tally.actions)),
                      "decisions": {k: tally.decisions.get(k, 0) for k in DECISION_KINDS}},
         "interrupted": interrupted, "findings": [],
         "seconds_to_first_failure": (round(tally.first_failure_at - t0, 2)
@@ -210,23 +215,24 @@ def _campaign(cfg: Config, sut: str, budget: Budget, seed: int, fault: str | Non
         result["error"] = error
     if any("slow progress" in str(r) for r in reports):
         result["shrink_note"] = f"shrinking stopped at its time bound ({shrink_seconds:g}s)"
-    code = 0
+    code = ExitCode.OK
     if finding is not None:
         trail = finding.trail or list(tally.last_trail)
         trace = _trace(spec, trail, sut, seed, finding, fault, finding.lockstep if finding.trail else tally.lockstep)
         stem = f"fuzz-{re.sub(r'[^A-Za-z0-9_.-]', '_', sut)}-{fault or 'clean'}-seed{seed}"
         path = trace.save(out / f"{stem}.json")
-        repro = out / f"{stem}.py"
-        repro.write_text(_reproducer(path, sut))
+        repro = write_atomic(out / f"{stem}.py", reproducer_text(path, sut))
         result["findings"].append({
             "kind": finding.kind, "checks": finding.checks, "message": finding.message,
             "trace": str(path), "trace_steps": [s.label() for s in trace.steps],
-            "reproducer": f"python {shlex.quote(str(repro))}",
-            "replay": f"kvcheck replay {shlex.quote(str(path))}" + ("" if sut == "spec" else f" --sut {sut}")})
-        code = EXIT[finding.kind]
+            "reproducer": python_command(repro),
+            "replay": kvcheck_command("replay", path, *([] if sut == "spec" else ["--sut", sut]))})
+        code = FOR_FINDING[finding.kind]
+    elif interrupted:
+        code = ExitCode.INTERRUPTED     # stopped early: nothing is claimed
     elif error:
-        code = EXIT_UNDECIDED
-    result["exit_code"] = code
+        code = ExitCode.UNDECIDED
+    result["exit_code"] = int(code)
     return result
 
 
@@ -247,7 +253,9 @@ def _trace(spec: Spec, trail: list[tuple[str, dict[str, Any]]], sut: str, seed: 
                     meta={"sut_fault": sut_fault})
 
 
-def _reproducer(trace: Path, sut: str) -> str:
+def reproducer_text(trace: Path, sut: str) -> str:
+    """The generated Python reproducer: replays the trace and exits with its code. The one place
+    that names the replay entry point (it must not be the command line's module)."""
     return f'''"""kvcheck reproducer: replays the shrunk failing trace and exits with its code."""
 import sys
 
@@ -263,8 +271,8 @@ sys.exit(code)
 '''
 
 
-def _worker(args: tuple) -> dict[str, Any]:
-    cfg_dict, sut, budget, seed, fault, db, out, obs = args
+def _worker(cfg_dict: dict, sut: str, budget: Budget, seed: int, fault: str | None, db: str,
+            out: str, obs: str | None) -> dict[str, Any]:
     return run_campaign(Config.from_dict(cfg_dict), sut, budget, seed, fault, db, Path(out),
                         observability=Path(obs) if obs else None)
 
@@ -272,19 +280,50 @@ def _worker(args: tuple) -> dict[str, Any]:
 def run_workers(cfg: Config, sut: str, budget: Budget, seed: int, fault: str | None, db: str | None,
                 out: Path, workers: int, observability: Path | None = None) -> dict[str, Any]:
     """N processes with seeds seed..seed+N-1 sharing one example database directory (and, with
-    `observability`, one JSONL file each: NAME.wK.jsonl)."""
+    `observability`, one JSONL file each: NAME.wK.jsonl). Ctrl-C: every worker stops, those
+    that answer within the grace period are merged, and the result is `interrupted`."""
     db = db or str(out / "hypothesis-db")
 
     def obs(w: int) -> str | None:
         return None if observability is None else str(observability.with_suffix(f".w{w}.jsonl"))
-    jobs = [(cfg.to_dict(), sut, budget, seed + w, fault, db, str(out), obs(w)) for w in range(workers)]
-    with ProcessPoolExecutor(workers) as ex:
-        results = list(ex.map(_worker, jobs))
+    jobs = {w: (cfg.to_dict(), sut, budget, seed + w, fault, db, str(out), obs(w)) for w in range(workers)}
+    got: dict[int, dict[str, Any]] = {}
+    interrupted = False
+    try:
+        for w, r in run_jobs(_worker, jobs, workers):
+            if isinstance(r, BaseException):
+                raise r
+            got[w] = r
+    except Interrupted:
+        interrupted = True
+    results = [got[w] for w in sorted(got)]
+    merged = merge_results(results, cfg, sut, seed, fault, budget)
+    if interrupted or len(results) < workers:
+        merged["interrupted"] = True
+        merged["workers_answered"] = len(results)
+        if not merged["findings"]:
+            merged["exit_code"] = int(ExitCode.INTERRUPTED)
+    return merged
+
+
+def merge_results(results: list[dict[str, Any]], cfg: Config, sut: str, seed: int,
+                  fault: str | None, budget: Budget) -> dict[str, Any]:
+    """One result from the workers' (possibly none, after an early Ctrl-C)."""
+    if not results:
+        spec = Spec(cfg, fault if sut == "spec" else None)
+        return {"sut": sut, "seed": seed, "fault": fault, "budget": budget.describe(), "seconds": 0.0,
+                "steps": 0, "examples": 0, "steps_per_s": 0, "workers": [], "findings": [],
+                "coverage": {"actions": {}, "actions_missing": sorted(spec.actions),
+                             "decisions": {k: 0 for k in DECISION_KINDS}},
+                "interrupted": True, "exit_code": int(ExitCode.INTERRUPTED)}
     merged = dict(results[0])
     merged["workers"] = results
     merged["steps"] = sum(r["steps"] for r in results)
     merged["findings"] = [f for r in results for f in r["findings"]]
-    merged["exit_code"] = max((r["exit_code"] for r in results), key=lambda c: (c != 0, c))
+    # a finding first, then an interruption, then the rest: the worst verdict stands
+    merged["exit_code"] = max((r["exit_code"] for r in results),
+                              key=lambda c: (c != ExitCode.OK, c != ExitCode.INTERRUPTED, c))
+    merged["interrupted"] = any(r.get("interrupted") for r in results)
     acts: dict[str, int] = {}
     for r in results:
         for k, v in r["coverage"]["actions"].items():
@@ -294,4 +333,3 @@ def run_workers(cfg: Config, sut: str, budget: Budget, seed: int, fault: str | N
                           "decisions": {k: sum(r["coverage"]["decisions"][k] for r in results) for k in DECISION_KINDS}}
     merged["steps_per_s"] = sum(r["steps_per_s"] for r in results)
     return merged
-

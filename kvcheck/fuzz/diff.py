@@ -39,7 +39,8 @@ from kvcheck.spec.system import Instance, Spec
 from kvcheck.spec.trace import Trace
 from kvcheck.spec.workloads import THEMES, weights as theme_weights
 
-from .lockstep import EXIT, Finding, Lockstep, SpecModel
+from ..spec.verdict import FOR_FINDING
+from .lockstep import Finding, Lockstep, SpecModel
 from .shrink import shrink_finding
 from .traces import replay, to_trace
 
@@ -173,7 +174,7 @@ def run_reference_diff(scenarios: int = 200, seed: int = 0, fault: str | None = 
         mismatches.append({"scenario": i, "theme": theme, "kind": f.kind, "checks": f.checks,
                            "message": f.message, "trace": str(path), "trace_steps": len(trace.steps),
                            "replay": f"kvcheck replay {shlex.quote(str(path))} --sut reference"})
-        code = EXIT[f.kind]
+        code = FOR_FINDING[f.kind]
     return {
         "sut": "reference", "seed": seed, "fault": fault, "scenarios": run,
         "seconds": round(time.perf_counter() - t0, 2), "themes": dict(themes),

@@ -20,10 +20,6 @@ from ..spec.objects import R_IDLE
 from ..spec.sut import PROBE_ACTIONS, ActionRejected, SystemUnderTest, observed_mismatch
 from ..spec.system import Instance, Spec
 
-# The exit code of each kind of finding (the integrator folds these into one ExitCode enum).
-EXIT_OK, EXIT_UNDECIDED = 0, 3
-EXIT = {"invariant": 10, "differential": 11, "conformance": 13,
-        "safety": 10, "bookkeeping": 10, "divergence": 13, "lost_reuse": 13}   # adapters' kinds
 
 # The order in which a diverged request is driven to completion (the first accepted one wins).
 DRIVE = ("bind", "bind_stale", "use", "use_stale", "append", "finish", "lookup")
@@ -44,7 +40,7 @@ def lead(checks: list[str]) -> str:
 
 class Finding(AssertionError):
     """A failure with the checks that found it. `kind`: invariant | differential | conformance,
-    or an adapter's own kind (EXIT gives each its exit code)."""
+    or an adapter's own kind (spec.verdict.FOR_FINDING gives each its exit code)."""
 
     KINDS = ("invariant", "differential", "conformance")     # most specific first
 

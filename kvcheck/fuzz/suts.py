@@ -34,9 +34,7 @@ def resolve_sut(name: str, fault: str | None = None) -> Callable[[], SystemUnder
             cls = getattr(importlib.import_module(mod_name), cls_name)
         except (ImportError, AttributeError) as e:
             raise SutError(f"the {name} system under test is not available: {e}") from None
-        if fault is not None:
-            return lambda: cls(fault=fault)
-        return cls
+        return _factory(cls, name, fault)
     if ":" not in name:
         raise SutError(f"unknown system under test {name!r}; use one of {', '.join(BUILTIN)} "
                        "or MODULE:CLASS")
@@ -50,6 +48,23 @@ def resolve_sut(name: str, fault: str | None = None) -> Callable[[], SystemUnder
     cls = getattr(mod, cls_name, None)
     if cls is None:
         raise SutError(f"module {mod_name!r} has no {cls_name!r} (--sut {name})")
-    if fault is not None:
-        return lambda: cls(fault=fault)
-    return cls
+    if not isinstance(cls, type):
+        raise SutError(f"--sut {name}: {cls_name!r} is a {type(cls).__name__}, not a class")
+    return _factory(cls, name, fault)
+
+
+def sut_class(name: str) -> type:
+    """The class behind `--sut MODULE:CLASS` (to read what it declares, e.g. its faults)."""
+    return resolve_sut(name).cls          # type: ignore[attr-defined]
+
+
+def _factory(cls: type, name: str, fault: str | None) -> Callable[[], SystemUnderTest]:
+    """Fresh instances; a constructor that raises is a broken `--sut` (exit 2), not a finding."""
+    def make() -> SystemUnderTest:
+        try:
+            return cls(fault=fault) if fault is not None else cls()
+        except Exception as e:  # noqa: BLE001 - any failure is the user's constructor
+            raise SutError(f"--sut {name}: constructing {cls.__name__} raised "
+                           f"{type(e).__name__}: {e}") from None
+    make.cls = cls                        # type: ignore[attr-defined]
+    return make

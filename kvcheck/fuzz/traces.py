@@ -17,7 +17,8 @@ from typing import Any
 from ..spec.sut import SpecSUT, SystemUnderTest
 from ..spec.system import Spec
 from ..spec.trace import Step, Trace
-from .lockstep import EXIT, EXIT_OK, Finding, Lockstep, SpecModel
+from ..spec.verdict import FOR_FINDING, ExitCode
+from .lockstep import Finding, Lockstep, SpecModel
 
 WHY = {"decision_matches_spec": "SUT decision differs from the spec",
        "abstract_state_matches_spec": "SUT abstract state differs from the spec",
@@ -83,7 +84,7 @@ def _replay(core: Lockstep, trace: Trace, out: dict[str, Any], model: Any) -> in
         try:
             if core.diverged is not None:
                 if not core.follow_step(x) and mode not in ("follow", "probe"):
-                    return EXIT["conformance"]      # the diverged SUT refuses the recorded step
+                    return ExitCode.CONFORMANCE      # the diverged SUT refuses the recorded step
                 continue
             if not model.allows(core.s, x):
                 if not core.probe(x) and mode != "probe":     # refused, but recorded as a spec step
@@ -104,10 +105,10 @@ def _replay(core: Lockstep, trace: Trace, out: dict[str, Any], model: Any) -> in
             return _diverged(out, n, step, "the trace expected a violation here; none occurred",
                              "violations_match_trace", expected=expected)
     if "divergence" in out:
-        return EXIT["conformance"]
+        return ExitCode.CONFORMANCE
     if core.soft is not None:
         return _found(out, len(trace.steps) - 1, trace.steps[-1], core.soft)
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def _note(core: Lockstep, out: dict[str, Any], n: int, step: Step) -> None:
@@ -121,7 +122,7 @@ def _diverged(out: dict[str, Any], n: int, step: Step, why: str, check: str, **m
     """Record the first divergence (a conformance finding, unless a worse one follows)."""
     out.setdefault("divergence", {"step": n, "action": step.label(), "why": why, **more})
     out.setdefault("finding", {"kind": "conformance", "checks": [check], "message": why, "step": n})
-    return EXIT["conformance"]
+    return ExitCode.CONFORMANCE
 
 
 def _found(out: dict[str, Any], n: int, step: Step, f: Finding) -> int:
@@ -141,4 +142,4 @@ def _found(out: dict[str, Any], n: int, step: Step, f: Finding) -> int:
     else:       # an adapter's own check
         out["violation"] = {"step": n, "action": step.label(), "kind": f.kind, "check": f.checks[0],
                             "message": f.message}
-    return EXIT[f.kind]
+    return FOR_FINDING[f.kind]

@@ -29,17 +29,43 @@ class ConfigError(ValueError):
     """Bad or impossible configuration: reported as one line, exit code 2."""
 
 
+# Upper bounds of sizes: far above any real engine's, low enough that nothing downstream (the
+# reference model's buffers, the spec's state domains) tries to allocate the impossible.
+MAX_BLOCK_SIZE = 4096       # tokens per logical block (vLLM's largest is 256)
+MAX_TOKENS = 1 << 20        # page_tokens, window, m, topk (tokens)
+MAX_COUNT = 1 << 16         # pool capacities, caps, version bumps
+
+
+def _int(name: str, v: Any, lo: int, hi: int) -> int:
+    """An integer field within [lo, hi], or a ConfigError naming the field."""
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ConfigError(f"config: {name} must be an integer, got {type(v).__name__} {v!r:.40}")
+    if v < lo:
+        raise ConfigError(f"config: {name} must be >= {lo}{' (non-negative)' if lo == 0 else ''}, got {v}")
+    if v > hi:
+        raise ConfigError(f"config: {name} must be <= {hi}, got {v}")
+    return v
+
+
 def read_json(path: str | Path, what: str, error: type[Exception]) -> Any:
     """Parse a JSON file, turning every way it can fail into one line of `error`."""
     p = Path(path)
     try:
-        text = p.read_text()
+        raw = p.read_bytes()
     except OSError as e:
         raise error(f"cannot read {what} {p}: {e.strerror or e}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise error(f"{what} {p} is not UTF-8 text (byte {e.start}: {raw[e.start:e.start + 1]!r})") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise error(f"{what} {p} is not valid JSON: {e.msg} at line {e.lineno}") from None
+    except RecursionError:
+        raise error(f"{what} {p} is nested too deeply to be a {what}") from None
+    except ValueError as e:       # e.g. an integer literal beyond Python's digit limit
+        raise error(f"{what} {p} is not valid JSON: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -162,50 +188,63 @@ class Config:
 
     # ---- validation --------------------------------------------------------------------
     def validate(self) -> None:
-        if not self.layers:
+        """Types first (a string where an integer goes is named, not compared), then ranges."""
+        if not isinstance(self.layers, tuple) or not self.layers:
             raise ConfigError("config: 'layers' must list at least one layer")
-        if self.block_size < 1:
-            raise ConfigError(f"config: block_size must be >= 1, got {self.block_size}")
+        _int("block_size", self.block_size, 1, MAX_BLOCK_SIZE)
         for i, layer in enumerate(self.layers):
+            if not isinstance(layer, LayerSpec):
+                raise ConfigError(f"config: layers[{i}] must be a layer object")
+            if not isinstance(layer.kind, str) or layer.kind not in LAYER_KINDS:
+                raise ConfigError(f"config: layers[{i}].kind: unknown layer kind {layer.kind!r}; "
+                                  f"expected one of {', '.join(LAYER_KINDS)}")
             where = f"config: layers[{i}] ({layer.kind})"
-            if layer.kind not in LAYER_KINDS:
-                raise ConfigError(f"{where}: unknown layer kind; expected one of {', '.join(LAYER_KINDS)}")
+            for name, hi in (("window", MAX_TOKENS), ("m", MAX_TOKENS), ("topk", MAX_TOKENS)):
+                v = getattr(layer, name)
+                if v is not None:
+                    _int(f"layers[{i}].{name}", v, 1, hi)
             if layer.kind in ("swa", "hca", "csa"):
-                if layer.window is None or layer.window < 1:
+                if layer.window is None:
                     raise ConfigError(f"{where}: window must be >= 1, got {layer.window}")
             if layer.kind in ("hca", "csa"):
-                if layer.m is None or layer.m < 1:
+                if layer.m is None:
                     raise ConfigError(f"{where}: compression block m must be >= 1, got {layer.m}")
                 if layer.m % self.block_size and self.block_size % layer.m:
                     raise ConfigError(
                         f"{where}: compression block m={layer.m} and block_size={self.block_size} "
                         "must nest (one divides the other) so entries map onto logical blocks")
-            if layer.kind == "csa" and (layer.topk is None or layer.topk < 1):
+            if layer.kind == "csa" and layer.topk is None:
                 raise ConfigError(f"{where}: indexer topk must be >= 1, got {layer.topk}")
+        if not isinstance(self.page_tokens, dict):
+            raise ConfigError("config: 'page_tokens' must be an object")
         for kind, pt in self.page_tokens.items():
             if kind not in LAYER_KINDS:
                 raise ConfigError(f"config: page_tokens: unknown layer kind {kind!r}")
-            if pt < 1 or pt % self.block_size:
+            _int(f"page_tokens[{kind}]", pt, 1, MAX_TOKENS)
+            if pt % self.block_size:
                 raise ConfigError(f"config: page_tokens[{kind}]={pt} must be a positive multiple "
                                   f"of block_size={self.block_size}")
         from .objects import DEVICE_KINDS   # declared with the kinds (objects.py imports this module)
+        if not isinstance(self.capacity, dict):
+            raise ConfigError("config: 'capacity' must be an object")
         for kind, cap in self.capacity.items():
             if kind not in DEVICE_KINDS:
                 raise ConfigError(f"config: capacity: unknown object kind {kind!r}; "
                                   f"expected one of {', '.join(DEVICE_KINDS)}")
-            if not isinstance(cap, int) or cap < 0:
-                raise ConfigError(f"config: capacity[{kind}] must be a non-negative integer, got {cap!r}")
+            _int(f"capacity[{kind}]", cap, 0, MAX_COUNT)
         for name in ("reserve", "max_inflight", "max_active", "max_version"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 0:
-                raise ConfigError(f"config: {name} must be a non-negative integer, got {v!r}")
+            _int(name, getattr(self, name), 0, MAX_COUNT)
         for name in ("blocks", "requests"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or not 1 <= v <= 64:
-                raise ConfigError(f"config: {name} must be an integer in 1..64, got {v!r}")
+            _int(name, getattr(self, name), 1, 64)
+        _int("seed", self.seed, 0, 2**63 - 1)
+        if not isinstance(self.tiers, tuple) or not all(isinstance(t, str) for t in self.tiers):
+            raise ConfigError(f"config: tiers must be a list of tier names (device, host, disk), "
+                              f"got {self.tiers!r}")
         for t in self.tiers:
             if t not in ("device", "host", "disk"):
                 raise ConfigError(f"config: unknown tier {t!r}; expected device, host, disk")
+        if len(set(self.tiers)) != len(self.tiers):
+            raise ConfigError(f"config: tiers lists a tier twice: {list(self.tiers)}")
         if "device" not in self.tiers:
             raise ConfigError("config: tiers must include 'device'")
 
@@ -257,14 +296,14 @@ class Config:
                 layers.append(LayerSpec(**l))
             kw["layers"] = tuple(layers)
         if "tiers" in kw:
+            if not isinstance(kw["tiers"], list):
+                raise ConfigError(f"config: tiers must be a list of tier names (device, host, disk), "
+                                  f"got {kw['tiers']!r:.40}")
             kw["tiers"] = tuple(kw["tiers"])
         for name in ("page_tokens", "capacity"):
             if name in kw and not isinstance(kw[name], dict):
                 raise ConfigError(f"config: {name!r} must be an object")
-        try:
-            return cls(**kw)
-        except TypeError as e:  # pragma: no cover - wrong value types
-            raise ConfigError(f"config: {e}") from None
+        return cls(**kw)
 
     @classmethod
     def load(cls, path: str | Path | None) -> "Config":

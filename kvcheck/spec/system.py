@@ -72,8 +72,63 @@ def _emit(frame: list[tuple[str, str]], exprs: list[str]) -> list[str]:
     return [f"    {n} = {s}" for n, s in reversed(keep)]
 
 
+# Python's parser refuses more than 200 nested parentheses (and its compiler recursion is
+# bounded too); a sum over 64 blocks' objects nests deeper than that. Lines nested deeper than
+# _MAX_DEPTH are split: the group opening at _SPLIT_AT becomes a local computed on the line
+# before (the state functions are pure, so evaluating a subterm a line earlier changes nothing).
+_MAX_DEPTH, _SPLIT_AT = 60, 30
+
+
+def _depth(line: str) -> int:
+    d = best = 0
+    for ch in line:
+        if ch == "(":
+            d += 1
+            best = max(best, d)
+        elif ch == ")":
+            d -= 1
+    return best
+
+
+def _split(line: str, fresh: Callable[[], str]) -> tuple[str, str]:
+    """Hoist the first group that opens at depth _SPLIT_AT: (binding line, rewritten line)."""
+    d, start = 0, -1
+    for i, ch in enumerate(line):
+        if ch == "(":
+            d += 1
+            if d == _SPLIT_AT and start < 0:
+                start = i
+        elif ch == ")":
+            if d == _SPLIT_AT and start >= 0:
+                name = fresh()
+                indent = line[:len(line) - len(line.lstrip())]
+                return f"{indent}{name} = {line[start:i + 1]}", line[:start] + name + line[i + 1:]
+            d -= 1
+    raise AssertionError("no group to split")   # pragma: no cover - _depth said there is one
+
+
+def _unnest(src: str) -> str:
+    """`src` with every line nested at most _MAX_DEPTH parentheses deep."""
+    counter = iter(range(1 << 30))
+    out: list[str] = []
+    for line in src.split("\n"):
+        todo = [line]
+        done: list[str] = []
+        while todo:
+            cur = todo.pop()
+            if _depth(cur) <= _MAX_DEPTH:
+                done.append(cur)
+                continue
+            bind, rest = _split(cur, lambda: f"_n{next(counter)}")
+            todo += [rest, bind]        # the binding is emitted (and split further) first
+        out += done
+    return "\n".join(out)
+
+
 def _compile(src: str, name: str) -> Callable:
     ns: dict[str, Any] = {}
+    if max(map(_depth, src.split("\n"))) > _MAX_DEPTH:
+        src = _unnest(src)
     exec(compile(src, f"<kvcheck-spec:{name}>", "exec"), ns)
     return ns[name]
 

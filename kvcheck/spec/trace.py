@@ -7,13 +7,12 @@ one-line errors.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .config import Config, ConfigError, read_json
+from .outputs import write_atomic
 
 FORMAT = "kvcheck-trace/1"
 
@@ -56,13 +55,7 @@ class Trace:
 
     def save(self, path: str | Path) -> Path:
         """Write atomically (temp file + rename): an interrupted write never leaves half a trace."""
-        p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=".trace-", suffix=".json")
-        with os.fdopen(fd, "w") as f:
-            json.dump(self.to_dict(), f, indent=1)
-        os.replace(tmp, p)
-        return p
+        return write_atomic(path, json.dumps(self.to_dict(), indent=1))
 
     @classmethod
     def from_dict(cls, d: Any) -> "Trace":
@@ -72,20 +65,72 @@ class Trace:
             cfg = Config.from_dict(d.get("config", {}))
         except ConfigError as e:
             raise TraceError(f"trace config: {e}") from None
-        steps = []
+        for key, types in (("fault", (str, type(None))), ("engine", (str,)), ("sut", (str,)),
+                           ("seed", (int, type(None))), ("violation", (dict, type(None))),
+                           ("meta", (dict, type(None)))):
+            if key in d and (not isinstance(d[key], types) or isinstance(d[key], bool)):
+                raise TraceError(f"trace: {key!r} has the wrong type ({type(d[key]).__name__})")
+        meta = d.get("meta") or {}
+        if not isinstance(meta.get("sut_fault"), (str, type(None))):
+            raise TraceError("trace: meta.sut_fault must be a fault name or null")
         raw = d.get("steps")
         if not isinstance(raw, list):
             raise TraceError("trace: 'steps' must be a list")
-        for i, s in enumerate(raw):
-            if not isinstance(s, dict) or not isinstance(s.get("action"), str):
-                raise TraceError(f"trace: steps[{i}] must be an object with an 'action' name")
-            params = s.get("params", {})
-            if not isinstance(params, dict):
-                raise TraceError(f"trace: steps[{i}].params must be an object")
-            steps.append(Step(s["action"], params, s.get("expect", {}) or {}))
-        return cls(cfg, steps, d.get("fault"), d.get("engine", "walk"), d.get("seed"),
-                   d.get("sut", "spec"), d.get("violation"), d.get("meta", {}) or {})
+        steps = [_step(i, s) for i, s in enumerate(raw)]
+        tr = cls(cfg, steps, d.get("fault"), d.get("engine", "walk"), d.get("seed"),
+                 d.get("sut", "spec"), d.get("violation"), meta)
+        if tr.sut != "vllm":          # vLLM traces name the adapter's own actions
+            check_spec_steps(tr)
+        return tr
 
     @classmethod
     def load(cls, path: str | Path) -> "Trace":
         return cls.from_dict(read_json(path, "trace", TraceError))
+
+
+def _step(i: int, s: Any) -> Step:
+    """One step, its shape checked: a malformed trace is bad input (exit 2), not a divergence."""
+    where = f"trace: steps[{i}]"
+    if not isinstance(s, dict) or not isinstance(s.get("action"), str):
+        raise TraceError(f"{where} must be an object with an 'action' name")
+    params = s.get("params", {})
+    if not isinstance(params, dict):
+        raise TraceError(f"{where}.params must be an object")
+    expect = s.get("expect", {}) or {}
+    if not isinstance(expect, dict):
+        raise TraceError(f"{where}.expect must be an object, got {type(expect).__name__}")
+    dec = expect.get("decision")
+    if dec is not None and not isinstance(dec, dict):
+        raise TraceError(f"{where}.expect.decision must be an object")
+    viol = expect.get("violations")
+    if viol is not None and not (isinstance(viol, list) and all(isinstance(x, str) for x in viol)):
+        raise TraceError(f"{where}.expect.violations must be a list of invariant names")
+    mode = expect.get("mode")
+    if mode is not None and not isinstance(mode, str):
+        raise TraceError(f"{where}.expect.mode must be a string")
+    return Step(s["action"], params, expect)
+
+
+def check_spec_steps(trace: Trace) -> None:
+    """Every step names a spec action with parameters in its domain for the trace's config (a
+    vLLM trace names the adapter's actions, with token lists: it is not checked here)."""
+    from .actions import ACTIONS
+    from .state import Layout
+    lay = Layout(trace.config)
+    domains: dict[str, set[tuple]] = {}
+    for i, st in enumerate(trace.steps):
+        act = ACTIONS.get(st.action)
+        if act is None:
+            raise TraceError(f"trace: steps[{i}]: unknown action {st.action!r}; the spec's actions "
+                             f"are {', '.join(ACTIONS)}")
+        for k, v in st.params.items():
+            if isinstance(v, bool) or not isinstance(v, (int, str)):
+                raise TraceError(f"trace: steps[{i}].params.{k} must be an integer or a name, "
+                                 f"got {type(v).__name__}")
+        if st.action not in domains:
+            domains[st.action] = {tuple(sorted(p.items())) for p in act.params(lay)}
+        if tuple(sorted(st.params.items())) not in domains[st.action]:
+            names = sorted({k for key in domains[st.action] for k, _ in key})
+            raise TraceError(f"trace: steps[{i}]: {st.label()} is not an instance of {st.action} in "
+                             f"this config (parameters {', '.join(names) or 'none'}, within the "
+                             f"config's blocks/requests/objects)")

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from kvcheck.spec.trace import Trace
 
-from ..lockstep import EXIT, Act, Finding, FreeModel, Lockstep
+from ...spec.verdict import FOR_FINDING, ExitCode
+from ..lockstep import Act, Finding, FreeModel, Lockstep
 from ..shrink import shrink_finding
 from ..traces import replay as replay_on_core, to_trace
 from .vllm_adapter import VllmAdapter
@@ -118,7 +119,7 @@ def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = N
     findings: list[dict] = []
     lost_seen: set[str] = set()
     total, episodes, hits, lost_total = 0, 0, 0, 0
-    exit_code = 0
+    exit_code: int = ExitCode.OK
     first_fail_s = first_lost_s = None
     while time.monotonic() < deadline and (steps is None or total < steps):
         ep_seed = seed * 1_000_003 + episodes
@@ -158,11 +159,11 @@ def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = N
             strict = viol.kind == "lost_reuse"
             small = _shrink(layout, num_blocks, fault, viol, strict, 30)
             findings.append(_save(layout, num_blocks, fault, ep_seed, small, strict, out_dir, viol.checks[0]))
-            exit_code = EXIT[viol.kind]
+            exit_code = FOR_FINDING[viol.kind]
             break
     missing = [a for a in ACTIONS if not coverage.get(a)]
     if exit_code == 0 and missing:
-        exit_code = 3
+        exit_code = ExitCode.UNDECIDED
     return {
         "sut": "vllm", "vllm_version": vllm_version(), "layout": layout, "seed": seed,
         "fault": fault, "expected_check": FAULTS[fault][0] if fault else None,

@@ -1,0 +1,54 @@
+"""`kvcheck replay TRACE`: check the trace, then replay it (the loop is replay.py)."""
+from __future__ import annotations
+
+import argparse
+
+from ..spec.trace import Trace
+from .common import UsageError, check_fault, emit
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from .replay import replay_trace, sut_by_name
+    trace = Trace.load(args.trace)
+    if args.sut == "vllm" or (args.sut is None and trace.sut == "vllm"):
+        from ..fuzz.adapters import vllm as v
+        try:
+            res = v.replay(trace)
+        except v.VllmUnavailable as e:
+            raise UsageError(str(e)) from None
+        emit(args, res, lambda: f"kvcheck replay {args.trace} on vLLM: "
+              + ("reproduced: " + str(res.get("violation")) if res.get("reproduced") else "not reproduced")
+              + f" (exit {res['exit_code']})")
+        return res["exit_code"]
+    if trace.fault is not None:
+        check_fault(trace.fault, ("spec",), "the trace's 'fault' (replayed on the spec)")
+    try:
+        sut = sut_by_name(args.sut, trace.meta.get("sut_fault", trace.fault)) if args.sut else None
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    code, out = replay_trace(trace, sut)
+
+    def text() -> str:
+        lines = [f"kvcheck replay {args.trace}: {out['steps']} steps on the spec"
+                 + (f" and {out['sut']}" if out.get("sut") else "")
+                 + (f" (fault {out['fault']})" if out.get("fault") else "")]
+        if "divergence" in out:
+            d = out["divergence"]
+            lines.append(f"  diverged at step {d['step']} `{d['action']}`: {d['why']}")
+        if "differential" in out:
+            d = out["differential"]
+            lines.append(f"  reuse != recompute at step {d['step']} `{d['action']}`: {d['why']}")
+        if "violation" in out:
+            v = out["violation"]
+            lines.append(f"  reproduced: {', '.join(v['invariants'])} violated at step {v['step']} `{v['action']}`")
+            lines += [f"    {w}" for w in v["where"][:5]]
+        if not {"divergence", "differential", "violation"} & set(out):
+            lines.append("  every step enabled, decisions as recorded, no invariant violated")
+        lines.append(f"  exit {code}")
+        return "\n".join(lines)
+
+    out["exit_code"] = code
+    emit(args, out, text)
+    return code
+
+

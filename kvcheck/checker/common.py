@@ -1,0 +1,140 @@
+"""What every command shares: bad input as one line, output, progress, and checks on paths.
+
+Owns `UsageError` (one line on stderr, exit 2), `emit` (text or `--json`), the transient
+progress bar, loading `--config`, and the up-front checks that an output path can be written
+and a planted fault applies to the engine asked for, so that a run never fails after the work.
+"""
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import os
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from ..fuzz import faults as faultlib
+from ..spec.config import Config
+
+# Which system under test plants the faults of a layer (for messages that say where to go).
+
+
+class UsageError(Exception):
+    """Bad input: one line on stderr, exit 2."""
+
+
+def emit(args: argparse.Namespace, data: Any, text: Callable[[], str]) -> None:
+    if args.json:
+        print(json.dumps(data, indent=1))
+    else:
+        print(text())
+
+
+def load_config(args: argparse.Namespace) -> Config:
+    return Config.load(getattr(args, "config", None))
+
+
+def progress_enabled(args: argparse.Namespace) -> bool:
+    return not args.json and sys.stderr.isatty() and not os.environ.get("CI")
+
+
+@contextmanager
+def progress(args: argparse.Namespace, label: str) -> Iterator[Callable[..., None] | None]:
+    """A transient progress bar on a terminal; None (quiet) in CI, in pipes and with --json.
+    The callback takes (completed, total=None) or a description string."""
+    if not progress_enabled(args):
+        yield None
+        return
+    from rich.progress import Progress
+    bar = Progress(transient=True)
+    bar.start()
+    task = bar.add_task(label, total=None)
+
+    def update(done: int | str, total: int | None = None) -> None:
+        if isinstance(done, str):
+            bar.update(task, description=done)
+        else:
+            bar.update(task, completed=done, total=total)
+    try:
+        yield update
+    finally:
+        bar.stop()
+
+
+def check_writable(out: Path, what: str = "output directory") -> None:
+    """`out` is (or can be made) a directory this process can create files in."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{what} {out} is a file, not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".kvcheck-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        why = e.strerror or str(e)
+        if e.errno in (errno.ENOENT, errno.EACCES, errno.EPERM, errno.EROFS):
+            why = f"cannot create files there ({why})"
+        raise UsageError(f"cannot write to {what} {out}: {why}") from None
+
+
+def check_out_file(path: Path, what: str, suffixes: tuple[str, ...] = ()) -> None:
+    """An output file: not a directory, in a writable directory, with a known suffix."""
+    if path.is_dir():
+        raise UsageError(f"{what} {path} is a directory; give a file name")
+    if suffixes and path.suffix not in suffixes:
+        raise UsageError(f"{what} {path}: unknown format {path.suffix or '(no suffix)'!r}; "
+                         f"use {' or '.join(suffixes)}")
+    check_writable(path.parent if str(path.parent) else Path("."), f"{what}'s directory")
+
+
+def check_fault(name: str, layers: tuple[str, ...], where: str) -> faultlib.Fault:
+    """A known fault (the one registry) of one of `layers`; otherwise one line saying which SUT
+    plants it."""
+    f = faultlib.get(name)
+    if f.layer not in layers:
+        raise UsageError(f"fault {name!r} is a{'n' if f.layer[0] in 'aeiou' else ''} {f.layer} fault"
+                         f" (planted by --sut {' or '.join(f.suts)})"
+                         f"; {where} plants {' or '.join(layers)} faults")
+    return f
+
+
+def check_sut_fault(sut: str, fault: str) -> None:
+    """Spec faults for --sut spec, engine faults for --sut reference; a user SUT declares its
+    own in a `faults` dict."""
+    if sut in ("spec", "reference"):
+        check_fault(fault, ("spec",) if sut == "spec" else ("engine",), f"--sut {sut}")
+        return
+    if ":" not in sut:
+        return                      # resolve_sut says what is wrong with the name
+    from ..fuzz.suts import sut_class
+    known = getattr(sut_class(sut), "faults", {}) or {}
+    if not isinstance(known, dict) or fault not in known:
+        raise UsageError(f"unknown fault {fault!r} for --sut {sut}; it declares: "
+                         + (", ".join(sorted(known)) if isinstance(known, dict) and known else "none"))
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are one line on stderr (and exit 2), like every other bad input."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def positive_int(text: str) -> int:
+    return _int_at_least(text, 1, "a positive integer")
+
+
+def nonneg_int(text: str) -> int:
+    return _int_at_least(text, 0, "a non-negative integer")
+
+
+def _int_at_least(text: str, lo: int, what: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if v < lo:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {v}")
+    return v

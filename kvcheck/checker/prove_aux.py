@@ -1,0 +1,58 @@
+"""The auxiliary invariants of `kvcheck prove`: what makes the named invariants inductive.
+
+Each is proved by the same induction as the named ones (they are part of the hypothesis, and
+each is itself an obligation); docs/checker.md says which CTI each one removes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..spec.actions import Ctx
+from ..spec.objects import R_BOUND
+
+
+@dataclass(frozen=True)
+class Aux:
+    name: str
+    doc: str
+    conjuncts: Callable[[Ctx], list[tuple[str, Any]]]
+
+
+def _type_ok(c: Ctx) -> list[tuple[str, Any]]:
+    vec, L = c.v.vec, c.L
+    out = []
+    for key, (lo, hi), x in zip(c.lay.names, c.lay.domains(), vec):
+        out.append((".".join(map(str, key[1:])), L.And(lo <= x, x <= hi)))
+    return out
+
+
+def _bound_pins_lease(c: Ctx) -> list[tuple[str, Any]]:
+    L, out = c.L, []
+    for r in range(c.cfg.requests):
+        q = c.v.req(r)
+        out.append((f"request {r}", L.Implies(q.rst == R_BOUND,
+                                              L.And(q.rpos == q.rk, q.rwin == c.retain_lo(q.rk)))))
+    return out
+
+
+def _lease_not_ahead(c: Ctx) -> list[tuple[str, Any]]:
+    L, v, out = c.L, c.v, []
+    for r in range(c.cfg.requests):
+        q = v.req(r)
+        out.append((f"request {r}", L.And(q.rver <= v.cur_ver, q.rix <= v.cur_ix,
+                                          q.rabi <= v.cur_abi, q.rcmp <= v.cur_cmp)))
+    return out
+
+
+AUX: dict[str, Aux] = {a.name: a for a in (
+    Aux("type_ok", "TypeOK: every slot stays in its declared range (Layout.domains). Assumed by "
+        "every induction step, so it must be proved too.", _type_ok),
+    Aux("bound_pins_lease", "A bound request is positioned at its lease and pins exactly what a "
+        "resume there reads: rpos == rk and rwin == retain_lo(rk). Without it a CTI has a bound "
+        "request whose needed pages have ref 0, so `evict` may take them.", _bound_pins_lease),
+    Aux("lease_not_ahead", "A lease never records a version newer than the current one "
+        "(rver <= cur_ver, rix <= cur_ix, rabi <= cur_abi, rcmp <= cur_cmp). Without it a CTI "
+        "has a stale lease from 'the future' that a version bump makes current again.",
+        _lease_not_ahead),
+)}

@@ -1,0 +1,56 @@
+"""Writing results: atomic files that honour the umask, and the commands that rerun a result.
+
+Every file kvcheck writes (reports, traces, reproducers, graphs) goes through `write_atomic`:
+a temp file in the same directory renamed over the target, so an interrupted run never leaves
+half a file and a reader never sees one. `mkstemp` creates files 0600; CI artifact uploaders and
+web servers running as another user must be able to read reports, so the final mode is
+0666 & ~umask, like any file `open()` creates. Lives in spec/ so every layer may use it.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import tempfile
+from pathlib import Path
+
+
+def umask_mode(base: int = 0o666) -> int:
+    """`base` filtered by the process umask (read without changing it for good)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return base & ~mask
+
+
+def write_atomic(path: str | Path, data: str | bytes, fsync: bool = False) -> Path:
+    """Write `data` to `path` atomically with the mode a plain `open()` would give it. On any
+    failure the temp file is removed and the target is left as it was."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.chmod(tmp, umask_mode())
+        os.replace(tmp, p)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return p
+
+
+def kvcheck_command(*args: str | int) -> str:
+    """The `kvcheck ...` command line that reruns a result, quoted for a POSIX shell."""
+    return shlex.join(["kvcheck", *map(str, args)])
+
+
+def python_command(script: str | Path) -> str:
+    """How to run a generated reproducer: with this interpreter (the one that has kvcheck),
+    not whatever `python` is first on PATH."""
+    return shlex.join([sys.executable, str(script)])
