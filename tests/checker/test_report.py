@@ -6,7 +6,7 @@ import re
 
 from kvcheck.checker import cli
 from kvcheck.checker.explore import run_explore
-from kvcheck.checker.gate import write_atomic
+from kvcheck.spec.outputs import write_atomic
 from kvcheck.spec.config import Config, LayerSpec
 
 TINY = Config(layers=(LayerSpec("swa", window=1),), blocks=1, requests=1, max_version=0,

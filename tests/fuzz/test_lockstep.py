@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from kvcheck.fuzz import lockstep
-from kvcheck.fuzz.lockstep import EXIT, Act, Finding, FreeModel, Lockstep, SpecModel
+from kvcheck.fuzz.lockstep import Act, Finding, FreeModel, Lockstep, SpecModel
+from kvcheck.spec.verdict import FOR_FINDING as EXIT
 from kvcheck.fuzz.shrink import shrink
 from kvcheck.fuzz.suts import resolve_sut
 from kvcheck.fuzz.traces import replay, to_trace
