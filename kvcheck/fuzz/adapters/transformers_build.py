@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 from .transformers_models import (ALIASES, MAX_PARAMS, AdapterError, _config_mapping, decoder_type,
-                                  derive_config, import_transformers, one_line)
+                                  derive_config, derive_fills, import_transformers, one_line)
 
 
 
@@ -40,12 +40,17 @@ def torch_dtype(name: str):
     return table[name]
 
 
-def _variants(params: dict[str, Any]):
-    """The derived config, then fall-backs for models with stricter shape rules."""
+def _variants(params: dict[str, Any], fills: dict[str, Any]):
+    """The derived config, then with the fields its default leaves None filled in, then fall-backs
+    for models with stricter shape rules."""
     yield params
-    yield {**params, "num_key_value_heads": params.get("num_attention_heads", 4)}
-    yield {k: v for k, v in params.items() if k != "head_dim"}
-    yield {**params, "hidden_size": 128, "intermediate_size": 128}
+    bases = [params] + ([{**params, **fills}] if fills else [])
+    if fills:
+        yield bases[1]
+    for base in bases:
+        yield {**base, "num_key_value_heads": base.get("num_attention_heads", 4)}
+        yield {k: v for k, v in base.items() if k != "head_dim"}
+        yield {**base, "hidden_size": 128, "intermediate_size": 128}
 
 
 def build_model(model_type: str, config_json: str | None = None, dtype: str = "float32", seed: int = 0):
@@ -69,9 +74,12 @@ def build_model(model_type: str, config_json: str | None = None, dtype: str = "f
     for k in ("architectures", "transformers_version", "torch_dtype", "dtype"):
         overrides.pop(k, None)
     tdtype = torch_dtype(dtype)
-    base = derive_config(mt)
+    bases = [derive_config(mt)]
+    if derive_config(mt, whole_period=True) != bases[0]:
+        bases.append(derive_config(mt, whole_period=True))
+    fills = derive_fills(mt)
     first = None
-    for params in _variants(base):
+    for params in (v for base in bases for v in _variants(base, fills)):
         params = {**params, **overrides}
         try:
             config = AutoConfig.for_model(mt, **params)
