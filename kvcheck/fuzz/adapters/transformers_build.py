@@ -75,8 +75,10 @@ def build_model(model_type: str, config_json: str | None = None, dtype: str = "f
         overrides.pop(k, None)
     tdtype = torch_dtype(dtype)
     bases = [derive_config(mt)]
-    if derive_config(mt, whole_period=True) != bases[0]:
-        bases.append(derive_config(mt, whole_period=True))
+    for periods in (1, 2):
+        alt = derive_config(mt, periods=periods)
+        if alt not in bases:
+            bases.append(alt)
     fills = derive_fills(mt)
     first = None
     for params in (v for base in bases for v in _variants(base, fills)):

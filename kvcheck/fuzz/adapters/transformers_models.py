@@ -100,8 +100,8 @@ def _config_mapping():
     return CONFIG_MAPPING, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 
-def _cache_classes_in_source(mt: str) -> list[str]:
-    """Cache layer classes the model's modeling file defines or names (read as text, not imported)."""
+def _modeling_source(mt: str) -> str:
+    """The text of the model's modeling file ('' when there is none); read, not imported."""
     import importlib.util
     import os
 
@@ -112,8 +112,21 @@ def _cache_classes_in_source(mt: str) -> list[str]:
     path = os.path.join(os.path.dirname(spec.origin), "models", *mod.split("."), f"modeling_{mod.split('.')[-1]}.py")
     try:
         with open(path, encoding="utf-8") as fh:
-            src = fh.read()
+            return fh.read()
     except OSError:
+        return ""
+
+
+def layer_kinds_in_source(mt: str) -> list[str]:
+    """Layer kinds the modeling code compares ``layer_types`` entries with (``!= "conv"``)."""
+    found = re.findall(r"layer_types?\b(?:\[[^\]]*\])?\s*(?:==|!=)\s*[\"'](\w+)[\"']", _modeling_source(mt))
+    return list(dict.fromkeys(found))
+
+
+def _cache_classes_in_source(mt: str) -> list[str]:
+    """Cache layer classes the model's modeling file defines or names (read as text, not imported)."""
+    src = _modeling_source(mt)
+    if not src:
         return []
     from transformers import cache_utils
 
@@ -187,7 +200,7 @@ def _discover() -> list[dict[str, Any]]:
 # the tiny config
 
 
-def _choose_layers(d: dict[str, Any], whole_period: bool = False) -> list[int]:
+def _choose_layers(d: dict[str, Any], periods: int = 0) -> list[int]:
     """Indices of the default layers to keep: the shortest prefix showing every layer kind, or one
     layer of each kind (in order) when that prefix is longer than MAX_LAYERS."""
     n = d.get("num_hidden_layers")
@@ -203,8 +216,14 @@ def _choose_layers(d: dict[str, Any], whole_period: bool = False) -> list[int]:
             seen.add(r)
             k = i + 1
     per = rules.period(rows)
-    if whole_period and k <= per <= 2 * MAX_LAYERS and per < n and len(set(rows)) > 1:
-        return list(range(per))  # one whole period: every kind, and pairs the config folds stay whole
+    if periods and k <= per * periods <= 2 * MAX_LAYERS and per * periods <= n and len(set(rows)) > 1:
+        return list(range(per * periods))  # whole periods: every kind, and pairs the config folds stay whole
+    if periods > 1 and per == n:  # no period: the shortest prefix with every kind ``periods`` times
+        count: dict = {}
+        for i, r in enumerate(rows[:2 * MAX_LAYERS]):
+            count[r] = count.get(r, 0) + 1
+            if len(count) == len(set(rows)) and min(count.values()) >= periods:
+                return list(range(i + 1))
     if k <= MAX_LAYERS:
         return list(range(max(k, min(n, 2))))
     first = {}
@@ -229,10 +248,11 @@ def decoder_type(mt: str) -> str:
     return sub if text is not cfg and sub in mapping else mt
 
 
-def derive_config(mt: str, whole_period: bool = False) -> dict[str, Any]:
+def derive_config(mt: str, periods: int = 0) -> dict[str, Any]:
     """Tiny overrides for ``mt``: every dimension small, every granularity small and consistent;
-    ``whole_period`` keeps one whole period of the layer pattern (for configs that fold pairs of
-    pattern entries into one layer), tried when the shortest prefix does not build."""
+    ``periods`` > 0 keeps that many whole periods of the layer pattern (for configs that fold pairs of
+    pattern entries into one layer, or tie one kind's weights across its layers), tried when the
+    shortest prefix does not build."""
     mapping, _ = _config_mapping()
     mt = decoder_type(mt)
     if mt not in mapping:
@@ -243,7 +263,7 @@ def derive_config(mt: str, whole_period: bool = False) -> dict[str, Any]:
         d = text.to_dict()
     except Exception as exc:  # noqa: BLE001
         raise AdapterError(f"cannot build a default {mt} config: {type(exc).__name__}: {one_line(exc)}") from None
-    keep = _choose_layers(d, whole_period)
+    keep = _choose_layers(d, periods)
     n_old = d.get("num_hidden_layers")
     p: dict[str, Any] = {}
     if keep:
@@ -289,8 +309,16 @@ def derive_fills(mt: str) -> dict[str, Any]:
     """Values for the size/granularity fields ``mt``'s default leaves None, and default RoPE per kind
     where its table is empty: tried when the derived config alone does not build."""
     mapping, _ = _config_mapping()
-    d = mapping[decoder_type(mt)]().get_text_config(decoder=True).to_dict()
-    return {**rules.none_fills(d, SIZES, GRANULARITY, SIZE_PATTERNS), **rules.rope_per_kind(d, derive_config(mt))}
+    mt = decoder_type(mt)
+    d = mapping[mt]().get_text_config(decoder=True).to_dict()
+    p = derive_config(mt)
+    fills = {**rules.none_fills(d, SIZES, GRANULARITY, SIZE_PATTERNS), **rules.rope_per_kind(d, p)}
+    n = p.get("num_hidden_layers")
+    if "layer_types" in d and d["layer_types"] is None and isinstance(n, int):
+        # the class leaves the pattern to checkpoints: the kinds its code handles, then full attention
+        kinds = [k for k in layer_kinds_in_source(mt) if k != "full_attention"] + ["full_attention"]
+        fills["layer_types"] = [kinds[i % len(kinds)] for i in range(n)]
+    return fills
 
 
 COUNTS = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "n_shared_experts", "n_group", "topk_group",

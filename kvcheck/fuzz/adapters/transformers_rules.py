@@ -19,9 +19,9 @@ ATTN_INDEX_LIST = re.compile(r"^(attn|attention)\w*_layer_(indices|ids|idxs)$")
 
 
 def period(rows: list) -> int:
-    """The smallest p such that the pattern repeats every p layers (its length when it does not)."""
+    """The smallest p such that the pattern repeats every p layers, at least twice (else its length)."""
     n = len(rows)
-    for p in range(1, n + 1):
+    for p in range(1, n // 2 + 1):
         if all(rows[i] == rows[i % p] for i in range(n)):
             return p
     return n
