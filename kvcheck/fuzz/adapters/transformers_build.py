@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from . import transformers_models as models
+from . import transformers_rules as rules
 from .transformers_models import (ALIASES, MAX_PARAMS, AdapterError, _config_mapping, decoder_type,
-                                  derive_config, derive_fills, import_transformers, one_line)
+                                  derive_config, import_transformers, one_line)
 
 
 
@@ -38,6 +40,22 @@ def torch_dtype(name: str):
     if name not in table:
         raise AdapterError(f"unknown dtype {name!r}; use one of float32, bfloat16, float16, float64")
     return table[name]
+
+
+def derive_fills(mt: str) -> dict[str, Any]:
+    """Values for the size/granularity fields ``mt``'s default leaves None, and default RoPE per kind
+    where its table is empty: tried when the derived config alone does not build."""
+    mapping, _ = _config_mapping()
+    mt = decoder_type(mt)
+    d = mapping[mt]().get_text_config(decoder=True).to_dict()
+    p = derive_config(mt)
+    fills = {**rules.none_fills(d, models.SIZES, models.GRANULARITY, models.SIZE_PATTERNS), **rules.rope_per_kind(d, p)}
+    n = p.get("num_hidden_layers")
+    if "layer_types" in d and d["layer_types"] is None and isinstance(n, int):
+        # the class leaves the pattern to checkpoints: the kinds its code handles, then full attention
+        kinds = [k for k in models.layer_kinds_in_source(mt) if k != "full_attention"] + ["full_attention"]
+        fills["layer_types"] = [kinds[i % len(kinds)] for i in range(n)]
+    return fills
 
 
 def _variants(params: dict[str, Any], fills: dict[str, Any]):

@@ -305,21 +305,6 @@ def derive_config(mt: str, periods: int = 0) -> dict[str, Any]:
     return p
 
 
-def derive_fills(mt: str) -> dict[str, Any]:
-    """Values for the size/granularity fields ``mt``'s default leaves None, and default RoPE per kind
-    where its table is empty: tried when the derived config alone does not build."""
-    mapping, _ = _config_mapping()
-    mt = decoder_type(mt)
-    d = mapping[mt]().get_text_config(decoder=True).to_dict()
-    p = derive_config(mt)
-    fills = {**rules.none_fills(d, SIZES, GRANULARITY, SIZE_PATTERNS), **rules.rope_per_kind(d, p)}
-    n = p.get("num_hidden_layers")
-    if "layer_types" in d and d["layer_types"] is None and isinstance(n, int):
-        # the class leaves the pattern to checkpoints: the kinds its code handles, then full attention
-        kinds = [k for k in layer_kinds_in_source(mt) if k != "full_attention"] + ["full_attention"]
-        fills["layer_types"] = [kinds[i % len(kinds)] for i in range(n)]
-    return fills
-
 
 COUNTS = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "n_shared_experts", "n_group", "topk_group",
           "first_k_dense_replace", "num_mem_blocks", "altup_num_inputs")
