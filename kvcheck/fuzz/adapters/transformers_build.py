@@ -71,6 +71,22 @@ def _variants(params: dict[str, Any], fills: dict[str, Any]):
         yield {**base, "hidden_size": 128, "intermediate_size": 128}
 
 
+def _keep_fp32(model, tdtype):
+    """Cast back to float32 what the model's own dtype plan keeps there (``_keep_in_fp32_modules*``:
+    routers, score biases), as loading it in ``tdtype`` through transformers would."""
+    import re
+
+    import torch
+
+    plan = model._get_dtype_plan(tdtype) if hasattr(model, "_get_dtype_plan") else {}
+    if plan:
+        rx = re.compile("|".join(f"(?:{k})" for k in plan))
+        for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+            if rx.search(name) and t.is_floating_point():
+                t.data = t.data.to(torch.float32)
+    return model
+
+
 def build_model(model_type: str, config_json: str | None = None, dtype: str = "float32", seed: int = 0):
     """``(model, config, model_type, params)``: a seeded random-weight causal LM in eval mode whose
     4-token forward with cache runs; :class:`AdapterError` (one line) when no variant builds."""
@@ -109,7 +125,7 @@ def build_model(model_type: str, config_json: str | None = None, dtype: str = "f
                 raise AdapterError(f"the derived config still has {size:,} parameters (> {MAX_PARAMS:,})")
             torch.manual_seed(seed)
             model = AutoModelForCausalLM.from_config(config, attn_implementation=attn)
-            model = model.to(tdtype).eval()
+            model = _keep_fp32(model.to(tdtype), tdtype).eval()
             with torch.no_grad():
                 out = model(input_ids=torch.zeros((1, 4), dtype=torch.long), use_cache=True)
             if getattr(out, "logits", None) is None:
