@@ -84,3 +84,14 @@ def test_every_default_kind_survives_for_a_few_patterned_configs():
             key = "layer_types" if "layer_types" in p else "layers_block_type"
             assert len(p[key]) == p["num_hidden_layers"], (mt, periods)
             assert set(p[key]) == set(default[key]), (mt, periods)
+
+
+def test_bf16_build_keeps_what_the_models_dtype_plan_keeps_in_fp32():
+    import torch
+
+    model, _, _, _ = build.build_model("inkling2_text", dtype="bfloat16")  # its router runs in fp32
+    plan = model._get_dtype_plan(torch.bfloat16)
+    assert plan
+    kept = {n for n, t in model.named_parameters() if t.dtype == torch.float32}
+    assert kept and all(any(k in n for k in plan) for n in kept)
+    assert any(t.dtype == torch.bfloat16 for t in model.parameters())
