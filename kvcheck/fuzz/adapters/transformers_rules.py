@@ -73,7 +73,8 @@ def relations(d: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
                     and re.search(r"(query_groups|_heads)$", k) and k not in p):
                 out[k] = new[heads]
         for k, v in d.items():
-            if not (HEAD_DIM.search(k) and isinstance(v, int) and not isinstance(v, bool)) or k.startswith(("qk_", "v_")):
+            if (not (HEAD_DIM.search(k) and isinstance(v, int) and not isinstance(v, bool))
+                    or k.startswith(("qk_", "v_"))):
                 continue
             for size in ("attention_hidden_size", "hidden_size"):
                 if isinstance(d.get(size), int) and d[size] == v * d[heads] and isinstance(new.get(size), int):
