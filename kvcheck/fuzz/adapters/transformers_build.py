@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from . import transformers_models as models
+from . import transformers_rules as rules
 from .transformers_models import (ALIASES, MAX_PARAMS, AdapterError, _config_mapping, decoder_type,
                                   derive_config, import_transformers, one_line)
 
@@ -40,12 +42,49 @@ def torch_dtype(name: str):
     return table[name]
 
 
-def _variants(params: dict[str, Any]):
-    """The derived config, then fall-backs for models with stricter shape rules."""
+def derive_fills(mt: str) -> dict[str, Any]:
+    """Values for the size/granularity fields ``mt``'s default leaves None, and default RoPE per kind
+    where its table is empty: tried when the derived config alone does not build."""
+    mapping, _ = _config_mapping()
+    mt = decoder_type(mt)
+    d = mapping[mt]().get_text_config(decoder=True).to_dict()
+    p = derive_config(mt)
+    fills = {**rules.none_fills(d, models.SIZES, models.GRANULARITY, models.SIZE_PATTERNS), **rules.rope_per_kind(d, p)}
+    n = p.get("num_hidden_layers")
+    if "layer_types" in d and d["layer_types"] is None and isinstance(n, int):
+        # the class leaves the pattern to checkpoints: the kinds its code handles, then full attention
+        kinds = [k for k in models.layer_kinds_in_source(mt) if k != "full_attention"] + ["full_attention"]
+        fills["layer_types"] = [kinds[i % len(kinds)] for i in range(n)]
+    return fills
+
+
+def _variants(params: dict[str, Any], fills: dict[str, Any]):
+    """The derived config, then with the fields its default leaves None filled in, then fall-backs
+    for models with stricter shape rules."""
     yield params
-    yield {**params, "num_key_value_heads": params.get("num_attention_heads", 4)}
-    yield {k: v for k, v in params.items() if k != "head_dim"}
-    yield {**params, "hidden_size": 128, "intermediate_size": 128}
+    bases = [params] + ([{**params, **fills}] if fills else [])
+    if fills:
+        yield bases[1]
+    for base in bases:
+        yield {**base, "num_key_value_heads": base.get("num_attention_heads", 4)}
+        yield {k: v for k, v in base.items() if k != "head_dim"}
+        yield {**base, "hidden_size": 128, "intermediate_size": 128}
+
+
+def _keep_fp32(model, tdtype):
+    """Cast back to float32 what the model's own dtype plan keeps there (``_keep_in_fp32_modules*``:
+    routers, score biases), as loading it in ``tdtype`` through transformers would."""
+    import re
+
+    import torch
+
+    plan = model._get_dtype_plan(tdtype) if hasattr(model, "_get_dtype_plan") else {}
+    if plan:
+        rx = re.compile("|".join(f"(?:{k})" for k in plan))
+        for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+            if rx.search(name) and t.is_floating_point():
+                t.data = t.data.to(torch.float32)
+    return model
 
 
 def build_model(model_type: str, config_json: str | None = None, dtype: str = "float32", seed: int = 0):
@@ -69,9 +108,14 @@ def build_model(model_type: str, config_json: str | None = None, dtype: str = "f
     for k in ("architectures", "transformers_version", "torch_dtype", "dtype"):
         overrides.pop(k, None)
     tdtype = torch_dtype(dtype)
-    base = derive_config(mt)
+    bases = [derive_config(mt)]
+    for periods in (1, 2):
+        alt = derive_config(mt, periods=periods)
+        if alt not in bases:
+            bases.append(alt)
+    fills = derive_fills(mt)
     first = None
-    for params in _variants(base):
+    for params in (v for base in bases for v in _variants(base, fills)):
         params = {**params, **overrides}
         try:
             config = AutoConfig.for_model(mt, **params)
@@ -81,7 +125,7 @@ def build_model(model_type: str, config_json: str | None = None, dtype: str = "f
                 raise AdapterError(f"the derived config still has {size:,} parameters (> {MAX_PARAMS:,})")
             torch.manual_seed(seed)
             model = AutoModelForCausalLM.from_config(config, attn_implementation=attn)
-            model = model.to(tdtype).eval()
+            model = _keep_fp32(model.to(tdtype), tdtype).eval()
             with torch.no_grad():
                 out = model(input_ids=torch.zeros((1, 4), dtype=torch.long), use_cache=True)
             if getattr(out, "logits", None) is None:

@@ -15,6 +15,8 @@ import math
 import re
 from typing import Any
 
+from . import transformers_rules as rules
+
 INSTALL_HINT = "pip install -r requirements-transformers.txt"
 
 
@@ -50,7 +52,7 @@ GRANULARITY = {
     **{f: 8 for f in WINDOW_FIELDS},
     "attention_chunk_size": 6, "block_size": 8, "chunk_size": 8, "mamba_chunk_size": 8,
     "index_block_size": 4, "index_topk_blocks": 2, "index_local_blocks": 1, "index_topk": 3,
-    "indexer_compress_ratio": 4, "conv_kernel": 4, "linear_conv_kernel_dim": 4, "mamba_d_conv": 4,
+    "indexer_compress_ratio": 4, "indexer_budget": 8, "conv_kernel": 4, "linear_conv_kernel_dim": 4, "mamba_d_conv": 4,
     "conv1d_width": 4, "conv_kernel_size": 4, "short_conv_kernel_size": 4, "conv_L_cache": 3,
     "ple_conv_kernel_size": 4,
 }
@@ -98,8 +100,8 @@ def _config_mapping():
     return CONFIG_MAPPING, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 
-def _cache_classes_in_source(mt: str) -> list[str]:
-    """Cache layer classes the model's modeling file defines or names (read as text, not imported)."""
+def _modeling_source(mt: str) -> str:
+    """The text of the model's modeling file ('' when there is none); read, not imported."""
     import importlib.util
     import os
 
@@ -110,8 +112,21 @@ def _cache_classes_in_source(mt: str) -> list[str]:
     path = os.path.join(os.path.dirname(spec.origin), "models", *mod.split("."), f"modeling_{mod.split('.')[-1]}.py")
     try:
         with open(path, encoding="utf-8") as fh:
-            src = fh.read()
+            return fh.read()
     except OSError:
+        return ""
+
+
+def layer_kinds_in_source(mt: str) -> list[str]:
+    """Layer kinds the modeling code compares ``layer_types`` entries with (``!= "conv"``)."""
+    found = re.findall(r"layer_types?\b(?:\[[^\]]*\])?\s*(?:==|!=)\s*[\"'](\w+)[\"']", _modeling_source(mt))
+    return list(dict.fromkeys(found))
+
+
+def _cache_classes_in_source(mt: str) -> list[str]:
+    """Cache layer classes the model's modeling file defines or names (read as text, not imported)."""
+    src = _modeling_source(mt)
+    if not src:
         return []
     from transformers import cache_utils
 
@@ -185,7 +200,7 @@ def _discover() -> list[dict[str, Any]]:
 # the tiny config
 
 
-def _choose_layers(d: dict[str, Any]) -> list[int]:
+def _choose_layers(d: dict[str, Any], periods: int = 0) -> list[int]:
     """Indices of the default layers to keep: the shortest prefix showing every layer kind, or one
     layer of each kind (in order) when that prefix is longer than MAX_LAYERS."""
     n = d.get("num_hidden_layers")
@@ -200,6 +215,15 @@ def _choose_layers(d: dict[str, Any]) -> list[int]:
         if r not in seen:
             seen.add(r)
             k = i + 1
+    per = rules.period(rows)
+    if periods and k <= per * periods <= 2 * MAX_LAYERS and per * periods <= n and len(set(rows)) > 1:
+        return list(range(per * periods))  # whole periods: every kind, and pairs the config folds stay whole
+    if periods > 1 and per == n:  # no period: the shortest prefix with every kind ``periods`` times
+        count: dict = {}
+        for i, r in enumerate(rows[:2 * MAX_LAYERS]):
+            count[r] = count.get(r, 0) + 1
+            if len(count) == len(set(rows)) and min(count.values()) >= periods:
+                return list(range(i + 1))
     if k <= MAX_LAYERS:
         return list(range(max(k, min(n, 2))))
     first = {}
@@ -224,8 +248,11 @@ def decoder_type(mt: str) -> str:
     return sub if text is not cfg and sub in mapping else mt
 
 
-def derive_config(mt: str) -> dict[str, Any]:
-    """Tiny overrides for ``mt``: every dimension small, every granularity small and consistent."""
+def derive_config(mt: str, periods: int = 0) -> dict[str, Any]:
+    """Tiny overrides for ``mt``: every dimension small, every granularity small and consistent;
+    ``periods`` > 0 keeps that many whole periods of the layer pattern (for configs that fold pairs of
+    pattern entries into one layer, or tie one kind's weights across its layers), tried when the
+    shortest prefix does not build."""
     mapping, _ = _config_mapping()
     mt = decoder_type(mt)
     if mt not in mapping:
@@ -236,7 +263,7 @@ def derive_config(mt: str) -> dict[str, Any]:
         d = text.to_dict()
     except Exception as exc:  # noqa: BLE001
         raise AdapterError(f"cannot build a default {mt} config: {type(exc).__name__}: {one_line(exc)}") from None
-    keep = _choose_layers(d)
+    keep = _choose_layers(d, periods)
     n_old = d.get("num_hidden_layers")
     p: dict[str, Any] = {}
     if keep:
@@ -250,6 +277,12 @@ def derive_config(mt: str) -> dict[str, Any]:
                 # layer index lists: keep those that survive; one that loses all keeps its last layer
                 p[k] = [pos[i] for i in v if i in pos] or [len(keep) - 1]
     p.update(_shrink(d))
+    if keep:
+        p.update(rules.scale_layer_counts(d, n_old, len(keep), fixed=p))
+        p.update(rules.attention_kept(d, p, len(keep)))
+    p.update(rules.relations(d, p))
+    if keep:
+        p.update(rules.per_layer_tables(d, keep, _shrink, p))
     lt = p.get("layer_types")
     if isinstance(lt, list) and set(lt) == {"full_attention"} and any(k in d for k in WINDOW_FIELDS):
         # the config can slide but its default does not: make it a sliding/full hybrid
@@ -270,6 +303,7 @@ def derive_config(mt: str) -> dict[str, Any]:
     if "mamba_d_ssm" in d and d.get("mamba_d_ssm") is not None:
         p["mamba_d_ssm"] = p.get("mamba_expand", 2) * p.get("hidden_size", 64)
     return p
+
 
 
 COUNTS = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "n_shared_experts", "n_group", "topk_group",
