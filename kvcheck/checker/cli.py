@@ -188,6 +188,16 @@ def cmd_gate(args: argparse.Namespace) -> int:
 def cmd_replay(args: argparse.Namespace) -> int:
     from .replay import replay_trace, sut_by_name
     trace = Trace.load(args.trace)
+    if args.sut == "sglang" or (args.sut is None and trace.sut == "sglang"):   # sglang hunk
+        from ..fuzz.adapters import sglang as sg
+        try:
+            res = sg.replay(trace)
+        except (sg.SglangUnavailable, sg.LayoutError) as e:
+            raise UsageError(str(e)) from None
+        _emit(args, res, lambda: f"kvcheck replay {args.trace} on SGLang {res['sglang_version']}: "
+              + ("reproduced " + str(res["expected"]) if res["reproduced"] else "not reproduced")
+              + f" (exit {res['exit_code']})")
+        return res["exit_code"]
     if args.sut == "vllm" or (args.sut is None and trace.sut == "vllm"):
         from ..fuzz.adapters import vllm as v
         try:
@@ -392,6 +402,18 @@ def _fuzz_vllm(args: argparse.Namespace) -> int:
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
     """Hypothesis stateful campaign against a system under test, in lockstep with the spec."""
+    if args.sut == "sglang":                                                   # sglang hunk
+        from ..fuzz.adapters import sglang as sg
+        from ..fuzz.campaign import Budget
+        try:
+            b = Budget.parse(args.budget)
+            _check_writable(Path(args.out))
+            res, text = sg.cli_fuzz(args.layout, args.layout_file, args.list_layouts, b.seconds, b.steps,
+                                    args.seed, args.fault, args.out)
+        except (sg.SglangUnavailable, ValueError) as e:
+            raise UsageError(str(e)) from None
+        _emit(args, res, lambda: text)
+        return 0 if args.list_layouts else res["exit_code"]
     if args.sut == "vllm":
         if args.observability:
             raise UsageError("--observability applies to the Hypothesis machines (not --sut vllm)")
@@ -577,7 +599,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "with its status, features and timing) to FILE; with --workers N, one file "
                         "per worker (FILE.wK.jsonl)")
     z.add_argument("--layout", metavar="NAME", help="--sut vllm: the hybrid layout to drive")
-    z.add_argument("--list-layouts", action="store_true", help="--sut vllm: list the layouts")
+    z.add_argument("--list-layouts", action="store_true", help="--sut vllm|sglang: list the layouts")
+    z.add_argument("--layout-file", metavar="FILE", help="--sut sglang: a layout of your own (JSON)")
     z.add_argument("--strict-reuse", action="store_true",
                    help="--sut vllm: lost reuse (spec-usable hit > vLLM hit) fails the run (exit 13)")
     m = add("mutants", cmd_mutants, "fault matrix: which engine catches each planted fault, with which check")

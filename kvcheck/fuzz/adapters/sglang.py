@@ -149,3 +149,30 @@ def replay(trace: Trace | str | Path) -> dict:
         "violation": None if v is None else {k: v.get(k) for k in ("kind", "check", "message", "step")},
         "expected": want, "reproduced": want == (v["check"] if v else None), "exit_code": code,
     }
+
+
+def cli_fuzz(layout: str | None, layout_file: str | None, list_only: bool, budget_s: float | None,
+             steps: int | None, seed: int, fault: str | None, out_dir: str) -> tuple[dict, str]:
+    """What `kvcheck fuzz --sut sglang` prints: (JSON result, text). Raises LayoutError or
+    SglangUnavailable (the CLI turns them into one line, exit 2)."""
+    if list_only:
+        rows = list_layouts()
+        text = "\n".join(f"  {r['name'] or '-':14} {r['class']:18} "
+                         + ("ok" if r["supported"] else f"not supported: {r['reason']}") for r in rows)
+        return {"sglang_version": sglang_version(), "layouts": rows}, f"sglang {sglang_version()}\n{text}"
+    if layout_file:
+        lay: Layout | str = load_layout_file(layout_file)
+    elif layout:
+        lay = get_layout(layout)
+    else:
+        raise LayoutError("--sut sglang needs --layout NAME or --layout-file FILE (see --list-layouts)")
+    if fault is not None and fault not in FAULTS:
+        raise LayoutError(f"unknown fault {fault!r} for --sut sglang; known: {', '.join(FAULTS)}")
+    res = run_campaign(lay, budget_s=budget_s, steps=steps, seed=seed, fault=fault, out_dir=out_dir)
+    lines = [f"kvcheck fuzz --sut sglang --layout {res['layout']} ({res['class']}): exit {res['exit_code']} "
+             f"(sglang {res['sglang_version']})",
+             f"  {res['steps']} steps in {res['episodes']} episodes, seed {seed}",
+             "  actions: " + ", ".join(f"{k} {n}" for k, n in res["coverage"].items())]
+    for f in res["findings"]:
+        lines += [f"  FINDING [{f['kind']}] {f['check']}: {f['message']}", f"    replay: {f['replay']}"]
+    return res, "\n".join(lines)

@@ -57,6 +57,7 @@ class SglangAdapter(ShadowChecks):
         if "swa" in self.lay.components:
             kw["sliding_window_size"] = self.lay.window
         self.cache = cache_class(self.lay.cls)(S["CacheInitParams"](**kw))
+        self.params_api = hasattr(S["bpc"], "MatchPrefixParams")   # *Params objects: 0.5.23 has them, 0.5.7 not
         self.reqs: dict[str, Req] = {}
         self.written: dict[int, tuple[int, ...]] = {}
         self.twin: set[tuple[int, ...]] = set()
@@ -74,31 +75,26 @@ class SglangAdapter(ShadowChecks):
         if f == "lock_ref_leak":
             real_dec = c.dec_lock_ref
 
-            def dec(node: Any, params: Any = None) -> Any:
-                out = real_dec(node, params)
+            def dec(node: Any, *rest: Any) -> Any:
+                out = real_dec(node, *rest)
                 if node is not c.root_node:
                     node.lock_ref += 1          # a reference nobody holds
                 return out
             c.dec_lock_ref = dec
-        elif f == "match_overreach":
-            real_match = c.match_prefix
-
-            def match(params: Any) -> Any:
-                m = real_match(params)
-                return m._replace(device_prefix_len=m.device_prefix_len + self.lay.page_size) \
-                    if m.device_prefix_len else m
-            c.match_prefix = match
         elif f in ("evict_locked", "evict_no_free"):
             real_evict = c.evict
 
             def evict(params: Any) -> Any:
                 if f == "evict_no_free":
-                    real_free = c.token_to_kv_pool_allocator.free_segment
-                    c.token_to_kv_pool_allocator.free_segment = lambda *a, **k: None
+                    a = c.token_to_kv_pool_allocator
+                    real = {n: getattr(a, n) for n in ("free", "free_segment") if hasattr(a, n)}
+                    for n in real:
+                        setattr(a, n, lambda *x, **k: None)
                     try:
                         return real_evict(params)
                     finally:
-                        c.token_to_kv_pool_allocator.free_segment = real_free
+                        for n, fn in real.items():
+                            setattr(a, n, fn)
                 out = real_evict(params)
                 locked = [n for n, _ in self.tree() if n.lock_ref > 0 and not n.children]
                 if locked:
@@ -107,18 +103,6 @@ class SglangAdapter(ShadowChecks):
                     c._delete_leaf(n)
                 return out
             c.evict = evict
-        elif f in ("drop_insert", "insert_shifted_values"):
-            real_insert = c.insert
-
-            def insert(params: Any) -> Any:
-                if f == "insert_shifted_values":
-                    params.value = self.torch.roll(params.value, 1)
-                    return real_insert(params)
-                self._inserts += 1
-                if self._inserts % 2 == 0:      # declined: the caller frees the new slots
-                    return S["bpc"].InsertResult(prefix_len=len(params.key.page_aligned(self.lay.page_size)))
-                return real_insert(params)
-            c.insert = insert
 
     # ---- the protocol --------------------------------------------------------------------
     def observe(self) -> None:
@@ -170,13 +154,61 @@ class SglangAdapter(ShadowChecks):
         return req
 
     def _key(self, tokens: list[int]) -> Any:
-        return self.S["RadixKey"](array("q", tokens))
+        return self.S["RadixKey"](array("q", tokens) if self.params_api else list(tokens))
+
+    # ---- the release's API: *Params objects (0.5.8+) or positional arguments (0.5.7) -------
+    def _match(self, tokens: list[int]) -> tuple[int, Any]:
+        """(hit, last node); the `match_overreach` fault claims one page more than the path."""
+        key = self._key(tokens)
+        if self.params_api:
+            m = self.cache.match_prefix(self.S["bpc"].MatchPrefixParams(key=key))
+            hit = m.device_prefix_len
+        else:
+            m = self.cache.match_prefix(key)
+            hit = len(m.device_indices)
+        if self.fault == "match_overreach" and hit:
+            hit += self.lay.page_size
+        return hit, m.last_device_node
+
+    def _insert(self, tokens: list[int], vals: Any) -> int:
+        """The prefix length the tree already had. Faults: `insert_shifted_values` stores the
+        values shifted by one; `drop_insert` declines every other insert (the caller frees the
+        new slots, as for a duplicate)."""
+        if self.fault == "insert_shifted_values":
+            vals = self.torch.roll(vals, 1)
+        elif self.fault == "drop_insert":
+            self._inserts += 1
+            if self._inserts % 2 == 0:
+                return len(tokens) // self.lay.page_size * self.lay.page_size
+        key = self._key(tokens)
+        if self.params_api:
+            return self.cache.insert(self.S["bpc"].InsertParams(key=key, value=vals)).prefix_len
+        return int(self.cache.insert(key, vals))
+
+    def _cache_evict(self, n: int) -> int:
+        if self.params_api:
+            return self.cache.evict(self.S["bpc"].EvictParams(num_tokens=n)).num_tokens_evicted
+        before = self.alloc.available_size()
+        self.cache.evict(n)
+        return self.alloc.available_size() - before
+
+    def path_slots(self, node: Any) -> list[int]:
+        vals = []
+        while node is not self.cache.root_node:
+            vals.append([int(v) for v in node.value.tolist()])
+            node = node.parent
+        return [v for part in reversed(vals) for v in part]
 
     def _evict(self, n: int) -> int:
         """Evict from the tree; the twin forgets exactly what the tree dropped."""
         before = self.tree_prefixes()
-        got = self.cache.evict(self.S["bpc"].EvictParams(num_tokens=n)).num_tokens_evicted
-        self.twin -= before - self.tree_prefixes()
+        locked = {path + tuple(int(t) for t in node.key) for node, path in self.tree() if node.lock_ref > 0}
+        got = self._cache_evict(n)
+        gone = before - self.tree_prefixes()
+        self.twin -= gone
+        if gone & locked:
+            raise Violation("bookkeeping", "no_evict_locked",
+                            f"evict({n}) removed a locked node ({len(max(gone & locked, key=len))} tokens deep)")
         self.coverage["state:evicted"] += got > 0
         return got
 
@@ -209,10 +241,9 @@ class SglangAdapter(ShadowChecks):
 
     def _a_match(self, r: str) -> dict:
         req = self._get(r, "waiting")
-        bpc, ps = self.S["bpc"], self.lay.page_size
-        m = self.cache.match_prefix(bpc.MatchPrefixParams(key=self._key(req.tokens[:-1])))
-        hit, node = m.device_prefix_len, m.last_device_node
-        path = [int(x) for x in self.cache.path_device_indices(node).tolist()]
+        ps = self.lay.page_size
+        hit, node = self._match(req.tokens[:-1])
+        path = self.path_slots(node)
         self.check_hit(req, hit, path)
         self.hits += hit > 0
         want = self.twin_hit(req.tokens)
@@ -264,14 +295,14 @@ class SglangAdapter(ShadowChecks):
         n = req.floor if "swa" in self.lay.components else len(req.tokens)
         n = n // ps * ps
         vals = self.torch.tensor(req.slots[:n], dtype=self.torch.int64)
-        res = self.cache.insert(self.S["bpc"].InsertParams(key=self._key(req.tokens[:n]), value=vals))
-        self._free(req.slots[req.hit:res.prefix_len])               # duplicates of the tree's
+        prefix_len = self._insert(req.tokens[:n], vals)
+        self._free(req.slots[req.hit:prefix_len])               # duplicates of the tree's
         self._free([s for s in req.slots[n:] if s is not None] + req.spare)   # past the key
         self.cache.dec_lock_ref(req.node)
         for end in range(ps, n + 1, ps):
             self.twin.add(tuple(req.tokens[:end]))
         del self.reqs[r]
-        return {"prefix_len": res.prefix_len}
+        return {"prefix_len": prefix_len}
 
     def _a_abort(self, r: str) -> dict:
         req = self._get(r)
