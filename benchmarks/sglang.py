@@ -34,7 +34,7 @@ def main() -> int:
                                       "ops_per_s": round(r["steps"] / max(r["elapsed_s"], 1e-9)),
                                       "findings": len(r["findings"])}
         for f in sg.FAULTS:
-            for lay in layouts:
+            for lay in [x for x in layouts if sg.fault_applies(f, sg.LAYOUTS[x])]:
                 ttd, shrunk, caught = [], [], 0
                 for seed in range(a.seeds):
                     r = sg.run_campaign(lay, budget_s=10, seed=seed, fault=f, out_dir=d, shrink_s=5)

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from kvcheck.fuzz.adapters.sglang_layouts import FAULTS, LAYOUTS, LayoutError, _layout_from, load_layout_file
+from kvcheck.fuzz.adapters.sglang_layouts import (FAULTS, LAYOUTS, LayoutError, _layout_from, fault_applies,
+                                                 load_layout_file)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,7 +49,10 @@ def test_layout_file_errors_are_one_line(tmp_path):
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_planted_fault_caught_by_its_check(fault, tmp_path):
     from kvcheck.fuzz.adapters import sglang as sg
-    for lay in _supported():
+    lays = [x for x in _supported() if fault_applies(fault, LAYOUTS[x])]
+    if not lays:
+        pytest.skip(f"{fault} needs a class this release lacks")
+    for lay in lays:
         r = sg.run_campaign(lay, budget_s=20, steps=20_000, seed=1, fault=fault, out_dir=str(tmp_path),
                             shrink_s=3)
         assert r["findings"], f"{fault} on {lay}: nothing found in {r['steps']} steps"

@@ -20,7 +20,7 @@ from ..shrink import shrink_finding
 from ..traces import replay as replay_on_core, to_trace
 from .sglang_adapter import SglangAdapter
 from .sglang_install import INSTALL_HINT, SglangUnavailable, sglang_version
-from .sglang_layouts import (ACTIONS, FAULTS, LAYOUTS, SGLANG_FAULTS, VOCAB, Layout, LayoutError, get_layout,
+from .sglang_layouts import (ACTIONS, FAULTS, fault_applies, LAYOUTS, SGLANG_FAULTS, VOCAB, Layout, LayoutError, get_layout,
                              layout_config, list_layouts, load_layout_file)
 
 __all__ = ["LAYOUTS", "FAULTS", "SGLANG_FAULTS", "ACTIONS", "SglangUnavailable", "SglangAdapter",
@@ -60,9 +60,17 @@ class _Gen:
         return a, {"r": r}
 
 
+def make_adapter(lay: Layout, fault: str | None = None, capacity: int | None = None) -> SglangAdapter:
+    """The adapter for the layout's class (SWARadixCache has its own pools and checks)."""
+    if lay.cls == "SWARadixCache":
+        from .sglang_swa import SwaAdapter
+        return SwaAdapter(lay, fault, capacity)
+    return SglangAdapter(lay, fault, capacity)
+
+
 def execute(lay: Layout, capacity: int, fault: str | None, program: list[Act]) -> tuple[SglangAdapter, Finding | None]:
     """Run steps on a fresh cache, on the core; a refused step (possible after shrinking) is skipped."""
-    ad = SglangAdapter(lay, fault, capacity)
+    ad = make_adapter(lay, fault, capacity)
     return ad, Lockstep(FreeModel(), ad).run(program)
 
 
@@ -79,7 +87,7 @@ def run_campaign(layout: str | Layout, budget_s: float | None = 60, steps: int |
                  fault: str | None = None, out_dir: str = "kvcheck-report", shrink_s: float = 30) -> dict:
     """Fuzz one layout until the budget (seconds and/or steps) is spent or a check breaks."""
     lay = get_layout(layout)
-    SglangAdapter(lay, fault)          # validate layout/fault/release early (and import SGLang)
+    make_adapter(lay, fault)          # validate layout/fault/release early (and import SGLang)
     t0 = time.monotonic()
     if budget_s is None and steps is None:
         budget_s = 60
@@ -93,7 +101,7 @@ def run_campaign(layout: str | Layout, budget_s: float | None = 60, steps: int |
         rng = random.Random(ep_seed)
         gen = _Gen(rng)
         capacity = rng.choice([1, 2, 3]) * lay.capacity // 2 // lay.page_size * lay.page_size
-        ad = SglangAdapter(lay, fault, capacity)
+        ad = make_adapter(lay, fault, capacity)
         core = Lockstep(FreeModel(), ad)
         viol: Finding | None = None
         for _ in range(rng.randint(20, 120)):
@@ -139,7 +147,7 @@ def replay(trace: Trace | str | Path) -> dict:
         raise LayoutError("trace has no SGLang layout in meta.layout")
     from .sglang_layouts import _layout_from
     lay = LAYOUTS.get(meta.get("name")) or _layout_from(meta, "trace meta.layout")
-    ad = SglangAdapter(lay, trace.fault, int(trace.meta.get("capacity", lay.capacity)))
+    ad = make_adapter(lay, trace.fault, int(trace.meta.get("capacity", lay.capacity)))
     code, out = replay_on_core(trace, ad, FreeModel())
     v = out.get("violation")
     want = (trace.violation or {}).get("check")

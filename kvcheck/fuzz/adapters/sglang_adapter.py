@@ -21,7 +21,13 @@ from kvcheck.spec.sut import ActionRejected
 
 from .sglang_checks import Req, ShadowChecks, Violation
 from .sglang_install import cache_class, load
-from .sglang_layouts import ACTIONS, FAULTS, MAX_TOKENS, Layout, LayoutError, check_supported, get_layout
+from .sglang_layouts import (ACTIONS, FAULT_CLASSES, FAULTS, MAX_TOKENS, Layout, LayoutError, check_supported,
+                             fault_applies, get_layout)
+
+
+def lock_ref(node: Any) -> int:
+    """The full-attention lock count (SWARadixCache names it full_lock_ref)."""
+    return node.full_lock_ref if hasattr(node, "full_lock_ref") else node.lock_ref
 
 
 class SglangAdapter(ShadowChecks):
@@ -37,6 +43,8 @@ class SglangAdapter(ShadowChecks):
             raise LayoutError(f"layout {self.lay.name}: the SWA window is driven with page_size 1 only")
         if fault is not None and fault not in FAULTS:
             raise LayoutError(f"unknown SGLang fault {fault!r}; known: {', '.join(FAULTS)}")
+        if fault is not None and not fault_applies(fault, self.lay):
+            raise LayoutError(f"fault {fault!r} needs a layout of class {', '.join(FAULT_CLASSES[fault])}")
         check_supported(self.lay)
         self.fault = fault
         self.capacity = capacity or self.lay.capacity
@@ -77,26 +85,29 @@ class SglangAdapter(ShadowChecks):
 
             def dec(node: Any, *rest: Any) -> Any:
                 out = real_dec(node, *rest)
-                if node is not c.root_node:
-                    node.lock_ref += 1          # a reference nobody holds
+                if node is not c.root_node:     # a reference nobody holds
+                    if hasattr(node, "full_lock_ref"):
+                        node.full_lock_ref += 1
+                    else:
+                        node.lock_ref += 1
                 return out
             c.dec_lock_ref = dec
         elif f in ("evict_locked", "evict_no_free"):
             real_evict = c.evict
 
-            def evict(params: Any) -> Any:
+            def evict(*params: Any) -> Any:
                 if f == "evict_no_free":
                     a = c.token_to_kv_pool_allocator
-                    real = {n: getattr(a, n) for n in ("free", "free_segment") if hasattr(a, n)}
+                    real = {n: getattr(a, n) for n in ("free", "free_segment", "free_swa") if hasattr(a, n)}
                     for n in real:
                         setattr(a, n, lambda *x, **k: None)
                     try:
-                        return real_evict(params)
+                        return real_evict(*params)
                     finally:
                         for n, fn in real.items():
                             setattr(a, n, fn)
-                out = real_evict(params)
-                locked = [n for n, _ in self.tree() if n.lock_ref > 0 and not n.children]
+                out = real_evict(*params)
+                locked = [n for n, _ in self.tree() if lock_ref(n) > 0 and not n.children]
                 if locked:
                     n = locked[0]
                     c.token_to_kv_pool_allocator.free(n.value)
@@ -185,7 +196,7 @@ class SglangAdapter(ShadowChecks):
             return self.cache.insert(self.S["bpc"].InsertParams(key=key, value=vals)).prefix_len
         return int(self.cache.insert(key, vals))
 
-    def _cache_evict(self, n: int) -> int:
+    def _cache_evict(self, n: int, swa: int | None = None) -> int:
         if self.params_api:
             return self.cache.evict(self.S["bpc"].EvictParams(num_tokens=n)).num_tokens_evicted
         before = self.alloc.available_size()
@@ -199,11 +210,11 @@ class SglangAdapter(ShadowChecks):
             node = node.parent
         return [v for part in reversed(vals) for v in part]
 
-    def _evict(self, n: int) -> int:
+    def _evict(self, n: int, swa: int | None = None) -> int:
         """Evict from the tree; the twin forgets exactly what the tree dropped."""
         before = self.tree_prefixes()
-        locked = {path + tuple(int(t) for t in node.key) for node, path in self.tree() if node.lock_ref > 0}
-        got = self._cache_evict(n)
+        locked = {path + tuple(int(t) for t in node.key) for node, path in self.tree() if lock_ref(node) > 0}
+        got = self._cache_evict(n, swa)
         gone = before - self.tree_prefixes()
         self.twin -= gone
         if gone & locked:
@@ -280,7 +291,7 @@ class SglangAdapter(ShadowChecks):
         slot = req.spare.pop(0)
         req.slots.append(slot)
         self._write(req, len(req.tokens) - 1, slot)
-        if "swa" in self.lay.components:        # free what left the window behind the floor
+        if self.lay.components == ("swa",):     # PureSWA: free what left the window behind the floor
             lo, hi = max(req.hit, req.floor), len(req.tokens) - self.lay.window
             dead = [p for p in range(lo, hi) if req.slots[p] is not None]
             self._free([req.slots[p] for p in dead])

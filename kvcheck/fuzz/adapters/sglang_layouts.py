@@ -22,6 +22,9 @@ VOCAB = 6              # a small vocabulary: prompts share prefixes often
 MAX_TOKENS = 40
 
 
+DRIVEN = ("RadixCache", "PureSWARadixCache", "SWARadixCache")
+
+
 class LayoutError(ValueError):
     """A layout that is unknown, malformed or not supported by the installed release."""
 
@@ -51,6 +54,8 @@ LAYOUTS: dict[str, Layout] = {x.name: x for x in (
     Layout("pure_swa", "PureSWARadixCache", ("swa",), 1, 6, 48,
            "PureSWARadixCache, every layer SWA (W=6): decode frees what leaves the window, "
            "only the prefill part [0, evict floor) is cached"),
+    Layout("swa", "SWARadixCache", ("full", "swa"), 1, 4, 48,
+           "SWARadixCache, full + SWA (W=4) with tombstones, SWAKVPool + SWATokenToKVPoolAllocator"),
 )}
 
 
@@ -63,9 +68,11 @@ def _layout_from(d: dict[str, Any], where: str) -> Layout:
     except (KeyError, TypeError, ValueError) as e:
         raise LayoutError(f"{where}: a layout needs name, class (and optional components, "
                           f"page_size, window, capacity): {e}") from None
-    if lay.cls not in ("RadixCache", "PureSWARadixCache"):
+    if lay.cls not in DRIVEN:
         raise LayoutError(f"{where}: class {lay.cls!r} is not driven by this adapter yet "
-                          "(RadixCache, PureSWARadixCache)")
+                          f"({', '.join(DRIVEN)})")
+    if (lay.cls == "SWARadixCache") != (comps == ("full", "swa")):
+        raise LayoutError(f"{where}: SWARadixCache takes components [full, swa], the others not")
     if any(c not in ("full", "swa") for c in comps):
         raise LayoutError(f"{where}: components must be full or swa, got {list(comps)}")
     if "swa" in comps and not lay.window:
@@ -165,6 +172,10 @@ SGLANG_FAULTS = (
            "SWA/tombstone match that serves more than the live window behind the hit",
            "hit_sound", "match_prefix reports one page more than the path it returns holds, "
            "with the request's first unmatched slots standing in for it."),
+    _fault("match_ignores_tombstones", "match_prefix", "a match crossing a tombstone",
+           "SWARadixCache match without enough live window behind the hit (match_len_since_tombstone, "
+           "sgl-project/sglang#17061)", "hit_sound_swa_window",
+           "match_prefix accepts a hit with one live SWA token behind the last tombstone (window 1)."),
     _fault("evict_locked", "evict", "eviction of a locked node",
            "SGLang radix evicting a node a running request holds", "no_evict_locked",
            "evict also frees the deepest locked leaf."),
@@ -180,3 +191,9 @@ SGLANG_FAULTS = (
            "size_accounting", "evict deletes nodes without freeing their slots."),
 )
 FAULTS = {f.name: f for f in SGLANG_FAULTS}
+# faults that only some classes can express (the rest apply to every driven class)
+FAULT_CLASSES = {"match_ignores_tombstones": ("SWARadixCache",)}
+
+
+def fault_applies(fault: str, lay: Layout) -> bool:
+    return lay.cls in FAULT_CLASSES.get(fault, (lay.cls,))
