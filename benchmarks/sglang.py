@@ -8,9 +8,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
+
+# run as a script, this file's folder comes first on sys.path and its name would shadow SGLang's
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 
 
 def main() -> int:

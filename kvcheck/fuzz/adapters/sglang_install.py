@@ -79,6 +79,8 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module: types.ModuleType) -> None:
         module.KVCHECK_CPU_STUB = True   # type: ignore[attr-defined]
+        if module.__name__ == "torchvision":
+            module.__version__ = "0.0.0+kvcheck.cpu.stub"   # type: ignore[attr-defined]
 
 
 STUBBED: list[str] = []     # what was stubbed in this process (reported by --list-layouts)
@@ -91,6 +93,18 @@ def _missing(mod: str) -> bool:
         return True
 
 
+def _imports_torchvision(rel: str) -> bool:
+    """Whether sglang's file `rel` imports torchvision at its top level (read, not imported:
+    finding a submodule's spec would import its parents)."""
+    try:
+        spec = importlib.util.find_spec("sglang")
+        root = list(spec.submodule_search_locations or [])[0] if spec else ""
+        src = open(os.path.join(root, rel)).read() if root else ""
+    except (ImportError, ValueError, OSError, IndexError):
+        return False
+    return any(line.startswith(("import torchvision", "from torchvision")) for line in src.splitlines())
+
+
 def install_cpu_stubs() -> list[str]:
     """Install the stand-ins that this environment lacks (idempotent); returns their names."""
     if any(isinstance(f, _StubFinder) for f in sys.meta_path):
@@ -101,11 +115,40 @@ def install_cpu_stubs() -> list[str]:
     except Exception:       # absent, or a CUDA build over a CPU torch (its ops fail to load)
         sys.modules.pop("torchvision", None)
         exact = TORCHVISION_USERS
-    roots = tuple(m for m in CUDA_ONLY if _missing(m))
+        if _imports_torchvision("srt/utils/common.py"):    # e.g. 0.5.12: decode_jpeg at import
+            exact, roots_tv = (), ("torchvision",)
+        else:
+            roots_tv = ()
+    else:
+        roots_tv = ()
+    roots = roots_tv + tuple(m for m in CUDA_ONLY if _missing(m))
     if exact or roots:
         sys.meta_path.insert(0, _StubFinder(exact, roots))
         STUBBED.extend(exact + roots)
     return STUBBED
+
+
+class _idempotent_autoconfig_register:
+    """While SGLang imports: transformers' AutoConfig.register with exist_ok=True. Some releases
+    register config names that a newer transformers already has ('qwen3_asr' on 0.5.12 with
+    transformers 5.24), which raises; the caches need none of those configs."""
+
+    def __enter__(self) -> None:
+        try:
+            from transformers import AutoConfig
+        except Exception:
+            self.cls = None
+            return
+        self.cls, self.real = AutoConfig, AutoConfig.__dict__["register"]
+        real = AutoConfig.register
+
+        def register(model_type: str, config: Any, exist_ok: bool = False) -> Any:
+            return real(model_type, config, exist_ok=True)
+        AutoConfig.register = staticmethod(register)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.cls is not None:
+            self.cls.register = self.real
 
 
 def sglang_version() -> str | None:
@@ -137,7 +180,7 @@ def load() -> dict[str, Any]:
     os.environ.setdefault("SGLANG_DISABLE_REQUEST_LOGGING", "1")
     install_cpu_stubs()
     import warnings
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _idempotent_autoconfig_register():
         warnings.simplefilter("ignore")
         try:
             from sglang.srt.mem_cache import base_prefix_cache as bpc
