@@ -173,7 +173,8 @@ class SglangAdapter(ShadowChecks):
         key = self._key(tokens)
         if self.params_api:
             m = self.cache.match_prefix(self.S["bpc"].MatchPrefixParams(key=key))
-            hit = m.device_prefix_len
+            # 0.5.23: device_prefix_len; 0.5.12: device_indices (the *Params API came first)
+            hit = m.device_prefix_len if hasattr(m, "device_prefix_len") else len(m.device_indices)
         else:
             m = self.cache.match_prefix(key)
             hit = len(m.device_indices)

@@ -20,6 +20,12 @@ class SwaAdapter(SglangAdapter):
     """SglangAdapter for SWARadixCache: two pools, tombstones, lock receipts."""
 
     def reset(self, cfg: Any = None) -> None:
+        from .sglang_install import load
+        from .sglang_layouts import LayoutError
+        if hasattr(load()["bpc"], "MatchPrefixParams"):
+            raise LayoutError(f"sglang {load()['version']}: SWARadixCache with the *Params API "
+                              "(MatchPrefixParams, IncLockRefResult receipts) is not driven yet; "
+                              "the adapter drives 0.5.7's positional API")
         import torch
         from sglang.srt.mem_cache.allocator import SWATokenToKVPoolAllocator
         from sglang.srt.mem_cache.memory_pool import SWAKVPool
