@@ -30,7 +30,7 @@ def main() -> int:
     except SglangUnavailable as e:
         print(json.dumps({"error": str(e)}))
         return 2
-    layouts = [n for n, x in sg.LAYOUTS.items() if isinstance(classes.get(x.cls), type)]
+    layouts = [r["name"] for r in sg.list_layouts() if r["supported"]]
     out: dict = {"sglang_version": sg.sglang_version(), "throughput": {}, "faults": {}}
     with tempfile.TemporaryDirectory() as d:
         for lay in layouts:

@@ -27,8 +27,9 @@ def _sglang():
 
 
 def _supported() -> list[str]:
-    S = _sglang()
-    return [n for n, x in LAYOUTS.items() if isinstance(S["classes"].get(x.cls), type)]
+    _sglang()
+    from kvcheck.fuzz.adapters.sglang_layouts import list_layouts
+    return [r["name"] for r in list_layouts() if r["supported"]]
 
 
 def test_layout_file_errors_are_one_line(tmp_path):

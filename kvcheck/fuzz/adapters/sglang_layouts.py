@@ -108,6 +108,18 @@ def check_supported(lay: Layout) -> None:
     """One line when the installed release lacks the layout's class (SglangUnavailable)."""
     from .sglang_install import cache_class
     cache_class(lay.cls)
+    why = _api_gap(lay)
+    if why:
+        raise SglangUnavailable(why)
+
+
+def _api_gap(lay: Layout) -> str | None:
+    """Why the adapter cannot drive this class at the installed release, if it cannot."""
+    S = load()
+    if lay.cls == "SWARadixCache" and hasattr(S["bpc"], "MatchPrefixParams"):
+        return (f"sglang {S['version']}: SWARadixCache with the *Params API is not driven yet "
+                "(the adapter drives 0.5.7's positional API)")
+    return None
 
 
 def list_layouts() -> list[dict[str, Any]]:
@@ -120,9 +132,10 @@ def list_layouts() -> list[dict[str, Any]]:
     out = []
     for x in LAYOUTS.values():
         c = found.get(x.cls)
-        ok = isinstance(c, type)
+        gap = _api_gap(x) if isinstance(c, type) else None
+        ok = isinstance(c, type) and gap is None
         out.append(dict(x.to_dict(), supported=ok,
-                        reason=None if ok else (str(c) if c else f"this release has no {x.cls}")))
+                        reason=None if ok else (gap or (str(c) if c else f"this release has no {x.cls}"))))
     driven = {x.cls for x in LAYOUTS.values()}
     for cls in CLASSES:
         if cls in found and cls not in driven:
