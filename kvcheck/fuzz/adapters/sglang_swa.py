@@ -108,6 +108,10 @@ class SwaAdapter(SglangAdapter):
         for p in range(hit, len(req.tokens)):
             self._write(req, p, req.slots[p])
         self.coverage["state:hit" if hit else "state:miss"] += 1
+        n = node
+        while n is not self.cache.root_node and not n.swa_tombstone:
+            n = n.parent
+        self.coverage["state:hit_past_tombstone"] += n is not self.cache.root_node
         return {"hit": hit, "admitted": True}
 
     def _a_finish(self, r: str) -> dict:
