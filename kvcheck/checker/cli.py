@@ -69,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "with its status, features and timing) to FILE; with --workers N, one file "
                         "per worker (FILE.wK.jsonl)")
     z.add_argument("--layout", metavar="NAME", help="--sut vllm: the hybrid layout to drive")
-    z.add_argument("--list-layouts", action="store_true", help="--sut vllm: list the layouts")
+    z.add_argument("--list-layouts", action="store_true", help="--sut vllm|sglang: list the layouts")
+    z.add_argument("--layout-file", metavar="FILE", help="--sut sglang: a layout of your own (JSON)")
     z.add_argument("--strict-reuse", action="store_true",
                    help="--sut vllm: lost reuse (spec-usable hit > vLLM hit) fails the run (exit 13)")
     m = add("mutants", _lazy("cmd_mutants", "cmd_mutants"), "fault matrix: which engine catches each planted fault, with which check")
@@ -129,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         return ExitCode.USAGE
     try:
         return int(args.fn(args))
-    except (ConfigError, TraceError, faultlib.UnknownFault, UsageError, SutError) as e:
+    except (ConfigError, TraceError, faultlib.UnknownFault, faultlib.FaultError, UsageError, SutError) as e:
         print(f"kvcheck {args.command}: error: {_one_line(e)}", file=sys.stderr)
         return ExitCode.USAGE
     except KeyboardInterrupt:
@@ -144,6 +145,8 @@ def _one_line(e: BaseException) -> str:
 
 
 def entry() -> None:
+    from ..fuzz.pool import keep_interrupts
+    keep_interrupts()            # a Ctrl-C inside a gc callback is re-raised, not printed and lost
     sys.exit(main())
 
 

@@ -56,8 +56,27 @@ def _fuzz_vllm(args: argparse.Namespace) -> int:
     return code
 
 
+def _fuzz_sglang(args: argparse.Namespace) -> int:
+    """SGLang's radix caches on the lockstep core (kvcheck/fuzz/adapters/sglang*.py)."""
+    from ..fuzz.adapters import sglang as sg
+    from ..fuzz.campaign import Budget
+    try:
+        b = Budget.parse(args.budget)
+        check_writable(Path(args.out))
+        res, text = sg.cli_fuzz(args.layout, args.layout_file, args.list_layouts, b.seconds, b.steps,
+                                args.seed, args.fault, args.out)
+    except (sg.SglangUnavailable, ValueError) as e:
+        raise UsageError(str(e)) from None
+    emit(args, res, lambda: text)
+    return 0 if args.list_layouts else res["exit_code"]
+
+
 def cmd_fuzz(args: argparse.Namespace) -> int:
     """Hypothesis stateful campaign against a system under test, in lockstep with the spec."""
+    if args.sut == "sglang":
+        return _fuzz_sglang(args)
+    if args.layout_file:
+        raise UsageError("--layout-file applies to --sut sglang only")
     if args.sut == "vllm":
         if args.observability:
             raise UsageError("--observability applies to the Hypothesis machines (not --sut vllm)")

@@ -10,6 +10,16 @@ from .common import UsageError, check_fault, emit
 def cmd_replay(args: argparse.Namespace) -> int:
     from .replay import replay_trace, sut_by_name
     trace = Trace.load(args.trace)
+    if args.sut == "sglang" or (args.sut is None and trace.sut == "sglang"):
+        from ..fuzz.adapters import sglang as sg
+        try:
+            res = sg.replay(trace)
+        except (sg.SglangUnavailable, sg.LayoutError) as e:
+            raise UsageError(str(e)) from None
+        emit(args, res, lambda: f"kvcheck replay {args.trace} on SGLang {res['sglang_version']}: "
+             + ("reproduced " + str(res["expected"]) if res["reproduced"] else "not reproduced")
+             + f" (exit {res['exit_code']})")
+        return res["exit_code"]
     if args.sut == "vllm" or (args.sut is None and trace.sut == "vllm"):
         from ..fuzz.adapters import vllm as v
         try:

@@ -1,7 +1,7 @@
 """The one fault registry: every planted fault, from explicit providers.
 
 Owns which systems under test plant faults and where their declarations live: the spec's
-own (spec/faults.py), the reference engine's (reference/faults.py), the vLLM and transformers
+own (spec/faults.py), the reference engine's (reference/faults.py), the vLLM, transformers and SGLang
 adapters', and a
 user's `MODULE:CLASS` SUT (its class attribute `faults`: {name: expected check}). Providers are
 loaded on first use, nothing registers itself on import. `kvcheck faults`, `--fault` and
@@ -32,7 +32,13 @@ def _transformers() -> tuple[Fault, ...]:
     return TRANSFORMERS_FAULTS
 
 
-REGISTRY = Registry({"reference": _reference, "vllm": _vllm, "transformers": _transformers})
+def _sglang() -> tuple[Fault, ...]:
+    from .adapters.sglang_layouts import SGLANG_FAULTS         # imports without SGLang installed
+    return SGLANG_FAULTS
+
+
+REGISTRY = Registry({"reference": _reference, "vllm": _vllm, "transformers": _transformers,
+                     "sglang": _sglang})
 
 
 def get(name: str, sut: str | None = None) -> Fault:

@@ -35,9 +35,29 @@ def cap_workers(n: int) -> tuple[int, str | None]:
     return c, f"--workers {n} capped at {c} (the cores this machine gives this process)"
 
 
+def keep_interrupts() -> None:
+    """A Ctrl-C that lands inside a garbage-collector callback (Hypothesis registers one) would
+    be swallowed as an "unraisable" exception: Python prints "Exception ignored ... Traceback"
+    and the interrupt is lost. Re-deliver it to the main thread instead (raised at the next
+    ordinary bytecode), quietly; every other unraisable goes to the default hook."""
+    import _thread
+    import sys
+
+    default = sys.__unraisablehook__
+
+    def hook(u: Any) -> None:
+        if isinstance(u.exc_value, KeyboardInterrupt):
+            _thread.interrupt_main()
+            return
+        default(u)
+
+    sys.unraisablehook = hook
+
+
 def _init(stop: Any, initializer: Callable[[], None] | None) -> None:
     global _STOP
     _STOP = stop
+    keep_interrupts()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if initializer is not None:
         initializer()

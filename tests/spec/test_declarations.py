@@ -23,9 +23,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[2] / "kvcheck"
 def test_one_registry_lists_every_provider() -> None:
     faults = registry.REGISTRY.all()
     providers = {f.provider for f in faults.values()}
-    assert {"spec", "reference", "vllm", "transformers"} <= providers
+    assert {"spec", "reference", "vllm", "transformers", "sglang"} <= providers
     assert len(faults) == len(F.SPEC_FAULTS) + len(engine_faults.ENGINE_FAULTS) + sum(
-        f.provider in ("vllm", "transformers") for f in faults.values())
+        f.provider in ("vllm", "transformers", "sglang") for f in faults.values())
     for f in faults.values():
         assert f.expected and f.site and f.suts, f
 

@@ -1,0 +1,187 @@
+"""Check SGLang's real radix caches against kvcheck's checks: the drivers.
+
+The adapter (sglang_adapter.py) supplies SGLang's actions, how to apply one and its own
+checks (sglang_checks.py); this module generates seeded operation sequences in that
+vocabulary (swarm testing: each episode draws its own weights) and runs them on the lockstep
+core with the free model. A failure is shrunk by the one shrinker, saved by the one trace
+builder and replayed by the one replay. SGLang is imported lazily (SglangUnavailable).
+"""
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter
+from pathlib import Path
+
+from kvcheck.spec.trace import Trace
+
+from ...spec.verdict import FOR_FINDING, ExitCode
+from ..lockstep import Act, Finding, FreeModel, Lockstep
+from ..shrink import shrink_finding
+from ..traces import replay as replay_on_core, to_trace
+from .sglang_adapter import SglangAdapter
+from .sglang_install import INSTALL_HINT, SglangUnavailable, sglang_version
+from .sglang_layouts import (ACTIONS, FAULTS, fault_applies, LAYOUTS, SGLANG_FAULTS, VOCAB, Layout, LayoutError, get_layout,
+                             layout_config, list_layouts, load_layout_file)
+
+__all__ = ["LAYOUTS", "FAULTS", "SGLANG_FAULTS", "ACTIONS", "SglangUnavailable", "SglangAdapter",
+           "LayoutError", "run_campaign", "replay", "list_layouts", "load_layout_file", "INSTALL_HINT"]
+
+
+class _Gen:
+    """Seeded generator of actions (swarm testing: each episode draws its own weights)."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.bases = [[rng.randrange(VOCAB) for _ in range(30)] for _ in range(3)]
+        self.w = {a: rng.choice([0.3, 1, 2, 4]) for a in ACTIONS}
+        self.w["match"] *= 2
+        self.w["decode"] *= 2
+
+    def next(self, ad: SglangAdapter) -> tuple[str, dict]:
+        rng = self.rng
+        en = ad.enabled()
+        cands = {a: self.w[a] for a, rs in en.items() if rs}
+        if len(ad.reqs) < 4:
+            cands["submit"] = self.w["submit"] * (3 if not ad.reqs else 1)
+        cands["evict"] = self.w["evict"] * 0.2
+        acts = list(cands)
+        a = rng.choices(acts, [cands[x] for x in acts])[0]
+        if a == "submit":
+            base = rng.choice(self.bases)
+            n = rng.randint(2, 30)
+            cut = rng.randint(0, n)
+            toks = base[:cut] + [rng.randrange(VOCAB) for _ in range(n - cut)]
+            return a, {"r": f"r{ad.next_id}", "tokens": toks}
+        if a == "evict":
+            return a, {"n": rng.randint(1, ad.capacity // 2)}
+        r = rng.choice(en[a])
+        if a == "decode":
+            return a, {"r": r, "tok": rng.randrange(VOCAB)}
+        return a, {"r": r}
+
+
+def make_adapter(lay: Layout, fault: str | None = None, capacity: int | None = None) -> SglangAdapter:
+    """The adapter for the layout's class (SWARadixCache has its own pools and checks)."""
+    if lay.cls == "SWARadixCache":
+        from .sglang_swa import SwaAdapter
+        return SwaAdapter(lay, fault, capacity)
+    return SglangAdapter(lay, fault, capacity)
+
+
+def execute(lay: Layout, capacity: int, fault: str | None, program: list[Act]) -> tuple[SglangAdapter, Finding | None]:
+    """Run steps on a fresh cache, on the core; a refused step (possible after shrinking) is skipped."""
+    ad = make_adapter(lay, fault, capacity)
+    return ad, Lockstep(FreeModel(), ad).run(program)
+
+
+def _save(lay: Layout, capacity: int, fault: str | None, seed: int, f: Finding, out_dir: str) -> dict:
+    trace = to_trace(None, f.trail, seed, engine="sglang-fuzz", cfg=layout_config(lay), sut="sglang",
+                     finding=f, fault=fault,
+                     meta={"sglang_version": sglang_version(), "layout": lay.to_dict(), "capacity": capacity})
+    path = str(trace.save(Path(out_dir) / f"sglang-{lay.name.replace('+', '_')}-{f.checks[0]}-seed{seed}.json"))
+    return {"kind": f.kind, "check": f.checks[0], "message": f.message, "trace": path,
+            "steps": len(trace.steps), "replay": f"kvcheck replay {path} --sut sglang"}
+
+
+def run_campaign(layout: str | Layout, budget_s: float | None = 60, steps: int | None = None, seed: int = 0,
+                 fault: str | None = None, out_dir: str = "kvcheck-report", shrink_s: float = 30) -> dict:
+    """Fuzz one layout until the budget (seconds and/or steps) is spent or a check breaks."""
+    lay = get_layout(layout)
+    make_adapter(lay, fault)          # validate layout/fault/release early (and import SGLang)
+    t0 = time.monotonic()
+    if budget_s is None and steps is None:
+        budget_s = 60
+    deadline = t0 + budget_s if budget_s is not None else float("inf")
+    coverage: Counter = Counter()
+    findings: list[dict] = []
+    total = episodes = hits = 0
+    exit_code, first_fail_s, first_steps = 0, None, None
+    while time.monotonic() < deadline and (steps is None or total < steps):
+        ep_seed = seed * 1_000_003 + episodes
+        rng = random.Random(ep_seed)
+        gen = _Gen(rng)
+        capacity = rng.choice([1, 2, 3]) * lay.capacity // 2 // lay.page_size * lay.page_size
+        ad = make_adapter(lay, fault, capacity)
+        core = Lockstep(FreeModel(), ad)
+        viol: Finding | None = None
+        for _ in range(rng.randint(20, 120)):
+            if steps is not None and total >= steps:
+                break
+            total += 1
+            try:
+                core.step(Act(*gen.next(ad)))
+            except Finding as f:
+                viol = f
+                break
+        hits += ad.hits
+        coverage.update(ad.coverage)
+        episodes += 1
+        if viol is not None:
+            first_fail_s, first_steps = round(time.monotonic() - t0, 2), total
+            small = shrink_finding(viol, lambda prog: execute(lay, capacity, fault, prog)[1],
+                                   lambda g: g.checks == viol.checks, shrink_s)
+            findings.append(_save(lay, capacity, fault, ep_seed, small, out_dir))
+            exit_code = FOR_FINDING.get(viol.kind, ExitCode.INVARIANT)
+            break
+    missing = [a for a in ACTIONS if not coverage.get(a)]
+    if exit_code == 0 and missing:
+        exit_code = ExitCode.UNDECIDED
+    exp = FAULTS[fault].expected if fault else None
+    return {
+        "sut": "sglang", "sglang_version": sglang_version(), "layout": lay.name, "class": lay.cls,
+        "seed": seed, "fault": fault, "expected_check": exp,
+        "caught": (any(f["check"] == exp for f in findings) if fault else None),
+        "steps": total, "episodes": episodes, "elapsed_s": round(time.monotonic() - t0, 2),
+        "time_to_failure_s": first_fail_s, "steps_to_failure": first_steps,
+        "coverage": {k: coverage[k] for k in sorted(coverage)}, "missing_actions": missing,
+        "lookups_with_hit": hits, "findings": findings, "exit_code": exit_code,
+    }
+
+
+def replay(trace: Trace | str | Path) -> dict:
+    """Replay an SGLang trace on the one replay; report whether it reproduces its violation."""
+    if not isinstance(trace, Trace):
+        trace = Trace.load(trace)
+    meta = trace.meta.get("layout")
+    if not isinstance(meta, dict):
+        raise LayoutError("trace has no SGLang layout in meta.layout")
+    from .sglang_layouts import _layout_from
+    lay = LAYOUTS.get(meta.get("name")) or _layout_from(meta, "trace meta.layout")
+    ad = make_adapter(lay, trace.fault, int(trace.meta.get("capacity", lay.capacity)))
+    code, out = replay_on_core(trace, ad, FreeModel())
+    v = out.get("violation")
+    want = (trace.violation or {}).get("check")
+    return {
+        "sut": "sglang", "sglang_version": sglang_version(), "recorded_version": trace.meta.get("sglang_version"),
+        "layout": lay.name, "fault": trace.fault, "steps": len(trace.steps),
+        "violation": None if v is None else {k: v.get(k) for k in ("kind", "check", "message", "step")},
+        "expected": want, "reproduced": want == (v["check"] if v else None), "exit_code": code,
+    }
+
+
+def cli_fuzz(layout: str | None, layout_file: str | None, list_only: bool, budget_s: float | None,
+             steps: int | None, seed: int, fault: str | None, out_dir: str) -> tuple[dict, str]:
+    """What `kvcheck fuzz --sut sglang` prints: (JSON result, text). Raises LayoutError or
+    SglangUnavailable (the CLI turns them into one line, exit 2)."""
+    if list_only:
+        rows = list_layouts()
+        text = "\n".join(f"  {r['name'] or '-':14} {r['class']:18} "
+                         + ("ok" if r["supported"] else f"not supported: {r['reason']}") for r in rows)
+        return {"sglang_version": sglang_version(), "layouts": rows}, f"sglang {sglang_version()}\n{text}"
+    if layout_file:
+        lay: Layout | str = load_layout_file(layout_file)
+    elif layout:
+        lay = get_layout(layout)
+    else:
+        raise LayoutError("--sut sglang needs --layout NAME or --layout-file FILE (see --list-layouts)")
+    if fault is not None and fault not in FAULTS:
+        raise LayoutError(f"unknown fault {fault!r} for --sut sglang; known: {', '.join(FAULTS)}")
+    res = run_campaign(lay, budget_s=budget_s, steps=steps, seed=seed, fault=fault, out_dir=out_dir)
+    lines = [f"kvcheck fuzz --sut sglang --layout {res['layout']} ({res['class']}): exit {res['exit_code']} "
+             f"(sglang {res['sglang_version']})",
+             f"  {res['steps']} steps in {res['episodes']} episodes, seed {seed}",
+             "  actions: " + ", ".join(f"{k} {n}" for k, n in res["coverage"].items())]
+    for f in res["findings"]:
+        lines += [f"  FINDING [{f['kind']}] {f['check']}: {f['message']}", f"    replay: {f['replay']}"]
+    return res, "\n".join(lines)

@@ -1,0 +1,194 @@
+"""SGLang layouts (a cache class with its components, page size and window), the planted
+faults and their expected checks, and the spec Config a layout's traces carry.
+
+A layout names what the adapter builds; `--layout-file` takes a user's own in the same shape
+(JSON: name, class, components, page_size, window, capacity). A layout whose class the
+installed release lacks is refused with one line (exit 2), never a traceback.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from kvcheck.spec.config import Config
+from kvcheck.spec.faults import Fault
+
+from .sglang_install import CLASSES, SglangUnavailable, load
+
+# The adapter's vocabulary (the trace's action names).
+ACTIONS = ("submit", "match", "decode", "finish", "abort", "evict")
+VOCAB = 6              # a small vocabulary: prompts share prefixes often
+MAX_TOKENS = 40
+
+
+DRIVEN = ("RadixCache", "PureSWARadixCache", "SWARadixCache")
+
+
+class LayoutError(ValueError):
+    """A layout that is unknown, malformed or not supported by the installed release."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    name: str
+    cls: str                       # the SGLang cache class
+    components: tuple[str, ...]    # full | swa (what a hit must keep live)
+    page_size: int = 1
+    window: int | None = None      # the sliding window, for swa components
+    capacity: int = 64             # token slots of the KV pool
+    doc: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["class"] = d.pop("cls")
+        d["components"] = list(self.components)
+        return d
+
+
+LAYOUTS: dict[str, Layout] = {x.name: x for x in (
+    Layout("radix", "RadixCache", ("full",), 1, None, 48,
+           "RadixCache, full attention, page 1, TokenToKVPoolAllocator"),
+    Layout("radix-page4", "RadixCache", ("full",), 4, None, 64,
+           "RadixCache, full attention, page 4, PagedTokenToKVPoolAllocator"),
+    Layout("pure_swa", "PureSWARadixCache", ("swa",), 1, 6, 48,
+           "PureSWARadixCache, every layer SWA (W=6): decode frees what leaves the window, "
+           "only the prefill part [0, evict floor) is cached"),
+    Layout("swa", "SWARadixCache", ("full", "swa"), 1, 4, 48,
+           "SWARadixCache, full + SWA (W=4) with tombstones, SWAKVPool + SWATokenToKVPoolAllocator"),
+)}
+
+
+def _layout_from(d: dict[str, Any], where: str) -> Layout:
+    try:
+        comps = tuple(d.get("components") or ("full",))
+        lay = Layout(str(d["name"]), str(d["class"]), comps, int(d.get("page_size", 1)),
+                     None if d.get("window") is None else int(d["window"]), int(d.get("capacity", 64)),
+                     str(d.get("doc", "")))
+    except (KeyError, TypeError, ValueError) as e:
+        raise LayoutError(f"{where}: a layout needs name, class (and optional components, "
+                          f"page_size, window, capacity): {e}") from None
+    if lay.cls not in DRIVEN:
+        raise LayoutError(f"{where}: class {lay.cls!r} is not driven by this adapter yet "
+                          f"({', '.join(DRIVEN)})")
+    if (lay.cls == "SWARadixCache") != (comps == ("full", "swa")):
+        raise LayoutError(f"{where}: SWARadixCache takes components [full, swa], the others not")
+    if any(c not in ("full", "swa") for c in comps):
+        raise LayoutError(f"{where}: components must be full or swa, got {list(comps)}")
+    if "swa" in comps and not lay.window:
+        raise LayoutError(f"{where}: an swa component needs a window")
+    if lay.page_size < 1 or lay.capacity < 4 * lay.page_size:
+        raise LayoutError(f"{where}: page_size >= 1 and capacity >= 4 pages")
+    return lay
+
+
+def load_layout_file(path: str) -> Layout:
+    """A user's own layout from a JSON file."""
+    p = Path(path)
+    try:
+        d = json.loads(p.read_text())
+    except OSError as e:
+        raise LayoutError(f"--layout-file {path}: cannot read it ({e.strerror})") from None
+    except json.JSONDecodeError as e:
+        raise LayoutError(f"--layout-file {path}: not JSON ({e.msg}, line {e.lineno})") from None
+    if not isinstance(d, dict):
+        raise LayoutError(f"--layout-file {path}: must be a JSON object")
+    return _layout_from(d, f"--layout-file {path}")
+
+
+def get_layout(name: str | Layout) -> Layout:
+    if isinstance(name, Layout):
+        return name
+    if name not in LAYOUTS:
+        raise LayoutError(f"unknown SGLang layout {name!r}; known: {', '.join(LAYOUTS)}")
+    return LAYOUTS[name]
+
+
+def check_supported(lay: Layout) -> None:
+    """One line when the installed release lacks the layout's class (SglangUnavailable)."""
+    from .sglang_install import cache_class
+    cache_class(lay.cls)
+    why = _api_gap(lay)
+    if why:
+        raise SglangUnavailable(why)
+
+
+def _api_gap(lay: Layout) -> str | None:
+    """Why the adapter cannot drive this class at the installed release, if it cannot."""
+    S = load()
+    if lay.cls == "SWARadixCache" and hasattr(S["bpc"], "MatchPrefixParams"):
+        return (f"sglang {S['version']}: SWARadixCache with the *Params API is not driven yet "
+                "(the adapter drives 0.5.7's positional API)")
+    return None
+
+
+def list_layouts() -> list[dict[str, Any]]:
+    """Every layout with whether the installed release has its class, plus the classes the
+    release has that no layout drives yet (listed so a user sees what is not covered)."""
+    try:
+        found = load()["classes"]
+    except SglangUnavailable as e:
+        return [dict(x.to_dict(), supported=False, reason=str(e)) for x in LAYOUTS.values()]
+    out = []
+    for x in LAYOUTS.values():
+        c = found.get(x.cls)
+        gap = _api_gap(x) if isinstance(c, type) else None
+        ok = isinstance(c, type) and gap is None
+        out.append(dict(x.to_dict(), supported=ok,
+                        reason=None if ok else (gap or (str(c) if c else f"this release has no {x.cls}"))))
+    driven = {x.cls for x in LAYOUTS.values()}
+    for cls in CLASSES:
+        if cls in found and cls not in driven:
+            out.append({"name": None, "class": cls, "supported": False,
+                        "reason": "present in this release; not driven by the adapter yet"})
+    return out
+
+
+def layout_config(lay: Layout) -> Config:
+    """The spec Config a layout's traces carry (block = the page)."""
+    try:
+        return Config(block_size=lay.page_size)
+    except Exception:       # a page size the spec's config does not take
+        return Config()
+
+
+# ---- planted faults (a thin wrapper around SGLang's classes; nothing in SGLang is edited) ----
+def _fault(name: str, site: str, bug_class: str, mirrors: str, expected: str, doc: str) -> Fault:
+    return Fault(name, "sglang", site, bug_class, mirrors, expected, doc, ("sglang",))
+
+
+SGLANG_FAULTS = (
+    _fault("lock_ref_leak", "dec_lock_ref", "lock references out of balance",
+           "SGLang radix lock_ref never returning to 0 (nodes unevictable forever)",
+           "lock_ref_equals_holders",
+           "After a release, the locked node keeps one reference nobody holds."),
+    _fault("match_overreach", "match_prefix", "a match crossing positions that are not live",
+           "SWA/tombstone match that serves more than the live window behind the hit",
+           "hit_sound", "match_prefix reports one page more than the path it returns holds, "
+           "with the request's first unmatched slots standing in for it."),
+    _fault("match_ignores_tombstones", "match_prefix", "a match crossing a tombstone",
+           "SWARadixCache match without enough live window behind the hit (match_len_since_tombstone, "
+           "sgl-project/sglang#17061)", "hit_sound_swa_window",
+           "match_prefix accepts a hit with one live SWA token behind the last tombstone (window 1)."),
+    _fault("evict_locked", "evict", "eviction of a locked node",
+           "SGLang radix evicting a node a running request holds", "no_evict_locked",
+           "evict also frees the deepest locked leaf."),
+    _fault("drop_insert", "insert", "state dropped on insert",
+           "cache_finished_req not inserting (or freeing) a finished request's KV",
+           "lost_reuse",
+           "Every other insert of new tokens is declined: the new slots are freed, nothing cached."),
+    _fault("insert_shifted_values", "insert", "a slot holding other tokens than its key",
+           "values misaligned with keys after a split or page truncation", "tree_content_matches",
+           "insert stores the values shifted by one position."),
+    _fault("evict_no_free", "evict", "size accounting",
+           "evicted nodes whose KV slots are never returned to the allocator",
+           "size_accounting", "evict deletes nodes without freeing their slots."),
+)
+FAULTS = {f.name: f for f in SGLANG_FAULTS}
+# faults that only some classes can express (the rest apply to every driven class)
+FAULT_CLASSES = {"match_ignores_tombstones": ("SWARadixCache",)}
+
+
+def fault_applies(fault: str, lay: Layout) -> bool:
+    return lay.cls in FAULT_CLASSES.get(fault, (lay.cls,))
