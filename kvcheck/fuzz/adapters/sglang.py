@@ -17,26 +17,23 @@ from kvcheck.spec.trace import Trace
 
 from ...spec.verdict import FOR_FINDING, ExitCode
 from ..lockstep import Act, Finding, FreeModel, Lockstep
+from ..prompts import PromptGen
 from ..shrink import shrink_finding
 from ..traces import replay as replay_on_core, to_trace
 from .sglang_adapter import SglangAdapter
 from .sglang_install import INSTALL_HINT, SglangUnavailable, sglang_version
-from .sglang_layouts import (ACTIONS, FAULTS, fault_applies, LAYOUTS, SGLANG_FAULTS, VOCAB, Layout, LayoutError, get_layout,
+from .sglang_layouts import (ACTIONS, FAULTS, LAYOUTS, SGLANG_FAULTS, VOCAB, Layout, LayoutError, get_layout,
                              layout_config, list_layouts, load_layout_file)
 
 __all__ = ["LAYOUTS", "FAULTS", "SGLANG_FAULTS", "ACTIONS", "SglangUnavailable", "SglangAdapter",
            "LayoutError", "run_campaign", "replay", "list_layouts", "load_layout_file", "INSTALL_HINT"]
 
 
-class _Gen:
+class _Gen(PromptGen):
     """Seeded generator of actions (swarm testing: each episode draws its own weights)."""
 
     def __init__(self, rng: random.Random) -> None:
-        self.rng = rng
-        self.bases = [[rng.randrange(VOCAB) for _ in range(30)] for _ in range(3)]
-        self.w = {a: rng.choice([0.3, 1, 2, 4]) for a in ACTIONS}
-        self.w["match"] *= 2
-        self.w["decode"] *= 2
+        super().__init__(rng, VOCAB, 30, ACTIONS, ("match", "decode"))
 
     def next(self, ad: SglangAdapter) -> tuple[str, dict]:
         rng = self.rng
@@ -45,14 +42,9 @@ class _Gen:
         if len(ad.reqs) < 4:
             cands["submit"] = self.w["submit"] * (3 if not ad.reqs else 1)
         cands["evict"] = self.w["evict"] * 0.2
-        acts = list(cands)
-        a = rng.choices(acts, [cands[x] for x in acts])[0]
+        a = self.choose(cands)
         if a == "submit":
-            base = rng.choice(self.bases)
-            n = rng.randint(2, 30)
-            cut = rng.randint(0, n)
-            toks = base[:cut] + [rng.randrange(VOCAB) for _ in range(n - cut)]
-            return a, {"r": f"r{ad.next_id}", "tokens": toks}
+            return a, {"r": f"r{ad.next_id}", "tokens": self.prompt(30)}
         if a == "evict":
             return a, {"n": rng.randint(1, ad.capacity // 2)}
         r = rng.choice(en[a])

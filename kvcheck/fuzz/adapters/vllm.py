@@ -20,6 +20,7 @@ from kvcheck.spec.trace import Trace
 
 from ...spec.verdict import FOR_FINDING, ExitCode
 from ..lockstep import Act, Finding, FreeModel, Lockstep
+from ..prompts import PromptGen
 from ..shrink import shrink_finding
 from ..traces import replay as replay_on_core, to_trace
 from .vllm_adapter import VllmAdapter
@@ -31,16 +32,11 @@ __all__ = ["LAYOUTS", "FAULTS", "ACTIONS", "VllmUnavailable", "VllmAdapter", "Vi
            "replay", "INSTALL_HINT"]
 
 
-class _Gen:
+class _Gen(PromptGen):
     """Seeded generator of actions (swarm testing: each episode draws its own weights)."""
 
     def __init__(self, rng: random.Random) -> None:
-        self.rng = rng
-        self.bases = [[rng.randrange(VOCAB) for _ in range(40)] for _ in range(3)]
-        self.w = {a: rng.choice([0.3, 1, 2, 4]) for a in ACTIONS}
-        self.w["lookup"] *= 2
-        self.w["prefill"] *= 2
-        self.w["decode"] *= 2
+        super().__init__(rng, VOCAB, 40, ACTIONS, ("lookup", "prefill", "decode"))
 
     def next(self, ad: VllmAdapter) -> tuple[str, dict]:
         rng = self.rng
@@ -50,13 +46,9 @@ class _Gen:
             cands["submit"] = self.w["submit"] * (3 if not ad.reqs else 1)
         cands["reset_prefix_cache"] = self.w["reset_prefix_cache"] * 0.15
         cands["evict_blocks"] = self.w["evict_blocks"] * 0.2
-        acts = list(cands)
-        a = rng.choices(acts, [cands[x] for x in acts])[0]
+        a = self.choose(cands)
         if a == "submit":
-            base = rng.choice(self.bases)
-            n = rng.randint(2, 44)
-            cut = rng.randint(0, n)
-            toks = base[:cut] + [rng.randrange(VOCAB) for _ in range(n - cut)]
+            toks = self.prompt(44)
             salt = rng.choice([None, None, None, "s1"])
             return a, {"r": f"r{ad.next_id}", "tokens": toks, "salt": salt}
         if a == "reset_prefix_cache":
