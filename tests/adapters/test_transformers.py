@@ -15,14 +15,7 @@ SCENARIO_KEYS = {"prefix_len", "suffix_mode", "max_abs_diff", "first_divergent_p
                  "verdict", "first_divergent_layer", "generation"}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    import torch
-
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")     # tests/conftest.py
 
 
 def _check_shape(res, n):

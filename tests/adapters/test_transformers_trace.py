@@ -11,14 +11,7 @@ from kvcheck.fuzz.adapters.transformers_scenarios import decoder_layers  # noqa:
 LAYER = 2
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    import torch
-
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")     # tests/conftest.py
 
 
 def _wrap_forward(module, before):
