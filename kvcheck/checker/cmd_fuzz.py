@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..spec.outputs import kvcheck_command
 from ..spec.verdict import ExitCode
-from .common import UsageError, check_sut_fault, check_writable, emit, load_config, progress
+from .common import UsageError, check_out_file, check_sut_fault, check_writable, emit, load_config, progress
 
 
 def _fuzz_vllm(args: argparse.Namespace) -> int:
@@ -96,9 +96,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     check_writable(out)
     obs = Path(args.observability) if args.observability else None
     if obs is not None:
-        if obs.is_dir():
-            raise UsageError(f"--observability wants a file, {obs} is a directory")
-        check_writable(obs.parent, "observability directory")
+        check_out_file(obs, "--observability")
     if args.db is not None:
         check_writable(Path(args.db), "example database directory (--db)")
     workers, note = cap_workers(args.workers)

@@ -80,13 +80,18 @@ def check_writable(out: Path, what: str = "output directory") -> None:
 
 
 def check_out_file(path: Path, what: str, suffixes: tuple[str, ...] = ()) -> None:
-    """An output file: not a directory, in a writable directory, with a known suffix."""
+    """An output file: not a directory, with a known suffix, in an existing writable directory
+    (an output *directory* such as --out is created; a file's directory is the user's: a typo in
+    it must not silently create a tree somewhere else)."""
     if path.is_dir():
         raise UsageError(f"{what} {path} is a directory; give a file name")
     if suffixes and path.suffix not in suffixes:
         raise UsageError(f"{what} {path}: unknown format {path.suffix or '(no suffix)'!r}; "
                          f"use {' or '.join(suffixes)}")
-    check_writable(path.parent if str(path.parent) else Path("."), f"{what}'s directory")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise UsageError(f"{what} {path}: directory {parent} does not exist")
+    check_writable(parent, f"{what}'s directory")
 
 
 def check_fault(name: str, layers: tuple[str, ...], where: str) -> faultlib.Fault:

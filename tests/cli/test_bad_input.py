@@ -55,6 +55,11 @@ def test_seed_string_is_bad_input_not_a_finding(capsys, tmp_path) -> None:
 def test_explore_graph_under_a_missing_directory_and_at_a_directory(capsys, tmp_path) -> None:
     graph = tmp_path / "missing" / "deeper" / "g.graphml"
     out = tmp_path / "out"
+    for extra in ([], ["--max-states", "10"]):     # refused before any work, whatever the budget
+        code, _, err = run(capsys, "explore", "--graph", str(graph), *extra)
+        assert_bad_input(code, err, "does not exist")
+        assert not (tmp_path / "missing").exists()  # nothing created
+    graph = tmp_path / "g.graphml"                # an existing directory: the run goes ahead
     code, _, err = run(capsys, "explore", "--fault", "window_off_by_one", "--graph", str(graph),
                        "--out", str(out))
     assert code == 10, err                       # the planted fault is found, and
