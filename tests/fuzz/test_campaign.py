@@ -89,7 +89,7 @@ def test_pytest_plugin_fixture(kvcheck_campaign) -> None:
 
 
 def test_observability_jsonl(tmp_path, capsys) -> None:
-    obs = tmp_path / "obs" / "run.jsonl"
+    obs = tmp_path / "run.jsonl"
     code = main(["fuzz", "--budget", "800", "--seed", "1", "--out", str(tmp_path), "--json",
                  "--observability", str(obs)])
     res = json.loads(capsys.readouterr().out)
@@ -100,7 +100,9 @@ def test_observability_jsonl(tmp_path, capsys) -> None:
     assert {c["status"] for c in cases} <= {"passed", "failed", "gave_up"}
     assert any(k.startswith("target:") for c in cases for k in c["features"])
     assert main(["fuzz", "--budget", "10", "--observability", str(tmp_path)]) == 2   # a directory
-    assert "wants a file" in capsys.readouterr().err
+    assert "is a directory" in capsys.readouterr().err
+    assert main(["fuzz", "--budget", "10", "--observability", str(tmp_path / "no" / "o.jsonl")]) == 2
+    assert "does not exist" in capsys.readouterr().err and not (tmp_path / "no").exists()
 
 
 def test_engine_fault_is_followed_to_its_expected_invariant(tmp_path) -> None:
