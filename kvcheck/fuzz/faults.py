@@ -3,7 +3,8 @@
 Owns which systems under test plant faults and where their declarations live: the spec's
 own (spec/faults.py), the reference engine's (reference/faults.py), the vLLM, transformers and SGLang
 adapters', and a
-user's `MODULE:CLASS` SUT (its class attribute `faults`: {name: expected check}). Providers are
+user's `MODULE:CLASS` SUT declares its own in a class attribute `faults` ({name: expected
+check}), checked where the SUT is resolved (checker/common.check_sut_fault). Providers are
 loaded on first use, nothing registers itself on import. `kvcheck faults`, `--fault` and
 `kvcheck mutants` read faults from here, so a misspelled name is an error everywhere.
 """
@@ -14,7 +15,7 @@ from typing import Any
 from ..spec.faults import Fault, FaultError, Planted, Registry, UnknownFault, spec_faults
 
 __all__ = ["Fault", "FaultError", "Planted", "REGISTRY", "UnknownFault", "get", "spec_faults",
-           "user_faults"]          # and FAULTS (every fault by name, loaded on first use)
+           ]                       # and FAULTS (every fault by name, loaded on first use)
 
 
 def _reference() -> tuple[Fault, ...]:
@@ -41,18 +42,9 @@ REGISTRY = Registry({"reference": _reference, "vllm": _vllm, "transformers": _tr
                      "sglang": _sglang})
 
 
-def get(name: str, sut: str | None = None) -> Fault:
-    """A fault by name; with `sut`, also checked to be one that SUT plants."""
-    return REGISTRY.get(name, sut)
-
-
-def user_faults(cls: Any, sut: str) -> dict[str, Fault]:
-    """The faults a user's SUT class declares (`faults = {name: expected_check}`)."""
-    declared = getattr(cls, "faults", None) or {}
-    if not isinstance(declared, dict):
-        raise FaultError(f"--sut {sut}: its `faults` attribute must be a dict {{name: expected check}}")
-    return {n: Fault(str(n), "user", sut, "user-declared fault", "", str(c), "", (sut,))
-            for n, c in declared.items()}
+def get(name: str) -> Fault:
+    """A fault by name, from whichever provider declares it."""
+    return REGISTRY.get(name)
 
 
 def __getattr__(name: str) -> Any:

@@ -2,7 +2,7 @@
 
 Owns the `Fault` record, the spec's own faults, the `Planted` probe through which a patch site
 asks "is my fault planted?", and the `Registry` that collects faults from explicit providers
-(spec, reference engine, vLLM, a user's SUT; fuzz/faults.py lists them). A fault names the site
+(spec, reference engine, vLLM, transformers, SGLang; fuzz/faults.py lists them). A fault names the site
 it patches (an action of the spec's table, a funnel layer, an engine method) and the check that
 must catch it; it counts as caught only when a run fails with that `expected` check. Sites ask
 with the fault's constant, never its name as a string, so a typo is a NameError; a spec built
@@ -30,7 +30,7 @@ class FaultError(ValueError):
 @dataclass(frozen=True)
 class Fault:
     name: str
-    provider: str       # who plants it: spec | reference | vllm | transformers | a user's SUT
+    provider: str       # who declares it: spec | reference | vllm | transformers | sglang
     site: str           # what it patches: action:NAME, funnel:layerN, or the engine's own method
     bug_class: str
     mirrors: str        # the public bug class / design it reproduces, where there is one
@@ -158,15 +158,10 @@ class Registry:
             self._faults = out
         return self._faults
 
-    def get(self, name: str, sut: str | None = None) -> Fault:
-        """The fault, checked against the SUT that is to plant it (when given)."""
-        faults = self.all()
-        f = faults.get(name)
+    def get(self, name: str) -> Fault:
+        f = self.all().get(name)
         if f is None:
             raise UnknownFault(name)
-        if sut is not None and f.suts and sut not in f.suts:
-            raise UnknownFault(name, f"fault {name!r} is planted by --sut {' or '.join(f.suts)}, "
-                                     f"not --sut {sut}; `kvcheck faults` lists each fault's SUT")
         return f
 
 

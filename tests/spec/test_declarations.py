@@ -42,9 +42,11 @@ def test_misspelled_fault_is_an_error_everywhere() -> None:
 
 
 def test_fault_for_another_sut_names_the_sut() -> None:
-    with pytest.raises(F.UnknownFault) as e:
-        registry.get("engine_tail_check_skipped", sut="spec")
+    from kvcheck.checker.common import UsageError, check_sut_fault
+    with pytest.raises(UsageError) as e:
+        check_sut_fault("spec", "engine_tail_check_skipped")
     assert "--sut reference" in str(e.value)
+    check_sut_fault("reference", "engine_tail_check_skipped")            # its own SUT: fine
     with pytest.raises(F.UnknownFault):
         Spec(Config(), "engine_tail_check_skipped")       # not a spec fault
 
