@@ -38,20 +38,38 @@ def cap_workers(n: int) -> tuple[int, str | None]:
 def keep_interrupts() -> None:
     """A Ctrl-C that lands inside a garbage-collector callback (Hypothesis registers one) would
     be swallowed as an "unraisable" exception: Python prints "Exception ignored ... Traceback"
-    and the interrupt is lost. Re-deliver it to the main thread instead (raised at the next
-    ordinary bytecode), quietly; every other unraisable goes to the default hook."""
-    import _thread
+    and the interrupt is lost. Re-deliver it to the main thread instead, quietly; every other
+    unraisable goes to the default hook.
+
+    The re-delivery must not happen inside the hook: `_thread.interrupt_main()` there runs the
+    SIGINT handler at the very next bytecode, still inside the hook, and the new
+    KeyboardInterrupt is swallowed the same way. A short-lived thread simulates the Ctrl-C once
+    the hook has returned; should that one land in a gc callback too, the hook re-arms."""
     import sys
 
     default = sys.__unraisablehook__
 
     def hook(u: Any) -> None:
-        if isinstance(u.exc_value, KeyboardInterrupt):
-            _thread.interrupt_main()
+        if not isinstance(u.exc_value, KeyboardInterrupt):
+            default(u)
             return
-        default(u)
+        while True:
+            try:
+                _redeliver_soon()
+                return
+            except KeyboardInterrupt:    # another Ctrl-C arrived inside this hook: still owed
+                continue
 
     sys.unraisablehook = hook
+
+
+def _redeliver_soon(delay_s: float = 0.01) -> None:
+    import _thread
+    import threading
+
+    t = threading.Timer(delay_s, _thread.interrupt_main)
+    t.daemon = True
+    t.start()
 
 
 def _init(stop: Any, initializer: Callable[[], None] | None) -> None:
