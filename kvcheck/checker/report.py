@@ -1,13 +1,12 @@
 """`kvcheck report`: one Markdown page and one self-contained HTML page from a report directory.
 
-Owns rendering only: it reads the JSON the engines wrote (report.json from the gate's walk,
-prove.json, explore.json) and the state diagrams explore wrote (inlined: SVG as markup, PNG as
-a data URI), and never reruns anything.
+Owns reading the directory and the Markdown page: the JSON the engines wrote (report.json from
+the gate, prove.json, explore.json, and mutants.json when `kvcheck mutants --json` was saved
+there) is checked and handed to report_html (the page) and never rerun. The engines' traces
+are replayed on the spec for the HTML timelines (report_findings, timeline).
 """
 from __future__ import annotations
 
-import base64
-import html
 import json
 from pathlib import Path
 from typing import Any, Callable
@@ -15,6 +14,7 @@ from typing import Any, Callable
 from ..spec.config import read_json
 from ..spec.outputs import write_atomic
 from .common import UsageError, check_out_file
+from .report_html import render_html
 
 
 class _Bad(UsageError):
@@ -26,20 +26,23 @@ def load_dir(d: Path) -> dict[str, Any]:
     if not d.is_dir():
         raise UsageError(f"report directory {d} does not exist or is not a directory")
     out: dict[str, Any] = {}
-    for name in ("report", "prove", "explore"):
+    for name in ("report", "prove", "explore", "mutants"):
         p = d / f"{name}.json"
         if p.exists():
             data = read_json(p, f"{name}.json", _Bad)
             if not isinstance(data, dict):
                 raise UsageError(f"{p} is not a kvcheck report: expected a JSON object, "
                                  f"got a {type(data).__name__}")
-            if not isinstance(data.get("verdict"), str):
+            if name == "mutants":
+                if not isinstance(data.get("faults"), list):
+                    raise UsageError(f"{p} is not `kvcheck mutants --json` output: no 'faults' list")
+            elif not isinstance(data.get("verdict"), str):
                 raise UsageError(f"{p} is not a kvcheck report: no 'verdict' string")
             if isinstance(data.get("exit_code"), bool) or not isinstance(data.get("exit_code"), int):
                 raise UsageError(f"{p} is not a kvcheck report: no integer 'exit_code'")
             out[name] = data
     if not out:
-        raise UsageError(f"no report.json, prove.json or explore.json in {d}")
+        raise UsageError(f"no report.json, prove.json, explore.json or mutants.json in {d}")
     return out
 
 
@@ -114,78 +117,6 @@ def render_markdown(data: dict[str, Any], d: Path) -> str:
     if "prove" in data:
         L += [f"- prove: {data['prove']['seconds']} s for {len(data['prove']['invariants'])} obligations"]
     return "\n".join(L) + "\n"
-
-
-def _picture(files: dict[str, str], d: Path) -> str:
-    for key in ("svg", "png"):
-        if key in files:
-            p = Path(files[key])
-            if not p.exists():
-                p = d / p.name
-            if not p.exists():
-                continue
-            if key == "svg":
-                text = p.read_text()
-                return text[text.index("<svg"):] if "<svg" in text else ""
-            b64 = base64.b64encode(p.read_bytes()).decode()
-            return f'<img alt="{html.escape(p.stem)}" src="data:image/png;base64,{b64}">'
-    return ""
-
-
-def render_html(data: dict[str, Any], d: Path) -> str:
-    e = html.escape
-    css = ("body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px;color:#222}"
-           "table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 8px;"
-           "font-size:13px}th{background:#f3f3f3}.proved,.holds{color:#0a7a2f;font-weight:bold}"
-           ".violated{color:#b00020;font-weight:bold}.unknown{color:#a66b00;font-weight:bold}"
-           "pre{background:#f6f8fa;padding:8px;font-size:12px}.pics{display:flex;flex-wrap:wrap;gap:12px}")
-    H = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>kvcheck report</title>"
-         f"<style>{css}</style></head><body><h1>kvcheck report</h1><ul>"]
-    for key, label in (("report", "gate"), ("prove", "prove"), ("explore", "explore")):
-        if key in data:
-            v = data[key].get("verdict", "")
-            cls = v.split()[0] if v else ""
-            H.append(f"<li>{label}: <span class='{e(cls)}'>{e(v)}</span> (exit {data[key].get('exit_code')})</li>")
-    H.append("</ul>")
-    rows = _invariant_rows(data)
-    if rows:
-        H.append("<h2>Invariants</h2><table><tr><th>invariant</th><th>kind</th><th>status</th>"
-                 "<th>method</th><th>bound</th><th>seconds</th></tr>")
-        for r in rows:
-            H.append("<tr>" + "".join(f"<td class='{e(c) if i == 2 else ''}'>{e(c)}</td>"
-                                      for i, c in enumerate(r)) + "</tr>")
-        H.append("</table>")
-    if "explore" in data:
-        x = data["explore"]
-        H.append(f"<h2>Coverage (explore)</h2><p>{x['states']} distinct states, {x['transitions']} "
-                 f"transitions, depth {x['depth']}, {x['seconds']} s ({x['states_per_s']} states/s), "
-                 f"{'exhaustive' if x['exhaustive'] else 'not exhaustive'}; deadlocks {x['deadlocks']}</p>")
-        H.append("<table><tr><th>sometimes property</th><th>reached</th></tr>")
-        for k, ok in x["sometimes"].items():
-            H.append(f"<tr><td>{e(k)}</td><td class='{'proved' if ok else 'violated'}'>{'yes' if ok else 'NO'}</td></tr>")
-        H.append("</table>")
-        if x.get("diagrams"):
-            H.append("<h2>State diagrams (observed)</h2><div class='pics'>")
-            for kind, files in x["diagrams"].items():
-                H.append(f"<div>{_picture(files, d)}</div>")
-            H.append("</div>")
-    reps = _replays(data)
-    if reps:
-        H.append("<h2>Counterexamples</h2>")
-        for eng, invs, steps, replay in reps:
-            H.append(f"<h3>{e(eng)}: <span class='violated'>{e(', '.join(invs))}</span></h3>"
-                     f"<p>replay: <code>{e(replay)}</code></p><pre>"
-                     + "\n".join(f"{i:3}. {e(s)}" for i, s in enumerate(steps)) + "</pre>")
-    w = data.get("report", {}).get("engines", {}).get("walk")
-    if w:
-        m = w["metrics"]
-        H.append(f"<h2>Metrics</h2><p>walk: {w['steps']} steps ({w['steps_per_s']} steps/s); logical hit "
-                 f"rate {m['logical_hit_rate']}, usable hit rate {m['usable_hit_rate']}</p><table>"
-                 "<tr><th>degradation reason</th><th>count</th></tr>"
-                 + "".join(f"<tr><td>{e(k)}</td><td>{v}</td></tr>" for k, v in m["degradations"].items())
-                 + "</table>")
-    H.append("</body></html>")
-    return "\n".join(H) + "\n"
 
 
 def _render(fn: Callable[[dict[str, Any], Path], str], data: dict[str, Any], d: Path) -> str:
