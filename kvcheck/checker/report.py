@@ -34,8 +34,7 @@ def load_dir(d: Path) -> dict[str, Any]:
                 raise UsageError(f"{p} is not a kvcheck report: expected a JSON object, "
                                  f"got a {type(data).__name__}")
             if name == "mutants":
-                if not isinstance(data.get("faults"), list):
-                    raise UsageError(f"{p} is not `kvcheck mutants --json` output: no 'faults' list")
+                _check_mutants(p, data)
             elif not isinstance(data.get("verdict"), str):
                 raise UsageError(f"{p} is not a kvcheck report: no 'verdict' string")
             if isinstance(data.get("exit_code"), bool) or not isinstance(data.get("exit_code"), int):
@@ -44,6 +43,21 @@ def load_dir(d: Path) -> dict[str, Any]:
     if not out:
         raise UsageError(f"no report.json, prove.json, explore.json or mutants.json in {d}")
     return out
+
+
+def _check_mutants(p: Path, data: dict[str, Any]) -> None:
+    """mutants.json is `kvcheck mutants --json` saved by hand: its rows are checked here, so a
+    bad one is refused whatever is rendered."""
+    what = f"{p} is not `kvcheck mutants --json` output"
+    if not isinstance(data.get("faults"), list):
+        raise UsageError(f"{what}: no 'faults' list")
+    for i, r in enumerate(data["faults"]):
+        if not isinstance(r, dict) or not isinstance(r.get("fault"), str) or not isinstance(r.get("engines"), dict):
+            raise UsageError(f"{what}: faults[{i}] must be an object with a 'fault' name and an 'engines' object")
+        for e, c in r["engines"].items():
+            secs = c.get("seconds") if isinstance(c, dict) else None
+            if isinstance(secs, bool) or not isinstance(secs, (int, float)):
+                raise UsageError(f"{what}: faults[{i}].engines.{e} must be an object with numeric 'seconds'")
 
 
 def _invariant_rows(data: dict[str, Any]) -> list[list[str]]:

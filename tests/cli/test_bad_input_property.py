@@ -4,7 +4,7 @@ stderr, no traceback, and changes no file that was already written.
 Generated inputs (Hypothesis, derandomized: the same examples on every run): garbage bytes,
 non-UTF-8 text, JSON of the wrong types and shapes, out-of-range values, unknown keys and very
 deep nesting, for configs (spec, prove, explore, gate, fuzz, mutants, diff), traces (replay)
-and report files (report --in). Each example is built to be invalid, so exit 2 is the only
+and report files (report --in, with the traces and mutants.json it reads). Each example is built to be invalid, so exit 2 is the only
 right answer. The CLI runs in-process, so a few hundred examples take seconds.
 """
 from __future__ import annotations
@@ -167,7 +167,26 @@ def bad_report() -> st.SearchStrategy[tuple[str, bytes]]:
                         st.integers(900, 5000).map(lambda n: _deep(n).encode()))
     header_only = st.fixed_dictionaries({"verdict": st.text(max_size=8), "exit_code": st.integers(0, 13)}).map(_dumps)
     return st.one_of(st.tuples(st.just("report.json"), content),
-                     st.tuples(st.sampled_from(["prove.json", "explore.json"]), st.one_of(content, header_only)))
+                     st.tuples(st.sampled_from(["prove.json", "explore.json"]), st.one_of(content, header_only)),
+                     st.tuples(st.just("mutants.json"), st.one_of(_garbage(), bad_mutants().map(_dumps))))
+
+
+def bad_mutants() -> st.SearchStrategy[dict[str, Any]]:
+    """`kvcheck mutants --json` output saved next to a report, broken in one place."""
+    row = {"fault": "shared_free_list", "expected": "five_state_routing", "status": "killed",
+           "engines": {"walk": {"detected": True, "caught_by": ["five_state_routing"], "seconds": 0.1,
+                                "expected_caught": True}}}
+    return st.one_of(
+        st.fixed_dictionaries({"faults": json_any.filter(lambda v: not isinstance(v, list)), "exit_code": st.just(0)}),
+        st.fixed_dictionaries({"faults": st.just([row]), "exit_code": not_int}),
+        st.fixed_dictionaries({"faults": st.lists(json_any.filter(lambda v: not isinstance(v, dict)), min_size=1,
+                                                  max_size=2), "exit_code": st.just(0)}),
+        st.fixed_dictionaries({"faults": st.just([{**row, "fault": 3}]), "exit_code": st.just(0)}),
+        st.fixed_dictionaries({"faults": json_any.filter(lambda v: not isinstance(v, dict)).map(
+            lambda v: [{**row, "engines": {"walk": v}}]), "exit_code": st.just(0)}),
+        st.fixed_dictionaries({"faults": not_int.filter(lambda v: not isinstance(v, float)).map(
+            lambda v: [{**row, "engines": {"walk": {**row["engines"]["walk"], "seconds": v}}}]),
+            "exit_code": st.just(0)}))
 
 
 CONFIG_COMMANDS = [
@@ -230,3 +249,45 @@ def test_report_refuses_malformed_report_files(capsys, item, html) -> None:
         name, content = item
         (rep / name).write_bytes(content)
         _check(capsys, ["report", "--in", str(rep)] + (["--html"] if html else []), d)
+
+
+@SETTINGS
+@given(content=bad_trace())
+def test_report_refuses_a_malformed_trace_it_replays(capsys, content) -> None:
+    """The HTML report replays each finding's trace for its timeline: a trace file that is not
+    one kvcheck wrote is bad input too."""
+    t, d = _workdir()
+    with t:
+        rep = d / "out"
+        for name in ("prove.json", "explore.json"):
+            (rep / name).unlink()
+        ce = rep / "counterexample-clean-seed0.json"
+        ce.write_bytes(content)
+        (rep / "report.json").write_text(json.dumps({
+            "verdict": "violated", "exit_code": 10, "config": {}, "fault": None, "engines": {},
+            "violation": {"step": 0, "action": "submit(r=0, n=1)", "invariants": ["admission_cap"], "where": [],
+                          "trace": str(ce), "trace_steps": ["submit(r=0, n=1)"], "replay": f"kvcheck replay {ce}"}}))
+        _check(capsys, ["report", "--in", str(rep), "--html"], d)
+
+
+def test_the_report_fixtures_above_are_valid_when_unbroken(capsys) -> None:
+    """The control: the same report with a well-formed trace and mutants.json renders (exit 0),
+    so the properties above fail on what they break, not on the rest of the directory."""
+    t, d = _workdir()
+    with t:
+        rep = d / "out"
+        for name in ("prove.json", "explore.json"):
+            (rep / name).unlink()
+        ce = rep / "counterexample-clean-seed0.json"
+        ce.write_text(json.dumps(trace_dict()))
+        (rep / "report.json").write_text(json.dumps({
+            "verdict": "violated", "exit_code": 10, "config": {}, "fault": None, "engines": {},
+            "violation": {"step": 0, "action": "submit(r=0, n=1)", "invariants": ["admission_cap"], "where": [],
+                          "trace": str(ce), "trace_steps": ["submit(r=0, n=1)"], "replay": f"kvcheck replay {ce}"}}))
+        (rep / "mutants.json").write_text(json.dumps({"faults": [
+            {"fault": "shared_free_list", "expected": "five_state_routing", "status": "killed",
+             "engines": {"walk": {"detected": True, "caught_by": ["five_state_routing"], "seconds": 0.1,
+                                  "expected_caught": True}}}], "exit_code": 0}))
+        code, _, err = run(capsys, "report", "--in", str(rep), "--html")
+        assert code == 0, err
+        assert "data-step='0'" in (rep / "report.html").read_text()
