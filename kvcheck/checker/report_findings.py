@@ -135,6 +135,17 @@ def trace_path(f: Finding) -> str | None:
     return None
 
 
+def _point_replay_at(f: Finding, old: str, new: str) -> None:
+    """The replay command, for where the trace is now (the report directory was moved)."""
+    try:
+        words = shlex.split(f.replay)
+    except ValueError:
+        return
+    if old in words:
+        f.replay = shlex.join(new if w == old else w for w in words)
+    f.trace = new
+
+
 def load_trace(f: Finding, d: Path) -> tuple[Trace | None, str]:
     """(trace, note): read from where it was written or from the report directory (a report
     copied elsewhere keeps its traces next to it); rebuilt from the labels when neither exists."""
@@ -143,9 +154,13 @@ def load_trace(f: Finding, d: Path) -> tuple[Trace | None, str]:
         for cand in (Path(p), d / Path(p).name):
             if cand.is_file():
                 try:
-                    return Trace.load(cand), ""
+                    tr = Trace.load(cand)
                 except TraceError as e:
                     raise UsageError(f"{cand}: {e}") from None
+                if str(cand) != p:
+                    _point_replay_at(f, p, str(cand))
+                    return tr, f"trace found next to the report (written to {p})"
+                return tr, ""
     if not f.trace_steps:
         return None, "no trace recorded"
     try:

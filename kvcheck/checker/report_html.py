@@ -46,7 +46,7 @@ table.timeline tr.refused td{color:#888;font-style:italic}
 .chip.evicted{background:#f6d5d8;border-color:#e08a93}.chip.req{background:#e3ecfb;border-color:#9db7e6}
 .chip.disk{background:#efe3f7;border-color:#bb9ad6}
 .decision{font-weight:600}.reason{color:#a66b00}
-.changes{color:#444}.note{color:#666;font-size:13px;font-style:italic}
+td.changes{min-width:250px}.changes{color:#444}.note{color:#666;font-size:13px;font-style:italic}
 .plots{display:flex;flex-wrap:wrap;gap:14px;align-items:flex-start}.plots figure{margin:0;background:#fff;border:1px solid #ddd;padding:6px}
 .plots figcaption{font-size:12px;color:#555;max-width:560px}
 img.plot{display:block;max-width:100%}

@@ -19,28 +19,29 @@ FIX = Path(__file__).parent / "fixtures" / "report"
 WRITTEN_IN = ("/tmp/rep-report-fault/", "/tmp/rep-report/", "/tmp/rep-fuzz/")
 
 
-def moved(text: str, dest: Path) -> str:
+def moved(text: str, dest: Path, home: bool = False) -> str:
+    """The recorded paths pointed at a directory that is gone (or, `home`, at `dest` itself)."""
     for old in WRITTEN_IN:
-        text = text.replace(old, f"{dest.parent}/moved-away/")
+        text = text.replace(old, f"{dest}/" if home else f"{dest.parent}/moved-away/")
     return text
 
 
-def copy(name: str, dest: Path) -> Path:
+def copy(name: str, dest: Path, home: bool = False) -> Path:
     shutil.copytree(FIX / name, dest)
     for p in dest.glob("*.json"):
-        p.write_text(moved(p.read_text(), dest))
+        p.write_text(moved(p.read_text(), dest, home))
     return dest
 
 
-def with_reference_finding(dest: Path) -> Path:
+def with_reference_finding(dest: Path, home: bool = False) -> Path:
     """The clean gate's directory with the reference fuzz campaign that found a planted engine
     bug in place of the clean one (what the gate writes when the reference engine has that bug),
     plus the mutants matrix saved next to it."""
-    copy("clean", dest)
+    copy("clean", dest, home)
     shutil.copy(FIX / "fault" / "fuzz-reference-engine_refcount_double_decrement-seed0.json", dest)
     shutil.copy(FIX / "mutants.json", dest)
     rep = json.loads((dest / "report.json").read_text())
-    fz = json.loads(moved((FIX / "fuzz-reference.json").read_text(), dest))
+    fz = json.loads(moved((FIX / "fuzz-reference.json").read_text(), dest, home))
     rep["engines"]["fuzz_reference"] = {k: fz[k] for k in ("steps", "seconds", "steps_per_s", "coverage",
                                                            "findings", "exit_code")}
     rep["verdict"], rep["exit_code"] = f"failed (fuzz --sut reference: exit {fz['exit_code']})", fz["exit_code"]

@@ -1,7 +1,7 @@
 """The HTML report in a real browser: headless Chromium loads the page and a probe reports what
 is on screen (findings, timeline rows, plots decoded with a non-zero size); a screenshot of the
 page is not blank and opens with the verdict. Skipped, with the install line, where Chromium
-is absent. KVCHECK_UPDATE_SCREENSHOT=1 also writes docs/report-screenshot.png.
+is absent. KVCHECK_UPDATE_SCREENSHOT=1 also rewrites docs/report-screenshot.png.
 """
 from __future__ import annotations
 
@@ -91,5 +91,13 @@ def test_report_renders_in_headless_chromium(capsys, tmp_path):
     assert float(px[..., :3].std()) > 0.05                          # not blank
     head = px[20, 20, :3]
     assert head[0] > 0.5 and head[1] < 0.2 and head[2] < 0.25      # the red verdict bar at the top
-    if os.environ.get("KVCHECK_UPDATE_SCREENSHOT") == "1":
-        shutil.copy(shot, DOCS)
+
+
+@pytest.mark.skipif(os.environ.get("KVCHECK_UPDATE_SCREENSHOT") != "1",
+                    reason="writes docs/report-screenshot.png: run with KVCHECK_UPDATE_SCREENSHOT=1")
+def test_update_the_docs_screenshot(capsys, tmp_path, monkeypatch):
+    """The page of a report directory where the engines wrote it (`kvcheck-report/`)."""
+    monkeypatch.chdir(tmp_path)
+    d = with_reference_finding(Path("kvcheck-report"), home=True)
+    assert cli.main(["report", "--in", str(d), "--html"]) == 0
+    _chromium(tmp_path, f"--screenshot={DOCS}", "--window-size=1280,2000", (tmp_path / d / "report.html").as_uri())

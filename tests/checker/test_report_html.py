@@ -6,6 +6,7 @@ import base64
 import io
 import json
 import re
+import shlex
 
 import pytest
 
@@ -37,7 +38,12 @@ def test_page_opens_with_the_verdict_then_the_findings(capsys, tmp_path):
     rep = json.loads((tmp_path / "r" / "report.json").read_text())
     walk = arts[0]
     assert "spec / walk" in walk and "five_state_routing" in walk
-    assert f"kvcheck replay {rep['violation']['trace']}" in walk
+    # the directory moved: the trace is found next to the report, and the command shown replays it
+    cmd = re.search(r"<code class='replay'>(.*?)</code>", walk).group(1)
+    assert cmd == f"kvcheck replay {tmp_path / 'r' / 'counterexample-shared_free_list-seed0.json'}"
+    assert "trace found next to the report" in walk and rep["violation"]["trace"] in walk
+    assert cli.main(shlex.split(cmd)[1:]) == 10            # it reproduces the violation (exit 10)
+    capsys.readouterr()
     rows = re.findall(r"<tr class='(\w*)' data-step='(\d+)'>(.*?)</tr>", walk, re.S)
     assert [int(n) for _, n, _ in rows] == list(range(len(rep["violation"]["trace_steps"])))
     assert [cls for cls, _, _ in rows] == [""] * (len(rows) - 1) + ["broken"]   # only the last step breaks it
