@@ -14,6 +14,7 @@ from typing import Any, Callable
 from ..spec.config import read_json
 from ..spec.outputs import write_atomic
 from .common import UsageError, check_out_file
+from .report_findings import collect
 from .report_html import render_html
 
 
@@ -68,20 +69,6 @@ def _invariant_rows(data: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
-def _replays(data: dict[str, Any]) -> list[tuple[str, list[str], list[str], str]]:
-    out = []
-    w = data.get("report", {}).get("violation")
-    if w:
-        out.append(("walk (gate)", w["invariants"], w["trace_steps"], w["replay"]))
-    p = data.get("prove", {}).get("bmc", {}).get("violation")
-    if p:
-        out.append(("prove (Z3 BMC)", p["invariants"], p["steps"], p["replay"]))
-    e = data.get("explore", {}).get("violation")
-    if e:
-        out.append(("explore (BFS, shortest)", e["invariants"], e["steps"], e["replay"]))
-    return out
-
-
 def render_markdown(data: dict[str, Any], d: Path) -> str:
     L = ["# kvcheck report", ""]
     if "report" in data:
@@ -114,11 +101,12 @@ def render_markdown(data: dict[str, Any], d: Path) -> str:
             for kind, files in e["diagrams"].items():
                 pic = files.get("png") or files.get("svg") or files.get("dot")
                 L.append(f"![{kind}]({Path(pic).name})")
-    reps = _replays(data)
-    if reps:
+    found = collect(data, d)
+    if found:
         L += ["", "## Counterexamples", ""]
-        for eng, invs, steps, replay in reps:
-            L += [f"### {eng}: {', '.join(invs)}", "", f"replay: `{replay}`", "", "```"] + steps + ["```", ""]
+        for f in found:
+            L += [f"### {f.system} / {f.engine}: [{f.kind}] {f.check}", "", f.message, "",
+                  f"replay: `{f.replay}`", "", "```"] + f.trace_steps + ["```", ""]
     w = data.get("report", {}).get("engines", {}).get("walk")
     if w:
         m = w["metrics"]

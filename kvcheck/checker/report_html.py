@@ -56,20 +56,29 @@ section.engine{background:#fff;border:1px solid #ddd;padding:4px 16px 12px;margi
 
 
 def _tone(verdict: str, code: Any) -> str:
+    """ok / bad / warn: a planted fault that survived is as bad as a violation."""
     v = verdict.lower()
-    if code == 0 and (v.startswith(("holds", "proved")) or v == "ok"):
-        return "ok"
-    if v.startswith(("violated", "failed")) or code in (10, 11, 12, 13):
+    if code in (10, 11, 12, 13) or v.startswith(("violated", "failed", "fault survived")):
         return "bad"
+    if code == 0 and not v.startswith(("undecided", "interrupted", "unknown")):
+        return "ok"
     return "warn"
 
 
-def _header(data: dict[str, Any], findings: list[Finding]) -> str:
-    main = data.get("report") or data.get("prove") or data.get("explore") or {}
-    verdict, code = str(main.get("verdict", "")), main.get("exit_code")
+def _verdict(x: dict[str, Any]) -> str:
+    if "verdict" in x:
+        return str(x["verdict"])
+    if "mutation_score" in x:          # mutants.json alone
+        return f"mutation score {eng.num(x['mutation_score'], 'mutants.json: mutation_score'):.0%}"
+    return ""
+
+
+def _header(data: dict[str, Any], findings: list[Finding]) -> tuple[str, str]:
+    main = data.get("report") or data.get("prove") or data.get("explore") or data.get("mutants") or {}
+    verdict, code = _verdict(main), main.get("exit_code")
     tone = _tone(verdict, code)
     if "report" not in data:          # no gate: the worst of what is there
-        tones = [_tone(str(x.get("verdict", "")), x.get("exit_code")) for x in data.values() if "verdict" in x]
+        tones = [_tone(_verdict(x), x.get("exit_code")) for x in data.values()]
         tone = "bad" if "bad" in tones else "warn" if "warn" in tones else "ok"
     rep = data.get("report", {})
     lines = [f"<header class='verdict {tone}' id='verdict'><h1>kvcheck: {e(verdict)}</h1>",
@@ -84,7 +93,7 @@ def _header(data: dict[str, Any], findings: list[Finding]) -> str:
     n = len(findings)
     lines.append(f"<p>{n} finding{'s' if n != 1 else ''}"
                  + (f" &middot; kvcheck {e(str(rep['kvcheck']))}" if rep.get("kvcheck") else "") + "</p></header>")
-    return "\n".join(lines)
+    return "\n".join(lines), tone
 
 
 def _chips(row: Row) -> str:
@@ -148,14 +157,16 @@ def render_html(data: dict[str, Any], d: Path) -> str:
     plots = eng.plots(data)
     nav = ["<a href='#findings'>findings</a>", "<a href='#engines'>engines</a>"] + (["<a href='#plots'>plots</a>"] if plots else []) \
         + [f"<a href='#{e(sid)}'>{e(title)}</a>" for sid, title, _ in sections]
+    head, tone = _header(data, findings)
     H = ["<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>kvcheck report</title>",
-         f"<style>{CSS}</style></head><body>", _header(data, findings),
+         f"<style>{CSS}</style></head><body>", head,
          "<main><nav>" + "".join(nav) + "</nav>"]
     H.append(f"<section id='findings'><h2>Findings ({len(findings)})</h2>")
     if findings:
         H += [_finding(i, f) for i, f in enumerate(findings)]
     else:
-        H.append("<p class='ok'>No findings: every engine that ran held.</p>")
+        H.append("<p class='ok'>No findings: every engine that ran held.</p>" if tone == "ok" else
+                 "<p class='warn'>No findings, but the verdict above is not a pass.</p>")
     H.append("</section>")
     H.append(eng.summary_table(data))
     if plots:

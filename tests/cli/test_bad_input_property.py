@@ -252,10 +252,10 @@ def test_report_refuses_malformed_report_files(capsys, item, html) -> None:
 
 
 @SETTINGS
-@given(content=bad_trace())
-def test_report_refuses_a_malformed_trace_it_replays(capsys, content) -> None:
-    """The HTML report replays each finding's trace for its timeline: a trace file that is not
-    one kvcheck wrote is bad input too."""
+@given(content=bad_trace(), html=st.booleans())
+def test_report_refuses_a_malformed_trace_it_replays(capsys, content, html) -> None:
+    """The report replays each finding's trace (the HTML timeline, the Markdown's steps): a
+    trace file that is not one kvcheck wrote is bad input too."""
     t, d = _workdir()
     with t:
         rep = d / "out"
@@ -267,7 +267,7 @@ def test_report_refuses_a_malformed_trace_it_replays(capsys, content) -> None:
             "verdict": "violated", "exit_code": 10, "config": {}, "fault": None, "engines": {},
             "violation": {"step": 0, "action": "submit(r=0, n=1)", "invariants": ["admission_cap"], "where": [],
                           "trace": str(ce), "trace_steps": ["submit(r=0, n=1)"], "replay": f"kvcheck replay {ce}"}}))
-        _check(capsys, ["report", "--in", str(rep), "--html"], d)
+        _check(capsys, ["report", "--in", str(rep)] + (["--html"] if html else []), d)
 
 
 def test_the_report_fixtures_above_are_valid_when_unbroken(capsys) -> None:
