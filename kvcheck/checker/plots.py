@@ -65,7 +65,7 @@ def hit_rates(rows: list[tuple[str, float, float]]) -> str:
 def degradations(series: dict[str, dict[str, int]]) -> str:
     """Horizontal bars: how often each reason degraded a hit, one colour per source."""
     reasons = sorted({r for counts in series.values() for r in counts})
-    fig = _figure(5.6, 0.9 + 0.32 * max(1, len(reasons)) * max(1, len(series)) ** 0.5)
+    fig = _figure(5.6, min(30.0, 1.0 + len(reasons) * (0.1 + 0.12 * max(1, len(series)))))
     ax = fig.add_subplot()
     n = max(1, len(series))
     h = 0.8 / n
@@ -85,7 +85,8 @@ def detection_times(rows: list[tuple[str, str, float, str]]) -> str:
     catch each planted fault, coloured by whether the expected check caught it."""
     faults = list(dict.fromkeys(r[0] for r in rows))
     engines = list(dict.fromkeys(r[1] for r in rows))
-    fig = _figure(5.6, 0.9 + 0.28 * len(faults) * max(1, len(engines)) ** 0.6)
+    per_fault = {f: sum(1 for r in rows if r[0] == f) for f in faults}
+    fig = _figure(5.6, min(40.0, 1.0 + sum(0.12 * n + 0.1 for n in per_fault.values())))
     ax = fig.add_subplot()
     n = max(1, len(engines))
     h = 0.8 / n

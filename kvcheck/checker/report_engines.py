@@ -76,7 +76,18 @@ def summary_table(data: dict[str, Any]) -> str:
     for name, x in engines(data).items():
         size = next((f"{x[k]} {k}" for k in ("steps", "states", "scenarios", "scored") if k in x), "")
         rows.append([name, _verdict(name, x, data), x.get("exit_code", ""), size, x.get("seconds", "")])
-    return "<h2 id='engines'>Engines</h2>" + table(["engine", "result", "exit", "size", "seconds"], rows, "engines") if rows else ""
+    if not rows:
+        return ""
+    return "<h2 id='engines'>Engines</h2>" + table(["engine", "result", "exit", "size", "seconds"], rows, "engines")
+
+
+def _counts(x: dict[str, Any], key: str, where: str, head: str, col: str = "count") -> str:
+    """A two-column table of one of an engine's {name: count} maps."""
+    return table([head, col], [[k, v] for k, v in counts(x.get(key) or {}, f"{where}.{key}").items()])
+
+
+def _names(x: Any, where: str) -> str:
+    return e(", ".join(map(str, lst(x, where)))) or "none"
 
 
 def _walk(x: dict[str, Any], data: dict[str, Any]) -> str:
@@ -88,11 +99,10 @@ def _walk(x: dict[str, Any], data: dict[str, Any]) -> str:
          f"over {met.get('lookups')} lookups.</p>"]
     missing = data.get("report", {}).get("coverage_missing") or []
     if missing:
-        H.append("<p class='warn'>coverage below the profile minimum: " + e(", ".join(map(str, missing))) + "</p>")
-    H.append("<div class='pics'>" + table(["decision", "count"], [[k, v] for k, v in counts(cov["decisions"], "walk.coverage.decisions").items()])
-             + table(["action", "count"], [[k, v] for k, v in counts(cov["actions"], "walk.coverage.actions").items()])
-             + table(["object state", "entries"], [[k, v] for k, v in counts(cov.get("object_states", {}), "walk.coverage.object_states").items()])
-             + "</div>")
+        H.append(f"<p class='warn'>coverage below the profile minimum: {_names(missing, 'coverage_missing')}</p>")
+    H += ["<div class='pics'>", _counts(cov, "decisions", "walk.coverage", "decision"),
+          _counts(cov, "actions", "walk.coverage", "action"),
+          _counts(cov, "object_states", "walk.coverage", "object state", "entries"), "</div>"]
     return "\n".join(H)
 
 
@@ -101,58 +111,68 @@ def _fuzz(x: dict[str, Any]) -> str:
     H = [f"<p>{x.get('steps')} steps in {x.get('seconds')} s ({x.get('steps_per_s')} steps/s), exit "
          f"{x.get('exit_code')}; {len(lst(x.get('findings', []), 'fuzz.findings'))} finding(s).</p>"]
     if cov.get("decisions"):
-        H.append(table(["decision", "count"], [[k, v] for k, v in counts(cov["decisions"], "fuzz.coverage.decisions").items()]))
+        H.append(_counts(cov, "decisions", "fuzz.coverage", "decision"))
     if cov.get("actions_missing") is not None:
-        H.append(f"<p>actions never exercised: {e(', '.join(map(str, lst(cov['actions_missing'], 'fuzz.coverage.actions_missing'))) or 'none')}</p>")
+        H.append(f"<p>actions never exercised: {_names(cov['actions_missing'], 'fuzz.coverage.actions_missing')}</p>")
     return "\n".join(H)
 
 
 def _diff(x: dict[str, Any]) -> str:
+    eq = x.get("bitwise_equal")
     H = [f"<p>{x.get('scenarios')} scenarios; output with reuse bitwise equal to a full recompute: "
-         f"<span class='{'proved' if x.get('bitwise_equal') else 'violated'}'>{e(str(x.get('bitwise_equal')))}</span>; "
-         f"logical hit rate {x.get('logical_hit_rate')}, usable {x.get('usable_hit_rate')}.</p>", "<div class='pics'>"]
-    for key in ("decisions", "objects_exercised", "degradations"):
-        if x.get(key):
-            H.append(table([key.replace("_", " "), "count"], [[k, v] for k, v in counts(x[key], f"diff.{key}").items()]))
+         f"<span class='{'proved' if eq else 'violated'}'>{e(str(eq))}</span>; logical hit rate "
+         f"{x.get('logical_hit_rate')}, usable {x.get('usable_hit_rate')}.</p>", "<div class='pics'>"]
+    H += [_counts(x, key, "diff", key.replace("_", " ")) for key in ("decisions", "objects_exercised", "degradations")
+          if x.get(key)]
     H.append("</div>")
-    for m in lst(x.get("mismatches") or [], "diff.mismatches")[:20]:
-        H.append(f"<pre>{e(str(m))}</pre>")
+    H += [f"<pre>{e(str(m))}</pre>" for m in lst(x.get("mismatches") or [], "diff.mismatches")[:20]]
     return "\n".join(H)
 
 
 def _matrix_rows(x: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    """The full matrix rows (`matrix`, or mutants.json's `faults` list); none for the smoke's
+    {fault: status} digest."""
     rows = x.get("matrix") if "matrix" in x else x.get("faults") if isinstance(x.get("faults"), list) else None
-    return [obj(r, f"{where}[{i}]") for i, r in enumerate(lst(rows, where))] if rows is not None else []
+    if rows is None:
+        return []
+    out = [obj(r, f"{where}[{i}]") for i, r in enumerate(lst(rows, where))]
+    for i, r in enumerate(out):
+        for en, c in obj(r.get("engines", {}), f"{where}[{i}].engines").items():
+            obj(c, f"{where}[{i}].engines.{en}")
+    return out
+
+
+def _cell(c: dict[str, Any] | None) -> str:
+    if c is None:
+        return "-"
+    verdict = "OK" if c.get("expected_caught") else "other" if c.get("detected") else "miss"
+    return f"{verdict} {c.get('seconds')}s"
 
 
 def _mutants(x: dict[str, Any], name: str) -> str:
+    clean = x.get("negative_control_clean")
     H = [f"<p>mutation score {num(x.get('mutation_score', 0), f'{name}.mutation_score'):.0%} "
          f"({x.get('killed')}/{x.get('scored')} killed by their expected check); negative control "
-         + ("<span class='proved'>clean</span>" if x.get("negative_control_clean") else "<span class='violated'>NOT clean</span>")
-         + "</p>"]
+         + ("<span class='proved'>clean</span>" if clean else "<span class='violated'>NOT clean</span>") + "</p>"]
     rows = _matrix_rows(x, f"{name}.matrix")
     if rows:
-        names = list(dict.fromkeys(en for r in rows for en in obj(r.get("engines", {}), f"{name}.engines")))
-        body = []
-        for r in rows:
-            cells = []
-            for en in names:
-                c = r.get("engines", {}).get(en)
-                cells.append("-" if c is None else ("OK " if c.get("expected_caught") else "other " if c.get("detected")
-                                                    else "miss ") + f"{c.get('seconds')}s")
-            body.append([r.get("fault"), r.get("expected"), r.get("status")] + cells)
+        names = list(dict.fromkeys(en for r in rows for en in r.get("engines", {})))
+        body = [[r.get("fault"), r.get("expected"), r.get("status")] + [_cell(r.get("engines", {}).get(en))
+                                                                      for en in names] for r in rows]
         H.append(table(["fault", "expected check", "status"] + names, body))
     elif isinstance(x.get("faults"), dict):
         H.append(table(["fault", "status"], [[k, v] for k, v in x["faults"].items()]))
-    for s in lst(x.get("survivors", []), f"{name}.survivors") + lst(x.get("misattributed", []), f"{name}.misattributed"):
+    for s in lst(x.get("survivors", []), f"{name}.survivors") + lst(x.get("misattributed", []),
+                                                                   f"{name}.misattributed"):
         H.append(f"<p class='warn'>{e(str(obj(s, name).get('fault')))}: {e(str(s.get('why')))}</p>")
     return "\n".join(H)
 
 
 def _prove(x: dict[str, Any]) -> str:
     bmc = obj(x.get("bmc") or {}, "prove.bmc")
-    H = [f"<p>verdict <span class='{e(str(x.get('verdict')))}'>{e(str(x.get('verdict')))}</span> in {x.get('seconds')} s; "
-         f"bounded model checking to depth {bmc.get('checked')}.</p>"]
+    v = e(str(x.get("verdict")))
+    H = [f"<p>verdict <span class='{v}'>{v}</span> in {x.get('seconds')} s; bounded model checking to "
+         f"depth {bmc.get('checked')}.</p>"]
     rows = [[o["name"], o.get("kind", ""), o["status"], o["method"], "" if o.get("bound") is None else o["bound"],
              f"{num(o['seconds'], 'prove.invariants.seconds'):.2f}"]
             for o in (obj(o, "prove.invariants[]") for o in lst(x.get("invariants", []), "prove.invariants"))]
@@ -177,8 +197,9 @@ def _picture(files: dict[str, Any], d: Path) -> str:
 
 
 def _explore(x: dict[str, Any], d: Path) -> str:
-    H = [f"<p>verdict <b>{e(str(x.get('verdict')))}</b>: {x.get('states')} distinct states, {x.get('transitions')} "
-         f"transitions, depth {x.get('depth')}, {x.get('seconds')} s ({x.get('states_per_s')} states/s), "
+    H = [f"<p>verdict <b>{e(str(x.get('verdict')))}</b>: {x.get('states')} distinct states, "
+         f"{x.get('transitions')} transitions, depth {x.get('depth')}, {x.get('seconds')} s "
+         f"({x.get('states_per_s')} states/s), "
          f"{'exhaustive' if x.get('exhaustive') else 'not exhaustive'}; deadlocks {x.get('deadlocks')}.</p>"]
     some = obj(x.get("sometimes") or {}, "explore.sometimes")
     if some:
@@ -186,7 +207,7 @@ def _explore(x: dict[str, Any], d: Path) -> str:
         H.append(f"<p>{len(some) - len(missing)}/{len(some)} sometimes-properties reached"
                  + (": not reached: " + e(", ".join(missing)) if missing else "") + ".</p>")
     elif x.get("sometimes_missing"):
-        H.append("<p>not reached: " + e(", ".join(map(str, lst(x["sometimes_missing"], "explore.sometimes_missing")))) + "</p>")
+        H.append(f"<p>not reached: {_names(x['sometimes_missing'], 'explore.sometimes_missing')}</p>")
     dia = obj(x.get("diagrams") or {}, "explore.diagrams")
     if dia:
         H.append("<h3>Object state diagrams (as observed)</h3><div class='pics'>")

@@ -155,8 +155,9 @@ def render_html(data: dict[str, Any], d: Path) -> str:
     findings = collect(data, d)
     sections = eng.sections(data, d)
     plots = eng.plots(data)
-    nav = ["<a href='#findings'>findings</a>", "<a href='#engines'>engines</a>"] + (["<a href='#plots'>plots</a>"] if plots else []) \
-        + [f"<a href='#{e(sid)}'>{e(title)}</a>" for sid, title, _ in sections]
+    links = [("findings", "findings"), ("engines", "engines")] + ([("plots", "plots")] if plots else []) \
+        + [(sid, title) for sid, title, _ in sections]
+    nav = [f"<a href='#{e(sid)}'>{e(title)}</a>" for sid, title in links]
     head, tone = _header(data, findings)
     H = ["<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>kvcheck report</title>",
          f"<style>{CSS}</style></head><body>", head,
