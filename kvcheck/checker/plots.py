@@ -106,7 +106,7 @@ def detection_times(rows: list[tuple[str, str, float, str]]) -> str:
     from matplotlib.patches import Patch
     ax.legend(handles=[Patch(color=PALETTE[s], label=f"{s} (by the expected check)" if s == "killed" else s)
                        for s in ("killed", "mis-attributed") if any(r[3] == s for r in rows)],
-              fontsize=7, loc="lower right")
+              fontsize=7, loc="best")
     ax.margins(x=0.25)
     return _img(fig, "detection_times", "detection time per fault and engine")
 
