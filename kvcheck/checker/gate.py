@@ -22,7 +22,7 @@ from ..fuzz import faults as faultlib
 from ..spec.config import Config
 from ..spec.objects import DECISION_KINDS, OBJECTS
 from ..spec.state import Layout
-from ..spec.outputs import write_atomic
+from ..spec.outputs import umask_mode, write_atomic
 from ..spec.system import Spec
 from ..spec.verdict import ExitCode
 
@@ -129,9 +129,42 @@ def run_gate(cfg: Config, out: Path, config_path: str | None = None, fault: str 
 
 
 def write_report(out: Path, report: dict[str, Any]) -> None:
-    write_atomic(out / "report.json", json.dumps(report, indent=1) + "\n")
-    md = render_md(report) if "walk" in report["engines"] else f"# kvcheck gate: {report['verdict']}\n"
-    write_atomic(out / "report.md", md + render_checkers_md(report) + render_profiles_md(report))
+    """report.json and report.md, readable by other users (see write_public). The default
+    profile's report gets the per-check records a project gate writes ("checks", "findings")."""
+    from .gate_project import findings_of, render_project_md
+    if "project" in report:
+        md = render_project_md(report)
+    else:
+        from .gate_checks import default_checks
+        report["checks"] = default_checks(report)
+        report["findings"] = findings_of(report["checks"])
+        md = render_md(report) if "walk" in report["engines"] else f"# kvcheck gate: {report['verdict']}\n"
+        md += render_checkers_md(report) + render_profiles_md(report)
+    write_public(out / "report.json", json.dumps(report, indent=1) + "\n")
+    write_public(out / "report.md", md)
+
+
+def write_public(path: Path, data: str | bytes) -> Path:
+    """Write atomically, then make the file readable by everyone (at least 0644, whatever the
+    umask): CI artifact uploaders and web servers read the gate's reports as another user."""
+    p = write_atomic(path, data)
+    os.chmod(p, umask_mode() | 0o644)
+    return p
+
+
+def publish(out: Path, since: float, created: bool) -> None:
+    """The files this run wrote in the report directory (traces, reproducers, JSON) readable by
+    others (0644 at least), and the directory listable (0755) when this run created it; files
+    that were there before are left as they are."""
+    for p in [out] if created else []:
+        os.chmod(p, (p.stat().st_mode & 0o7777) | 0o755)
+    for p in out.iterdir():
+        try:
+            st = p.lstat()
+            if p.is_file() and not p.is_symlink() and st.st_mtime >= since:
+                os.chmod(p, (st.st_mode & 0o7777) | 0o644)
+        except OSError:
+            pass                  # not ours: leave it as it is
 
 
 FAILURES = (ExitCode.INVARIANT, ExitCode.DIFF, ExitCode.Z3, ExitCode.CONFORMANCE)
