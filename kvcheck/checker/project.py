@@ -299,9 +299,8 @@ class _Validator:
             if kind in ("spec", "reference", "user"):
                 check_sut_fault(name, f)
                 return
-            layer = faultlib.get(f.split("@")[0] if kind == "transformers" else f).layer
+            got = faultlib.get(f.split("@")[0] if kind == "transformers" else f)
         except (UsageError, SutError, faultlib.UnknownFault, faultlib.FaultError) as e:
             raise self.fail(tab, key, " ".join(str(e).split())) from None
-        if layer != kind:
-            raise self.fail(tab, key, f"fault {f!r} is a{'n' if layer[0] in 'aeiou' else ''} {layer} fault, "
-                            f"not one {name} plants")
+        if kind not in got.suts:
+            raise self.fail(tab, key, f"fault {f!r} is planted by --sut {' or '.join(got.suts)}, not by {name}")
