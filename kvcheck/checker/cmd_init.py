@@ -26,8 +26,8 @@ seeds = [0]
 # The executable spec itself: seeded random walks with every invariant after every step, a
 # Hypothesis campaign against the spec, and (slower) Z3 proofs and exhaustive exploration.
 [systems.spec]
-engines = ["walk", "fuzz", "replay-corpus"]      # also: "prove", "explore"
-budgets = { walk = 10000, fuzz = 1000 }
+engines = ["walk", "replay-corpus"]              # also: "fuzz", "prove", "explore"
+budgets = { walk = 10000 }                       # with "fuzz": budgets = { walk = 10000, fuzz = "30s" }
 # Planted faults kept as regression checks: each must be caught by its expected check
 # (`kvcheck faults` lists them).
 expected_faults = ["eviction_ignores_pins"]

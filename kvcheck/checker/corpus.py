@@ -34,6 +34,9 @@ def load_corpus(root: Path) -> list[tuple[Path, Trace]]:
         except TraceError as e:
             msg = " ".join(str(e).split())
             raise UsageError(msg if str(p) in msg else f"corpus trace {p}: {msg}") from None
+        if not t.steps or not t.violation:
+            raise UsageError(f"corpus trace {p}: records no finding ({'no steps' if not t.steps else 'violation is null'}"
+                             "); the corpus keeps the traces of findings")
         planted = t.fault or (t.meta or {}).get("sut_fault")
         if planted:
             raise UsageError(f"corpus trace {p}: plants fault {planted!r}; the corpus keeps findings of "
