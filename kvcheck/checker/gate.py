@@ -20,11 +20,11 @@ from .. import __version__
 from ..fuzz.walk import Walker, shrink, to_trace
 from ..fuzz import faults as faultlib
 from ..spec.config import Config
-from ..spec.objects import DECISION_KINDS, OBJECTS
-from ..spec.state import Layout
+from ..spec.objects import DECISION_KINDS
 from ..spec.outputs import umask_mode, write_atomic
 from ..spec.system import Spec
 from ..spec.verdict import ExitCode
+from .coverage_min import required_states
 
 
 
@@ -39,8 +39,7 @@ class Profile:
 
     def required_states(self, cfg: Config) -> list[str]:
         """Object states every clean run must reach (vacuity check)."""
-        kinds = {o.kind for o in Layout(cfg).objects} | ({"on_disk"} if cfg.offload_enabled else set())
-        return [f"{k.name}:{st}" for k in OBJECTS if k.name in kinds for st in k.reachable_states()]
+        return required_states(cfg)
 
 
 def run_gate(cfg: Config, out: Path, config_path: str | None = None, fault: str | None = None,

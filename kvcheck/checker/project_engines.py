@@ -79,7 +79,7 @@ def invariants(cfg: Config) -> list[str]:
 def run_walk(sys: System, cfg: Config, seed: int, out: Path) -> EngineRun:
     from ..fuzz.walk import Walker, shrink, to_trace
     from ..spec.objects import DECISION_KINDS
-    from .gate import Profile
+    from .coverage_min import required_states
     spec, steps = Spec(cfg), sys.budgets["walk"].steps or 10_000
     t0 = time.perf_counter()
     res = Walker(spec, seed=seed).run(steps)
@@ -99,7 +99,7 @@ def run_walk(sys: System, cfg: Config, seed: int, out: Path) -> EngineRun:
         code = ExitCode.INVARIANT
     missing = [f"action {a}" for a in spec.actions if cov.actions.get(a, 0) == 0]
     missing += [f"decision {d}" for d in DECISION_KINDS if cov.decisions.get(d, 0) == 0]
-    missing += [f"state {s}" for s in Profile().required_states(cfg) if cov.object_states.get(s, 0) == 0]
+    missing += [f"state {s}" for s in required_states(cfg) if cov.object_states.get(s, 0) == 0]
     secs = time.perf_counter() - t0
     und = {"coverage": "not reached: " + ", ".join(missing)} if missing and code == ExitCode.OK else {}
     if und:
@@ -109,8 +109,8 @@ def run_walk(sys: System, cfg: Config, seed: int, out: Path) -> EngineRun:
 
 
 def run_prove(sys: System, cfg: Config, out: Path) -> EngineRun:
-    from .gate import _checker_job
-    code, rep = _checker_job("prove", cfg, out, str(sys.config) if sys.config else None)
+    from .prove import run_prove as prove
+    code, rep = prove(cfg, out, None, None, str(sys.config) if sys.config else None)
     counts = {"invariants": len(rep["invariants"]), "bmc_depth": rep["bmc"].get("checked")}
     checks = []
     for o in rep["invariants"]:
@@ -124,8 +124,8 @@ def run_prove(sys: System, cfg: Config, out: Path) -> EngineRun:
 
 
 def run_explore(sys: System, out: Path) -> EngineRun:
-    from .gate import _checker_job
-    code, rep = _checker_job("explore", Config(), out, None)
+    from .explore import run_profile
+    code, rep = run_profile(out)
     counts = {k: rep.get(k) for k in ("states", "transitions", "depth")}
     v = rep.get("violation")
     failed = {}
