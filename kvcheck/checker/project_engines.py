@@ -290,7 +290,8 @@ def run_expected_fault(sys: System, engine: str, cfg: Config, seed: int, out: Pa
         caught_by = [c["check"] for c in run.checks if c["verdict"] == "failed"]
         if sys.kind == "transformers" and caught_by:
             caught_by = ["divergent"]          # the registry names the verdict that catches these
-        detail = f"{run.counts.get('steps', run.counts.get('scenarios'))} steps/scenarios"
+        unit = "steps" if "steps" in run.counts else "scenarios"
+        detail = f"{engine} of {run.counts.get(unit)} {unit}"
     secs = time.perf_counter() - t0
     counts = {"expected": want, "caught_by": caught_by}
     name = f"expected_fault:{fault}"

@@ -145,3 +145,19 @@ def test_report_files_are_readable_by_others_under_a_strict_umask(capsys, tmp_pa
     for p in files:
         assert stat.S_IMODE(p.stat().st_mode) & 0o044 == 0o044, (p.name, oct(p.stat().st_mode))
     assert stat.S_IMODE((tmp_path / "o").stat().st_mode) & 0o055 == 0o055
+
+
+def test_ctrl_c_writes_what_ran_and_claims_nothing(capsys, tmp_path, monkeypatch) -> None:
+    from kvcheck.checker import project_engines
+
+    def ctrl_c(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(project_engines, "run_reference_diff", ctrl_c)
+    proj = tmp_path / "kvcheck.toml"
+    proj.write_text('[systems.spec]\nengines = ["walk"]\nbudget = 3000\n'
+                    '[systems.reference]\nengines = ["diff"]\n')
+    code, out, err = run(capsys, "gate", "--project", str(proj), "--out", str(tmp_path / "o"), "--json")
+    assert code == 130, err
+    rep = json.loads((tmp_path / "o" / "report.json").read_text())
+    assert rep["interrupted"].startswith("reference diff") and rep["exit_code"] == 130
+    assert {c["engine"] for c in rep["checks"]} == {"walk"}          # what ran is kept
