@@ -66,10 +66,12 @@ def engine_rows(rep: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _engine_lines(rep: dict[str, Any]) -> list[str]:
     lines = ["  engines:"]
-    for r in engine_rows(rep):
+    rows = engine_rows(rep)
+    width = max([len(f"{r['system']} {r['engine']}") for r in rows] + [20])
+    for r in rows:
         counts = ", ".join(f"{k} {v}" for k, v in r["counts"].items() if not isinstance(v, (list, dict)))
         tally = ", ".join(f"{n} {k}" for k, n in r["checks"].items())
-        lines.append(f"    {r['system'] + ' ' + r['engine']:34} {r['verdict']:9} {tally:28} "
+        lines.append(f"    {r['system'] + ' ' + r['engine']:{width}} {r['verdict']:9} {tally:24} "
                      f"{r['seconds']:8.2f} s  {counts}")
     return lines
 

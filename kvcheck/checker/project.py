@@ -9,6 +9,7 @@ exit 2. Running the systems is gate_project.py's.
 from __future__ import annotations
 
 import json
+import os
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -155,7 +156,7 @@ class _Validator:
         if not isinstance(systems, dict) or not systems:
             raise self.fail(tab, "systems", "must be a non-empty table of systems under test")
         out = tuple(self.system(name, body, seeds) for name, body in systems.items())
-        return Project(self.path, out, self.base / corpus)
+        return Project(self.path, out, Path(os.path.normpath(self.base / corpus)))
 
     def seeds(self, tab: str, key: str, v: Any) -> tuple[int, ...]:
         if not isinstance(v, list) or not v:

@@ -90,3 +90,25 @@ def test_a_trace_of_a_system_not_in_the_project_is_skipped(capsys, tmp_path, pro
     [c] = rep["checks"]
     assert c["verdict"] == "skipped" and "not enabled for spec" in c["note"]
     assert next(ET.parse(tmp_path / "j.xml").getroot().iter("testcase")).find("skipped") is not None
+
+
+def test_a_vllm_trace_replays_on_vllm_and_a_fixed_bug_is_reported_fixed(capsys, tmp_path, project) -> None:
+    v = pytest.importorskip("kvcheck.fuzz.adapters.vllm")
+    try:
+        v.VllmAdapter("full+swa", 24, None)
+    except v.VllmUnavailable as e:
+        pytest.skip(str(e))
+    # a stored vLLM finding (tests/fuzz/traces-*: the planted swa_hit_unchecked fault)
+    d = json.loads((ROOT / "tests" / "fuzz" / "traces-78478e7" / "vllm-full_swa-swa_hit_unchecked.json").read_text())
+    assert d["sut"] == "vllm" and d["fault"] == "swa_hit_unchecked"
+    d["fault"] = None               # the same steps on vLLM without the planted bug: "fixed"
+    (tmp_path / "kvcheck-corpus").mkdir()
+    (tmp_path / "kvcheck-corpus" / "vllm-found.json").write_text(json.dumps(d))
+    project.write_text('[systems.vllm]\nlayouts = ["full+swa"]\nengines = ["replay-corpus"]\n')
+    code, rep = gate(capsys, tmp_path)
+    assert code == 0, rep["verdict"]
+    assert [(c["system"], c["check"], c["verdict"]) for c in rep["checks"]] == [("vllm", "vllm-found.json", "fixed")]
+    d["fault"] = "swa_hit_unchecked"         # a planted fault is refused: the corpus keeps clean-run findings
+    (tmp_path / "kvcheck-corpus" / "vllm-found.json").write_text(json.dumps(d))
+    code, _, err = run(capsys, "gate")
+    assert code == 2 and "vllm-found.json: plants fault 'swa_hit_unchecked'" in err
