@@ -91,18 +91,32 @@ def replay_corpus(entries: list[tuple[Path, Trace]], enabled: set[str]) -> list[
     return checks
 
 
+def finding_key(t: Trace) -> tuple[str, str]:
+    """What a trace reproduces: its system and the check it fails."""
+    v = t.violation or {}
+    return t.sut, str(v.get("check") or ",".join(v.get("invariants") or []) or v.get("kind"))
+
+
 def save_findings(root: Path, traces: list[tuple[str, str, str]], known: list[tuple[Path, Trace]]) -> list[str]:
-    """Copy each (system, engine, trace file) into the corpus unless the same trace is there."""
+    """Copy each (system, engine, trace file) into the corpus, unless the corpus already holds a
+    trace of the same system failing the same check (one trace per finding, as Hypothesis keeps
+    one example per failure: a re-found bug's trace may shrink differently under a time bound)
+    or the same bytes."""
     have = {hashlib.sha256(p.read_bytes()).hexdigest()[:12] for p, _ in known}
+    keys = {finding_key(t) for _, t in known}
     saved = []
     for system, engine, src in traces:
         data = Path(src).read_bytes()
         digest = hashlib.sha256(data).hexdigest()[:12]
-        if digest in have or any(root.glob(f"*-{digest}.json")):
+        try:
+            key = finding_key(Trace.load(src))
+        except TraceError:
+            continue                     # not a trace of the one format: nothing to replay
+        if digest in have or key in keys or any(root.glob(f"*-{digest}.json")):
             continue
         have.add(digest)
+        keys.add(key)
         stem = re.sub(r"[^A-Za-z0-9_.+-]", "_", f"{system}-{engine}")
         dest = write_atomic(root / f"{stem}-{digest}.json", data)
         saved.append(str(dest))
     return saved
-
