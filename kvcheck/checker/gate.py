@@ -5,7 +5,8 @@ directory. Engines: seeded random walks of the spec with every invariant checked
 step, then Z3 proofs and exhaustive exploration at CI bounds, then the fuzz, diff and mutants
 profiles. With `--fault NAME` the walk must fail, and with the fault's expected invariant; the
 shrunk counterexample is saved as a trace with its replay command. Ctrl-C writes the report of
-what ran, with verdict "interrupted" and exit 130.
+what ran, with verdict "interrupted" and exit 130. (With a project file the gate runs the
+user's systems instead: gate_project.py; both write report.json's per-check records.)
 """
 from __future__ import annotations
 

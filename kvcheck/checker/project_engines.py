@@ -181,8 +181,9 @@ def _coverage(label: str, missing: list[str], seconds: float, counts: dict[str, 
 def run_reference_diff(sys: System, cfg: Config, seed: int, out: Path, fault: str | None = None) -> EngineRun:
     from ..fuzz.diff import run_reference_diff as diff
     n = sys.budgets["diff"].steps or 30
-    d = diff(n if not fault else max(n, 100), seed, fault, out, cfg,
-             seconds=sys.fault_budget.seconds if fault else None)
+    if fault:                          # the fault budget: scenarios, or a time bound on 1000
+        n = sys.fault_budget.steps or 1000
+    d = diff(n, seed, fault, out, cfg, seconds=sys.fault_budget.seconds if fault else None)
     counts = {"scenarios": d["scenarios"], "comparisons": d["comparisons"], **d["decisions"]}
     failed, traces = {}, []
     for m in d["mismatches"]:
