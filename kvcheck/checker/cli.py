@@ -47,9 +47,17 @@ def build_parser() -> argparse.ArgumentParser:
     g = add("gate", _lazy("cmd_gate", "cmd_gate"), "the CI profile: run every engine at CI bounds, one verdict, a report")
     g.add_argument("--out", metavar="DIR", default="kvcheck-report", help="report directory (default: %(default)s)")
     g.add_argument("--fault", metavar="NAME", help="plant a fault; the run must fail with its expected invariant")
-    g.add_argument("--seed", type=int, default=0, help="seed of every random choice (default: %(default)s)")
+    g.add_argument("--seed", type=int, default=None, help="seed of every random choice (default: 0)")
     g.add_argument("--steps", type=positive_int, default=None,
                    help="walk steps (default: 10000 clean, up to 400000 with --fault)")
+    g.add_argument("--project", metavar="FILE", help="project file naming the systems to check (default: "
+                   "[tool.kvcheck] in ./pyproject.toml, else ./kvcheck.toml; without one, the default profile)")
+    g.add_argument("--junit", metavar="FILE", help="also write the checks as JUnit XML (one test case per "
+                   "system, engine and check)")
+    i = add("init", _lazy("cmd_init", "cmd_init"), "write a commented starter kvcheck.toml for `kvcheck gate`",
+            config=False)
+    i.add_argument("--force", action="store_true", help="overwrite an existing file")
+    i.add_argument("--file", metavar="FILE", default="kvcheck.toml", help="where (default: %(default)s)")
     r = add("replay", _lazy("cmd_replay", "cmd_replay"), "replay a trace on the spec (and a system under test)", config=False)
     r.add_argument("trace", metavar="TRACE", help="trace file (JSON, kvcheck-trace/1)")
     r.add_argument("--sut", metavar="NAME", help="also replay on this system under test: spec, reference, "

@@ -5,7 +5,8 @@ directory. Engines: seeded random walks of the spec with every invariant checked
 step, then Z3 proofs and exhaustive exploration at CI bounds, then the fuzz, diff and mutants
 profiles. With `--fault NAME` the walk must fail, and with the fault's expected invariant; the
 shrunk counterexample is saved as a trace with its replay command. Ctrl-C writes the report of
-what ran, with verdict "interrupted" and exit 130.
+what ran, with verdict "interrupted" and exit 130. (With a project file the gate runs the
+user's systems instead: gate_project.py; both write report.json's per-check records.)
 """
 from __future__ import annotations
 
@@ -20,11 +21,11 @@ from .. import __version__
 from ..fuzz.walk import Walker, shrink, to_trace
 from ..fuzz import faults as faultlib
 from ..spec.config import Config
-from ..spec.objects import DECISION_KINDS, OBJECTS
-from ..spec.state import Layout
-from ..spec.outputs import write_atomic
+from ..spec.objects import DECISION_KINDS
+from ..spec.outputs import umask_mode, write_atomic
 from ..spec.system import Spec
 from ..spec.verdict import ExitCode
+from .coverage_min import required_states
 
 
 
@@ -39,8 +40,7 @@ class Profile:
 
     def required_states(self, cfg: Config) -> list[str]:
         """Object states every clean run must reach (vacuity check)."""
-        kinds = {o.kind for o in Layout(cfg).objects} | ({"on_disk"} if cfg.offload_enabled else set())
-        return [f"{k.name}:{st}" for k in OBJECTS if k.name in kinds for st in k.reachable_states()]
+        return required_states(cfg)
 
 
 def run_gate(cfg: Config, out: Path, config_path: str | None = None, fault: str | None = None,
@@ -129,9 +129,42 @@ def run_gate(cfg: Config, out: Path, config_path: str | None = None, fault: str 
 
 
 def write_report(out: Path, report: dict[str, Any]) -> None:
-    write_atomic(out / "report.json", json.dumps(report, indent=1) + "\n")
-    md = render_md(report) if "walk" in report["engines"] else f"# kvcheck gate: {report['verdict']}\n"
-    write_atomic(out / "report.md", md + render_checkers_md(report) + render_profiles_md(report))
+    """report.json and report.md, readable by other users (see write_public). The default
+    profile's report gets the per-check records a project gate writes ("checks", "findings")."""
+    from .gate_project import findings_of, render_project_md
+    if "project" in report:
+        md = render_project_md(report)
+    else:
+        from .gate_checks import default_checks
+        report["checks"] = default_checks(report)
+        report["findings"] = findings_of(report["checks"])
+        md = render_md(report) if "walk" in report["engines"] else f"# kvcheck gate: {report['verdict']}\n"
+        md += render_checkers_md(report) + render_profiles_md(report)
+    write_public(out / "report.json", json.dumps(report, indent=1) + "\n")
+    write_public(out / "report.md", md)
+
+
+def write_public(path: Path, data: str | bytes) -> Path:
+    """Write atomically, then make the file readable by everyone (at least 0644, whatever the
+    umask): CI artifact uploaders and web servers read the gate's reports as another user."""
+    p = write_atomic(path, data)
+    os.chmod(p, umask_mode() | 0o644)
+    return p
+
+
+def publish(out: Path, since: float, created: bool) -> None:
+    """The files this run wrote in the report directory (traces, reproducers, JSON) readable by
+    others (0644 at least), and the directory listable (0755) when this run created it; files
+    that were there before are left as they are."""
+    for p in [out] if created else []:
+        os.chmod(p, (p.stat().st_mode & 0o7777) | 0o755)
+    for p in out.iterdir():
+        try:
+            st = p.lstat()
+            if p.is_file() and not p.is_symlink() and st.st_mtime >= since:
+                os.chmod(p, (st.st_mode & 0o7777) | 0o644)
+        except OSError:
+            pass                  # not ours: leave it as it is
 
 
 FAILURES = (ExitCode.INVARIANT, ExitCode.DIFF, ExitCode.Z3, ExitCode.CONFORMANCE)

@@ -1,0 +1,307 @@
+"""The project file: which systems `kvcheck gate` checks, with which engines, budgets and seeds.
+
+A serving team keeps `[tool.kvcheck]` in its pyproject.toml (or a kvcheck.toml: the top-level
+table or its [tool.kvcheck]); `--project FILE` names one. This module owns the schema and its
+validation only: every key is checked before anything runs, and a bad one is one line naming
+its key path (`kvcheck.toml: [tool.kvcheck.systems.vllm] layouts[1]: unknown layout 'foo'`),
+exit 2. Running the systems is gate_project.py's.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..fuzz.campaign import Budget
+from .common import UsageError
+
+# The engines that make sense for each kind of system under test.
+ENGINES: dict[str, tuple[str, ...]] = {
+    "spec": ("walk", "fuzz", "prove", "explore", "replay-corpus"),
+    "reference": ("fuzz", "diff", "replay-corpus"),
+    "vllm": ("fuzz", "replay-corpus"),
+    "transformers": ("diff",),
+    "user": ("fuzz", "replay-corpus"),
+}
+DEFAULT_ENGINES: dict[str, tuple[str, ...]] = {
+    "spec": ("walk", "fuzz", "replay-corpus"), "reference": ("fuzz", "diff", "replay-corpus"),
+    "vllm": ("fuzz", "replay-corpus"), "transformers": ("diff",), "user": ("fuzz", "replay-corpus")}
+# Default budgets per (kind, engine): walk and diff count steps / scenarios; fuzz takes either.
+DEFAULT_BUDGETS: dict[tuple[str, str], str] = {
+    ("spec", "walk"): "10000", ("spec", "fuzz"): "3000", ("reference", "fuzz"): "600",
+    ("reference", "diff"): "30", ("vllm", "fuzz"): "2000", ("transformers", "diff"): "10",
+    ("user", "fuzz"): "2000"}
+COUNT_ONLY = {"walk": "steps", "diff": "scenarios"}           # engines whose budget is a count
+NO_BUDGET = ("prove", "explore", "replay-corpus")              # run at CI bounds / whole corpus
+# The engines that can run an expected fault, per kind (the mutants engines of its layer).
+FAULT_ENGINES: dict[str, tuple[str, ...]] = {
+    "spec": ("walk", "fuzz"), "reference": ("fuzz", "diff"), "vllm": ("fuzz",),
+    "transformers": ("diff",), "user": ("fuzz",)}
+DEFAULT_FAULT_BUDGET = "30s"
+
+TOP_KEYS = {"corpus": "a path (string)", "seeds": "a list of integers", "systems": "a table"}
+SYSTEM_KEYS = {"engines": "a list of engine names", "budget": "a budget: steps (2000) or a duration (30s)",
+               "budgets": "a table engine = budget", "seeds": "a list of integers",
+               "expected_faults": "a list of fault names",
+               "fault_budget": "a budget: steps (2000) or a duration (30s)",
+               "config": "a path to a JSON config (string)", "layouts": "a list of vLLM layout names or files",
+               "model_types": "a list of transformers model types"}
+KIND_ONLY = {"layouts": ("vllm",), "model_types": ("transformers",),
+             "config": ("spec", "reference", "user")}
+_BARE = re.compile(r"[A-Za-z0-9_-]+")
+
+
+@dataclass(frozen=True)
+class System:
+    """One system under test and what runs on it."""
+
+    name: str                        # as in the file: spec, reference, vllm, transformers, MODULE:CLASS
+    kind: str                        # spec | reference | vllm | transformers | user
+    engines: tuple[str, ...]
+    budgets: dict[str, Budget]       # per engine that takes one
+    seeds: tuple[int, ...]
+    expected_faults: tuple[str, ...] = ()
+    fault_budget: Budget = field(default_factory=lambda: Budget.parse(DEFAULT_FAULT_BUDGET))
+    config: Path | None = None
+    layouts: tuple[str, ...] = ()
+    model_types: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Project:
+    path: Path
+    systems: tuple[System, ...]
+    corpus: Path
+
+
+def find_project(explicit: str | None, cwd: Path | None = None) -> Path | None:
+    """--project FILE, else ./pyproject.toml with [tool.kvcheck], else ./kvcheck.toml, else None."""
+    if explicit is not None:
+        p = Path(explicit)
+        if not p.is_file():
+            raise UsageError(f"--project {explicit}: no such file")
+        return p
+    cwd = cwd or Path.cwd()
+    py = cwd / "pyproject.toml"
+    if py.is_file():
+        try:
+            if "kvcheck" in _read_toml(py).get("tool", {}):
+                return py
+        except UsageError:
+            pass                     # a pyproject.toml that is not ours to judge: look on
+    kv = cwd / "kvcheck.toml"
+    return kv if kv.is_file() else None
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise UsageError(f"{path}: cannot read ({e.strerror or e})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    try:
+        return tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, RecursionError, ValueError) as e:
+        raise UsageError(f"{path}: invalid TOML: {' '.join(str(e).split())}") from None
+
+
+def load_project(path: Path) -> Project:
+    """Parse and validate every key of the project file."""
+    doc = _read_toml(path)
+    if path.name == "pyproject.toml" or isinstance(doc.get("tool"), dict):
+        tool = doc.get("tool")
+        if not isinstance(tool, dict) or "kvcheck" not in tool:
+            raise UsageError(f"{path}: no [tool.kvcheck] table")
+        table, where = tool["kvcheck"], "tool.kvcheck"
+        if not isinstance(table, dict):
+            raise UsageError(f"{path}: tool.kvcheck: must be a table")
+    else:
+        table, where = doc, ""
+    return _Validator(path, where).project(table)
+
+
+class _Validator:
+    def __init__(self, path: Path, root: str) -> None:
+        self.path, self.root, self.base = path, root, path.parent
+
+    def fail(self, table: str, key: str, why: str) -> UsageError:
+        head = f"[{table}] " if table else ""
+        return UsageError(f"{self.path.name}: {head}{key}: {why}")
+
+    def sub(self, *names: str) -> str:
+        parts = [self.root] if self.root else []
+        parts += [n if _BARE.fullmatch(n) else json.dumps(n) for n in names]
+        return ".".join(parts)
+
+    def project(self, t: dict[str, Any]) -> Project:
+        tab = self.root
+        for k in t:
+            if k not in TOP_KEYS:
+                raise self.fail(tab, k, f"unknown key (known: {', '.join(TOP_KEYS)})")
+        corpus = t.get("corpus", "kvcheck-corpus")
+        if not isinstance(corpus, str) or not corpus.strip():
+            raise self.fail(tab, "corpus", f"must be {TOP_KEYS['corpus']}")
+        seeds = self.seeds(tab, "seeds", t.get("seeds", [0]))
+        systems = t.get("systems")
+        if systems is None:
+            raise self.fail(tab, "systems", "missing: name at least one system under test "
+                            "([...systems.reference], [...systems.vllm], ...)")
+        if not isinstance(systems, dict) or not systems:
+            raise self.fail(tab, "systems", "must be a non-empty table of systems under test")
+        out = tuple(self.system(name, body, seeds) for name, body in systems.items())
+        return Project(self.path, out, Path(os.path.normpath(self.base / corpus)))
+
+    def seeds(self, tab: str, key: str, v: Any) -> tuple[int, ...]:
+        if not isinstance(v, list) or not v:
+            raise self.fail(tab, key, "must be a non-empty list of integers")
+        for i, s in enumerate(v):
+            if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+                raise self.fail(tab, f"{key}[{i}]", f"must be a non-negative integer, got {s!r}")
+        return tuple(v)
+
+    def strings(self, tab: str, key: str, v: Any, what: str, empty_ok: bool = True) -> list[str]:
+        if not isinstance(v, list) or (not v and not empty_ok):
+            raise self.fail(tab, key, f"must be {'a non-empty' if not empty_ok else 'a'} list of {what}")
+        for i, s in enumerate(v):
+            if not isinstance(s, str):
+                raise self.fail(tab, f"{key}[{i}]", f"must be a string ({what}), got {type(s).__name__}")
+        if len(set(v)) != len(v):
+            dup = next(s for s in v if v.count(s) > 1)
+            raise self.fail(tab, key, f"{dup!r} is listed twice")
+        return v
+
+    def budget(self, tab: str, key: str, v: Any, engine: str | None) -> Budget:
+        if isinstance(v, bool) or not isinstance(v, (int, str)):
+            raise self.fail(tab, key, "must be a budget: steps (2000) or a duration (30s, 5m)")
+        try:
+            b = Budget.parse(str(v))
+        except ValueError as e:
+            raise self.fail(tab, key, str(e)) from None
+        if (b.steps is not None and b.steps < 1) or (b.seconds is not None and b.seconds <= 0):
+            raise self.fail(tab, key, f"must be positive, got {v!r}")
+        if engine in COUNT_ONLY and b.steps is None:
+            raise self.fail(tab, key, f"{engine}'s budget is a count of {COUNT_ONLY[engine]}, got {v!r}")
+        return b
+
+    def system(self, name: str, body: Any, default_seeds: tuple[int, ...]) -> System:
+        tab = self.sub("systems", name)
+        kind = name if name in ENGINES and name != "user" else "user" if ":" in name else None
+        if kind is None:
+            raise self.fail(self.sub("systems"), name, "unknown system under test (known: spec, reference, "
+                            "vllm, transformers, or MODULE:CLASS for your own adapter)")
+        if not isinstance(body, dict):
+            raise self.fail(self.sub("systems"), name, "must be a table")
+        for k in body:
+            if k not in SYSTEM_KEYS:
+                raise self.fail(tab, k, f"unknown key (known: {', '.join(SYSTEM_KEYS)})")
+            if k in KIND_ONLY and kind not in KIND_ONLY[k]:
+                raise self.fail(tab, k, f"applies to {' and '.join(KIND_ONLY[k])} only")
+        engines = self.strings(tab, "engines", body.get("engines", list(DEFAULT_ENGINES[kind])),
+                               "engine names", empty_ok=False)
+        for i, e in enumerate(engines):
+            if e not in ENGINES[kind]:
+                known = {x for es in ENGINES.values() for x in es}
+                why = "unknown engine" if e not in known else f"does not apply to {name}"
+                raise self.fail(tab, f"engines[{i}]", f"{why} {e!r} (for {name}: {', '.join(ENGINES[kind])})")
+        budgets = self.budgets(tab, kind, engines, body)
+        seeds = self.seeds(tab, "seeds", body["seeds"]) if "seeds" in body else default_seeds
+        fb = self.budget(tab, "fault_budget", body.get("fault_budget", DEFAULT_FAULT_BUDGET), None)
+        config = self.config(tab, body["config"]) if "config" in body else None
+        layouts = tuple(self.layouts(tab, body)) if kind == "vllm" else ()
+        models = tuple(self.models(tab, body)) if kind == "transformers" else ()
+        faults = self.strings(tab, "expected_faults", body.get("expected_faults", []), "fault names")
+        if faults and not set(engines) & set(FAULT_ENGINES[kind]):
+            raise self.fail(tab, "expected_faults", f"need an engine that plants faults "
+                            f"({' or '.join(FAULT_ENGINES[kind])}) in engines")
+        for i, f in enumerate(faults):
+            self.fault(tab, f"expected_faults[{i}]", kind, name, f)
+        return System(name, kind, tuple(engines), budgets, seeds, tuple(faults), fb, config, layouts, models)
+
+    def budgets(self, tab: str, kind: str, engines: list[str], body: dict[str, Any]) -> dict[str, Budget]:
+        per = body.get("budgets", {})
+        if not isinstance(per, dict):
+            raise self.fail(tab, "budgets", "must be a table engine = budget")
+        for e in per:
+            if e not in engines:
+                raise self.fail(f"{tab}.budgets", e, f"not one of this system's engines ({', '.join(engines)})")
+            if e in NO_BUDGET:
+                raise self.fail(f"{tab}.budgets", e, f"{e} takes no budget (it runs at CI bounds)")
+        out: dict[str, Budget] = {}
+        for e in engines:
+            if e in NO_BUDGET:
+                continue
+            if e in per:
+                out[e] = self.budget(f"{tab}.budgets", e, per[e], e)
+            elif "budget" in body:
+                out[e] = self.budget(tab, "budget", body["budget"], e)
+            else:
+                out[e] = Budget.parse(DEFAULT_BUDGETS[(kind, e)])
+        return out
+
+    def config(self, tab: str, v: Any) -> Path:
+        from ..spec.config import Config, ConfigError
+        if not isinstance(v, str) or not v:
+            raise self.fail(tab, "config", "must be a path to a JSON config (string)")
+        p = self.base / v
+        try:
+            Config.load(str(p))
+        except ConfigError as e:
+            raise self.fail(tab, "config", " ".join(str(e).split())) from None
+        return p
+
+    def layouts(self, tab: str, body: dict[str, Any]) -> list[str]:
+        from ..fuzz.adapters.vllm_layouts import LAYOUTS
+        if "layouts" not in body:
+            raise self.fail(tab, "layouts", f"missing: name the vLLM layouts to check (known: {', '.join(LAYOUTS)})")
+        names = self.strings(tab, "layouts", body["layouts"], "layout names or files", empty_ok=False)
+        for i, n in enumerate(names):
+            if n.endswith(".json") or "/" in n:
+                p = self.base / n
+                try:
+                    ok = isinstance(json.loads(p.read_text()), dict)
+                except (OSError, ValueError, UnicodeDecodeError) as e:
+                    raise self.fail(tab, f"layouts[{i}]", f"cannot read layout file {n}: "
+                                    f"{getattr(e, 'strerror', None) or e}") from None
+                if not ok:
+                    raise self.fail(tab, f"layouts[{i}]", f"layout file {n} must hold a JSON object")
+            elif n not in LAYOUTS:
+                raise self.fail(tab, f"layouts[{i}]", f"unknown layout {n!r} (known: {', '.join(LAYOUTS)})")
+        return names
+
+    def models(self, tab: str, body: dict[str, Any]) -> list[str]:
+        if "model_types" not in body:
+            raise self.fail(tab, "model_types", "missing: name the transformers model types to check")
+        names = self.strings(tab, "model_types", body["model_types"], "model types", empty_ok=False)
+        from ..fuzz.adapters import transformers_models as tm
+        try:
+            _, causal = tm._config_mapping()
+        except tm.AdapterError as e:
+            raise self.fail(tab, "model_types", str(e)) from None
+        for i, n in enumerate(names):
+            mt = tm.ALIASES.get(n, n)
+            if mt not in causal or tm.describe(mt) is None:
+                raise self.fail(tab, f"model_types[{i}]", f"unknown or non-hybrid model type {n!r} "
+                                "(see `kvcheck diff --sut transformers --list-models`)")
+        return names
+
+    def fault(self, tab: str, key: str, kind: str, name: str, f: str) -> None:
+        """A fault this system plants (the one registry; a user SUT's own `faults`)."""
+        from ..fuzz import faults as faultlib
+        from ..fuzz.suts import SutError
+        from .common import check_sut_fault
+        try:
+            if kind in ("spec", "reference", "user"):
+                check_sut_fault(name, f)
+                return
+            got = faultlib.get(f.split("@")[0] if kind == "transformers" else f)
+        except (UsageError, SutError, faultlib.UnknownFault, faultlib.FaultError) as e:
+            raise self.fail(tab, key, " ".join(str(e).split())) from None
+        if kind not in got.suts:
+            raise self.fail(tab, key, f"fault {f!r} is planted by --sut {' or '.join(got.suts)}, not by {name}")

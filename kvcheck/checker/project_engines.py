@@ -1,0 +1,317 @@
+"""The engines a project file names, each run on one system and seed, as per-check results.
+
+Every runner returns an `EngineRun`: its exit code, time, counts, one record per check it
+verifies (the JUnit test cases and report.json's "checks") and the traces of its findings
+(saved to the corpus by the gate). The runners only call the existing engines (walks, the
+Hypothesis campaign, the vLLM driver, `kvcheck diff`'s two oracles, prove, explore); a planted
+expected fault runs through the mutants' engines and counts only when its expected check
+catches it.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..spec.config import Config
+from ..spec.outputs import kvcheck_command
+from ..spec.system import Spec
+from ..spec.trace import Trace
+from ..spec.verdict import FOR_FINDING, ExitCode
+from .project import System
+
+LOCKSTEP = ("decision_matches_spec", "abstract_state_matches_spec", "sut_accepted_disabled_action",
+            "sut_rejected_enabled_action", "sut_raised")
+
+
+@dataclass
+class EngineRun:
+    code: int
+    seconds: float
+    counts: dict[str, Any]
+    checks: list[dict[str, Any]]
+    traces: list[str] = field(default_factory=list)     # findings' trace files (for the corpus)
+
+
+def check(system: str, engine: str, name: str, verdict: str, seconds: float, counts: dict[str, Any],
+          finding: dict[str, Any] | None = None, note: str | None = None) -> dict[str, Any]:
+    """One report.json "checks" entry (verdict: passed, failed, undecided, skipped, fixed)."""
+    return {"system": system, "engine": engine, "check": name, "verdict": verdict,
+            "seconds": round(seconds, 3), "counts": counts, "finding": finding, "note": note}
+
+
+def finding(kind: str, message: str, replay: str | None, steps: list[str]) -> dict[str, Any]:
+    return {"kind": kind, "message": message, "replay": replay, "trace_steps": steps}
+
+
+def _labels(path: str) -> list[str]:
+    try:
+        return [s.label() for s in Trace.load(path).steps]
+    except Exception:  # noqa: BLE001 - a label list is decoration; the trace stays named
+        return []
+
+
+def _per_check(system: str, engine: str, names: list[str], failed: dict[str, dict[str, Any]],
+               seconds: float, counts: dict[str, Any], undecided: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    names = names + [n for n in failed if n not in names]
+    out = []
+    for n in names:
+        if n in failed:
+            out.append(check(system, engine, n, "failed", seconds, counts, failed[n]))
+        elif undecided and n in undecided:
+            out.append(check(system, engine, n, "undecided", seconds, counts, note=undecided[n]))
+        else:
+            out.append(check(system, engine, n, "passed", seconds, counts))
+    return out
+
+
+def system_config(sys: System, fallback: Config) -> Config:
+    return Config.load(str(sys.config)) if sys.config is not None else fallback
+
+
+def invariants(cfg: Config) -> list[str]:
+    return sorted({k.invariant for k in Spec(cfg).conjuncts})
+
+
+# ---- spec: walk, prove, explore ---------------------------------------------------------
+
+def run_walk(sys: System, cfg: Config, seed: int, out: Path) -> EngineRun:
+    from ..fuzz.walk import Walker, shrink, to_trace
+    from ..spec.objects import DECISION_KINDS
+    from .coverage_min import required_states
+    spec, steps = Spec(cfg), sys.budgets["walk"].steps or 10_000
+    t0 = time.perf_counter()
+    res = Walker(spec, seed=seed).run(steps)
+    cov = res.coverage
+    counts = {"steps": cov.steps, "episodes": cov.episodes, "invariants": len(invariants(cfg))}
+    failed: dict[str, dict[str, Any]] = {}
+    traces: list[str] = []
+    code = ExitCode.OK
+    if res.violation is not None:
+        v = res.violation
+        trace = to_trace(spec, shrink(spec, v.trace, set(v.invariants), 10.0), seed)
+        path = str(trace.save(out / f"walk-{sys.name}-seed{seed}.json"))
+        traces.append(path)
+        f = finding("invariant", f"after {v.action}: " + "; ".join(f"{i}: {w}" for i, w in v.violations[:4]),
+                    kvcheck_command("replay", path), [s.label() for s in trace.steps])
+        failed = {i: f for i in v.invariants}
+        code = ExitCode.INVARIANT
+    missing = [f"action {a}" for a in spec.actions if cov.actions.get(a, 0) == 0]
+    missing += [f"decision {d}" for d in DECISION_KINDS if cov.decisions.get(d, 0) == 0]
+    missing += [f"state {s}" for s in required_states(cfg) if cov.object_states.get(s, 0) == 0]
+    secs = time.perf_counter() - t0
+    und = {"coverage": "not reached: " + ", ".join(missing)} if missing and code == ExitCode.OK else {}
+    if und:
+        code = ExitCode.UNDECIDED
+    return EngineRun(code, secs, counts, _per_check(sys.name, "walk", invariants(cfg) + ["coverage"],
+                                                    failed, secs, counts, und), traces)
+
+
+def run_prove(sys: System, cfg: Config, out: Path) -> EngineRun:
+    from .prove import run_prove as prove
+    code, rep = prove(cfg, out, None, None, str(sys.config) if sys.config else None)
+    counts = {"invariants": len(rep["invariants"]), "bmc_depth": rep["bmc"].get("checked")}
+    checks = []
+    for o in rep["invariants"]:
+        verdict = "passed" if o["status"] == "proved" else "failed" if o["status"] in ("refuted", "violated",
+                                                                                    "counterexample") else "undecided"
+        f = finding("z3", f"{o['name']}: {o['status']} ({o['method']})", kvcheck_command("prove"), []) \
+            if verdict == "failed" else None
+        checks.append(check(sys.name, "prove", o["name"], verdict, rep["seconds"], counts, f,
+                            None if verdict != "undecided" else o["status"]))
+    return EngineRun(code, rep["seconds"], counts, checks)
+
+
+def run_explore(sys: System, out: Path) -> EngineRun:
+    from .explore import run_profile
+    code, rep = run_profile(out)
+    counts = {k: rep.get(k) for k in ("states", "transitions", "depth")}
+    v = rep.get("violation")
+    failed = {}
+    if v:
+        f = finding("invariant", ", ".join(v["invariants"]), v.get("replay"), v.get("trace_steps", []))
+        failed = {i: f for i in v["invariants"]}
+    und = {}
+    if rep.get("deadlocks"):
+        failed["deadlocks"] = finding("deadlock", f"{rep['deadlocks']} deadlocked states", kvcheck_command("explore"), [])
+    if rep.get("sometimes_missing"):
+        und["sometimes"] = "never reached: " + ", ".join(rep["sometimes_missing"])
+    if not rep.get("exhaustive"):
+        und["exhaustive"] = "state budget spent before the state space was"
+    names = ["invariants", "deadlocks", "sometimes", "exhaustive"]
+    return EngineRun(code, rep["seconds"], counts, _per_check(sys.name, "explore", names, failed, rep["seconds"],
+                                                              counts, und))
+
+
+# ---- the Hypothesis campaign (spec, reference, MODULE:CLASS) ----------------------------
+
+def run_fuzz(sys: System, cfg: Config, seed: int, out: Path, fault: str | None = None) -> EngineRun:
+    from ..fuzz.campaign import run_campaign
+    budget = sys.fault_budget if fault else sys.budgets["fuzz"]
+    r = run_campaign(cfg, sys.name, budget, seed=seed, fault=fault, out=out,
+                     shrink_seconds=10.0 if fault else 30.0)
+    if r.get("interrupted"):
+        raise KeyboardInterrupt
+    counts = {"steps": r["steps"], "examples": r["examples"],
+              "actions": len(r["coverage"]["actions"]), **r["coverage"]["decisions"]}
+    failed, traces = {}, []
+    for x in r["findings"]:
+        f = finding(x["kind"], x["message"], x["replay"], x["trace_steps"])
+        failed.update({c: f for c in x["checks"]})
+        traces.append(x["trace"])
+    code = r["exit_code"]
+    und = {"campaign": r["error"]} if r.get("error") and code == ExitCode.UNDECIDED else {}
+    names = invariants(cfg) + list(LOCKSTEP) + (["reuse_equals_recompute"] if sys.kind == "reference" else []) \
+        + (["campaign"] if und else [])
+    checks = _per_check(sys.name, "fuzz", names, failed, r["seconds"], counts, und)
+    checks.append(_coverage(sys.name, r["coverage"]["actions_missing"], r["seconds"], counts))
+    return EngineRun(code, r["seconds"], counts, checks, traces)
+
+
+def _coverage(label: str, missing: list[str], seconds: float, counts: dict[str, Any]) -> dict[str, Any]:
+    """A campaign's action coverage: reported, not gated (the walk's coverage minimum is the
+    gate's); a budget too small to reach an action says so in the note."""
+    return check(label, "fuzz", "coverage", "passed", seconds, counts,
+                 note=("actions never exercised (raise the budget): " + ", ".join(missing)) if missing else None)
+
+
+# ---- reference diff ---------------------------------------------------------------------
+
+def run_reference_diff(sys: System, cfg: Config, seed: int, out: Path, fault: str | None = None) -> EngineRun:
+    from ..fuzz.diff import run_reference_diff as diff
+    n = sys.budgets["diff"].steps or 30
+    if fault:                          # the fault budget: scenarios, or a time bound on 1000
+        n = sys.fault_budget.steps or 1000
+    d = diff(n, seed, fault, out, cfg, seconds=sys.fault_budget.seconds if fault else None)
+    counts = {"scenarios": d["scenarios"], "comparisons": d["comparisons"], **d["decisions"]}
+    failed, traces = {}, []
+    for m in d["mismatches"]:
+        f = finding(m["kind"], m["message"], m["replay"], _labels(m["trace"]))
+        failed.update({c: f for c in m["checks"]})
+        traces.append(m["trace"])
+    return EngineRun(d["exit_code"], d["seconds"], counts,
+                     _per_check(sys.name, "diff", ["reuse_equals_recompute"] + list(LOCKSTEP[:2]),
+                                failed, d["seconds"], counts), traces)
+
+
+# ---- vLLM and transformers ----------------------------------------------------------------
+
+def run_vllm(sys: System, layout: str, seed: int, out: Path, fault: str | None = None) -> EngineRun:
+    label = f"vllm[{layout}]"
+    if layout.endswith(".json") or "/" in layout:
+        return _skipped(label, "fuzz", "layout files are not driven yet (the vLLM adapter runs its named layouts)")
+    from ..fuzz.adapters import vllm as v
+    from ..fuzz.adapters.vllm_layouts import BOOKKEEPING_CHECKS, SAFETY_CHECKS
+    b = sys.fault_budget if fault else sys.budgets["fuzz"]
+    try:
+        r = v.run_campaign(layout, budget_s=b.seconds, steps=b.steps, seed=seed, fault=fault, out_dir=str(out))
+    except v.VllmUnavailable as e:
+        return _skipped(label, "fuzz", str(e))
+    except ValueError as e:             # a fault this layout cannot plant (no sliding window)
+        return _skipped(label, "fuzz", str(e))
+    counts = {"steps": r["steps"], "episodes": r["episodes"], "lookups_with_hit": r["lookups_with_hit"],
+              "lost_reuse_lookups": r["lost_reuse_lookups"]}
+    failed, traces, lost = {}, [], 0
+    for x in r["findings"]:
+        if x["kind"] == "lost_reuse" and r["exit_code"] == ExitCode.OK:
+            lost += 1                  # kept as findings, not failures, without strict reuse
+            continue
+        failed[x["check"]] = finding(x["kind"], x["message"], x["replay"], _labels(x["trace"]))
+        traces.append(x["trace"])
+    checks = _per_check(label, "fuzz", list(SAFETY_CHECKS) + list(BOOKKEEPING_CHECKS), failed, r["elapsed_s"], counts)
+    checks.append(_coverage(label, r["missing_actions"], r["elapsed_s"], counts))
+    code = ExitCode.OK if r["exit_code"] == ExitCode.UNDECIDED and not failed else r["exit_code"]
+    if lost:
+        checks.append(check(label, "fuzz", "lost_reuse", "passed", r["elapsed_s"], counts,
+                            note=f"{lost} kinds of lost reuse saved as findings (not failing without strict reuse)"))
+    return EngineRun(code, r["elapsed_s"], counts, checks, traces)
+
+
+def run_transformers(sys: System, model_type: str, seed: int, out: Path, fault: str | None = None) -> EngineRun:
+    from ..fuzz.adapters import transformers as hf
+    label = f"transformers[{model_type}]"
+    n = sys.budgets["diff"].steps or 10
+    t0 = time.perf_counter()
+    try:
+        res = hf.run_diff(model_type, scenarios=n, seed=seed, fault=fault, out_dir=str(out), cover=True)
+    except hf.AdapterError as e:
+        return _skipped(label, "diff", str(e))
+    secs = time.perf_counter() - t0
+    counts = {"scenarios": len(res.get("scenarios", [])), **(res.get("counts") or {})}
+    verdict = res["verdict"]
+    if verdict == "unsupported":
+        return _skipped(label, "diff", f"unsupported: {res.get('reason')}")
+    cmd = kvcheck_command("diff", "--sut", "transformers", "--model-type", model_type, "--scenarios", n,
+                          "--seed", seed, *(["--fault", fault] if fault else []))
+    failed = {}
+    code = ExitCode.OK
+    if verdict in ("divergent", "error"):
+        msg = f"{verdict}: " + (res.get("error") or str((res.get("explanation") or {}).get("summary", ""))
+                                or "reuse differs from a full recompute")
+        failed["reuse_equals_recompute"] = finding("differential", msg, cmd, [])
+        code = ExitCode.DIFF
+    return EngineRun(code, secs, counts, _per_check(label, "diff", ["reuse_equals_recompute"], failed, secs, counts))
+
+
+def _skipped(label: str, engine: str, why: str) -> EngineRun:
+    return EngineRun(ExitCode.OK, 0.0, {}, [check(label, engine, "all", "skipped", 0.0, {}, note=why)])
+
+
+# ---- expected faults: regression checks that the engines still catch them ------------------
+
+def expected_check(sys: System, fault: str) -> str:
+    """The check a planted fault must be caught by (the registry's, or the user SUT's own)."""
+    if sys.kind == "user":
+        from ..fuzz.suts import sut_class
+        return sut_class(sys.name).faults[fault]
+    from ..fuzz import faults as faultlib
+    return faultlib.get(fault.split("@")[0]).expected
+
+
+def run_expected_fault(sys: System, engine: str, cfg: Config, seed: int, out: Path, fault: str,
+                       variant: str | None = None) -> dict[str, Any]:
+    """Plant `fault`, run `engine`; the check passes when the expected check fails."""
+    want = expected_check(sys, fault)
+    t0 = time.perf_counter()
+    if engine == "walk":
+        from .mutants import engines_for
+        secs = sys.fault_budget.seconds or 30.0
+        r = engines_for("spec")["walk"](cfg, fault, secs, seed)
+        caught_by, label = r["caught_by"], sys.name
+        detail = f"walk of {r['steps']} steps"
+    else:
+        label = sys.name if variant is None else f"{sys.kind}[{variant}]"
+        run = {"fuzz": lambda: run_vllm(sys, variant, seed, out, fault) if sys.kind == "vllm"
+               else run_fuzz(sys, cfg, seed, out, fault),
+               "diff": lambda: run_transformers(sys, variant, seed, out, fault) if sys.kind == "transformers"
+               else run_reference_diff(sys, cfg, seed, out, fault)}[engine]()
+        if run.checks and run.checks[0]["verdict"] == "skipped":
+            return check(label, engine, f"expected_fault:{fault}", "skipped", 0.0, {}, note=run.checks[0]["note"])
+        caught_by = [c["check"] for c in run.checks if c["verdict"] == "failed"]
+        if sys.kind == "transformers" and caught_by:
+            caught_by = ["divergent"]          # the registry names the verdict that catches these
+        unit = "steps" if "steps" in run.counts else "scenarios"
+        detail = f"{engine} of {run.counts.get(unit)} {unit}"
+    secs = time.perf_counter() - t0
+    counts = {"expected": want, "caught_by": caught_by}
+    name = f"expected_fault:{fault}"
+    if want in caught_by:
+        return check(label, engine, name, "passed", secs, counts, note=f"caught by {want} ({detail})")
+    why = (f"planted fault {fault} was caught by {', '.join(caught_by)}, not its expected check {want}"
+           if caught_by else f"planted fault {fault} survived: {want} did not fail within the fault budget ({detail})")
+    return check(label, engine, name, "failed", secs, counts, finding("survived", why, None, []))
+
+
+def code_of(c: dict[str, Any]) -> int:
+    """The exit code a failed check gives the gate (a surviving fault: undecided, as in mutants)."""
+    if c["verdict"] == "undecided":
+        return ExitCode.UNDECIDED
+    if c["verdict"] != "failed":
+        return ExitCode.OK
+    kind = (c.get("finding") or {}).get("kind")
+    if kind == "survived":
+        return ExitCode.UNDECIDED
+    if kind == "z3":
+        return ExitCode.Z3
+    return int(FOR_FINDING.get(kind, ExitCode.INVARIANT))
