@@ -65,8 +65,8 @@ def _label(name: str, args: tuple) -> str:
 
 
 class GuardedLockstep(Lockstep):
-    """The core, with a probe's own finding stamped with the probe in the program (the core
-    appends a probe to the program only after the SUT took it)."""
+    """The core, with a probe's own finding stamped with the probe in the program and the trail
+    (the core records a probe only after the SUT took it)."""
 
     def probe(self, x: Any) -> bool:
         n = len(self.program)
@@ -75,6 +75,7 @@ class GuardedLockstep(Lockstep):
         except Finding as f:
             if len(self.program) == n:          # raised by the SUT while it applied the probe
                 self.program.append(x)
+                self.trail.append((x.action, dict(x.params)))
                 raise self.fail(f) from None
             raise
 
