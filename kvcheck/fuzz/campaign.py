@@ -249,7 +249,18 @@ def _leaves(g: BaseException) -> list[BaseException]:
 
 
 def machine_actions(spec: Spec, factory: Callable[[], Any]) -> list[str]:
-    supported = getattr(factory(), "actions", None)
+    """The actions the campaign drives. Constructs and resets one SUT first: a SUT that cannot
+    even start (its constructor or reset raises) is a broken --sut, one line and exit 2."""
+    sut = factory()
+    supported = getattr(sut, "actions", None)
+    try:
+        sut.reset(spec.cfg)
+        close = getattr(sut, "close", None)
+        if close is not None:
+            close()
+    except Exception as e:  # noqa: BLE001 - any failure is the user's adapter
+        raise SutError(f"{getattr(sut, 'name', type(sut).__name__)}: reset() raised "
+                       f"{type(e).__name__}: {' '.join(str(e).split())[:200]}") from None
     return [a for a in spec.actions if supported is None or a in supported]
 
 

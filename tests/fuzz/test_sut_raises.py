@@ -65,12 +65,29 @@ def test_campaign_with_a_raising_probe_reports_and_replays(tmp_path) -> None:
     assert proc.returncode == 13, proc.stderr       # runs from another directory too
 
 
-def test_a_sut_raising_in_reset_is_reported_not_raised(tmp_path) -> None:
+def test_a_sut_that_cannot_reset_is_one_line_exit_2(tmp_path) -> None:
     proc = subprocess.run([sys.executable, "-m", "kvcheck", "fuzz", "--sut", "tests.fuzz.raising_sut:RaisesInReset",
                            "--config", "examples/toy.json", "--budget", "200", "--out", str(tmp_path)],
                           capture_output=True, text=True, cwd=ROOT)
     assert "Traceback" not in proc.stderr + proc.stdout
-    assert proc.returncode == 13 and "reset(): the SUT raised OSError: no device" in proc.stdout
+    assert proc.returncode == 2 and "reset() raised OSError: no device" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_a_reset_that_fails_later_is_a_finding() -> None:
+    spec = Spec(CFG)
+    calls = []
+
+    class Flaky(resolve_sut("tests.fuzz.raising_sut:RaisesInProbe").cls):
+        def reset(self, cfg):
+            calls.append(1)
+            if len(calls) > 1:
+                raise OSError("device lost")
+            super().reset(cfg)
+    machine = make_machine(spec, Flaky, Tally())
+    run_program(machine, _steps(spec, ("submit", {"r": 0, "n": 1})))
+    f = run_program(machine, _steps(spec, ("submit", {"r": 0, "n": 1})))
+    assert f is not None and f.checks == ["sut_raised"] and "reset(): the SUT raised OSError" in f.message
 
 
 def test_state_mismatch_shows_both_values() -> None:
