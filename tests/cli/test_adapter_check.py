@@ -55,3 +55,13 @@ def test_clean_fuzz_run_exit_3_names_the_never_enabled_action(tmp_path) -> None:
     first = proc.stdout.splitlines()[0]
     assert "undecided: the SUT declares use_stale, which the spec never enabled" in first
     assert "kvcheck adapter-check" in first
+
+
+def test_bad_config_and_a_config_the_base_class_cannot_map(tmp_path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"blocks": "three"}')
+    proc = _run("adapter-check", "examples.hashchain_adapter:Adapter", "--config", str(bad))
+    assert proc.returncode == 2 and "blocks must be an integer" in proc.stderr and "Traceback" not in proc.stderr
+    proc = _run("adapter-check", "examples.hashchain_adapter:Adapter")       # the default hybrid config
+    assert proc.returncode == 2 and "maps one full-attention group" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
