@@ -82,10 +82,18 @@ def test_content_is_drawn_from_the_config_seed() -> None:
     assert a[:4] == a[4:8]           # block 1 repeats block 0: a parent-blind hash collides
 
 
-def test_cli_fuzz_finds_the_stale_hash_as_an_unsafe_hit(tmp_path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "kvcheck", "fuzz", "--sut", SUT, "--config", "examples/hashchain.json",
-                           "--fault", "stale_hash_after_reuse", "--budget", "60s", "--out", str(tmp_path)],
-                          capture_output=True, text=True, cwd=ROOT)
-    assert proc.returncode == 10, proc.stderr
-    assert "FINDING [safety] hit_sound_content: UNSAFE HIT" in proc.stdout and "Traceback" not in proc.stderr
-    assert f"reproducer: {sys.executable} " in proc.stdout
+def _cli(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kvcheck", *argv], capture_output=True, text=True, cwd=ROOT)
+
+
+def test_cli_fuzz_runs_clean_and_replays_an_unsafe_hit(tmp_path) -> None:
+    proc = _cli("fuzz", "--sut", SUT, "--config", "examples/hashchain.json", "--budget", "2000", "--out", str(tmp_path))
+    assert proc.returncode == 0 and ": holds (exit 0)" in proc.stdout, proc.stdout + proc.stderr
+    res = run_campaign(CFG, SUT, Budget(seconds=60), seed=1, fault="stale_hash_after_reuse", out=tmp_path,
+                       shrink_seconds=4)
+    f = res["findings"][0]
+    assert f["reproducer"].startswith(sys.executable + " ")
+    proc = _cli("replay", f["trace"], "--sut", SUT)        # the trace names the fault it was found with
+    assert proc.returncode == 10 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    proc = subprocess.run(f["reproducer"].split(" ", 1), capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 10 and "UNSAFE HIT" in proc.stdout
