@@ -122,11 +122,17 @@ class HashChainAdapter:
             self._check_hits(f"shadow query by {tenant} for blocks {[list(t[i:i + self.B]) for i in range(0, len(t), self.B)]}",
                              hits, len(t) // self.B, tenant, t)
 
-    def _take(self, r: int, block: Any, j: int) -> None:
+    def _take(self, r: int, block: Any, j: int, hit: bool = False) -> None:
+        """Request r now holds `block` at position j (a reused one must hold its prefix: the
+        manager may hand out another block than the hit it was given)."""
         if not isinstance(block, int) or not 0 <= block < self.num_blocks:
             raise TypeError(f"allocate() returned {block!r:.40}, not a block id in [0, {self.num_blocks})")
-        self.req[r]["blocks"].append(block)
-        self.req[r]["pos"] = len(self.req[r]["blocks"])
+        q = self.req[r]
+        if hit:
+            self._check_hits(f"allocate(hit=...) for request {r}", q["blocks"] + [block], j + 1, TENANT,
+                             self.tokens[:(j + 1) * self.B])
+        q["blocks"].append(block)
+        q["pos"] = len(q["blocks"])
 
     def _fill(self, r: int, j: int, block: int) -> None:
         """A fresh block for logical block j: what it held before was evicted by the engine."""
@@ -189,7 +195,7 @@ class HashChainAdapter:
                 self.free(r, q["blocks"])
                 q["blocks"] = []
                 raise ActionRejected(f"allocate refused cached block {b}")
-            self._take(r, got, i)
+            self._take(r, got, i, hit=True)
         q.update(st=R_BOUND, pos=q["k"], win=q["k"])     # full attention: no window slides
 
     def _a_bind_stale(self, r: int) -> None:
@@ -212,7 +218,7 @@ class HashChainAdapter:
             got = self.allocate(r, hashes[j], hit=hits[j])
             if got is None:
                 raise ActionRejected("allocate refused a cached block")
-            return self._take(r, got, j)
+            return self._take(r, got, j, hit=True)
         live = {self.where[lj] for lj in self.where if self.state[lj] == READY}
         held = {b for x in self.req for b in x["blocks"]}
         if len(live | held) >= self.num_blocks and live - held:
