@@ -24,3 +24,16 @@ class BadObservation(ToyAllocator):
 
     def observe(self):
         return [0, 1, 2]
+
+
+class EvictsPinned(ToyAllocator):
+    """Evicts a page whatever its reference count (a negative probe shows it)."""
+
+    name = "evicts-pinned"
+
+    def apply(self, action, p):
+        if action == "evict" and p["j"] in self.pages:
+            del self.pages[p["j"]]
+            self.evicted.add(p["j"])
+            return {}
+        return super().apply(action, p)

@@ -65,3 +65,11 @@ def test_bad_config_and_a_config_the_base_class_cannot_map(tmp_path) -> None:
     proc = _run("adapter-check", "examples.hashchain_adapter:Adapter")       # the default hybrid config
     assert proc.returncode == 2 and "maps one full-attention group" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_a_finding_in_the_short_run_is_reported_with_its_code() -> None:
+    proc = _run("adapter-check", "tests.cli.lint_suts:EvictsPinned", "--config", TOY_CFG, "--json")
+    res = json.loads(proc.stdout)
+    assert proc.returncode == res["exit_code"] == 13, res       # a pinned page evicted: a probe taken
+    assert res["finding"]["checks"] == ["sut_accepted_disabled_action"]
+    assert res["finding"]["steps"][-1].startswith("evict")
