@@ -81,6 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
     z.add_argument("--layout-file", metavar="FILE", help="--sut sglang: a layout of your own (JSON)")
     z.add_argument("--strict-reuse", action="store_true",
                    help="--sut vllm: lost reuse (spec-usable hit > vLLM hit) fails the run (exit 13)")
+    ac = add("adapter-check", _lazy("cmd_adapter_check", "cmd_adapter_check"),
+             "lint an adapter before a campaign: constructor errors, declared actions the spec never "
+             "enables, state fields it never reports, its faults")
+    ac.add_argument("sut", metavar="MODULE:CLASS", help="the adapter (as for kvcheck fuzz --sut)")
+    ac.add_argument("--steps", type=positive_int, default=2000, help="lockstep steps to drive (default: %(default)s)")
+    ac.add_argument("--seed", type=int, default=0, help="seed of the run (default: %(default)s)")
     m = add("mutants", _lazy("cmd_mutants", "cmd_mutants"), "fault matrix: which engine catches each planted fault, with which check")
     m.add_argument("--budget-per-fault", default="30s", help="per fault and engine (default: %(default)s)")
     m.add_argument("--fault", nargs="*", metavar="NAME", help="only these faults (default: all)")

@@ -71,6 +71,21 @@ def _fuzz_sglang(args: argparse.Namespace) -> int:
     return 0 if args.list_layouts else res["exit_code"]
 
 
+def _undecided(cov: dict, steps: int) -> str:
+    """Why a clean run claims nothing: which declared actions never ran, and of those, which the
+    spec never even enabled (declared in the SUT's `actions`, unreachable with the others)."""
+    never = cov.get("actions_never_enabled", [])
+    drawn = [a for a in cov["actions_missing"] if a not in never]
+    parts = []
+    if never:
+        parts.append(f"the SUT declares {', '.join(never)}, which the spec never enabled in {steps} "
+                     "steps (unreachable with the actions it declares in this config: drop them from "
+                     "`actions`, or declare what enables them; `kvcheck adapter-check` lints this)")
+    if drawn:
+        parts.append(f"{', '.join(drawn)} enabled but never exercised (a longer --budget)")
+    return "undecided: " + "; ".join(parts)
+
+
 def cmd_fuzz(args: argparse.Namespace) -> int:
     """Hypothesis stateful campaign against a system under test, in lockstep with the spec."""
     if args.sut == "sglang":
@@ -118,7 +133,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     if code == ExitCode.INTERRUPTED:
         res["verdict"] = "interrupted: nothing is claimed"
     elif code == ExitCode.OK and res["coverage"]["actions_missing"]:
-        res["verdict"] = "undecided: actions never exercised"
+        res["verdict"] = _undecided(res["coverage"], res["steps"])
         code = res["exit_code"] = int(ExitCode.UNDECIDED)
     else:
         res.setdefault("verdict", "holds" if code == ExitCode.OK else "failed")

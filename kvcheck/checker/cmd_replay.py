@@ -50,8 +50,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
             lines.append(f"  reuse != recompute at step {d['step']} `{d['action']}`: {d['why']}")
         if "violation" in out:
             v = out["violation"]
-            lines.append(f"  reproduced: {', '.join(v['invariants'])} violated at step {v['step']} `{v['action']}`")
-            lines += [f"    {w}" for w in v["where"][:5]]
+            if "invariants" in v:
+                lines.append(f"  reproduced: {', '.join(v['invariants'])} violated at step {v['step']} `{v['action']}`")
+                lines += [f"    {w}" for w in v["where"][:5]]
+            else:           # an adapter's own check (e.g. the hash-chain shadow's hit_sound_content)
+                lines.append(f"  reproduced: [{v['kind']}] {v['check']} at step {v['step']} `{v['action']}`: {v['message']}")
         if not {"divergence", "differential", "violation"} & set(out):
             lines.append("  every step enabled, decisions as recorded, no invariant violated")
         lines.append(f"  exit {code}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import time
 from contextlib import contextmanager
@@ -34,7 +35,8 @@ from ..spec.verdict import FOR_FINDING, ExitCode
 from .lockstep import Finding
 from .machine import BudgetSpent, Tally, make_machine, shrink_finding
 from .pool import Interrupted, run_jobs
-from .suts import resolve_sut
+from .guard import raised
+from .suts import SutError, resolve_sut
 from .traces import to_trace
 
 
@@ -178,8 +180,10 @@ def _campaign(cfg: Config, sut: str, budget: Budget, seed: int, fault: str | Non
             else:
                 error = f"{type(e).__name__}: {e}"
             break
+        except SutError:
+            raise                      # a constructor that fails later: a broken --sut (exit 2)
         except Exception as e:  # noqa: BLE001 - the SUT raised: that is a finding too
-            finding = Finding("conformance", ["sut_raised"], f"the SUT raised {type(e).__name__}: {e}")
+            finding = raised("a step", e)
             break
         if progress:
             progress(tally.steps)
@@ -200,6 +204,8 @@ def _campaign(cfg: Config, sut: str, budget: Budget, seed: int, fault: str | Non
         "steps_per_s": round(tally.steps / max(seconds, 1e-9)),
         "coverage": {"actions": dict(sorted(tally.actions.items())),
                      "actions_missing": sorted(set(actions) - set(tally.actions)),
+                     # declared, but the spec never enabled them in any state the run reached
+                     "actions_never_enabled": sorted(set(actions) - tally.enabled),
                      "decisions": {k: tally.decisions.get(k, 0) for k in DECISION_KINDS}},
         "interrupted": interrupted, "findings": [],
         "seconds_to_first_failure": (round(tally.first_failure_at - t0, 2)
@@ -243,7 +249,18 @@ def _leaves(g: BaseException) -> list[BaseException]:
 
 
 def machine_actions(spec: Spec, factory: Callable[[], Any]) -> list[str]:
-    supported = getattr(factory(), "actions", None)
+    """The actions the campaign drives. Constructs and resets one SUT first: a SUT that cannot
+    even start (its constructor or reset raises) is a broken --sut, one line and exit 2."""
+    sut = factory()
+    supported = getattr(sut, "actions", None)
+    try:
+        sut.reset(spec.cfg)
+        close = getattr(sut, "close", None)
+        if close is not None:
+            close()
+    except Exception as e:  # noqa: BLE001 - any failure is the user's adapter
+        raise SutError(f"{getattr(sut, 'name', type(sut).__name__)}: reset() raised "
+                       f"{type(e).__name__}: {' '.join(str(e).split())[:200]}") from None
     return [a for a in spec.actions if supported is None or a in supported]
 
 
@@ -259,6 +276,7 @@ def reproducer_text(trace: Path, sut: str) -> str:
     return f'''"""kvcheck reproducer: replays the shrunk failing trace and exits with its code."""
 import sys
 
+sys.path.insert(0, {os.getcwd()!r})      # where `--sut MODULE:CLASS` was imported from
 from kvcheck.fuzz.suts import resolve_sut
 from kvcheck.fuzz.traces import replay
 from kvcheck.spec.trace import Trace
@@ -313,7 +331,7 @@ def merge_results(results: list[dict[str, Any]], cfg: Config, sut: str, seed: in
         spec = Spec(cfg, fault if sut == "spec" else None)
         return {"sut": sut, "seed": seed, "fault": fault, "budget": budget.describe(), "seconds": 0.0,
                 "steps": 0, "examples": 0, "steps_per_s": 0, "workers": [], "findings": [],
-                "coverage": {"actions": {}, "actions_missing": sorted(spec.actions),
+                "coverage": {"actions": {}, "actions_missing": sorted(spec.actions), "actions_never_enabled": [],
                              "decisions": {k: 0 for k in DECISION_KINDS}},
                 "interrupted": True, "exit_code": int(ExitCode.INTERRUPTED)}
     merged = dict(results[0])
@@ -330,6 +348,8 @@ def merge_results(results: list[dict[str, Any]], cfg: Config, sut: str, seed: in
             acts[k] = acts.get(k, 0) + v
     merged["coverage"] = {"actions": acts,
                           "actions_missing": sorted(set.intersection(*[set(r["coverage"]["actions_missing"]) for r in results])),
+                          "actions_never_enabled": sorted(set.intersection(
+                              *[set(r["coverage"].get("actions_never_enabled", ())) for r in results])),
                           "decisions": {k: sum(r["coverage"]["decisions"][k] for r in results) for k in DECISION_KINDS}}
     merged["steps_per_s"] = sum(r["steps_per_s"] for r in results)
     return merged

@@ -21,7 +21,8 @@ from ..spec.objects import READY
 from ..spec.sut import SystemUnderTest
 from ..spec.system import Instance, Spec
 from ..spec.workloads import THEMES, weights as theme_weights
-from .lockstep import Finding, Lockstep, SpecModel, lead
+from .guard import GuardedLockstep, ValuedSpecModel, guard
+from .lockstep import Finding, Lockstep, lead
 from . import shrink as shrinking
 from .walk import CORE, WEIGHTS
 
@@ -53,6 +54,7 @@ class Tally:
     runs: int = 0
     actions: Counter = field(default_factory=Counter)
     decisions: Counter = field(default_factory=Counter)
+    enabled: set = field(default_factory=set)   # actions the spec enabled at some step of some example
     last: Lockstep | None = None               # the core of the latest example
     soft: "Finding | None" = None              # shortest example where only decision reasons differed
     first_failure_at: float | None = None      # perf_counter() of the first failing step
@@ -101,7 +103,7 @@ class Tally:
 def make_machine(spec: Spec, sut_factory: Callable[[], SystemUnderTest], tally: Tally
                  ) -> type[RuleBasedStateMachine]:
     """A RuleBasedStateMachine class for this spec and SUT."""
-    model = SpecModel(spec, getattr(sut_factory(), "actions", None))
+    model = ValuedSpecModel(spec, getattr(sut_factory(), "actions", None))
     lay, cfg = spec.lay, spec.cfg
     occ_slots = [lay.o(o.group, o.kind, o.block, "st") for o in lay.objects]
     inflight = lay.g("inflight")
@@ -123,11 +125,12 @@ def make_machine(spec: Spec, sut_factory: Callable[[], SystemUnderTest], tally: 
         if tally.out_of_time():
             raise BudgetSpent()
         RuleBasedStateMachine.__init__(self)
-        sut = sut_factory()
+        sut = guard(sut_factory())       # whatever the SUT raises is a finding
         sut.reset(cfg)
-        self.core = Lockstep(model, sut, count=tally.count, after=self.after, found=tally.found)
+        self.core = GuardedLockstep(model, sut, count=tally.count, after=self.after, found=tally.found)
         self.pressure = self.transfers = self.at_boundary = 0
         self.enabled = enabled_by_action(self.core.s)
+        tally.enabled.update(self.enabled)
         self.off: frozenset[str] = frozenset()
         self.weights = WEIGHTS
         tally.runs += 1
@@ -135,6 +138,7 @@ def make_machine(spec: Spec, sut_factory: Callable[[], SystemUnderTest], tally: 
 
     def after(self: Any, s: tuple) -> None:
         self.enabled = enabled_by_action(s)
+        tally.enabled.update(self.enabled)
         self.pressure = max(self.pressure, sum(1 for i in occ_slots if s[i] == READY))
         self.transfers = max(self.transfers, s[inflight])
         self.at_boundary = max(self.at_boundary, sum(1 for i in rpos if s[i] in boundaries))
@@ -211,11 +215,18 @@ def run_program(machine: type[RuleBasedStateMachine], program: list[Instance],
     """Run chosen steps on a fresh machine outside Hypothesis (on the core: a step not enabled
     where it falls is skipped, as the rule would not have drawn it). Returns the finding, if
     any. `choices` gets, per step, the other instances of its action that were enabled there."""
-    m: Any = machine()
+    try:
+        m: Any = machine()
+    except Finding as f:          # the SUT raised in reset: every program fails the same way
+        f.program = f.program or list(program[:1])
+        return f
 
     def note(core: Lockstep, inst: Instance) -> None:
         choices.append([x for x in m.enabled.get(inst.action, ()) if x is not inst])   # type: ignore[union-attr]
-    return m.core.run(program, **({"before": note} if choices is not None else {}))
+    try:
+        return m.core.run(program, **({"before": note} if choices is not None else {}))
+    except Finding as f:          # raised while the run was closed
+        return f
 
 
 def shrink_finding(machine: type[RuleBasedStateMachine], tally: Tally, f: Finding,

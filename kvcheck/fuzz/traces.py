@@ -18,12 +18,14 @@ from ..spec.sut import SpecSUT, SystemUnderTest
 from ..spec.system import Spec
 from ..spec.trace import Step, Trace
 from ..spec.verdict import FOR_FINDING, ExitCode
-from .lockstep import Finding, Lockstep, SpecModel
+from .guard import GuardedLockstep, ValuedSpecModel, guard
+from .lockstep import Finding, Lockstep
 
 WHY = {"decision_matches_spec": "SUT decision differs from the spec",
        "abstract_state_matches_spec": "SUT abstract state differs from the spec",
        "sut_accepted_disabled_action": "the spec forbids it here, the SUT did it",
-       "sut_rejected_enabled_action": "SUT rejected it"}
+       "sut_rejected_enabled_action": "SUT rejected it",
+       "sut_raised": "the SUT raised an exception"}
 
 
 def to_trace(spec: Spec | None, steps: list[tuple[str, dict[str, Any]]], seed: int | None,
@@ -62,15 +64,21 @@ def replay(trace: Trace, sut: SystemUnderTest | None = None, model: Any = None) 
     """Run a trace on the core (the spec with the trace's fault as the model unless `model`
     says otherwise; the spec itself when no SUT is named). Returns (exit code, report)."""
     if model is None:
-        model = SpecModel(Spec(trace.config, trace.fault))
-    runs = sut if sut is not None else SpecSUT(trace.fault)
-    runs.reset(trace.config)
-    core = Lockstep(model, runs, follow=False, full_check=True)
+        model = ValuedSpecModel(Spec(trace.config, trace.fault))
+    runs = guard(sut) if sut is not None else SpecSUT(trace.fault)   # a raise is a finding
     out: dict[str, Any] = {"steps": len(trace.steps), "fault": trace.fault, "sut": getattr(sut, "name", None)}
+    try:
+        runs.reset(trace.config)
+    except Finding as f:
+        return _found(out, 0, trace.steps[0], f) if trace.steps else FOR_FINDING[f.kind], out
+    core: Lockstep = GuardedLockstep(model, runs, follow=False, full_check=True)
     try:
         code = _replay(core, trace, out, model)
     finally:
-        core.close()
+        try:
+            core.close()
+        except Finding as f:
+            code = _found(out, len(trace.steps) - 1, trace.steps[-1], f) if trace.steps else FOR_FINDING[f.kind]
     return code, out
 
 

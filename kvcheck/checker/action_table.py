@@ -1,0 +1,157 @@
+"""The per-action table of docs/adapters.md, generated from the spec's declarations.
+
+Owns what an adapter author reads instead of spec/actions.py: per action its parameters and
+their ranges, its guard and effect, the state fields the guard reads and the effect writes
+(computed from the action bodies: the TRACE logic records every slot an expression reads),
+and whether a full-attention config (examples/hashchain.json's shape) ever enables it. The
+prose guard/effect lines are written here, one per action; tests/cli/test_action_table.py
+fails when an action has none, or when docs/adapters.md differs from `render()`
+(`python scripts/action-table.py --write` regenerates it).
+"""
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from ..spec.actions import ACTIONS, run_body
+from ..spec.config import Config, LayerSpec
+from ..spec.logic import TRACE, Expr
+from ..spec.state import View
+from ..spec.system import Spec
+
+BEGIN, END = "<!-- action-table:begin (generated: scripts/action-table.py) -->", "<!-- action-table:end -->"
+
+# action -> (guard, effect), in words; the fields each reads and writes are generated.
+PROSE: dict[str, tuple[str, str]] = {
+    "submit": ("request idle", "waiting, covering n blocks of the shared prefix; lease fields cleared"),
+    "lookup": ("request waiting", "the funnel's decision: decided (waiting again on PREFETCH), `rdec`, `rk` = k; the lease records the versions"),
+    "bind": ("decided; fewer than `max_active` requests bound or running; lease current; the decision still valid at `rk`", "bound at `rpos` = `rk`; pins (ref + 1) what a resume at `rk` reads"),
+    "bind_stale": ("decided, and the decision no longer valid", "waiting (look up again)"),
+    "use": ("bound; lease current (no version changed since lookup)", "running"),
+    "use_stale": ("bound; lease stale", "waiting; pins released"),
+    "append": ("running at `rpos` = j < `rlen`; block j's objects to rewrite are unreferenced and not in a graph; every pool has room for the new ones (capacity)", "block j's objects written (ready; compressed and indexer entries writing) with the current versions; holder refs; `rpos` = j + 1; block j's hash published"),
+    "slide": ("running, and the window's first block moved", "`rwin` advanced; SWA pages below it released"),
+    "finish": ("running, `rpos` = `rlen`", "idle; every pin released (cached objects stay)"),
+    "preempt": ("decided, bound or running", "preempted; pins released"),
+    "resume": ("preempted", "waiting (look up again)"),
+    "compress": ("the compressed entry is writing", "ready"),
+    "indexer_sync": ("the indexer entry is writing", "ready"),
+    "evict": ("the object is live, unreferenced, not in a graph, and its block's copy is not being offloaded", "evicted (the hash stays: a tombstone)"),
+    "migrate": ("ready, unreferenced, not in a graph", "moved: `gmv` = 1, aligned"),
+    "offload_start": ("tiers enabled; no copy (or a quarantined one); transfers below `max_inflight`; every object of block j ready and current", "copy offloading with the current versions in its header; `inflight` + 1"),
+    "offload_ack": ("copy offloading", "durable; `inflight` - 1"),
+    "prefetch_start": ("copy durable; some object of block j missing; transfers below `max_inflight`; room within capacity minus `reserve`", "loading; `inflight` + 1"),
+    "prefetch_complete": ("copy loading", "loaded but unverified; `inflight` - 1"),
+    "verify_ok": ("copy unverified, intact, header versions current; room in the pools", "missing objects ready again (aligned or not); copy durable; hash published"),
+    "checksum_fail": ("copy unverified and corrupt or of another version", "quarantined (never served)"),
+    "corrupt": ("copy offloading, durable or loading, and intact", "its bytes damaged (`dbad` = 1)"),
+    "bump_model": ("below `max_version`", "`cur_ver` + 1; running requests preempted"),
+    "bump_compressor": ("below `max_version`", "`cur_cmp` + 1; running requests preempted"),
+    "bump_indexer": ("below `max_version`", "`cur_ix` + 1; running requests preempted"),
+    "bump_abi": ("below `max_version`", "`cur_abi` + 1; running requests preempted"),
+    "capture": ("no graph live; request running", "a graph over its pages (`graph`, `gwin`, `gpos`); `gmv` cleared"),
+    "release_graph": ("a graph is live", "released"),
+}
+
+FULL_ATTENTION = Config(layers=(LayerSpec("full"),), blocks=3, requests=2, tiers=("device",),
+                        capacity={"swa_window": 3})
+
+
+def _field(spec: Spec, i: int) -> str:
+    key = spec.lay.names[i]
+    return {"o": "obj.", "b": "blk.", "r": "req."}.get(key[0], "") + str(key[-1])
+
+
+def _reads_writes(spec: Spec, name: str) -> tuple[set[str], set[str]]:
+    reads: set[str] = set()
+    writes: set[str] = set()
+    act = ACTIONS[name]
+    for params in act.params(spec.lay):
+        TRACE.frames.append([])
+        try:
+            guard, w = run_body(act, View(spec.sym, spec.lay), TRACE, spec.lay, spec.planted, params)
+        finally:
+            TRACE.frames.pop()
+        if guard is False:
+            continue
+        if isinstance(guard, Expr):
+            reads.update(_field(spec, i) for i in guard.reads)
+        writes.update(_field(spec, i) for i, e in w.items() if not (isinstance(e, Expr) and e.src == f"s[{i}]"))
+    return reads, writes
+
+
+def _ranges(spec: Spec, name: str) -> str:
+    cfg = spec.cfg
+    ps = ACTIONS[name].params(spec.lay)
+    if ps == [{}]:
+        return "—"
+    names = {"r": "0..requests-1", "j": "0..blocks-1"}
+    out = []
+    for p in ps[0]:
+        vals = sorted({q[p] for q in ps}, key=str)
+        if p == "n" and vals == list(range(1, cfg.blocks + 1)):
+            out.append("`n` 1..blocks")
+        elif p in names and vals == list(range(cfg.requests if p == "r" else cfg.blocks)):
+            out.append(f"`{p}` {names[p]}")
+        elif p == "g":
+            out.append("`g` a group")
+        elif p == "kind":
+            out.append("`kind` " + " \\| ".join(vals))
+        else:
+            out.append(f"`{p}` " + " \\| ".join(map(str, vals)))
+    if "kind" in ps[0]:
+        out.append("(one per device object of the layout)")
+    return ", ".join(out)
+
+
+def _full_attention(steps: int = 3000) -> dict[str, str]:
+    """Per action: enabled somewhere in a seeded walk of the full-attention config, never
+    enabled, or absent (no instance in that config)."""
+    spec = Spec(FULL_ATTENTION)
+    rng = random.Random(0)
+    seen: set[str] = set()
+    s = spec.init()
+    for n in range(steps):
+        en = spec.enabled(s)
+        seen.update(i.action for i in en)
+        if not en or n % 200 == 199:
+            s = spec.init()
+            continue
+        by: dict[str, list[Any]] = {}
+        for i in en:
+            by.setdefault(i.action, []).append(i)
+        s = rng.choice(by[rng.choice(sorted(by))]).effect(s)
+    out = {}
+    for a in ACTIONS:
+        out[a] = "yes" if a in seen else "never enabled" if a in spec.actions else "absent"
+    return out
+
+
+def rows() -> list[dict[str, str]]:
+    spec = Spec(Config())
+    full = _full_attention()
+    out = []
+    for name in ACTIONS:
+        guard, effect = PROSE[name]
+        reads, writes = _reads_writes(spec, name)
+        out.append({"action": name, "params": _ranges(spec, name), "guard": guard, "effect": effect,
+                    "reads": ", ".join(f"`{f}`" for f in sorted(reads)) or "—",
+                    "writes": ", ".join(f"`{f}`" for f in sorted(writes)) or "—", "full": full[name]})
+    return out
+
+
+def render() -> str:
+    lines = [BEGIN,
+             "| action | parameters (ranges) | guard | effect | guard reads | effect writes | full attention |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows():
+        lines.append(f"| `{r['action']}` | {r['params']} | {r['guard']} | {r['effect']} | {r['reads']} | "
+                     f"{r['writes']} | {r['full']} |")
+    lines.append(END)
+    return "\n".join(lines)
+
+
+def splice(doc: str, table: str) -> str:
+    """`doc` with the text between the markers replaced by `table` (markers included)."""
+    a, b = doc.index(BEGIN), doc.index(END) + len(END)
+    return doc[:a] + table + doc[b:]

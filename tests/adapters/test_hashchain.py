@@ -1,0 +1,99 @@
+"""The hash-chain base class and its example: the example manager conforms with eviction and
+decode on, each planted fault is caught by its declared check (the hash faults as an UNSAFE
+HIT, wrong content reused), traces replay, and the adapter stays under 60 lines."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvcheck.fuzz.campaign import Budget, run_campaign
+from kvcheck.fuzz.hashchain_shadow import ContentShadow, shared_prefix
+from kvcheck.fuzz.suts import resolve_sut
+from kvcheck.fuzz.traces import replay
+from kvcheck.spec.config import Config
+from kvcheck.spec.trace import Trace
+
+ROOT = Path(__file__).resolve().parents[2]
+CFG = Config.load(ROOT / "examples" / "hashchain.json")
+SUT = "examples.hashchain_adapter:Adapter"
+
+
+@pytest.fixture(autouse=True)
+def _cwd(monkeypatch):
+    monkeypatch.chdir(ROOT)            # MODULE:CLASS resolves from the working directory
+
+
+def _faults() -> dict[str, str]:
+    sys.path.insert(0, str(ROOT))
+    from examples.hashchain_adapter import Adapter
+    return Adapter.faults
+
+
+def test_adapter_is_short() -> None:
+    lines = (ROOT / "examples" / "hashchain_adapter.py").read_text().splitlines()
+    assert len(lines) < 60
+
+
+def test_example_conforms_with_eviction_and_decode(tmp_path) -> None:
+    res = run_campaign(CFG, SUT, Budget(steps=3000), seed=0, out=tmp_path)
+    assert res["exit_code"] == 0, res["findings"]
+    acts = res["coverage"]["actions"]
+    assert {"evict", "append", "bind", "finish", "preempt"} <= set(acts) and not res["coverage"]["actions_missing"]
+    assert res["coverage"]["decisions"]["REUSE"] > 0 and res["coverage"]["decisions"]["PARTIAL"] > 0
+
+
+@pytest.mark.parametrize("fault", sorted(_faults()))
+def test_planted_fault_is_caught_by_its_check(tmp_path, fault) -> None:
+    expected = _faults()[fault]
+    res = run_campaign(CFG, SUT, Budget(seconds=60), seed=0, fault=fault, out=tmp_path, shrink_seconds=8)
+    assert res["exit_code"] == 10, res["findings"]
+    f = res["findings"][0]
+    assert expected in f["checks"]
+    if expected == "hit_sound_content":        # the hash faults: wrong content, not a missing page
+        assert f["message"].startswith("UNSAFE HIT (wrong content reused)")
+    assert len(f["trace_steps"]) <= 12
+    trace = Trace.load(f["trace"])
+    code, out = replay(trace, resolve_sut(SUT, fault)())
+    assert code == 10 and expected in out["finding"]["checks"]
+    code, out = replay(trace, resolve_sut(SUT)())     # the manager without the fault: no finding
+    # (a trace ending in a probe the fixed manager refuses replays as "not enabled in the spec")
+    assert code == 0 or (code == 13 and out["divergence"]["why"] == "not enabled in the spec")
+
+
+def test_shadow_names_content_reused_from_another_prefix() -> None:
+    sh = ContentShadow(2)
+    sh.fill(5, "tenant-0", (1, 2, 3, 4))                     # block 5 now holds a second block
+    assert sh.unsafe([5], "tenant-0", (3, 4)) is not None      # same tokens, another prefix
+    assert "holds tenant-0 [[1, 2], [3, 4]]" in sh.unsafe([5], "tenant-0", (3, 4))
+    sh.fill(0, "tenant-0", (1, 2))
+    assert sh.unsafe([0], "tenant-1", (1, 2)).endswith("needs tenant-1 [[1, 2]]")   # another tenant
+    assert sh.unsafe([9], "tenant-0", (1, 2)).startswith("block 9 reused at position 0 holds nothing")
+    assert sh.unsafe([0, 5], "tenant-0", (1, 2, 3, 4)) is None
+    sh.release(0)
+    assert "freed memory" in sh.unsafe([0], "tenant-0", (1, 2))
+
+
+def test_content_is_drawn_from_the_config_seed() -> None:
+    a, b = shared_prefix(0, 3, 4), shared_prefix(1, 3, 4)
+    assert a == shared_prefix(0, 3, 4) and a != b and len(a) == 12
+    assert a[:4] == a[4:8]           # block 1 repeats block 0: a parent-blind hash collides
+
+
+def _cli(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kvcheck", *argv], capture_output=True, text=True, cwd=ROOT)
+
+
+def test_cli_fuzz_runs_clean_and_replays_an_unsafe_hit(tmp_path) -> None:
+    proc = _cli("fuzz", "--sut", SUT, "--config", "examples/hashchain.json", "--budget", "2000", "--out", str(tmp_path))
+    assert proc.returncode == 0 and ": holds (exit 0)" in proc.stdout, proc.stdout + proc.stderr
+    res = run_campaign(CFG, SUT, Budget(seconds=60), seed=1, fault="stale_hash_after_reuse", out=tmp_path,
+                       shrink_seconds=4)
+    f = res["findings"][0]
+    assert f["reproducer"].startswith(sys.executable + " ")
+    proc = _cli("replay", f["trace"], "--sut", SUT)        # the trace names the fault it was found with
+    assert proc.returncode == 10 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    proc = subprocess.run(f["reproducer"].split(" ", 1), capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 10 and "UNSAFE HIT" in proc.stdout
