@@ -2,12 +2,19 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
+
+from typing import TYPE_CHECKING
 
 from ..spec.outputs import kvcheck_command
 from ..spec.verdict import ExitCode
 from .common import UsageError, check_out_file, check_sut_fault, check_writable, emit, load_config, progress
+
+if TYPE_CHECKING:
+    from ..fuzz.campaign import Budget
+    from ..spec.config import Config
 
 
 def _fuzz_vllm(args: argparse.Namespace) -> int:
@@ -73,6 +80,10 @@ def _fuzz_sglang(args: argparse.Namespace) -> int:
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
     """Hypothesis stateful campaign against a system under test, in lockstep with the spec."""
+    redis = args.redis or os.environ.get("KVCHECK_REDIS") or None
+    if args.sut in ("sglang", "vllm") and (args.ray is not None or args.redis):
+        raise UsageError(f"--ray/--redis apply to the Hypothesis machines (spec, reference, "
+                         f"MODULE:CLASS), not --sut {args.sut}")
     if args.sut == "sglang":
         return _fuzz_sglang(args)
     if args.layout_file:
@@ -97,17 +108,25 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     obs = Path(args.observability) if args.observability else None
     if obs is not None:
         check_out_file(obs, "--observability")
+    if args.db is not None and redis:
+        raise UsageError("--db and --redis (or KVCHECK_REDIS) both name an example database: give one")
     if args.db is not None:
         check_writable(Path(args.db), "example database directory (--db)")
-    workers, note = cap_workers(args.workers)
-    if note:
-        print(f"kvcheck fuzz: {note}", file=sys.stderr)
-    if workers > 1:
-        res = run_workers(cfg, args.sut, budget, args.seed, args.fault, args.db, out, workers, obs)
+    db = _check_redis(redis) if redis else args.db
+    if args.ray is not None:
+        if obs is not None:
+            raise UsageError("--observability is not available with --ray (it would write on each worker's node)")
+        res = _fuzz_ray(args, cfg, budget, db, out)
     else:
-        with progress(args, f"fuzz {args.sut} ({budget.describe()})") as bar:
-            res = run_campaign(cfg, args.sut, budget, args.seed, args.fault, args.db, out,
-                               progress=bar, observability=obs)
+        workers, note = cap_workers(args.workers or 1)
+        if note:
+            print(f"kvcheck fuzz: {note}", file=sys.stderr)
+        if workers > 1:
+            res = run_workers(cfg, args.sut, budget, args.seed, args.fault, db, out, workers, obs)
+        else:
+            with progress(args, f"fuzz {args.sut} ({budget.describe()})") as bar:
+                res = run_campaign(cfg, args.sut, budget, args.seed, args.fault, db, out,
+                                   progress=bar, observability=obs)
     cmd = ["fuzz", "--sut", args.sut, "--budget", args.budget, "--seed", str(args.seed)]
     if args.config:
         cmd += ["--config", args.config]
@@ -141,3 +160,38 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     return code
 
 
+def _check_redis(url: str) -> str:
+    from ..fuzz.exampledb import DatabaseError, check_redis, is_redis_url
+    if not is_redis_url(url):
+        raise UsageError(f"--redis wants a URL like redis://HOST:6379/0, got {url!r}")
+    try:
+        check_redis(url)
+    except DatabaseError as e:
+        raise UsageError(str(e)) from None
+    return url
+
+
+def _fuzz_ray(args: argparse.Namespace, cfg: Config, budget: Budget, db: str | None, out: Path) -> dict:
+    """The campaign's shards (by seed) as Ray tasks on a cluster (kvcheck/fuzz/ray_campaign.py)."""
+    from ..fuzz import ray_campaign as rc
+    from ..fuzz.exampledb import is_redis_url
+    try:
+        ray = rc.require_ray()
+    except rc.ScaleUnavailable as e:
+        raise UsageError(str(e)) from None
+    if db is None:
+        print("kvcheck fuzz: no --redis: the shards share no example database", file=sys.stderr)
+    elif not is_redis_url(db):
+        print(f"kvcheck fuzz: --db {db} is a directory on each node (shared only on a shared filesystem)",
+              file=sys.stderr)
+    try:
+        rc.connect(args.ray or None)
+    except rc.ScaleUnavailable as e:
+        raise UsageError(str(e)) from None
+    try:
+        n = args.workers or rc.cluster_cpus()
+        shards = rc.plan([args.sut], args.seed, n, args.fault)
+        with progress(args, f"fuzz {args.sut} on Ray ({n} shards, {budget.describe()} each)") as bar:
+            return rc.run_ray(cfg, shards, budget, db, out, progress=bar)
+    finally:
+        ray.shutdown()

@@ -1,0 +1,247 @@
+"""Fuzz campaigns beyond one machine: shards as Ray tasks across a cluster.
+
+The process pool of `fuzz --workers` replaced by Ray tasks: each shard (a SUT, a fault, a seed)
+is one `run_campaign` on some node, and their results are merged by the same `merge_results`,
+so the JSON has the shape of `fuzz --workers`. The example database is shared through Redis
+(a finding saved by one shard is replayed first by every later shard and run). A shard whose
+worker dies is run again (Ray's `max_retries`; the retry replays the database first). Ctrl-C
+asks every running shard to stop (each returns what it found), waits a grace period, cancels
+the rest and keeps what finished: the result is `interrupted`, never a pass.
+
+Trace files are written on the worker's node; a shard sends them back with its result and
+they are written here, under `out`. Ray is an optional dependency (`pip install
+'kvcheck[scale]'`), imported only when a campaign runs.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from ..spec.config import Config
+from ..spec.outputs import kvcheck_command, python_command, write_atomic
+from ..spec.verdict import ExitCode
+from .campaign import Budget, merge_results, run_campaign
+from .exampledb import INSTALL
+
+TASK_NAME = "kvcheck-shard"      # the process title of a worker running a shard: ray::kvcheck-shard
+
+
+class ScaleUnavailable(Exception):
+    """Ray (or redis) is not installed: the one line says how to install them."""
+
+
+def require_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise ScaleUnavailable(f"--ray needs Ray and redis: {INSTALL}") from None
+    return ray
+
+
+def connect(address: str | None) -> None:
+    """Join the cluster at `address` (None: RAY_ADDRESS, one started on this machine, or a new
+    local one); quiet (no dashboard, workers' logs stay on their nodes)."""
+    ray = require_ray()
+    try:
+        ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING,
+                 log_to_driver=False, configure_logging=False)
+    except (ConnectionError, ValueError, RuntimeError) as e:
+        raise ScaleUnavailable(f"cannot connect to the Ray cluster at {address or 'auto'}: "
+                               f"{' '.join(str(e).split())[:200]}") from None
+
+
+def cluster_cpus() -> int:
+    return max(1, int(require_ray().cluster_resources().get("CPU", 1)))
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One task: a campaign on one SUT with one fault (or none) and one seed."""
+
+    sut: str
+    seed: int
+    fault: str | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.sut}/{self.fault or 'clean'}/seed{self.seed}"
+
+
+def plan(suts: list[str], seed: int, seeds: int, fault: str | None = None) -> list[Shard]:
+    """Shards by SUT and seed: seeds seed..seed+seeds-1 on each SUT."""
+    return [Shard(s, seed + k, fault) for s in suts for k in range(seeds)]
+
+
+class Board:
+    """The campaign's scoreboard (a Ray actor): steps per shard, starts per shard (a start
+    after the first is a retry), and the stop flag that Ctrl-C raises."""
+
+    def __init__(self) -> None:
+        self.steps: dict[str, int] = {}
+        self.starts: dict[str, list[int]] = {}
+        self.stop = False
+
+    def started(self, key: str, pid: int) -> None:
+        self.starts.setdefault(key, []).append(pid)
+        self.steps[key] = 0
+
+    def report(self, key: str, steps: int) -> None:
+        self.steps[key] = steps
+
+    def request_stop(self) -> None:
+        self.stop = True
+
+    def stopping(self) -> bool:
+        return self.stop
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"steps": sum(self.steps.values()), "starts": dict(self.starts)}
+
+
+def run_shard(cfg_dict: dict, shard: Shard, budget: Budget, db: str | None, board: Any) -> dict[str, Any]:
+    """Run on a worker: one campaign in a scratch directory; its files come back in the result."""
+    import _thread
+
+    import ray
+
+    from .pool import keep_interrupts
+    keep_interrupts()                 # a stop delivered inside a gc callback is not lost
+    board.started.remote(shard.key, os.getpid())
+    done = threading.Event()
+
+    def watch() -> None:              # Ctrl-C on the driver: stop like a local campaign does
+        while not done.wait(0.5):
+            try:
+                if ray.get(board.stopping.remote(), timeout=10):
+                    _thread.interrupt_main()
+                    return
+            except Exception:  # noqa: BLE001 - the board is gone: the driver is; keep going
+                return
+    threading.Thread(target=watch, daemon=True).start()
+    tmp = Path(tempfile.mkdtemp(prefix="kvcheck-shard-"))
+    try:
+        res = run_campaign(Config.from_dict(cfg_dict), shard.sut, budget, shard.seed, shard.fault,
+                           db, tmp, progress=lambda n: board.report.remote(shard.key, n))
+        board.report.remote(shard.key, res["steps"])
+        res["shard"] = shard.key
+        res["node"] = ray.util.get_node_ip_address()
+        res["files"] = {p.name: p.read_text() for p in sorted(tmp.iterdir()) if p.is_file()}
+        res["scratch"] = str(tmp)
+        return res
+    finally:
+        done.set()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _land(res: dict[str, Any], out: Path) -> dict[str, Any]:
+    """Write a shard's files under `out` and point its findings at them."""
+    scratch, files = res.pop("scratch", None), res.pop("files", {})
+    for name, text in files.items():
+        if scratch:
+            text = text.replace(repr(str(Path(scratch) / name.replace(".py", ".json"))),
+                                repr(str(out / name.replace(".py", ".json"))))
+        write_atomic(out / name, text)
+    for f in res.get("findings", []):
+        trace = out / Path(f["trace"]).name
+        f["trace"] = str(trace)
+        f["reproducer"] = python_command(trace.with_suffix(".py"))
+        f["replay"] = kvcheck_command("replay", trace, *([] if res["sut"] == "spec" else ["--sut", res["sut"]]))
+    return res
+
+
+def run_ray(cfg: Config, shards: list[Shard], budget: Budget, db: str | None, out: Path,
+            address: str | None = None, progress: Callable[..., None] | None = None,
+            retries: int = 3, grace_s: float = 10.0) -> dict[str, Any]:
+    """Run `shards` as Ray tasks on the cluster at `address` (None: RAY_ADDRESS, a cluster
+    started on this machine, or a new local one) and merge their results (one SUT: the shape
+    of `fuzz --workers`; several: one merged result per SUT under `suts`)."""
+    ray = require_ray()
+    started_here = not ray.is_initialized()
+    if started_here:
+        connect(address)
+    try:
+        return _drive(ray, cfg, shards, budget, db, out, progress, retries, grace_s)
+    finally:
+        if started_here:
+            ray.shutdown()
+
+
+def _drive(ray: Any, cfg: Config, shards: list[Shard], budget: Budget, db: str | None, out: Path,
+           progress: Callable[..., None] | None, retries: int, grace_s: float) -> dict[str, Any]:
+    board = ray.remote(num_cpus=0)(Board).remote()
+    task = ray.remote(num_cpus=1, max_retries=retries)(run_shard).options(name=TASK_NAME)
+    cfg_dict = cfg.to_dict()
+    refs = {task.remote(cfg_dict, s, budget, db, board): s for s in shards}
+    got: dict[Shard, dict[str, Any]] = {}
+    errors: dict[str, str] = {}
+    interrupted = False
+
+    def collect(timeout: float) -> None:
+        done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=timeout)
+        for ref in done:
+            pending.discard(ref)
+            try:
+                got[refs[ref]] = _land(ray.get(ref), out)
+            except (ray.exceptions.TaskCancelledError, KeyboardInterrupt):
+                pass
+            except ray.exceptions.RayError as e:     # retries spent, or the shard raised
+                errors[refs[ref].key] = " ".join(str(e).split())[:300]
+
+    pending = set(refs)
+    try:
+        while pending:
+            collect(0.5)
+            if progress:
+                steps = ray.get(board.snapshot.remote())["steps"]
+                progress(len(refs) - len(pending), len(refs))
+                progress(f"fuzz on Ray: {len(refs) - len(pending)}/{len(refs)} shards, {steps} steps")
+    except KeyboardInterrupt:
+        interrupted = True
+        board.request_stop.remote()
+        deadline = time.monotonic() + grace_s
+        try:
+            while pending and time.monotonic() < deadline:
+                collect(min(0.5, max(0.0, deadline - time.monotonic())))
+        except KeyboardInterrupt:     # a second Ctrl-C: stop waiting
+            pass
+        for ref in pending:
+            ray.cancel(ref, force=True)
+    starts = ray.get(board.snapshot.remote())["starts"]
+    return _merge(cfg, shards, got, errors, starts, budget, interrupted, ray)
+
+
+def _merge(cfg: Config, shards: list[Shard], got: dict[Shard, dict[str, Any]], errors: dict[str, str],
+           starts: dict[str, list[int]], budget: Budget, interrupted: bool, ray: Any) -> dict[str, Any]:
+    by_sut: dict[str, dict[str, Any]] = {}
+    for sut in dict.fromkeys(s.sut for s in shards):
+        mine = [s for s in shards if s.sut == sut]
+        results = [got[s] for s in mine if s in got]
+        m = merge_results(results, cfg, sut, mine[0].seed, mine[0].fault, budget)
+        if interrupted or len(results) < len(mine):
+            m["interrupted"] = interrupted or m.get("interrupted", False)
+            m["workers_answered"] = len(results)
+            if not m["findings"]:
+                m["exit_code"] = int(ExitCode.INTERRUPTED if interrupted else ExitCode.UNDECIDED)
+        by_sut[sut] = m
+    merged = next(iter(by_sut.values())) if len(by_sut) == 1 else _combine(by_sut)
+    merged["ray"] = {"nodes": len([n for n in ray.nodes() if n.get("Alive")]),
+                     "shards": [s.key for s in shards], "answered": [s.key for s in shards if s in got],
+                     "retries": {k: len(p) - 1 for k, p in starts.items() if len(p) > 1},
+                     "errors": errors}
+    return merged
+
+
+def _combine(by_sut: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Several SUTs: the findings of all, the worst verdict, each SUT's own merge."""
+    rs = list(by_sut.values())
+    return {"suts": by_sut, "findings": [f for r in rs for f in r["findings"]],
+            "steps": sum(r["steps"] for r in rs), "interrupted": any(r.get("interrupted") for r in rs),
+            "exit_code": max((r["exit_code"] for r in rs),
+                             key=lambda c: (c != ExitCode.OK, c != ExitCode.INTERRUPTED, c))}
