@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -184,14 +185,17 @@ def _fuzz_ray(args: argparse.Namespace, cfg: Config, budget: Budget, db: str | N
     elif not is_redis_url(db):
         print(f"kvcheck fuzz: --db {db} is a directory on each node (shared only on a shared filesystem)",
               file=sys.stderr)
-    try:
-        rc.connect(args.ray or None)
-    except rc.ScaleUnavailable as e:
-        raise UsageError(str(e)) from None
-    try:
-        n = args.workers or rc.cluster_cpus()
-        shards = rc.plan([args.sut], args.seed, n, args.fault)
-        with progress(args, f"fuzz {args.sut} on Ray ({n} shards, {budget.describe()} each)") as bar:
-            return rc.run_ray(cfg, shards, budget, db, out, progress=bar)
-    finally:
-        ray.shutdown()
+    # Ray prints its workers' errors ("(raylet) A worker died ...") on stdout: keep stdout for
+    # the result (--json) and let them go to stderr
+    with contextlib.redirect_stdout(sys.stderr):
+        try:
+            rc.connect(args.ray or None)
+        except rc.ScaleUnavailable as e:
+            raise UsageError(str(e)) from None
+        try:
+            n = args.workers or rc.cluster_cpus()
+            shards = rc.plan([(args.sut, args.fault)], args.seed, n)
+            with progress(args, f"fuzz {args.sut} on Ray ({n} shards, {budget.describe()} each)") as bar:
+                return rc.run_ray(cfg, shards, budget, db, out, progress=bar)
+        finally:
+            ray.shutdown()

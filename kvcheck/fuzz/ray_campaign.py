@@ -14,9 +14,11 @@ they are written here, under `out`. Ray is an optional dependency (`pip install
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
+import signal
 import tempfile
 import threading
 import time
@@ -49,12 +51,24 @@ def connect(address: str | None) -> None:
     """Join the cluster at `address` (None: RAY_ADDRESS, one started on this machine, or a new
     local one); quiet (no dashboard, workers' logs stay on their nodes)."""
     ray = require_ray()
+    # A local cluster's processes (GCS, raylet, workers) are this process's children, in the
+    # terminal's process group: a Ctrl-C reached them too and left the driver waiting on a
+    # cluster that had stopped answering. Started with SIGINT ignored, they inherit that; the
+    # driver alone takes the Ctrl-C (a Ctrl-C during start-up is lost).
+    main = threading.current_thread() is threading.main_thread()
+    saved = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
     try:
         ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING,
                  log_to_driver=False, configure_logging=False)
     except (ConnectionError, ValueError, RuntimeError) as e:
+        hint = ("" if os.environ.get("RAY_AUTH_MODE") else
+                "; a cluster with token authentication (`ray start` since Ray 2.59) needs "
+                "RAY_AUTH_MODE=token and its token here (see docs/scale.md)")
         raise ScaleUnavailable(f"cannot connect to the Ray cluster at {address or 'auto'}: "
-                               f"{' '.join(str(e).split())[:200]}") from None
+                               f"{' '.join(str(e).split())[:200]}{hint}") from None
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, saved)
 
 
 def cluster_cpus() -> int:
@@ -63,20 +77,25 @@ def cluster_cpus() -> int:
 
 @dataclass(frozen=True)
 class Shard:
-    """One task: a campaign on one SUT with one fault (or none) and one seed."""
+    """One task: a campaign on one SUT with one fault (or none), one seed and one layout (a
+    config as JSON text, named `layout`; None: the campaign's config)."""
 
     sut: str
     seed: int
     fault: str | None = None
+    layout: str = ""
+    config: str | None = None
 
     @property
     def key(self) -> str:
-        return f"{self.sut}/{self.fault or 'clean'}/seed{self.seed}"
+        return "/".join([self.sut] + ([self.layout] if self.layout else []) + [self.fault or "clean", f"seed{self.seed}"])
 
 
-def plan(suts: list[str], seed: int, seeds: int, fault: str | None = None) -> list[Shard]:
-    """Shards by SUT and seed: seeds seed..seed+seeds-1 on each SUT."""
-    return [Shard(s, seed + k, fault) for s in suts for k in range(seeds)]
+def plan(suts: list[tuple[str, str | None]], seed: int, seeds: int,
+         layouts: dict[str, Config] | None = None) -> list[Shard]:
+    """Shards by SUT (with its fault), layout and seed: seeds seed..seed+seeds-1 of each."""
+    lay = [(name, json.dumps(c.to_dict())) for name, c in (layouts or {}).items()] or [("", None)]
+    return [Shard(s, seed + k, f, name, text) for s, f in suts for name, text in lay for k in range(seeds)]
 
 
 class Board:
@@ -113,6 +132,8 @@ def run_shard(cfg_dict: dict, shard: Shard, budget: Budget, db: str | None, boar
 
     from .pool import keep_interrupts
     keep_interrupts()                 # a stop delivered inside a gc callback is not lost
+    if threading.current_thread() is threading.main_thread():   # workers may inherit SIG_IGN
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     board.started.remote(shard.key, os.getpid())
     done = threading.Event()
 
@@ -127,10 +148,13 @@ def run_shard(cfg_dict: dict, shard: Shard, budget: Budget, db: str | None, boar
     threading.Thread(target=watch, daemon=True).start()
     tmp = Path(tempfile.mkdtemp(prefix="kvcheck-shard-"))
     try:
-        res = run_campaign(Config.from_dict(cfg_dict), shard.sut, budget, shard.seed, shard.fault,
+        cfg = Config.from_dict(json.loads(shard.config) if shard.config else cfg_dict)
+        res = run_campaign(cfg, shard.sut, budget, shard.seed, shard.fault,
                            db, tmp, progress=lambda n: board.report.remote(shard.key, n))
         board.report.remote(shard.key, res["steps"])
         res["shard"] = shard.key
+        if shard.layout:
+            res["layout"] = shard.layout
         res["node"] = ray.util.get_node_ip_address()
         res["files"] = {p.name: p.read_text() for p in sorted(tmp.iterdir()) if p.is_file()}
         res["scratch"] = str(tmp)
@@ -221,7 +245,7 @@ def _merge(cfg: Config, shards: list[Shard], got: dict[Shard, dict[str, Any]], e
            starts: dict[str, list[int]], budget: Budget, interrupted: bool, ray: Any) -> dict[str, Any]:
     by_sut: dict[str, dict[str, Any]] = {}
     for sut in dict.fromkeys(s.sut for s in shards):
-        mine = [s for s in shards if s.sut == sut]
+        mine = [s for s in shards if s.sut == sut]      # all its layouts: one coverage
         results = [got[s] for s in mine if s in got]
         m = merge_results(results, cfg, sut, mine[0].seed, mine[0].fault, budget)
         if interrupted or len(results) < len(mine):
