@@ -36,9 +36,10 @@ def _client(url: str) -> Any:
 
 def check_redis(url: str) -> None:
     """Fail now, with one line, rather than in every worker: the URL parses and answers PING."""
+    client = _client(url)
     import redis
     try:
-        _client(url).ping()
+        client.ping()
     except redis.RedisError as e:
         raise DatabaseError(f"cannot reach Redis at {url}: {' '.join(str(e).split())}") from None
 

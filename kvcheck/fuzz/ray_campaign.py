@@ -24,13 +24,15 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..spec.config import Config
 from ..spec.outputs import kvcheck_command, python_command, write_atomic
 from ..spec.verdict import ExitCode
-from .campaign import Budget, merge_results, run_campaign
 from .exampledb import INSTALL
+
+if TYPE_CHECKING:
+    from .campaign import Budget
 
 TASK_NAME = "kvcheck-shard"      # the process title of a worker running a shard: ray::kvcheck-shard
 
@@ -129,12 +131,13 @@ def run_shard(cfg_dict: dict, shard: Shard, budget: Budget, db: str | None, boar
     import _thread
 
     import ray
+    board.started.remote(shard.key, os.getpid())   # first: a worker lost from here on is a retry
 
+    from .campaign import run_campaign       # (hypothesis, the spec: a second on a busy node)
     from .pool import keep_interrupts
     keep_interrupts()                 # a stop delivered inside a gc callback is not lost
     if threading.current_thread() is threading.main_thread():   # workers may inherit SIG_IGN
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    board.started.remote(shard.key, os.getpid())
     done = threading.Event()
 
     def watch() -> None:              # Ctrl-C on the driver: stop like a local campaign does
@@ -243,6 +246,7 @@ def _drive(ray: Any, cfg: Config, shards: list[Shard], budget: Budget, db: str |
 
 def _merge(cfg: Config, shards: list[Shard], got: dict[Shard, dict[str, Any]], errors: dict[str, str],
            starts: dict[str, list[int]], budget: Budget, interrupted: bool, ray: Any) -> dict[str, Any]:
+    from .campaign import merge_results
     by_sut: dict[str, dict[str, Any]] = {}
     for sut in dict.fromkeys(s.sut for s in shards):
         mine = [s for s in shards if s.sut == sut]      # all its layouts: one coverage
@@ -258,6 +262,7 @@ def _merge(cfg: Config, shards: list[Shard], got: dict[Shard, dict[str, Any]], e
     merged["ray"] = {"nodes": len([n for n in ray.nodes() if n.get("Alive")]),
                      "shards": [s.key for s in shards], "answered": [s.key for s in shards if s in got],
                      "retries": {k: len(p) - 1 for k, p in starts.items() if len(p) > 1},
+                     "pids": starts,             # the worker process of each start of a shard
                      "errors": errors}
     return merged
 
