@@ -1,5 +1,6 @@
-"""A local Ray cluster and a real redis-server, one of each for the whole directory (Ray takes
-seconds to start): tests skip with a message where Ray, redis or redis-server is absent."""
+"""A local Ray cluster and a real redis-server, one of each per test module (Ray takes seconds
+to start), stopped when the module ends: tests skip with a message where Ray, redis or
+redis-server is absent."""
 from __future__ import annotations
 
 import logging
@@ -17,7 +18,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def redis_server(tmp_path_factory):
     """redis://127.0.0.1:PORT of a redis-server started here (no persistence), stopped after."""
     exe = shutil.which("redis-server")
@@ -47,7 +48,7 @@ def redis_server(tmp_path_factory):
         proc.wait(10)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_cluster():
     """The GCS address of a 2-CPU local Ray cluster started in this process (drivers in
     subprocesses join it with --ray ADDRESS); shut down after the tests."""
