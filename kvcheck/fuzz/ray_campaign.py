@@ -144,7 +144,8 @@ def run_shard(cfg_dict: dict, shard: Shard, budget: Budget, db: str | None, boar
         while not done.wait(0.5):
             try:
                 if ray.get(board.stopping.remote(), timeout=10):
-                    _thread.interrupt_main()
+                    if not done.is_set():          # not once the campaign has returned
+                        _thread.interrupt_main()
                     return
             except Exception:  # noqa: BLE001 - the board is gone: the driver is; keep going
                 return
@@ -159,6 +160,7 @@ def run_shard(cfg_dict: dict, shard: Shard, budget: Budget, db: str | None, boar
         if shard.layout:
             res["layout"] = shard.layout
         res["node"] = ray.util.get_node_ip_address()
+        res["node_id"] = ray.get_runtime_context().get_node_id()
         res["files"] = {p.name: p.read_text() for p in sorted(tmp.iterdir()) if p.is_file()}
         res["scratch"] = str(tmp)
         return res
