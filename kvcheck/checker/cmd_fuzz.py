@@ -133,6 +133,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         cmd += ["--config", args.config]
     if args.fault:
         cmd += ["--fault", args.fault]
+    if args.ray is not None:
+        cmd += ["--ray", *([args.ray] if args.ray else []), "--workers", str(len(res["ray"]["shards"]))]
     res["command"] = kvcheck_command(*cmd)
     code = res["exit_code"]
     if code == ExitCode.INTERRUPTED:
@@ -151,6 +153,11 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
                  f"  actions exercised: {len(res['coverage']['actions'])}"
                  + (f"; never: {', '.join(res['coverage']['actions_missing'])}" if res["coverage"]["actions_missing"] else ""),
                  f"  seed {args.seed}; rerun: {res['command']}"]
+        if "ray" in res:
+            r = res["ray"]
+            lines.insert(2, f"  Ray: {len(r['answered'])} of {len(r['shards'])} shards answered, "
+                            f"{r['nodes']} node(s)" + (f"; retried: {', '.join(r['retries'])}" if r["retries"] else "")
+                         + (f"; lost: {', '.join(r['errors'])}" if r["errors"] else ""))
         for f in res["findings"]:
             lines.append(f"  FINDING [{f['kind']}] {', '.join(f['checks'])}: {f['message']}")
             lines += [f"    {i:3}. {s}" for i, s in enumerate(f["trace_steps"])]
