@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from ..spec.outputs import kvcheck_command
 from ..spec.verdict import ExitCode
@@ -36,9 +36,23 @@ def _fuzz_vllm(args: argparse.Namespace) -> int:
         raise UsageError(f"unknown fault {args.fault!r} for --sut vllm; known: {', '.join(v.FAULTS)}")
     out = Path(args.out)
     check_writable(out)
+    layouts = args.layout.split(",") if args.ray is not None else [args.layout]
+    for name in layouts:
+        if name not in v.LAYOUTS:
+            raise UsageError(f"unknown vLLM layout {name!r}; known: {', '.join(v.LAYOUTS)}")
     try:
-        res = v.run_campaign(args.layout, budget_s=budget.seconds, steps=budget.steps, seed=args.seed,
-                             strict_reuse=args.strict_reuse, fault=args.fault, out_dir=str(out))
+        if args.ray is not None:       # layouts x seeds as Ray tasks
+            v.VllmAdapter(layouts[0], 24, args.fault)      # vLLM importable here: one line if not
+            from ..fuzz.ray_campaign import Shard
+
+            def shards(cpus: int) -> list:
+                n = args.workers or max(1, cpus // len(layouts))
+                return [Shard("vllm", args.seed + k, args.fault, name, strict=args.strict_reuse)
+                        for name in layouts for k in range(n)]
+            res = _on_ray(args, shards, budget, None, out, f"fuzz vllm {args.layout}")
+        else:
+            res = v.run_campaign(args.layout, budget_s=budget.seconds, steps=budget.steps, seed=args.seed,
+                                 strict_reuse=args.strict_reuse, fault=args.fault, out_dir=str(out))
     except v.VllmUnavailable as e:
         raise UsageError(str(e)) from None
     except ValueError as e:
@@ -46,7 +60,9 @@ def _fuzz_vllm(args: argparse.Namespace) -> int:
     code = res["exit_code"]
     cmd = ["fuzz", "--sut", "vllm", "--layout", args.layout, "--budget", args.budget,
            "--seed", str(args.seed)] + (["--strict-reuse"] if args.strict_reuse else []) \
-        + (["--fault", args.fault] if args.fault else [])
+        + (["--fault", args.fault] if args.fault else []) \
+        + (["--ray", *([args.ray] if args.ray else []), "--workers", str(len(res["ray"]["shards"]) // len(layouts))]
+           if args.ray is not None else [])
     res["command"] = kvcheck_command(*cmd)
 
     def text() -> str:
@@ -54,8 +70,11 @@ def _fuzz_vllm(args: argparse.Namespace) -> int:
                  f"  {res.get('steps')} steps, seed {args.seed}; rerun: {res['command']}",
                  "  actions: " + ", ".join(f"{k} {n}" for k, n in sorted(res.get("coverage", {}).items())
                                            if isinstance(n, int))]
+        if "ray" in res:
+            lines.insert(2, _ray_line(res["ray"]))
         for f in res.get("findings", []):
-            lines.append(f"  FINDING [{f['kind']}] {f.get('check', '')}: {f['message']}")
+            lines.append(f"  FINDING [{f['kind']}] {f.get('check', '')}" + (f" ({f['layout']})" if "layout" in f else "")
+                         + f": {f['message']}")
             if f.get("replay"):
                 lines.append(f"    replay: {f['replay']}")
         return "\n".join(lines)
@@ -82,9 +101,11 @@ def _fuzz_sglang(args: argparse.Namespace) -> int:
 def cmd_fuzz(args: argparse.Namespace) -> int:
     """Hypothesis stateful campaign against a system under test, in lockstep with the spec."""
     redis = args.redis or os.environ.get("KVCHECK_REDIS") or None
-    if args.sut in ("sglang", "vllm") and (args.ray is not None or args.redis):
-        raise UsageError(f"--ray/--redis apply to the Hypothesis machines (spec, reference, "
-                         f"MODULE:CLASS), not --sut {args.sut}")
+    if args.sut == "sglang" and (args.ray is not None or args.redis):
+        raise UsageError("--ray/--redis apply to the Hypothesis machines (spec, reference, "
+                         "MODULE:CLASS) and --ray to --sut vllm, not --sut sglang")
+    if args.sut == "vllm" and args.redis:
+        raise UsageError("--redis is the Hypothesis example database: --sut vllm has its own driver, without one")
     if args.sut == "sglang":
         return _fuzz_sglang(args)
     if args.layout_file:
@@ -154,10 +175,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
                  + (f"; never: {', '.join(res['coverage']['actions_missing'])}" if res["coverage"]["actions_missing"] else ""),
                  f"  seed {args.seed}; rerun: {res['command']}"]
         if "ray" in res:
-            r = res["ray"]
-            lines.insert(2, f"  Ray: {len(r['answered'])} of {len(r['shards'])} shards answered, "
-                            f"{r['nodes']} node(s)" + (f"; retried: {', '.join(r['retries'])}" if r["retries"] else "")
-                         + (f"; lost: {', '.join(r['errors'])}" if r["errors"] else ""))
+            lines.insert(2, _ray_line(res["ray"]))
         for f in res["findings"]:
             lines.append(f"  FINDING [{f['kind']}] {', '.join(f['checks'])}: {f['message']}")
             lines += [f"    {i:3}. {s}" for i, s in enumerate(f["trace_steps"])]
@@ -166,6 +184,12 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
 
     emit(args, res, text)
     return code
+
+
+def _ray_line(r: dict) -> str:
+    return (f"  Ray: {len(r['answered'])} of {len(r['shards'])} shards answered, {r['nodes']} node(s)"
+            + (f"; retried: {', '.join(r['retries'])}" if r["retries"] else "")
+            + (f"; lost: {', '.join(r['errors'])}" if r["errors"] else ""))
 
 
 def _check_redis(url: str) -> str:
@@ -184,7 +208,7 @@ def _fuzz_ray(args: argparse.Namespace, cfg: Config, budget: Budget, db: str | N
     from ..fuzz import ray_campaign as rc
     from ..fuzz.exampledb import is_redis_url
     try:
-        ray = rc.require_ray()
+        rc.require_ray()               # the install line first, before any note
     except rc.ScaleUnavailable as e:
         raise UsageError(str(e)) from None
     if db is None:
@@ -192,6 +216,19 @@ def _fuzz_ray(args: argparse.Namespace, cfg: Config, budget: Budget, db: str | N
     elif not is_redis_url(db):
         print(f"kvcheck fuzz: --db {db} is a directory on each node (shared only on a shared filesystem)",
               file=sys.stderr)
+    return _on_ray(args, lambda cpus: rc.plan([(args.sut, args.fault)], args.seed, args.workers or cpus),
+                   budget, db, out, f"fuzz {args.sut}", cfg)
+
+
+def _on_ray(args: argparse.Namespace, shards_for: Callable[[int], list], budget: Budget, db: str | None,
+            out: Path, label: str, cfg: Config | None = None) -> dict:
+    """Join the cluster, run the shards (`shards_for(the cluster's CPUs)`), leave."""
+    from ..fuzz import ray_campaign as rc
+    from ..spec.config import Config
+    try:
+        ray = rc.require_ray()
+    except rc.ScaleUnavailable as e:
+        raise UsageError(str(e)) from None
     # Ray prints its workers' errors ("(raylet) A worker died ...") on stdout: keep stdout for
     # the result (--json) and let them go to stderr
     with contextlib.redirect_stdout(sys.stderr):
@@ -200,9 +237,8 @@ def _fuzz_ray(args: argparse.Namespace, cfg: Config, budget: Budget, db: str | N
         except rc.ScaleUnavailable as e:
             raise UsageError(str(e)) from None
         try:
-            n = args.workers or rc.cluster_cpus()
-            shards = rc.plan([(args.sut, args.fault)], args.seed, n)
-            with progress(args, f"fuzz {args.sut} on Ray ({n} shards, {budget.describe()} each)") as bar:
-                return rc.run_ray(cfg, shards, budget, db, out, progress=bar)
+            shards = shards_for(rc.cluster_cpus())
+            with progress(args, f"{label} on Ray ({len(shards)} shards, {budget.describe()} each)") as bar:
+                return rc.run_ray(cfg or Config(), shards, budget, db, out, progress=bar)
         finally:
             ray.shutdown()

@@ -79,14 +79,16 @@ def cluster_cpus() -> int:
 
 @dataclass(frozen=True)
 class Shard:
-    """One task: a campaign on one SUT with one fault (or none), one seed and one layout (a
-    config as JSON text, named `layout`; None: the campaign's config)."""
+    """One task: a campaign on one SUT with one fault (or none), one seed and one layout: for
+    the Hypothesis machines a config as JSON text named `layout` (None: the campaign's config);
+    for `vllm`, the vLLM layout's name (`strict`: lost reuse fails the shard)."""
 
     sut: str
     seed: int
     fault: str | None = None
     layout: str = ""
     config: str | None = None
+    strict: bool = False
 
     @property
     def key(self) -> str:
@@ -152,13 +154,20 @@ def run_shard(cfg_dict: dict, shard: Shard, budget: Budget, db: str | None, boar
     threading.Thread(target=watch, daemon=True).start()
     tmp = Path(tempfile.mkdtemp(prefix="kvcheck-shard-"))
     try:
-        cfg = Config.from_dict(json.loads(shard.config) if shard.config else cfg_dict)
-        res = run_campaign(cfg, shard.sut, budget, shard.seed, shard.fault,
-                           db, tmp, progress=lambda n: board.report.remote(shard.key, n))
+        if shard.sut == "vllm":       # vLLM's own driver (no Hypothesis: no example database)
+            from .adapters import vllm
+            res = vllm.run_campaign(shard.layout, budget_s=budget.seconds, steps=budget.steps, seed=shard.seed,
+                                    strict_reuse=shard.strict, fault=shard.fault, out_dir=str(tmp))
+        else:
+            cfg = Config.from_dict(json.loads(shard.config) if shard.config else cfg_dict)
+            res = run_campaign(cfg, shard.sut, budget, shard.seed, shard.fault,
+                               db, tmp, progress=lambda n: board.report.remote(shard.key, n))
         board.report.remote(shard.key, res["steps"])
         res["shard"] = shard.key
         if shard.layout:
             res["layout"] = shard.layout
+            for f in res["findings"]:
+                f["layout"] = shard.layout
         res["node"] = ray.util.get_node_ip_address()
         res["node_id"] = ray.get_runtime_context().get_node_id()
         res["files"] = {p.name: p.read_text() for p in sorted(tmp.iterdir()) if p.is_file()}
@@ -180,7 +189,8 @@ def _land(res: dict[str, Any], out: Path) -> dict[str, Any]:
     for f in res.get("findings", []):
         trace = out / Path(f["trace"]).name
         f["trace"] = str(trace)
-        f["reproducer"] = python_command(trace.with_suffix(".py"))
+        if "reproducer" in f:
+            f["reproducer"] = python_command(trace.with_suffix(".py"))
         f["replay"] = kvcheck_command("replay", trace, *([] if res["sut"] == "spec" else ["--sut", res["sut"]]))
     return res
 
@@ -253,7 +263,8 @@ def _merge(cfg: Config, shards: list[Shard], got: dict[Shard, dict[str, Any]], e
     for sut in dict.fromkeys(s.sut for s in shards):
         mine = [s for s in shards if s.sut == sut]      # all its layouts: one coverage
         results = [got[s] for s in mine if s in got]
-        m = merge_results(results, cfg, sut, mine[0].seed, mine[0].fault, budget)
+        m = (_merge_vllm(results, mine) if sut == "vllm" else
+             merge_results(results, cfg, sut, mine[0].seed, mine[0].fault, budget))
         if interrupted or len(results) < len(mine):
             m["interrupted"] = interrupted or m.get("interrupted", False)
             m["workers_answered"] = len(results)
@@ -267,6 +278,26 @@ def _merge(cfg: Config, shards: list[Shard], got: dict[Shard, dict[str, Any]], e
                      "pids": starts,             # the worker process of each start of a shard
                      "errors": errors}
     return merged
+
+
+def _merge_vllm(results: list[dict[str, Any]], shards: list[Shard]) -> dict[str, Any]:
+    """vLLM shards (layouts x seeds): the shape of `fuzz --sut vllm`, summed; the verdict is the
+    worst finding, else undecided where an action was never exercised in any shard."""
+    from collections import Counter
+    cov: Counter = Counter()
+    for r in results:
+        cov.update(r["coverage"])
+    missing = sorted(set.intersection(*[set(r["missing_actions"]) for r in results])) if results else []
+    codes = [r["exit_code"] for r in results if r["exit_code"] != ExitCode.UNDECIDED]
+    code = max(codes, default=ExitCode.OK)
+    if code == ExitCode.OK and (missing or not results):
+        code = ExitCode.UNDECIDED
+    return {"sut": "vllm", "vllm_version": results[0]["vllm_version"] if results else None,
+            "layouts": sorted({s.layout for s in shards}), "seed": shards[0].seed, "fault": shards[0].fault,
+            "steps": sum(r["steps"] for r in results), "episodes": sum(r["episodes"] for r in results),
+            "coverage": dict(sorted(cov.items())), "missing_actions": missing,
+            "findings": [f for r in results for f in r["findings"]], "interrupted": False,
+            "exit_code": int(code), "workers": results}
 
 
 def _combine(by_sut: dict[str, dict[str, Any]]) -> dict[str, Any]:

@@ -128,3 +128,19 @@ def test_ctrl_c_stops_the_shards_keeps_what_they_did_and_is_not_a_pass(ray_clust
     while _shard_pids() and time.monotonic() < deadline:     # no shard keeps running
         time.sleep(0.2)
     assert _shard_pids() == []
+
+
+@pytest.mark.slow        # vLLM's import takes ~20 s in the driver and in each worker on a busy box
+def test_vllm_layouts_as_shards_find_a_planted_fault_in_each(ray_cluster, tmp_path) -> None:
+    pytest.importorskip("vllm", reason="vLLM is not installed (scripts/install-vllm.sh)")
+    code, res, err = _result(subprocess.Popen(
+        [sys.executable, "-m", "kvcheck", "fuzz", "--ray", ray_cluster, "--json", "--sut", "vllm",
+         "--layout", "full,full+swa", "--fault", "drop_ref_on_free", "--budget", "60s", "--workers", "1",
+         "--out", str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    assert code == 10, err[-1500:]
+    assert res["layouts"] == ["full", "full+swa"] and len(res["ray"]["answered"]) == 2
+    assert sorted(f["layout"] for f in res["findings"]) == ["full", "full+swa"]
+    assert all(f["check"] == "refcount_equals_holders" for f in res["findings"])
+    from kvcheck.fuzz.adapters import vllm
+    for f in res["findings"]:          # the traces came back and replay on vLLM here
+        assert vllm.replay(f["trace"])["reproduced"]

@@ -30,7 +30,9 @@ def test_without_redis_the_install_line_and_exit_2(monkeypatch, capsys, tmp_path
     (["--redis", "redis://127.0.0.1:1/0"], "cannot reach Redis at redis://127.0.0.1:1/0"),
     (["--redis", "redis://127.0.0.1:1/0", "--db", "DB"], "--db and --redis"),
     (["--ray", "--observability", "obs.jsonl"], "--observability is not available with --ray"),
-    (["--ray", "--sut", "vllm", "--layout", "full"], "--ray/--redis apply to the Hypothesis machines"),
+    (["--ray", "--sut", "sglang", "--layout", "radix"], "--ray/--redis apply to the Hypothesis machines"),
+    (["--sut", "vllm", "--layout", "full", "--redis", "redis://127.0.0.1:1/0"], "--sut vllm has its own driver"),
+    (["--ray", "--sut", "vllm", "--layout", "full,nosuch"], "unknown vLLM layout 'nosuch'"),
 ])
 def test_bad_scale_input_is_one_line_exit_2(argv, msg, capsys, tmp_path, monkeypatch) -> None:
     pytest.importorskip("redis", reason="the redis package is not installed")
