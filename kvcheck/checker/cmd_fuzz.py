@@ -211,18 +211,16 @@ def _fuzz_ray(args: argparse.Namespace, cfg: Config, budget: Budget, db: str | N
         rc.require_ray()               # the install line first, before any note
     except rc.ScaleUnavailable as e:
         raise UsageError(str(e)) from None
-    if db is None:
-        print("kvcheck fuzz: no --redis: the shards share no example database", file=sys.stderr)
-    elif not is_redis_url(db):
-        print(f"kvcheck fuzz: --db {db} is a directory on each node (shared only on a shared filesystem)",
-              file=sys.stderr)
+    note = ("no --redis: the shards share no example database" if db is None else None if is_redis_url(db)
+            else f"--db {db} is a directory on each node (shared only on a shared filesystem)")
     return _on_ray(args, lambda cpus: rc.plan([(args.sut, args.fault)], args.seed, args.workers or cpus),
-                   budget, db, out, f"fuzz {args.sut}", cfg)
+                   budget, db, out, f"fuzz {args.sut}", cfg, note)
 
 
 def _on_ray(args: argparse.Namespace, shards_for: Callable[[int], list], budget: Budget, db: str | None,
-            out: Path, label: str, cfg: Config | None = None) -> dict:
-    """Join the cluster, run the shards (`shards_for(the cluster's CPUs)`), leave."""
+            out: Path, label: str, cfg: Config | None = None, note: str | None = None) -> dict:
+    """Join the cluster, run the shards (`shards_for(the cluster's CPUs)`), leave; `note` goes
+    to stderr once the cluster answered."""
     from ..fuzz import ray_campaign as rc
     from ..spec.config import Config
     try:
@@ -236,6 +234,8 @@ def _on_ray(args: argparse.Namespace, shards_for: Callable[[int], list], budget:
             rc.connect(args.ray or None)
         except rc.ScaleUnavailable as e:
             raise UsageError(str(e)) from None
+        if note:
+            print(f"kvcheck fuzz: {note}", file=sys.stderr)
         try:
             shards = shards_for(rc.cluster_cpus())
             with progress(args, f"{label} on Ray ({len(shards)} shards, {budget.describe()} each)") as bar:

@@ -53,6 +53,7 @@ def connect(address: str | None) -> None:
     """Join the cluster at `address` (None: RAY_ADDRESS, one started on this machine, or a new
     local one); quiet (no dashboard, workers' logs stay on their nodes)."""
     ray = require_ray()
+    _reachable(address)
     # A local cluster's processes (GCS, raylet, workers) are this process's children, in the
     # terminal's process group: a Ctrl-C reached them too and left the driver waiting on a
     # cluster that had stopped answering. Started with SIGINT ignored, they inherit that; the
@@ -71,6 +72,20 @@ def connect(address: str | None) -> None:
     finally:
         if main:
             signal.signal(signal.SIGINT, saved)
+
+
+def _reachable(address: str | None) -> None:
+    """HOST:PORT answers a TCP connect within 5 s (Ray itself retries a wrong address for
+    minutes). Other forms (auto, local, ray://...) are left to Ray."""
+    import socket
+    host, sep, port = (address or "").rpartition(":")
+    if not sep or not host or "://" in (address or "") or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+    except OSError as e:
+        raise ScaleUnavailable(f"cannot connect to the Ray cluster at {address}: "
+                               f"{e.strerror or e} (is `ray start --head` running there?)") from None
 
 
 def cluster_cpus() -> int:
