@@ -41,16 +41,31 @@ def _result(proc: subprocess.Popen, timeout: float = 240) -> tuple[int, dict, st
         raise AssertionError(f"not JSON (exit {proc.returncode}): {out[-500:]!r} / {err[-1500:]}") from None
 
 
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def _ours(pid: int) -> bool:
+    """A descendant of this process: a worker of the cluster the fixture started here."""
+    me = os.getpid()
+    while pid > 1:
+        pid = _parent(pid)
+        if pid == me:
+            return True
+    return False
+
+
 def _shard_pids() -> list[int]:
-    """Worker processes running a shard now (Ray titles them ray::<task name>)."""
+    """Our cluster's worker processes running a shard now (Ray titles them ray::<task name>)."""
     pids = []
     for d in os.listdir("/proc"):
         if d.isdigit():
             try:
                 with open(f"/proc/{d}/cmdline", "rb") as f:
-                    if f.read().startswith(f"ray::{TASK_NAME}".encode()):
+                    if f.read().startswith(f"ray::{TASK_NAME}".encode()) and _ours(int(d)):
                         pids.append(int(d))
-            except OSError:
+            except (OSError, ValueError, IndexError):
                 pass
     return pids
 
