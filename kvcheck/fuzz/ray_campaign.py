@@ -1,8 +1,8 @@
 """Fuzz campaigns beyond one machine: shards as Ray tasks across a cluster.
 
-The process pool of `fuzz --workers` replaced by Ray tasks: each shard (a SUT, a fault, a seed)
-is one `run_campaign` on some node, and their results are merged by the same `merge_results`,
-so the JSON has the shape of `fuzz --workers`. The example database is shared through Redis
+The process pool of `fuzz --workers` replaced by Ray tasks: each shard (a SUT, a fault, a
+seed, a layout) is one `run_campaign` (for `vllm`, vLLM's own driver) on some node, and their
+results are merged by the same `merge_results`, so the JSON has the shape of `fuzz --workers`. The example database is shared through Redis
 (a finding saved by one shard is replayed first by every later shard and run). A shard whose
 worker dies is run again (Ray's `max_retries`; the retry replays the database first). Ctrl-C
 asks every running shard to stop (each returns what it found), waits a grace period, cancels
