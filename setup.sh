@@ -11,7 +11,9 @@ VENV=${VENV:-.venv}
 "$VENV/bin/python" -m pip install -q --upgrade pip
 # The CPU build of torch first: a bare `torch` requirement would pull a multi-GB CUDA build.
 "$VENV/bin/python" -m pip install -q "torch==2.13.0"
-"$VENV/bin/python" -m pip install -q -e ".[test]" -r requirements-transformers.txt
+# KVCHECK_EXTRAS=scale (comma-separated) adds optional extras: scale = Ray + redis for `fuzz --ray`
+EXTRAS="test${KVCHECK_EXTRAS:+,$KVCHECK_EXTRAS}"
+"$VENV/bin/python" -m pip install -q -e ".[$EXTRAS]" -r requirements-transformers.txt
 # vLLM's KV cache manager for `kvcheck fuzz --sut vllm` (--no-deps; torch stays as installed)
 PYTHON="$VENV/bin/python" bash scripts/install-vllm.sh >/dev/null
 echo "kvcheck installed in $VENV: $("$VENV/bin/kvcheck" --version)"

@@ -68,10 +68,19 @@ def build_parser() -> argparse.ArgumentParser:
                         "kvcheck.spec.sut.SystemUnderTest")
     z.add_argument("--budget", default="60s", help="time (60s, 5m) or steps (20000) (default: %(default)s)")
     z.add_argument("--seed", type=int, default=0, help="campaign seed (default: %(default)s)")
-    z.add_argument("--workers", type=positive_int, default=1, help="processes sharing the example database")
+    z.add_argument("--workers", type=positive_int, default=None,
+                   help="processes sharing the example database (default: 1); with --ray, the "
+                        "shards (seeds seed..seed+N-1; default: the cluster's CPUs)")
     z.add_argument("--fault", metavar="NAME", help="plant a fault in the SUT")
     z.add_argument("--db", metavar="DIR", help="Hypothesis example database directory (replayed first)")
     z.add_argument("--out", metavar="DIR", default="kvcheck-report", help="where traces go (default: %(default)s)")
+    z.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="run the shards as Ray tasks on the cluster at ADDRESS (without one: "
+                        "RAY_ADDRESS, a cluster started on this machine, or a new local one); "
+                        "needs pip install 'kvcheck[scale]'")
+    z.add_argument("--redis", metavar="URL", default=None,
+                   help="Hypothesis example database in Redis (redis://HOST:PORT/DB), shared by "
+                        "every worker and later run (default: $KVCHECK_REDIS)")
     z.add_argument("--observability", metavar="FILE",
                    help="append Hypothesis observability records (JSON lines: one per test case, "
                         "with its status, features and timing) to FILE; with --workers N, one file "

@@ -2,12 +2,20 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 from pathlib import Path
+
+from typing import TYPE_CHECKING, Callable
 
 from ..spec.outputs import kvcheck_command
 from ..spec.verdict import ExitCode
 from .common import UsageError, check_out_file, check_sut_fault, check_writable, emit, load_config, progress
+
+if TYPE_CHECKING:
+    from ..fuzz.campaign import Budget
+    from ..spec.config import Config
 
 
 def _fuzz_vllm(args: argparse.Namespace) -> int:
@@ -28,9 +36,23 @@ def _fuzz_vllm(args: argparse.Namespace) -> int:
         raise UsageError(f"unknown fault {args.fault!r} for --sut vllm; known: {', '.join(v.FAULTS)}")
     out = Path(args.out)
     check_writable(out)
+    layouts = args.layout.split(",") if args.ray is not None else [args.layout]
+    for name in layouts:
+        if name not in v.LAYOUTS:
+            raise UsageError(f"unknown vLLM layout {name!r}; known: {', '.join(v.LAYOUTS)}")
     try:
-        res = v.run_campaign(args.layout, budget_s=budget.seconds, steps=budget.steps, seed=args.seed,
-                             strict_reuse=args.strict_reuse, fault=args.fault, out_dir=str(out))
+        if args.ray is not None:       # layouts x seeds as Ray tasks
+            v.VllmAdapter(layouts[0], 24, args.fault)      # vLLM importable here: one line if not
+            from ..fuzz.ray_campaign import Shard
+
+            def shards(cpus: int) -> list:
+                n = args.workers or max(1, cpus // len(layouts))
+                return [Shard("vllm", args.seed + k, args.fault, name, strict=args.strict_reuse)
+                        for name in layouts for k in range(n)]
+            res = _on_ray(args, shards, budget, None, out, f"fuzz vllm {args.layout}")
+        else:
+            res = v.run_campaign(args.layout, budget_s=budget.seconds, steps=budget.steps, seed=args.seed,
+                                 strict_reuse=args.strict_reuse, fault=args.fault, out_dir=str(out))
     except v.VllmUnavailable as e:
         raise UsageError(str(e)) from None
     except ValueError as e:
@@ -38,7 +60,9 @@ def _fuzz_vllm(args: argparse.Namespace) -> int:
     code = res["exit_code"]
     cmd = ["fuzz", "--sut", "vllm", "--layout", args.layout, "--budget", args.budget,
            "--seed", str(args.seed)] + (["--strict-reuse"] if args.strict_reuse else []) \
-        + (["--fault", args.fault] if args.fault else [])
+        + (["--fault", args.fault] if args.fault else []) \
+        + (["--ray", *([args.ray] if args.ray else []), "--workers", str(len(res["ray"]["shards"]) // len(layouts))]
+           if args.ray is not None else [])
     res["command"] = kvcheck_command(*cmd)
 
     def text() -> str:
@@ -46,8 +70,11 @@ def _fuzz_vllm(args: argparse.Namespace) -> int:
                  f"  {res.get('steps')} steps, seed {args.seed}; rerun: {res['command']}",
                  "  actions: " + ", ".join(f"{k} {n}" for k, n in sorted(res.get("coverage", {}).items())
                                            if isinstance(n, int))]
+        if "ray" in res:
+            lines.insert(2, _ray_line(res["ray"]))
         for f in res.get("findings", []):
-            lines.append(f"  FINDING [{f['kind']}] {f.get('check', '')}: {f['message']}")
+            lines.append(f"  FINDING [{f['kind']}] {f.get('check', '')}" + (f" ({f['layout']})" if "layout" in f else "")
+                         + f": {f['message']}")
             if f.get("replay"):
                 lines.append(f"    replay: {f['replay']}")
         return "\n".join(lines)
@@ -88,6 +115,12 @@ def _undecided(cov: dict, steps: int) -> str:
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
     """Hypothesis stateful campaign against a system under test, in lockstep with the spec."""
+    redis = args.redis or os.environ.get("KVCHECK_REDIS") or None
+    if args.sut == "sglang" and (args.ray is not None or args.redis):
+        raise UsageError("--ray/--redis apply to the Hypothesis machines (spec, reference, "
+                         "MODULE:CLASS) and --ray to --sut vllm, not --sut sglang")
+    if args.sut == "vllm" and args.redis:
+        raise UsageError("--redis is the Hypothesis example database: --sut vllm has its own driver, without one")
     if args.sut == "sglang":
         return _fuzz_sglang(args)
     if args.layout_file:
@@ -112,22 +145,32 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     obs = Path(args.observability) if args.observability else None
     if obs is not None:
         check_out_file(obs, "--observability")
+    if args.db is not None and redis:
+        raise UsageError("--db and --redis (or KVCHECK_REDIS) both name an example database: give one")
     if args.db is not None:
         check_writable(Path(args.db), "example database directory (--db)")
-    workers, note = cap_workers(args.workers)
-    if note:
-        print(f"kvcheck fuzz: {note}", file=sys.stderr)
-    if workers > 1:
-        res = run_workers(cfg, args.sut, budget, args.seed, args.fault, args.db, out, workers, obs)
+    db = _check_redis(redis) if redis else args.db
+    if args.ray is not None:
+        if obs is not None:
+            raise UsageError("--observability is not available with --ray (it would write on each worker's node)")
+        res = _fuzz_ray(args, cfg, budget, db, out)
     else:
-        with progress(args, f"fuzz {args.sut} ({budget.describe()})") as bar:
-            res = run_campaign(cfg, args.sut, budget, args.seed, args.fault, args.db, out,
-                               progress=bar, observability=obs)
+        workers, note = cap_workers(args.workers or 1)
+        if note:
+            print(f"kvcheck fuzz: {note}", file=sys.stderr)
+        if workers > 1:
+            res = run_workers(cfg, args.sut, budget, args.seed, args.fault, db, out, workers, obs)
+        else:
+            with progress(args, f"fuzz {args.sut} ({budget.describe()})") as bar:
+                res = run_campaign(cfg, args.sut, budget, args.seed, args.fault, db, out,
+                                   progress=bar, observability=obs)
     cmd = ["fuzz", "--sut", args.sut, "--budget", args.budget, "--seed", str(args.seed)]
     if args.config:
         cmd += ["--config", args.config]
     if args.fault:
         cmd += ["--fault", args.fault]
+    if args.ray is not None:
+        cmd += ["--ray", *([args.ray] if args.ray else []), "--workers", str(len(res["ray"]["shards"]))]
     res["command"] = kvcheck_command(*cmd)
     code = res["exit_code"]
     if code == ExitCode.INTERRUPTED:
@@ -146,6 +189,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
                  f"  actions exercised: {len(res['coverage']['actions'])}"
                  + (f"; never: {', '.join(res['coverage']['actions_missing'])}" if res["coverage"]["actions_missing"] else ""),
                  f"  seed {args.seed}; rerun: {res['command']}"]
+        if "ray" in res:
+            lines.insert(2, _ray_line(res["ray"]))
         for f in res["findings"]:
             lines.append(f"  FINDING [{f['kind']}] {', '.join(f['checks'])}: {f['message']}")
             lines += [f"    {i:3}. {s}" for i, s in enumerate(f["trace_steps"])]
@@ -156,3 +201,59 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     return code
 
 
+def _ray_line(r: dict) -> str:
+    return (f"  Ray: {len(r['answered'])} of {len(r['shards'])} shards answered, {r['nodes']} node(s)"
+            + (f"; retried: {', '.join(r['retries'])}" if r["retries"] else "")
+            + (f"; lost: {', '.join(r['errors'])}" if r["errors"] else ""))
+
+
+def _check_redis(url: str) -> str:
+    from ..fuzz.exampledb import DatabaseError, check_redis, is_redis_url
+    if not is_redis_url(url):
+        raise UsageError(f"--redis wants a URL like redis://HOST:6379/0, got {url!r}")
+    try:
+        check_redis(url)
+    except DatabaseError as e:
+        raise UsageError(str(e)) from None
+    return url
+
+
+def _fuzz_ray(args: argparse.Namespace, cfg: Config, budget: Budget, db: str | None, out: Path) -> dict:
+    """The campaign's shards (by seed) as Ray tasks on a cluster (kvcheck/fuzz/ray_campaign.py)."""
+    from ..fuzz import ray_campaign as rc
+    from ..fuzz.exampledb import is_redis_url
+    try:
+        rc.require_ray()               # the install line first, before any note
+    except rc.ScaleUnavailable as e:
+        raise UsageError(str(e)) from None
+    note = ("no --redis: the shards share no example database" if db is None else None if is_redis_url(db)
+            else f"--db {db} is a directory on each node (shared only on a shared filesystem)")
+    return _on_ray(args, lambda cpus: rc.plan([(args.sut, args.fault)], args.seed, args.workers or cpus),
+                   budget, db, out, f"fuzz {args.sut}", cfg, note)
+
+
+def _on_ray(args: argparse.Namespace, shards_for: Callable[[int], list], budget: Budget, db: str | None,
+            out: Path, label: str, cfg: Config | None = None, note: str | None = None) -> dict:
+    """Join the cluster, run the shards (`shards_for(the cluster's CPUs)`), leave; `note` goes
+    to stderr once the cluster answered."""
+    from ..fuzz import ray_campaign as rc
+    from ..spec.config import Config
+    try:
+        ray = rc.require_ray()
+    except rc.ScaleUnavailable as e:
+        raise UsageError(str(e)) from None
+    # Ray prints its workers' errors ("(raylet) A worker died ...") on stdout: keep stdout for
+    # the result (--json) and let them go to stderr
+    with contextlib.redirect_stdout(sys.stderr):
+        try:
+            rc.connect(args.ray or None)
+        except rc.ScaleUnavailable as e:
+            raise UsageError(str(e)) from None
+        if note:
+            print(f"kvcheck fuzz: {note}", file=sys.stderr)
+        try:
+            shards = shards_for(rc.cluster_cpus())
+            with progress(args, f"{label} on Ray ({len(shards)} shards, {budget.describe()} each)") as bar:
+                return rc.run_ray(cfg or Config(), shards, budget, db, out, progress=bar)
+        finally:
+            ray.shutdown()

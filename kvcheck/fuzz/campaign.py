@@ -20,7 +20,6 @@ from typing import Any, Callable, Iterator
 
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import seed as hyp_seed
-from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.errors import HypothesisException
 from hypothesis.internal.conjecture import engine as hyp_engine
 from hypothesis.reporting import with_reporter
@@ -32,6 +31,7 @@ from ..spec.outputs import kvcheck_command, python_command, write_atomic
 from ..spec.system import Spec
 from ..spec.trace import Trace
 from ..spec.verdict import FOR_FINDING, ExitCode
+from .exampledb import namespace, open_database
 from .lockstep import Finding
 from .machine import BudgetSpent, Tally, make_machine, shrink_finding
 from .pool import Interrupted, run_jobs
@@ -133,7 +133,7 @@ def _campaign(cfg: Config, sut: str, budget: Budget, seed: int, fault: str | Non
         tally.deadline = t0 + budget.seconds
     tally.max_steps = budget.steps        # both end Hypothesis's target phase too (no bound of its own)
     machine = make_machine(spec, factory, tally)
-    database = DirectoryBasedExampleDatabase(db) if db else None
+    database = open_database(db, namespace(sut, fault))     # a directory or a Redis URL
     finding: Finding | None = None
     error: str | None = None
     interrupted = False
@@ -151,7 +151,7 @@ def _campaign(cfg: Config, sut: str, budget: Budget, seed: int, fault: str | Non
                      deadline=None, database=database, derandomize=False,
                      suppress_health_check=list(HealthCheck), print_blob=False,
                      phases=[Phase.reuse, Phase.generate, Phase.target, Phase.shrink])
-        test = hyp_seed(seed * 100_003 + rnd)(get_state_machine_test(machine, settings=s))
+        test = _seeded(get_state_machine_test(machine, settings=s), seed * 100_003 + rnd, database)
         rnd += 1
         try:
             with with_reporter(reports.append), _no_local_constants():   # prints never reach stdout
@@ -240,6 +240,16 @@ def _campaign(cfg: Config, sut: str, budget: Budget, seed: int, fault: str | Non
         code = ExitCode.UNDECIDED
     result["exit_code"] = int(code)
     return result
+
+
+def _seeded(test: Callable[[], None], seed: int, database: Any) -> Callable[[], None]:
+    """`@seed(seed)` that keeps the example database: Hypothesis's decorator also sets
+    `database=None` (a seeded test neither replays nor saves examples), which silently turned
+    off the shared database of `--workers`, `--db` and `--redis`."""
+    test = hyp_seed(seed)(test)
+    test._hypothesis_internal_use_settings = settings(   # type: ignore[attr-defined]
+        test._hypothesis_internal_use_settings, database=database)   # type: ignore[attr-defined]
+    return test
 
 
 def _leaves(g: BaseException) -> list[BaseException]:
