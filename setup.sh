@@ -13,5 +13,5 @@ VENV=${VENV:-.venv}
 "$VENV/bin/python" -m pip install -q "torch==2.13.0"
 "$VENV/bin/python" -m pip install -q -e ".[test]" -r requirements-transformers.txt
 # vLLM's KV cache manager for `kvcheck fuzz --sut vllm` (--no-deps; torch stays as installed)
-PYTHON="$VENV/bin/python" bash scripts/install-vllm.sh >/dev/null
+PYTHON="$VENV/bin/python" bash scripts/install-vllm.sh
 echo "kvcheck installed in $VENV: $("$VENV/bin/kvcheck" --version)"

@@ -1,8 +1,8 @@
 """What the installed vLLM release can express: detected from its classes and signatures.
 
-vLLM's v1 KV cache manager changed shape across releases (0.14 had no scheduler block size,
-no sliding-window MLA, no compressed/indexer MLA, no retention interval; `get_computed_blocks`
-gained a third result in later ones). The adapter never branches on version numbers: it reads
+vLLM's v1 KV cache manager changed shape across releases (0.14 had no sliding-window MLA, no
+compressed/indexer MLA, no retention interval, no scheduler block size; `get_computed_blocks`
+gained a third result, `Request` lost its `eos_token_id` argument). The adapter never branches on version numbers: it reads
 the features here, and a layout or fault a release cannot express is refused in one line
 naming the release and what it lacks.
 """
@@ -51,14 +51,11 @@ _KIND_NEEDS = {"chunked_local": "ChunkedLocalAttentionSpec", "swa_mla": "Sliding
                "tail_ring": "CircularBufferSpec"}
 
 
-def layout_gap(version: str, features: set[str], kinds: list[str], block_sizes: list[int],
-               retention: bool) -> str | None:
+def layout_gap(version: str, features: set[str], kinds: list[str], retention: bool) -> str | None:
     """Why this release cannot run the layout (one line), or None."""
     lacks = sorted({_KIND_NEEDS[k] for k in kinds if k in _KIND_NEEDS} - features)
     if retention and "retention_interval" not in features:
         lacks.append("KVCacheConfig.prefix_cache_retention_interval")
-    if len(set(block_sizes)) > 1 and "scheduler_block_size" not in features:
-        lacks.append("KVCacheManager(scheduler_block_size=) for mixed block sizes")
     if not lacks:
         return None
     return f"vLLM {version} cannot express this layout: it lacks {', '.join(lacks)}"
