@@ -15,5 +15,5 @@ VENV=${VENV:-.venv}
 EXTRAS="test${KVCHECK_EXTRAS:+,$KVCHECK_EXTRAS}"
 "$VENV/bin/python" -m pip install -q -e ".[$EXTRAS]" -r requirements-transformers.txt
 # vLLM's KV cache manager for `kvcheck fuzz --sut vllm` (--no-deps; torch stays as installed)
-PYTHON="$VENV/bin/python" bash scripts/install-vllm.sh >/dev/null
+PYTHON="$VENV/bin/python" bash scripts/install-vllm.sh
 echo "kvcheck installed in $VENV: $("$VENV/bin/kvcheck" --version)"

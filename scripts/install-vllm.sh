@@ -1,17 +1,44 @@
 #!/usr/bin/env bash
-# Install vLLM 0.33.0 (CPU use of its KV cache manager only) into the current Python environment
-# without touching torch: vllm with --no-deps, then requirements-vllm.txt with torch pinned to
-# the version already installed.  Usage: bash scripts/install-vllm.sh  (PYTHON=... to override)
+# Install vLLM's v1 KV cache manager for `kvcheck fuzz --sut vllm`, quietly, never touching torch.
+#
+#   scripts/install-vllm.sh [VERSION]        into the current environment (PYTHON=..., default
+#                                            `python`): a user's own env, or kvcheck's .venv
+#   scripts/install-vllm.sh VERSION DIR      a side environment DIR layered over the current
+#                                            one: DIR has only vllm==VERSION and the modules its
+#                                            KV cache manager imports; torch, kvcheck and the rest
+#                                            come from the current env (a .pth file). Run kvcheck
+#                                            there with DIR/bin/python -m kvcheck.
+#
+# vllm is installed with --no-deps: its own pins would replace the CPU torch with a CUDA build
+# and pull the serving stack. What the KV cache manager imports is in requirements-vllm.txt,
+# also --no-deps. pip's resolver complaints about the pins left out go to a log, not the terminal.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-PY="${PYTHON:-python}"
-cons="$(mktemp)"
-trap 'rm -f "$cons"' EXIT
-if TORCH="$("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null)"; then
-  echo "torch==$TORCH" > "$cons"
+HERE=$(cd "$(dirname "$0")/.." && pwd)
+VERSION=${1:-0.33.0}
+DIR=${2:-}
+PY=${PYTHON:-python}
+log=$(mktemp "${TMPDIR:-/tmp}/install-vllm.XXXXXX.log")
+fail() { echo "install-vllm: $1 (pip log: $log)" >&2; exit 2; }
+"$PY" -c 'import torch' 2>/dev/null || fail "no torch in $PY: install kvcheck first (./setup.sh)"
+if [ -n "$DIR" ]; then
+  [ -x "$DIR/bin/python" ] || "$PY" -m venv "$DIR" >>"$log" 2>&1 || fail "cannot create a venv at $DIR"
+  base=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  site=$("$DIR/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  echo "$base" > "$site/zz-kvcheck-base.pth"     # after DIR's own site-packages: DIR's vllm wins
+  TARGET="$DIR/bin/python"
+else
+  TARGET="$PY"
 fi
 start=$SECONDS
-"$PY" -m pip install --no-deps "vllm==0.33.0"
-"$PY" -m pip install -c "$cons" -r requirements-vllm.txt
-VLLM_TARGET_DEVICE=cpu "$PY" -c "import vllm.v1.core.kv_cache_manager, torch; print('vllm ok; torch', torch.__version__)"
-echo "install-vllm: done in $((SECONDS - start)) s"
+"$TARGET" -m pip install -q --no-deps "vllm==$VERSION" >>"$log" 2>&1 || fail "no vllm==$VERSION on the package index"
+"$TARGET" -m pip install -q --no-deps -r "$HERE/requirements-vllm.txt" >>"$log" 2>&1 \
+  || fail "the KV cache manager's import requirements failed to install"
+if out=$(cd "$HERE" && VLLM_TARGET_DEVICE=cpu "$TARGET" -c "
+from kvcheck.fuzz.adapters.vllm_layouts import supported_layouts, vllm_version
+s = supported_layouts(); ok = [k for k, v in s.items() if v is None]
+print(f'vllm {vllm_version()}: {len(ok)}/{len(s)} layouts ({\", \".join(k for k in s if k not in ok) or \"none\"} need a newer release)')" 2>&1 | tail -1); then
+  torch=$("$TARGET" -c 'import torch; print(torch.__version__)')
+  echo "install-vllm: $out; in ${DIR:-$TARGET} in $((SECONDS - start)) s; torch $torch kept; left out: vLLM's pins of torch, CUDA kernels and the serving stack (the KV cache manager needs none)"
+else
+  fail "vllm $VERSION installed but its KV cache manager does not import: $out"
+fi

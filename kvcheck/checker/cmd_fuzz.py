@@ -23,8 +23,13 @@ def _fuzz_vllm(args: argparse.Namespace) -> int:
     from ..fuzz.adapters import vllm as v
     from ..fuzz.campaign import Budget
     if args.list_layouts:
-        emit(args, {"layouts": v.LAYOUTS},
-              lambda: "\n".join(f"  {k:22} {d}" for k, d in v.LAYOUTS.items()))
+        try:
+            gaps, release = v.supported_layouts(), v.vllm_version()
+        except v.VllmUnavailable as e:
+            gaps, release = {k: str(e) for k in v.LAYOUTS}, None
+        emit(args, {"layouts": v.LAYOUTS, "vllm_version": release, "unsupported": {k: g for k, g in gaps.items() if g}},
+             lambda: "\n".join([f"vLLM {release or 'not importable'}:"] + [
+                 f"  {k:22} {d}" + (f"\n  {'':22} ({gaps[k]})" if gaps[k] else "") for k, d in v.LAYOUTS.items()]))
         return 0
     if not args.layout:
         raise UsageError("--sut vllm needs --layout NAME (see --list-layouts)")

@@ -26,10 +26,10 @@ from ..traces import replay as replay_on_core, to_trace
 from .vllm_adapter import VllmAdapter
 from .vllm_checks import Violation
 from .vllm_layouts import (_LAYOUTS, ACTIONS, FAULTS, INSTALL_HINT, LAYOUTS, VOCAB, VllmUnavailable,
-                           layout_config, vllm_version)
+                           layout_config, supported_layouts, vllm_version)
 
 __all__ = ["LAYOUTS", "FAULTS", "ACTIONS", "VllmUnavailable", "VllmAdapter", "Violation", "run_campaign",
-           "replay", "INSTALL_HINT"]
+           "replay", "INSTALL_HINT", "supported_layouts", "vllm_version"]
 
 
 class _Gen(PromptGen):

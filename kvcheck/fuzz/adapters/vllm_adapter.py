@@ -20,7 +20,7 @@ from kvcheck.spec.sut import ActionRejected
 from .vllm_checks import ShadowChecks, Violation, _Req
 from .vllm_layouts import (_LAYOUTS, _RETENTION, _SWA_FAULTS, ACTIONS, B, DROP_REF_ON_FREE, EVICT_KEEPS_HASH,
                            LAYOUTS, MAX_MODEL_LEN, MAX_TOKENS, SWA_OVERSTRICT, VOCAB, _make_specs, _vllm,
-                           layout_configs, planted)
+                           layout_configs, planted, release_gap)
 
 
 class VllmAdapter(ShadowChecks):
@@ -41,6 +41,9 @@ class VllmAdapter(ShadowChecks):
         groups = _LAYOUTS[layout][1]
         if any(f.name == fault for f in _SWA_FAULTS) and not any(k in ("swa", "swa_mla") for k, _, _ in groups):
             raise ValueError(f"fault {fault!r} needs a layout with a sliding-window group")
+        gap = release_gap(layout, fault)
+        if gap:
+            raise ValueError(gap)
         self.layout, self.num_blocks, self.fault, self.strict = layout, num_blocks, fault, strict
         self.groups = groups
         self.sched_bs = _LAYOUTS[layout][2]
@@ -52,12 +55,14 @@ class VllmAdapter(ShadowChecks):
     def reset(self, cfg: Config | None = None) -> None:
         V = _vllm()
         specs = _make_specs(self.layout)
+        feats = V["features"]
+        extra = ({"prefix_cache_retention_interval": _RETENTION.get(self.layout)}
+                 if "retention_interval" in feats else {})
         kcfg = V["KVCacheConfig"](num_blocks=self.num_blocks, kv_cache_tensors=[],
                                   kv_cache_groups=[V["KVCacheGroupSpec"]([f"layer{i}"], s)
-                                                   for i, s in enumerate(specs)],
-                                  prefix_cache_retention_interval=_RETENTION.get(self.layout))
-        self.mgr = V["KVCacheManager"](kcfg, max_model_len=MAX_MODEL_LEN,
-                                       scheduler_block_size=self.sched_bs, hash_block_size=B)
+                                                   for i, s in enumerate(specs)], **extra)
+        sched = {"scheduler_block_size": self.sched_bs} if "scheduler_block_size" in feats else {}
+        self.mgr = V["KVCacheManager"](kcfg, max_model_len=MAX_MODEL_LEN, hash_block_size=B, **sched)
         self.pool = self.mgr.block_pool
         self.coord = self.mgr.coordinator
         self.align = int(getattr(self.coord, "_cache_hit_alignment_tokens", self.sched_bs))
@@ -95,7 +100,7 @@ class VllmAdapter(ShadowChecks):
             pool = self.pool
 
             def keep_map_entry(block) -> bool:   # forget the block's hash, keep the map entry
-                pool.cached_block_hashes_by_block.pop(block.block_id, None)
+                getattr(pool, "cached_block_hashes_by_block", {}).pop(block.block_id, None)
                 block.reset_hash()
                 return False
 
@@ -166,8 +171,9 @@ class VllmAdapter(ShadowChecks):
         if not 1 <= len(tokens) < MAX_TOKENS:
             raise ActionRejected(f"a request needs 1..{MAX_TOKENS - 1} tokens")
         self.next_id += 1
+        eos = {"eos_token_id": None} if "request_eos_arg" in V["features"] else {}   # older releases
         obj = V["Request"](rid, list(tokens), V["SamplingParams"](max_tokens=MAX_TOKENS), None,
-                           cache_salt=salt, block_hasher=self.hasher)
+                           cache_salt=salt, block_hasher=self.hasher, **eos)
         self.reqs[rid] = _Req(rid, obj, salt, owned=[set() for _ in self.groups])
         return {"r": rid}
 
@@ -175,8 +181,9 @@ class VllmAdapter(ShadowChecks):
         req = self._get(r, ("waiting", "preempted"))
         o = req.obj
         usable = self.spec_usable(req)
-        blocks, hit, junction = self.mgr.get_computed_blocks(o)
-        o.shared_prefix_boundary = junction      # as the scheduler does
+        blocks, hit, *junction = self.mgr.get_computed_blocks(o)   # the junction: newer releases
+        if junction:
+            o.shared_prefix_boundary = junction[0]      # as the scheduler does
         self.hits += hit > 0
         self._check_hit(req, blocks, hit)
         obs: dict[str, Any] = {"hit": hit, "usable": usable}

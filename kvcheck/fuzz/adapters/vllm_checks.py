@@ -65,6 +65,11 @@ class ShadowChecks:
             o = req.obj
             for j, h in enumerate(o.block_hashes):
                 self.hash_content.setdefault(bytes(h), self._content(req, (j + 1) * B))
+            for g, (_, bs, _) in enumerate(self.groups):    # larger blocks' own keys
+                for i in range(len(o.block_hashes) * B // bs if bs != B else 0):
+                    h = self._group_hash(req, g, i)
+                    if h is not None:
+                        self.hash_content.setdefault(bytes(h), self._content(req, (i + 1) * bs))
             if req.state != "running":
                 continue
             for g, (_, bs, _) in enumerate(self.groups):
@@ -122,10 +127,16 @@ class ShadowChecks:
                    for sg in self.cfg.groups if "tail" in sg.objects)
 
     def _group_hash(self, req: _Req, g: int, i: int) -> bytes | None:
+        """The prefix-cache key of group g's block i, derived the way the installed release
+        derives it (its own BlockHashListWithBlockSize: the last hash-block hash in 0.33,
+        the concatenation of the block's hash-block hashes in earlier releases)."""
         bs = self.groups[g][1]
-        j = (i + 1) * bs // B - 1
         hs = req.obj.block_hashes
-        return hs[j] if j < len(hs) else None
+        if (i + 1) * bs // B > len(hs):
+            return None
+        if bs == B:
+            return hs[i]
+        return _vllm()["ku"].BlockHashListWithBlockSize(hs, B, bs)[i]
 
     def spec_usable(self, req: _Req) -> int:
         """Longest hit the spec allows: aligned, <= tokens-1, and every needed block of every
@@ -215,7 +226,7 @@ class ShadowChecks:
                 raise Violation("bookkeeping", "free_queue_iff_unreferenced",
                                 f"block #{b.block_id}: ref_cnt {b.ref_cnt}, in free queue: {b.block_id in fset}")
         if null.block_id in fset or null.block_hash is not None \
-                or null.block_id in pool.cached_block_hashes_by_block:
+                or null.block_id in getattr(pool, "cached_block_hashes_by_block", {}):
             raise Violation("bookkeeping", "null_block_inert", "the null block is queued or hashed")
         for bid, hs in where.items():
             if len(hs) < 2:
@@ -232,7 +243,7 @@ class ShadowChecks:
             blks = [val] if not isinstance(val, dict) else list(val.values())
             h = bytes(_vllm()["ku"].get_block_hash(key))
             for b in blks:
-                if b.is_null or not (b.block_hash == key or key in pool.cached_block_hashes_by_block.get(b.block_id, ())):
+                if b.is_null or not (b.block_hash == key or key in getattr(pool, "cached_block_hashes_by_block", {}).get(b.block_id, ())):
                     raise Violation("bookkeeping", "hash_map_sound",
                                     f"prefix-cache map entry points at block #{b.block_id} that does not carry it")
                 want = self.hash_content.get(h)

@@ -1,0 +1,68 @@
+"""The vLLM adapter on other releases than the one in kvcheck's venv.
+
+Each python named in KVCHECK_VLLM_PYTHONS (os.pathsep-separated; `.ci/run` builds the oldest
+supported release with `scripts/install-vllm.sh VERSION DIR`) runs kvcheck against its own vLLM
+in a subprocess: every layout that release can express runs clean, a planted fault is caught by
+its check, and a layout it cannot express is refused in one line naming the release. Without
+the variable the tests skip (saying how to enable them).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PYTHONS = [p for p in os.environ.get("KVCHECK_VLLM_PYTHONS", "").split(os.pathsep) if p]
+pytestmark = pytest.mark.skipif(not PYTHONS, reason="set KVCHECK_VLLM_PYTHONS to side-venv pythons "
+                                "(scripts/install-vllm.sh VERSION DIR) to test other vLLM releases")
+
+
+def _kvcheck(py: str, *argv: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), VLLM_TARGET_DEVICE="cpu")
+    return subprocess.run([py, "-m", "kvcheck", *argv], capture_output=True, text=True, env=env,
+                          cwd=ROOT, timeout=600)
+
+
+def _layouts(py: str) -> dict:
+    r = _kvcheck(py, "fuzz", "--sut", "vllm", "--list-layouts", "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+@pytest.mark.parametrize("py", PYTHONS)
+def test_every_expressible_layout_runs_clean(py, tmp_path):
+    info = _layouts(py)
+    ok = [k for k in info["layouts"] if k not in info["unsupported"]]
+    assert "full" in ok and "full+swa" in ok, info
+    for layout in ok:
+        r = _kvcheck(py, "fuzz", "--sut", "vllm", "--layout", layout, "--budget", "600", "--json",
+                     "--out", str(tmp_path))
+        res = json.loads(r.stdout)
+        assert res["vllm_version"] == info["vllm_version"]
+        assert res["exit_code"] == 0 and not res["missing_actions"], (layout, res["findings"], r.stderr[-500:])
+
+
+@pytest.mark.parametrize("py", PYTHONS)
+def test_planted_faults_are_caught_on_that_release(py, tmp_path):
+    for fault, check in (("drop_ref_on_free", "refcount_equals_holders"), ("evict_keeps_hash", "hash_map_sound")):
+        r = _kvcheck(py, "fuzz", "--sut", "vllm", "--layout", "full+swa", "--fault", fault,
+                     "--budget", "60s", "--json", "--out", str(tmp_path))
+        res = json.loads(r.stdout)
+        assert r.returncode == 10 and res["caught"], (fault, res)
+        f = next(f for f in res["findings"] if f["check"] == check)
+        rep = _kvcheck(py, "replay", f["trace"], "--sut", "vllm", "--json")
+        assert json.loads(rep.stdout)["reproduced"], rep.stdout
+
+
+@pytest.mark.parametrize("py", PYTHONS)
+def test_what_a_release_lacks_is_one_line_exit_2(py, tmp_path):
+    info = _layouts(py)
+    for layout, why in info["unsupported"].items():
+        r = _kvcheck(py, "fuzz", "--sut", "vllm", "--layout", layout, "--budget", "10", "--out", str(tmp_path))
+        assert r.returncode == 2 and "Traceback" not in r.stderr
+        line = r.stderr.strip().splitlines()[-1]
+        assert info["vllm_version"] in line and why in line, line
