@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "per worker (FILE.wK.jsonl)")
     z.add_argument("--layout", metavar="NAME", help="--sut vllm: the hybrid layout to drive")
     z.add_argument("--list-layouts", action="store_true", help="--sut vllm|sglang: list the layouts")
-    z.add_argument("--layout-file", metavar="FILE", help="--sut sglang: a layout of your own (JSON)")
+    z.add_argument("--layout-file", metavar="FILE", help="--sut vllm / sglang: a layout of your own (JSON; docs/adapters-vllm.md)")
     z.add_argument("--strict-reuse", action="store_true",
                    help="--sut vllm: lost reuse (spec-usable hit > vLLM hit) fails the run (exit 13)")
     ac = add("adapter-check", _lazy("cmd_adapter_check", "cmd_adapter_check"),

@@ -31,8 +31,15 @@ def _fuzz_vllm(args: argparse.Namespace) -> int:
              lambda: "\n".join([f"vLLM {release or 'not importable'}:"] + [
                  f"  {k:22} {d}" + (f"\n  {'':22} ({gaps[k]})" if gaps[k] else "") for k, d in v.LAYOUTS.items()]))
         return 0
+    if args.layout_file:
+        if args.layout or args.ray is not None:
+            raise UsageError("--layout-file: give it instead of --layout, and without --ray")
+        try:
+            args.layout = v.load_layout_file(args.layout_file)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
     if not args.layout:
-        raise UsageError("--sut vllm needs --layout NAME (see --list-layouts)")
+        raise UsageError("--sut vllm needs --layout NAME or --layout-file FILE (see --list-layouts)")
     try:
         budget = Budget.parse(args.budget)
     except ValueError as e:
@@ -63,7 +70,8 @@ def _fuzz_vllm(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     code = res["exit_code"]
-    cmd = ["fuzz", "--sut", "vllm", "--layout", args.layout, "--budget", args.budget,
+    which = ["--layout-file", args.layout_file] if args.layout_file else ["--layout", args.layout]
+    cmd = ["fuzz", "--sut", "vllm", *which, "--budget", args.budget,
            "--seed", str(args.seed)] + (["--strict-reuse"] if args.strict_reuse else []) \
         + (["--fault", args.fault] if args.fault else []) \
         + (["--ray", *([args.ray] if args.ray else []), "--workers", str(len(res["ray"]["shards"]) // len(layouts))]
@@ -128,8 +136,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         raise UsageError("--redis is the Hypothesis example database: --sut vllm has its own driver, without one")
     if args.sut == "sglang":
         return _fuzz_sglang(args)
-    if args.layout_file:
-        raise UsageError("--layout-file applies to --sut sglang only")
+    if args.layout_file and args.sut != "vllm":
+        raise UsageError("--layout-file applies to --sut vllm and --sut sglang only")
     if args.sut == "vllm":
         if args.observability:
             raise UsageError("--observability applies to the Hypothesis machines (not --sut vllm)")

@@ -260,17 +260,17 @@ class _Validator:
         from ..fuzz.adapters.vllm_layouts import LAYOUTS
         if "layouts" not in body:
             raise self.fail(tab, "layouts", f"missing: name the vLLM layouts to check (known: {', '.join(LAYOUTS)})")
-        names = self.strings(tab, "layouts", body["layouts"], "layout names or files", empty_ok=False)
+        names = list(self.strings(tab, "layouts", body["layouts"], "layout names or files", empty_ok=False))
+        from ..fuzz.adapters.vllm_layout_file import parse_layout, read_layout_file
+        from ..fuzz.adapters.vllm_layouts import B, MAX_MODEL_LEN
         for i, n in enumerate(names):
             if n.endswith(".json") or "/" in n:
                 p = self.base / n
                 try:
-                    ok = isinstance(json.loads(p.read_text()), dict)
-                except (OSError, ValueError, UnicodeDecodeError) as e:
-                    raise self.fail(tab, f"layouts[{i}]", f"cannot read layout file {n}: "
-                                    f"{getattr(e, 'strerror', None) or e}") from None
-                if not ok:
-                    raise self.fail(tab, f"layouts[{i}]", f"layout file {n} must hold a JSON object")
+                    parse_layout(read_layout_file(str(p)), n, B, MAX_MODEL_LEN)
+                except ValueError as e:
+                    raise self.fail(tab, f"layouts[{i}]", f"layout file {e}") from None
+                names[i] = str(p)
             elif n not in LAYOUTS:
                 raise self.fail(tab, f"layouts[{i}]", f"unknown layout {n!r} (known: {', '.join(LAYOUTS)})")
         return names

@@ -199,9 +199,12 @@ def run_reference_diff(sys: System, cfg: Config, seed: int, out: Path, fault: st
 
 def run_vllm(sys: System, layout: str, seed: int, out: Path, fault: str | None = None) -> EngineRun:
     label = f"vllm[{layout}]"
-    if layout.endswith(".json") or "/" in layout:
-        return _skipped(label, "fuzz", "layout files are not driven yet (the vLLM adapter runs its named layouts)")
     from ..fuzz.adapters import vllm as v
+    if layout.endswith(".json") or "/" in layout:
+        try:
+            layout = v.load_layout_file(layout)      # the project file resolved its path
+        except ValueError as e:
+            return _skipped(label, "fuzz", str(e))
     from ..fuzz.adapters.vllm_layouts import BOOKKEEPING_CHECKS, SAFETY_CHECKS
     b = sys.fault_budget if fault else sys.budgets["fuzz"]
     try:

@@ -26,10 +26,11 @@ from ..traces import replay as replay_on_core, to_trace
 from .vllm_adapter import VllmAdapter
 from .vllm_checks import Violation
 from .vllm_layouts import (_LAYOUTS, ACTIONS, FAULTS, INSTALL_HINT, LAYOUTS, VOCAB, VllmUnavailable,
-                           layout_config, supported_layouts, vllm_version)
+                           layout_config, supported_layouts, vllm_version,
+                           _FILE_LAYOUTS, load_layout_file, register_layout)
 
 __all__ = ["LAYOUTS", "FAULTS", "ACTIONS", "VllmUnavailable", "VllmAdapter", "Violation", "run_campaign",
-           "replay", "INSTALL_HINT", "supported_layouts", "vllm_version"]
+           "replay", "INSTALL_HINT", "supported_layouts", "vllm_version", "load_layout_file"]
 
 
 class _Gen(PromptGen):
@@ -88,10 +89,15 @@ def _save(layout: str, num_blocks: int, fault: str | None, seed: int, f: Finding
     trace = to_trace(None, f.trail, seed, engine="vllm-fuzz", cfg=layout_config(layout), sut="vllm",
                      finding=f, fault=fault,
                      meta={"vllm_version": vllm_version(), "layout": layout, "num_blocks": num_blocks,
-                           "strict_reuse": strict})
-    path = str(trace.save(Path(out_dir) / f"vllm-{layout.replace('+', '_')}-{tag}-seed{seed}.json"))
+                           "strict_reuse": strict,
+                           **({"layout_file": _FILE_LAYOUTS[layout]} if layout in _FILE_LAYOUTS else {})})
+    path = str(trace.save(Path(out_dir) / f"vllm-{_file_safe(layout)}-{tag}-seed{seed}.json"))
     return {"kind": f.kind, "check": f.checks[0], "message": f.message, "trace": path,
             "steps": len(trace.steps), "replay": f"kvcheck replay {path} --sut vllm"}
+
+
+def _file_safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
 
 
 def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = None,
@@ -174,6 +180,8 @@ def replay(trace: Trace | str | Path) -> dict:
     if not isinstance(trace, Trace):
         trace = Trace.load(trace)
     layout = trace.meta.get("layout")
+    if isinstance(layout, str) and layout.startswith("file:") and "layout_file" in trace.meta:
+        layout = register_layout(trace.meta["layout_file"], layout.removeprefix("file:"))
     if layout not in LAYOUTS:
         raise ValueError(f"trace has no known vLLM layout in meta.layout (got {layout!r})")
     ad = VllmAdapter(layout, int(trace.meta.get("num_blocks", 24)), trace.fault,

@@ -8,6 +8,7 @@ lazily (about 8 s the first time; without it :class:`VllmUnavailable`, one line)
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 from kvcheck.spec.config import Config, LayerSpec
@@ -49,6 +50,27 @@ for _base in ("full+swa", "mixed_block"):
     _LAYOUTS[f"{_base}-sparse"] = (f"{_d}; sparse SWA retention (prefix_cache_retention_interval=0)", _g, _s)
     _RETENTION[f"{_base}-sparse"] = 0
 LAYOUTS: dict[str, str] = {k: v[0] for k, v in _LAYOUTS.items()}
+_FILE_LAYOUTS: dict[str, dict] = {}      # name -> the JSON a --layout-file gave (kept in traces)
+
+
+def register_layout(definition: Any, where: str) -> str:
+    """Validate a user's layout (vllm_layout_file.py) and make it a layout like the presets;
+    its name is "file:" + `where`. Returns the name."""
+    from .vllm_layout_file import parse_layout
+    desc, groups, sched, ret = parse_layout(definition, where, B, MAX_MODEL_LEN)
+    name = f"file:{Path(where).stem}"
+    _LAYOUTS[name] = (desc, groups, sched)
+    LAYOUTS[name] = desc
+    if ret is not None:
+        _RETENTION[name] = ret
+    _FILE_LAYOUTS[name] = definition
+    return name
+
+
+def load_layout_file(path: str) -> str:
+    """`--layout-file PATH` -> the registered layout's name (ValueError: one line)."""
+    from .vllm_layout_file import read_layout_file
+    return register_layout(read_layout_file(path), path)
 
 # The faults the adapter plants in vLLM's own classes (declared patches: the adapter's sites
 # ask `planted(FAULT)`); `kvcheck faults` lists them through fuzz/faults.py.

@@ -1,0 +1,100 @@
+"""`--layout-file FILE`: a user's own vLLM KV cache layout as JSON, validated in one place.
+
+    {"description": "my model",                      (optional)
+     "groups": [{"kind": "full", "block_size": 16},
+                {"kind": "swa", "block_size": 8, "window": 20},
+                {"kind": "chunked_local", "block_size": 8, "chunk": 16}],
+     "retention_interval": null}                     (optional: null | 0 | N, sparse SWA retention)
+
+Kinds: full, swa, chunked_local, mla, swa_mla (the compressed/indexer/compressor-ring groups of
+DeepSeek-V4 have a fixed spec ground truth and come only with the `dsv4` preset). The scheduler
+block is the LCM of the block sizes, the hash block the adapter's 4 tokens. Any bad value is
+one line naming the file and the field (ValueError; the CLI exits 2).
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+KINDS = {"full": (), "mla": (), "swa": ("window",), "swa_mla": ("window",), "chunked_local": ("chunk",)}
+PRESET_ONLY = ("compressed", "indexer", "tail_ring")
+MAX_GROUPS = 6
+
+
+def parse_layout(d: Any, where: str, hash_block: int, max_len: int
+                 ) -> tuple[str, list[tuple[str, int, int | None]], int, int | None]:
+    """(description, groups, scheduler block size, retention interval) from a JSON object."""
+    def bad(field: str, why: str) -> ValueError:
+        return ValueError(f"{where}: {field}: {why}")
+
+    if not isinstance(d, dict):
+        raise ValueError(f"{where}: must be a JSON object with a 'groups' list")
+    for k in d:
+        if k not in ("description", "groups", "retention_interval"):
+            raise bad(_name(k), "unknown key (known: description, groups, retention_interval)")
+    gs = d.get("groups")
+    if not isinstance(gs, list) or not 1 <= len(gs) <= MAX_GROUPS:
+        raise bad("groups", f"must be a list of 1..{MAX_GROUPS} groups")
+    groups: list[tuple[str, int, int | None]] = []
+    for i, g in enumerate(gs):
+        at = f"groups[{i}]"
+        if not isinstance(g, dict):
+            raise bad(at, "must be an object with kind and block_size")
+        kind = g.get("kind")
+        if kind in PRESET_ONLY:
+            raise bad(f"{at}.kind", f"{kind!r} groups come only with the dsv4 preset (their spec ground truth is fixed there)")
+        if kind not in KINDS:
+            raise bad(f"{at}.kind", f"unknown kind {json.dumps(kind)[:40]} (known: {', '.join(KINDS)})")
+        allowed = {"kind", "block_size", *KINDS[kind]}
+        for k in g:
+            if k not in allowed:
+                raise bad(f"{at}.{_name(k)}", f"not a field of a {kind} group (fields: {', '.join(sorted(allowed))})")
+        bs = g.get("block_size")
+        if not _int(bs) or bs < hash_block or bs % hash_block or bs > max_len // 2:
+            raise bad(f"{at}.block_size", f"must be a multiple of the hash block {hash_block} in "
+                      f"{hash_block}..{max_len // 2} (prompts stay under {max_len} tokens), got {bs!r}")
+        p = None
+        for k in KINDS[kind]:
+            p = g.get(k)
+            if not _int(p) or not 1 <= p <= max_len:
+                raise bad(f"{at}.{k}", f"must be an integer in 1..{max_len}, got {p!r}")
+            if k == "chunk" and p % bs:
+                raise bad(f"{at}.chunk", f"must be a multiple of its block_size {bs}, got {p}")
+        groups.append((kind, bs, p))
+    sched = math.lcm(*(bs for _, bs, _ in groups))
+    if sched > max_len // 2:
+        raise bad("groups", f"the scheduler block (LCM of the block sizes) is {sched}, over {max_len // 2}")
+    ret = d.get("retention_interval")
+    if ret is not None:
+        if not _int(ret) or ret < 0:
+            raise bad("retention_interval", f"must be null or an integer >= 0, got {ret!r}")
+        if not any(k in ("swa", "swa_mla") for k, _, _ in groups):
+            raise bad("retention_interval", "applies to sliding-window groups; the layout has none")
+    desc = d.get("description", "")
+    if not isinstance(desc, str):
+        raise bad("description", "must be a string")
+    return desc or f"{where}: " + " + ".join(f"{k} b{bs}" + (f" {p}" if p else "") for k, bs, p in groups), \
+        groups, sched, ret
+
+
+def read_layout_file(path: str) -> Any:
+    p = Path(path)
+    try:
+        return json.loads(p.read_text())
+    except OSError as e:
+        raise ValueError(f"--layout-file {path}: cannot read it ({e.strerror})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"--layout-file {path}: not a text file") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--layout-file {path}: not JSON ({e.msg}, line {e.lineno})") from None
+
+
+def _int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _name(key: str) -> str:
+    """A key as written in an error line: bare when plain, else JSON-quoted (one line)."""
+    return key if key.isidentifier() else json.dumps(key)
