@@ -148,7 +148,8 @@ def run_shard(cfg_dict: dict, shard: Shard, budget: Budget, db: str | None, boar
     import _thread
 
     import ray
-    board.started.remote(shard.key, os.getpid())   # first: a worker lost from here on is a retry
+    # first, and waited for: a worker lost from here on is recorded, and its rerun is a retry
+    ray.get(board.started.remote(shard.key, os.getpid()))
 
     from .campaign import run_campaign       # (hypothesis, the spec: a second on a busy node)
     from .pool import keep_interrupts

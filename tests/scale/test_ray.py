@@ -70,6 +70,25 @@ def _shard_pids() -> list[int]:
     return pids
 
 
+def _settled_shard(proc: subprocess.Popen, settle_s: float = 2.0, timeout: float = 120) -> int:
+    """A shard process seen running for `settle_s` (past its scoreboard registration, which
+    run_shard waits for before anything else) and still running."""
+    seen: dict[int, float] = {}
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        now = time.monotonic()
+        pids = _shard_pids()
+        for p in pids:
+            seen.setdefault(p, now)
+        old = [p for p in pids if now - seen[p] >= settle_s]
+        if old:
+            return old[0]
+        if proc.poll() is not None:
+            raise AssertionError(f"the driver ended before a shard settled: {proc.stderr.read()[-1500:]}")
+        time.sleep(0.05)
+    raise AssertionError("no shard ran for long enough to be killed")
+
+
 def _wait_for_shards(n: int, proc: subprocess.Popen, timeout: float = 120) -> list[int]:
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
@@ -115,8 +134,7 @@ def test_a_worker_killed_mid_run_loses_no_finding(ray_cluster, redis_server, tmp
     proc = _fuzz(ray_cluster, "--workers", "2", "--fault", FAULT, "--budget", "60s",
                  "--redis", f"{redis_server}/2", "--out", str(tmp_path))
     _wait_for_shards(2, proc)
-    time.sleep(1.0)                  # its start is on the scoreboard; it finds and shrinks for seconds
-    victim = _wait_for_shards(1, proc)[0]          # one still running its shard
+    victim = _settled_shard(proc)    # its start is on the scoreboard; it finds and shrinks for seconds
     os.kill(victim, signal.SIGKILL)
     code, res, err = _result(proc)
     assert code == 10, err[-1500:]
