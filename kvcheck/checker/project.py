@@ -8,6 +8,8 @@ exit 2. Running the systems is gate_project.py's.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import os
 import re
@@ -43,7 +45,10 @@ FAULT_ENGINES: dict[str, tuple[str, ...]] = {
     "transformers": ("diff",), "user": ("fuzz",)}
 DEFAULT_FAULT_BUDGET = "30s"
 
-TOP_KEYS = {"corpus": "a path (string)", "seeds": "a list of integers", "systems": "a table"}
+TOP_KEYS = {"corpus": "a path (string)", "seeds": "a list of integers", "systems": "a table",
+            "ray": "true (a local or RAY_ADDRESS cluster) or a cluster address HOST:PORT (string)",
+            "redis": "a Redis URL (string): the shared Hypothesis example database of ray campaigns",
+            "ray_shards": "a positive integer: Ray tasks per seed of each fuzz campaign"}
 SYSTEM_KEYS = {"engines": "a list of engine names", "budget": "a budget: steps (2000) or a duration (30s)",
                "budgets": "a table engine = budget", "seeds": "a list of integers",
                "expected_faults": "a list of fault names",
@@ -69,6 +74,9 @@ class System:
     config: Path | None = None
     layouts: tuple[str, ...] = ()
     model_types: tuple[str, ...] = ()
+    ray: str | bool | None = None    # fuzz as Ray tasks: True (local / RAY_ADDRESS) or an address
+    redis: str | None = None
+    ray_shards: int = 2
 
 
 @dataclass(frozen=True)
@@ -156,7 +164,39 @@ class _Validator:
         if not isinstance(systems, dict) or not systems:
             raise self.fail(tab, "systems", "must be a non-empty table of systems under test")
         out = tuple(self.system(name, body, seeds) for name, body in systems.items())
+        scale = self.scale(tab, t)
+        if scale:
+            out = tuple(dataclasses.replace(x, **scale) if x.kind in ("spec", "reference", "user") else x
+                        for x in out)
         return Project(self.path, out, Path(os.path.normpath(self.base / corpus)))
+
+    def scale(self, tab: str, t: dict[str, Any]) -> dict[str, Any]:
+        """`ray`, `redis`, `ray_shards`: the fuzz campaigns of spec, reference and MODULE:CLASS
+        systems run as Ray tasks (kvcheck/fuzz/ray_campaign.py), as `fuzz --ray` does."""
+        ray, redis, shards = t.get("ray"), t.get("redis"), t.get("ray_shards", 2)
+        if ray is not None and not (ray is True or (isinstance(ray, str) and ray.strip())):
+            raise self.fail(tab, "ray", f"must be {TOP_KEYS['ray']}")
+        if ray is False:
+            ray = None
+        if redis is not None and (ray is None or not isinstance(redis, str) or not redis.strip()):
+            raise self.fail(tab, "redis", f"must be {TOP_KEYS['redis']}, with `ray` set")
+        if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1 \
+                or ("ray_shards" in t and ray is None):
+            raise self.fail(tab, "ray_shards", f"must be {TOP_KEYS['ray_shards']}, with `ray` set")
+        if ray is None:
+            return {}
+        from ..fuzz.ray_campaign import require_ray
+        try:
+            require_ray()
+        except Exception as e:              # not installed: the install line
+            raise self.fail(tab, "ray", " ".join(str(e).split())) from None
+        if redis is not None:
+            from ..fuzz.exampledb import check_redis
+            try:
+                check_redis(redis)
+            except Exception as e:
+                raise self.fail(tab, "redis", " ".join(str(e).split())) from None
+        return {"ray": ray, "redis": redis, "ray_shards": shards}
 
     def seeds(self, tab: str, key: str, v: Any) -> tuple[int, ...]:
         if not isinstance(v, list) or not v:

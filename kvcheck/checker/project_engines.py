@@ -149,8 +149,13 @@ def run_explore(sys: System, out: Path) -> EngineRun:
 def run_fuzz(sys: System, cfg: Config, seed: int, out: Path, fault: str | None = None) -> EngineRun:
     from ..fuzz.campaign import run_campaign
     budget = sys.fault_budget if fault else sys.budgets["fuzz"]
-    r = run_campaign(cfg, sys.name, budget, seed=seed, fault=fault, out=out,
-                     shrink_seconds=10.0 if fault else 30.0)
+    if sys.ray is not None:            # the project file's `ray`: the campaign as Ray tasks
+        from ..fuzz.ray_campaign import plan, run_ray
+        r = run_ray(cfg, plan([(sys.name, fault)], seed, sys.ray_shards), budget, sys.redis, out,
+                    address=None if sys.ray is True else sys.ray)
+    else:
+        r = run_campaign(cfg, sys.name, budget, seed=seed, fault=fault, out=out,
+                         shrink_seconds=10.0 if fault else 30.0)
     if r.get("interrupted"):
         raise KeyboardInterrupt
     counts = {"steps": r["steps"], "examples": r["examples"],
