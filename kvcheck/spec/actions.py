@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
+from . import content
 from . import faults as F
 from .funnel import Decision
 from .logic import Expr, Logic
@@ -59,14 +60,22 @@ def per_object_kind(kinds: tuple[str, ...]):
 
 # ---- requests ---------------------------------------------------------------------------
 
-@action(lambda lay: ({"r": r, "n": n} for r in range(lay.cfg.requests)
-                     for n in range(1, lay.cfg.blocks + 1)))
-def submit(c: Ctx, r: int, n: int) -> Any:
-    """A request arrives whose prompt covers n blocks of the shared prefix (then its own suffix)."""
+def _submits(lay: Layout) -> Iterable[dict[str, Any]]:
+    prompts = [{}] if lay.cfg.prompts == 1 else [{"p": p} for p in range(lay.cfg.prompts)]
+    return ({"r": r, "n": n, **p} for r in range(lay.cfg.requests)
+            for n in range(1, lay.cfg.blocks + 1) for p in prompts)
+
+
+@action(_submits)
+def submit(c: Ctx, r: int, n: int, p: int | None = None) -> Any:
+    """A request arrives whose prompt covers n blocks of the shared prefix (then its own suffix);
+    with prompts > 1, prompt p of the prompt table (content.py)."""
     q = c.v.req(r)
     for f, val in (("rst", R_WAITING), ("rlen", n), ("rk", 0), ("rpos", 0), ("rwin", 0),
                    ("rdec", 0), ("rver", 0), ("rix", 0), ("rabi", 0), ("rcmp", 0)):
         c.set(("r", r, f), val)
+    if p is not None:
+        c.set(("r", r, "rp"), p)
     return q.rst == R_IDLE
 
 
@@ -88,7 +97,10 @@ def lookup(c: Ctx, r: int) -> Any:
 
 def _bind_valid(c: Ctx, r: int) -> Any:
     d = Decision(c.v, c.L, c.cfg, r, c.planted)
-    return c.L.And(c.lease_current(r), d.ok_at(c.L, c.v.req(r).rk))
+    ok = d.ok_at(c.L, c.v.req(r).rk)
+    if c.cfg.prompts > 1:       # the blocks may hold other content since the lookup: re-check the hash
+        ok = c.L.And(ok, d.hit_at(c.L, c.v.req(r).rk))
+    return c.L.And(c.lease_current(r), ok)
 
 
 @action(per_request)
@@ -137,9 +149,16 @@ def append(c: Ctx, r: int, j: int) -> Any:
     L, v, q = c.L, c.v, c.v.req(r)
     guard = [q.rst == R_RUNNING, q.rpos == j, j < q.rlen]
     new_live: dict[str, list[Any]] = {}
+    other = False                       # the slot holds another prompt's content: rewrite it all
+    if c.cfg.prompts > 1:
+        b, mine = v.disk(j), L.let(content.chain_of(L, c.cfg, q.rp, j))
+        other = L.let(b.bcid != mine)
+        c.set(("b", j, "bcid"), mine)
+        keep = L.And(other, b.hashed == 1) if c.planted(F.STALE_HASH_AFTER_REUSE) else False
+        c.set(("b", j, "bkey"), L.If(keep, b.bkey, mine))
     for o in c.block_objects(j):
         ob = c.ob(o)
-        rewrite = L.let(L.Not(L.And(live(ob.st, L), c.current(o))))
+        rewrite = L.let(L.Or(L.Not(L.And(live(ob.st, L), c.current(o))), other))
         guard.append(L.Not(L.And(rewrite, L.Or(ob.ref > 0, c.gpin(o)))))
         fresh = KIND[o.kind].fresh
         cur = current_version(v, o.kind)
@@ -233,9 +252,21 @@ def evict(c: Ctx, g: int, kind: str, j: int) -> Any:
     L, o = c.L, ObjSlot(g, kind, j)
     ob = c.ob(o)
     c.set_obj(o, "st", EVICTED)
+    if c.cfg.eviction == "drop_hash" and not c.planted(F.STALE_HASH_AFTER_EVICT):
+        c.set(("b", j, "hashed"), 0)    # the block goes back to the free list: its hash with it
     if c.planted(F.EVICTION_IGNORES_PINS):
         return live(ob.st, L)
     return L.And(live(ob.st, L), ob.ref == 0, L.Not(c.gpin(o)), c.v.disk(j).dst != D_OFFLOADING)
+
+
+@action(per_block)
+def drop_hash(c: Ctx, j: int) -> Any:
+    """The hash table forgets block j (eviction = drop_hash only: an engine may unpublish a
+    block at any time; its objects stay until evicted, unreachable by a lookup)."""
+    if c.cfg.eviction != "drop_hash":
+        return False
+    c.set(("b", j, "hashed"), 0)
+    return c.v.disk(j).hashed == 1
 
 
 @action(per_object)
