@@ -28,7 +28,7 @@ __all__ = ["Act", "DRIVE", "Finding", "FreeModel", "LEADS", "Lockstep", "SpecMod
 # The order in which a finding's checks say most about it: an unsound hit (what a reuse read)
 # first, then a lease broken under a bound request, a graph's pages moved, accounting, routing;
 # conformance and differential checks (one per finding) after.
-LEADS = ("hit_sound_", "hit_content_sound", "toctou_bound_stable", "graph_topology", "refcount_equals_holders",
+LEADS = ("hit_sound_", "hit_content_sound", "hit_full_blocks", "toctou_bound_stable", "graph_topology", "refcount_equals_holders",
          "admission_cap", "five_state_routing")
 
 

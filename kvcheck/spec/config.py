@@ -16,7 +16,7 @@ LAYER_KINDS = ("full", "swa", "hca", "csa")
 EVICTION_MODES = ("tombstone", "drop_hash")
 # Semantic keys and their defaults: omitted from to_dict at the default, so that a default
 # config (its traces, reports, cache keys) reads exactly as before they existed.
-SEMANTIC_DEFAULTS = {"eviction": "tombstone", "prompts": 1}
+SEMANTIC_DEFAULTS = {"eviction": "tombstone", "prompts": 1, "decode": False}
 
 # Which device object kinds a group of each layer kind keeps (the kinds themselves are declared
 # once, in objects.py). Full-attention KV pages are swa_window pages with an infinite window:
@@ -144,6 +144,7 @@ class Config:
     # docs/spec.md "Configurable semantics".
     eviction: str = "tombstone"  # tombstone: an evicted block's hash stays; drop_hash: unpublished
     prompts: int = 1            # distinct prompt contents (1: every request shares one prefix)
+    decode: bool = False        # decode(r, j) appends one token; the block is published when full
 
     # ---- derived structure -------------------------------------------------------------
     def __post_init__(self) -> None:
@@ -249,6 +250,8 @@ class Config:
             raise ConfigError(f"config: eviction must be one of {', '.join(EVICTION_MODES)}, "
                               f"got {self.eviction!r:.40}")
         _int("prompts", self.prompts, 1, 8)
+        if not isinstance(self.decode, bool):
+            raise ConfigError(f"config: decode must be true or false, got {self.decode!r:.40}")
         if not isinstance(self.tiers, tuple) or not all(isinstance(t, str) for t in self.tiers):
             raise ConfigError(f"config: tiers must be a list of tier names (device, host, disk), "
                               f"got {self.tiers!r}")

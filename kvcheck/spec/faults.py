@@ -96,12 +96,12 @@ def _spec(name: str, site: str, bug_class: str, mirrors: str, expected: str, doc
 # The content faults need two prompts (device tier only, for now); their symptom needs a block
 # recomputed under another prompt and then hit, which a random walk reaches quickly over one
 # full-attention group (the hash-chain block manager of a plain transformer) and 2 blocks.
-def _prompts_cfg() -> tuple[tuple[str, Any], ...]:
+def _small(*keys: tuple[str, Any]) -> tuple[tuple[str, Any], ...]:
     from .config import LayerSpec
-    return (("prompts", 2), ("tiers", ("device",)), ("layers", (LayerSpec("full"),)), ("blocks", 2))
+    return (*keys, ("tiers", ("device",)), ("layers", (LayerSpec("full"),)), ("blocks", 2))
 
 
-_PROMPTS = _prompts_cfg()
+_PROMPTS = _small(("prompts", 2))
 
 
 DECISION_IGNORES_INDEXER_VERSION = _spec(
@@ -176,12 +176,20 @@ STALE_HASH_AFTER_REUSE = _spec(
     "hit_content_sound",
     "With prompts > 1, a block slot rewritten with other content keeps its old hash published.",
     _PROMPTS)
+DECODE_PUBLISHES_PARTIAL = _spec(
+    "decode_publishes_partial", "action:decode", "hash published before the block is full",
+    "a decode-time block hashed and cached after its first token, not when it fills",
+    "hit_full_blocks",
+    "With decode = true, the block a request decodes into is written and published at its first "
+    "token: another request reuses a block that holds only part of its tokens.",
+    _small(("decode", True), ("block_size", 2)))
 
 SPEC_FAULTS: tuple[Fault, ...] = (
     DECISION_IGNORES_INDEXER_VERSION, WINDOW_OFF_BY_ONE, TAIL_JUNCTION_NOT_CHECKED,
     PREFETCH_COUNTED_AS_HIT, EVICTION_IGNORES_PINS, COMPRESSED_VERSION_IGNORED, ABI_IGNORED,
     NO_REVALIDATION_AT_USE, REFCOUNT_DOUBLE_DECREMENT, ADMISSION_IGNORED, SHARED_FREE_LIST,
     GRAPH_PAGES_MIGRATED, STALE_HASH_AFTER_EVICT, HASH_IGNORES_PARENT, STALE_HASH_AFTER_REUSE,
+    DECODE_PUBLISHES_PARTIAL,
 )
 FAULTS: dict[str, Fault] = {f.name: f for f in SPEC_FAULTS}      # the spec's own
 

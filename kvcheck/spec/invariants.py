@@ -172,5 +172,20 @@ def hit_content_sound(c: Ctx) -> list[tuple[str, Any]]:
     return out
 
 
+@invariant("safety", "No hit on a partial block (decode = true): every block a granted hit reads "
+           "was written when it was full (bound, lease current).", when=lambda cfg: cfg.decode)
+def hit_full_blocks(c: Ctx) -> list[tuple[str, Any]]:
+    L, out = c.L, []
+    if not c.cfg.decode:
+        return out
+    for r in range(c.cfg.requests):
+        q = c.v.req(r)
+        granted = L.And(q.rst == R_BOUND, c.lease_current(r), L.In(q.rdec, (REUSE, PARTIAL)))
+        for k in range(1, c.cfg.blocks + 1):
+            whole = [c.v.disk(j).bpart == 0 for j in blocks_read(c.cfg, k)]
+            out.append((f"request {r} at k={k}", L.Implies(L.And(granted, q.rk == k), L.And(*whole))))
+    return out
+
+
 HIT_SOUNDNESS = tuple(n for n in INVARIANTS if n.startswith("hit_sound_"))
 INVARIANT_NAMES = tuple(INVARIANTS)

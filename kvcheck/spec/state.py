@@ -73,6 +73,8 @@ BLOCK_FIELDS = {
                   "from (content.py)", _prompt_ids, when=_with_prompts),
     "bkey": Field("content its published hash names (the lineage looked up)", _prompt_ids,
                   when=_with_prompts),
+    "bpart": Field("1 if its objects were written from a partial block (decode.py)",
+                   when=lambda cfg: cfg.decode),
 }
 # Per request slot r:
 REQ_FIELDS = {
@@ -88,6 +90,8 @@ REQ_FIELDS = {
     "rabi": Field("ABI at lease time", _versions),
     "rcmp": Field("compressor version at lease time", _versions),
     "rp": Field("the request's prompt (content.py), drawn at submit", _prompt_ids, when=_with_prompts),
+    "rtok": Field("tokens decoded into the partial block at rpos (decode.py)",
+                  lambda cfg: cfg.block_size - 1, when=lambda cfg: cfg.decode),
 }
 # Globals:
 GLOBAL_FIELDS = {

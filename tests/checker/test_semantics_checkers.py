@@ -19,13 +19,15 @@ def test_content_semantics_explored_exhaustively_and_clean(tmp_path) -> None:
     assert rep["verdict"] == "holds"
 
 
-@pytest.mark.parametrize("cfg", [explore._CONTENT, replace(explore._CONTENT, prompts=1, eviction="drop_hash")],
-                         ids=["prompts", "drop_hash"])
+@pytest.mark.parametrize("cfg", [explore._CONTENT, replace(explore._CONTENT, prompts=1, eviction="drop_hash"),
+                                 replace(explore._CONTENT, decode=True, block_size=2)],
+                         ids=["prompts", "drop_hash", "decode+prompts"])
 def test_z3_proves_the_semantics_inductive(cfg, tmp_path) -> None:
     code, rep = prove.run_prove(cfg, tmp_path, None, profile=prove.ProveProfile(depth=4))
     assert code == 0 and rep["verdict"] == "proved", [o for o in rep["invariants"] if o["status"] != "proved"]
     names = {o["name"] for o in rep["invariants"]}
     assert ({"hit_content_sound", "hash_names_content"} if cfg.prompts > 1 else {"published_hash_resident"}) <= names
+    assert not cfg.decode or {"hit_full_blocks", "blocks_whole"} <= names
 
 
 @pytest.mark.parametrize("fault", [f.name for f in F.SPEC_FAULTS if f.needs])

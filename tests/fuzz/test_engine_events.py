@@ -164,3 +164,56 @@ def test_dropping_a_hash_needs_the_drop_hash_semantic() -> None:
 def test_a_malformed_event_is_a_clear_adapter_error(event) -> None:
     with pytest.raises(SutError, match="event"):
         _live_walk(_Says(lambda p: event), CFG, 100, 0)
+
+
+class _MakesRoom(SpecSUT):
+    """The spec as an engine whose allocation evicts an unpinned page when the pool is full
+    (and says so: events_before); with `pinned`, it takes a pinned one instead."""
+
+    def __init__(self, pinned: bool = False) -> None:
+        super().__init__()
+        self.pinned = pinned
+
+    def apply(self, action, params):
+        if action != "append" or self.spec.instance(action, params).guard(self.state):
+            return super().apply(action, params)
+        lay = self.spec.lay
+        for o in lay.objects:
+            st, ref = (self.state[lay.o(o.group, o.kind, o.block, f)] for f in ("st", "ref"))
+            if st == READY and (ref > 0) == self.pinned and o.block != params["j"]:
+                t = list(self.state)
+                t[lay.o(o.group, o.kind, o.block, "st")] = 3        # evicted
+                self.state = tuple(t)
+                out = super().apply(action, params)
+                return {**out, "events_before": [("evict", o.block)]}
+        raise ActionRejected("pool full")
+
+
+def _full_pool(sut) -> tuple[Lockstep, object]:
+    """One SWA group (a window of one block), a pool of 2 pages: the request at block 2 holds
+    block 1, block 0 is unpinned; appending block 2 needs a third page."""
+    from kvcheck.spec.config import LayerSpec
+    cfg = Config(layers=(LayerSpec("swa", window=2),), blocks=3, requests=1, tiers=("device",),
+                 capacity={"swa_window": 2})
+    spec = Spec(cfg)
+    sut.reset(cfg)
+    ls = Lockstep(SpecModel(spec), sut, follow=False)
+    for a, p in (("submit", {"r": 0, "n": 3}), ("lookup", {"r": 0}), ("bind", {"r": 0}), ("use", {"r": 0}),
+                 ("append", {"r": 0, "j": 0}), ("append", {"r": 0, "j": 1}), ("slide", {"r": 0})):
+        ls.step(spec.instance(a, p))
+    x = spec.instance("append", {"r": 0, "j": 2})
+    assert not x.guard(ls.s)                     # the spec alone: no room
+    return ls, x
+
+
+def test_an_allocation_that_evicts_to_make_room_stays_in_lockstep() -> None:
+    ls, x = _full_pool(_MakesRoom())
+    assert ls.probe(x) and ls.diverged is None and ls.s == ls.sut.state
+    assert ls.s[ls.model.spec.lay.r(0, "rpos")] == 3
+
+
+def test_an_allocation_that_evicts_a_pinned_page_to_make_room_is_caught() -> None:
+    ls, x = _full_pool(_MakesRoom(pinned=True))
+    with pytest.raises(Finding) as e:             # not a lockstep step: a probe taken, judged
+        ls.probe(x)
+    assert e.value.kind == "invariant" and "toctou_bound_stable" in e.value.checks, e.value

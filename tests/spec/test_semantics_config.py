@@ -22,6 +22,7 @@ FULL2 = dict(layers=(LayerSpec("full"),), blocks=2, requests=1, tiers=("device",
     ({"prompts": "2"}, "prompts must be an integer"),
     ({"prompts": 9}, "prompts must be <= 8"),
     ({"prompts": 2}, "prompts > 1 needs tiers"),
+    ({"decode": 1}, "decode must be true or false"),
 ])
 def test_bad_semantic_keys_are_one_line_errors_naming_the_key(data, where) -> None:
     with pytest.raises(ConfigError, match=where) as e:
@@ -31,11 +32,12 @@ def test_bad_semantic_keys_are_one_line_errors_naming_the_key(data, where) -> No
 
 def test_the_default_config_has_none_of_the_new_state_actions_or_invariants() -> None:
     spec = Spec(Config())
-    assert not [n for n in spec.lay.names if n[-1] in ("bcid", "bkey", "rp")]
-    assert "drop_hash" not in spec.actions
-    assert set(invariants_for(Config())) == set(INVARIANTS) - {"published_hash_resident", "hit_content_sound"}
-    assert "eviction" not in Config().to_dict() and "prompts" not in Config().to_dict()
-    on = Config(eviction="drop_hash", prompts=2, tiers=("device",))
+    assert not [n for n in spec.lay.names if n[-1] in ("bcid", "bkey", "rp", "rtok", "bpart")]
+    assert "drop_hash" not in spec.actions and "decode" not in spec.actions
+    assert set(invariants_for(Config())) == set(INVARIANTS) - {"published_hash_resident", "hit_content_sound",
+                                                               "hit_full_blocks"}
+    assert not {"eviction", "prompts", "decode"} & set(Config().to_dict())
+    on = Config(eviction="drop_hash", prompts=2, tiers=("device",), decode=True)
     assert Config.from_dict(on.to_dict()) == on
 
 
@@ -101,3 +103,27 @@ def test_a_pinned_block_is_not_rewritten_with_other_content() -> None:
     d.do("append", r=0, j=0)                                 # r0 runs on block 0, pinned
     d.do("submit", r=1, n=1, p=1).do("lookup", r=1).do("bind", r=1).do("use", r=1)
     assert not d.can("append", r=1, j=0)                     # another prompt's block: wait
+
+
+def _decoded(fault=None) -> Driver:
+    """Request 0 computes its 1-block prompt, then decodes one token into block 1 (B = 2)."""
+    d = Driver(Spec(Config(decode=True, block_size=2, **{**FULL2, "requests": 2}), fault))
+    d.do("submit", r=0, n=1).do("lookup", r=0).do("bind", r=0).do("use", r=0).do("append", r=0, j=0)
+    return d.do("decode", r=0, j=1)
+
+
+def test_decode_publishes_a_block_when_it_fills() -> None:
+    d = _decoded()
+    assert d.field("b", 1, "hashed") == 0 and d.field("r", 0, "rtok") == 1
+    d.do("decode", r=0, j=1)                                 # the second token fills block 1
+    assert d.field("b", 1, "hashed") == 1 and d.field("r", 0, "rlen") == 2 and d.field("r", 0, "rpos") == 2
+    assert d.field("o", 0, "swa_window", 1, "ref") == 1      # and the request holds it
+    d.do("finish", r=0).do("submit", r=1, n=2)
+    assert d.spec.decide(d.s, 1)["kind"] == "REUSE" and not d.violations()
+
+
+def test_a_block_published_at_its_first_decoded_token_is_caught() -> None:
+    d = _decoded("decode_publishes_partial")
+    assert d.field("b", 1, "hashed") == 1                    # published with 1 of its 2 tokens
+    d.do("submit", r=1, n=2).do("lookup", r=1).do("bind", r=1)
+    assert {i for i, _ in d.violations()} == {"hit_full_blocks"}
