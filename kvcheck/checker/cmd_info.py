@@ -5,7 +5,7 @@ import argparse
 
 from ..fuzz import faults as faultlib
 from ..spec.actions import ACTIONS
-from ..spec.invariants import INVARIANTS
+from ..spec.invariants import invariants_for
 from ..spec.objects import DECISION_KINDS, OBJECTS, REASONS
 from ..spec.state import BLOCK_FIELDS, GLOBAL_FIELDS, OBJ_FIELDS, REQ_FIELDS, field_docs
 from ..spec.system import Spec
@@ -39,12 +39,12 @@ def cmd_spec(args: argparse.Namespace) -> int:
                      "params": sorted({k for i in spec.instances if i.action == a.name for k in i.params})}
                     for a in ACTIONS.values()],
         "funnel": FUNNEL,
-        "invariants": [{"name": i.name, "kind": i.kind, "doc": i.doc} for i in INVARIANTS.values()],
+        "invariants": [{"name": i.name, "kind": i.kind, "doc": i.doc} for i in invariants_for(cfg).values()],
         "decisions": list(DECISION_KINDS),
         "degradation_reasons": [name for name, _ in REASONS],
-        "state": {"per_object": field_docs(OBJ_FIELDS), "per_block": field_docs(BLOCK_FIELDS),
-                  "per_request": field_docs(REQ_FIELDS),
-                  "global": field_docs(GLOBAL_FIELDS), "slots": spec.lay.size},
+        "state": {"per_object": field_docs(OBJ_FIELDS, cfg), "per_block": field_docs(BLOCK_FIELDS, cfg),
+                  "per_request": field_docs(REQ_FIELDS, cfg),
+                  "global": field_docs(GLOBAL_FIELDS, cfg), "slots": spec.lay.size},
         "groups": [{"name": g.name, "layers": list(g.layers), "window": g.window, "m": g.m,
                     "topk": g.topk, "objects": list(g.objects)} for g in cfg.groups],
         "config": cfg.to_dict(),
@@ -58,7 +58,7 @@ def cmd_spec(args: argparse.Namespace) -> int:
         lines += ["", "funnel:"] + [f"  {f['layer']}. {f['name']}: {f['checks']}" for f in FUNNEL]
         lines += ["", "decisions: " + " | ".join(DECISION_KINDS), "", "actions:"]
         lines += [f"  {a['name']:18} {a['doc']}" for a in data["actions"]]
-        lines += ["", "invariants:"] + [f"  {i.name:26} [{i.kind}] {i.doc}" for i in INVARIANTS.values()]
+        lines += ["", "invariants:"] + [f"  {i.name:26} [{i.kind}] {i.doc}" for i in invariants_for(cfg).values()]
         return "\n".join(lines)
 
     emit(args, data, text)

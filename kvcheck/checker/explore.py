@@ -53,16 +53,23 @@ FAULT_CONFIG = Config(layers=(LayerSpec("csa", window=6, m=12, topk=1),), blocks
                       capacity={"compressed_kv": 1, "tail": 2, "swa_window": 3, "indexer": 1},
                       max_inflight=1, max_active=1)
 # admission_ignored needs a pool smaller than its objects (here 2 SWA pages for 3 blocks).
+# The content faults (prompts > 1) need a request to recompute a block under another prompt and
+# a later one to hit it: one full-attention group over 2 blocks keeps that within BFS reach.
+_CONTENT = Config(layers=(LayerSpec("full"),), blocks=2, requests=1, max_version=0, prompts=2,
+                  tiers=("device",), capacity={"swa_window": 2}, max_inflight=1, max_active=1)
 FAULT_OVERRIDES: dict[str, Config] = {
     "admission_ignored": replace(FAULT_CONFIG, capacity={"compressed_kv": 1, "tail": 1,
                                                          "swa_window": 2, "indexer": 1}),
+    "hash_ignores_parent": _CONTENT,
+    "stale_hash_after_reuse": _CONTENT,
 }
 
 
 def fault_config(fault: str | None) -> Config:
+    """The config a planted fault is explored in (with the semantic it lives in switched on)."""
     if fault is None:
         return CI_CONFIG
-    return FAULT_OVERRIDES.get(fault, FAULT_CONFIG)
+    return FAULT_OVERRIDES.get(fault) or faultlib.get(fault).config_for(FAULT_CONFIG)
 
 
 class Canon:

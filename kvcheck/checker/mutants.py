@@ -23,7 +23,13 @@ from ..spec.verdict import ExitCode
 Result = dict[str, Any]
 
 
+def _with_semantics(cfg: Config, fault: str | None) -> Config:
+    """cfg with the configurable semantic a fault lives in switched on (it plants nothing else)."""
+    return cfg if fault is None else faultlib.get(fault).config_for(cfg)
+
+
 def _walk(cfg: Config, fault: str | None, budget_s: float, seed: int) -> Result:
+    cfg = _with_semantics(cfg, fault)
     spec = Spec(cfg, fault)
     t0 = time.perf_counter()
     res = Walker(spec, seed=seed).run(10**9 if fault else 10_000, seconds=budget_s)
@@ -38,6 +44,7 @@ def _walk(cfg: Config, fault: str | None, budget_s: float, seed: int) -> Result:
 
 def _fuzz(sut: str) -> Callable[[Config, str | None, float, int], Result]:
     def run(cfg: Config, fault: str | None, budget_s: float, seed: int) -> Result:
+        cfg = _with_semantics(cfg, fault)
         with tempfile.TemporaryDirectory() as d:
             t0 = time.perf_counter()
             r = run_campaign(cfg, sut, Budget(seconds=budget_s), seed=seed, fault=fault, out=Path(d),

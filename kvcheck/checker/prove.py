@@ -29,14 +29,15 @@ from typing import Any, Callable
 from ..fuzz import faults as faultlib
 from ..spec.actions import ACTIONS, Ctx, run_body
 from ..spec.config import Config
+from ..spec.content import holds_prefix
 from ..spec.funnel import Decision
-from ..spec.invariants import INVARIANTS
-from ..spec.logic import TRACE, Expr
+from ..spec.invariants import blocks_read, invariants_for
+from ..spec.logic import CONCRETE, TRACE, Expr
 from ..spec.objects import DEVICE_KINDS, PARTIAL, REUSE, layout_ok, recovery, resident
 from ..spec.state import View
 from ..spec.system import Spec
 from ..spec.verdict import ExitCode
-from .prove_aux import AUX
+from .prove_aux import AUX, aux_for  # noqa: F401  (AUX: re-exported)
 
 
 # ---- results ----------------------------------------------------------------------------
@@ -77,6 +78,7 @@ class Prover:
         self.cfg, self.fault = cfg, fault
         self.spec = Spec(cfg, fault)
         self.lay = self.spec.lay
+        self.aux = aux_for(cfg)
         # Induction and the theorem read slots as integers (measured 2x faster there than
         # bit-vectors); BMC reads them as bit-vectors (a 13-step counterexample in ~6 s where
         # integers took > 5 min): `bmc_logic`.
@@ -89,18 +91,18 @@ class Prover:
         for k in self.spec.conjuncts:
             self.reads[(k.invariant, k.where)] = k.reads
         c = Ctx(View(self.spec.sym, self.lay), TRACE, self.lay, fault)
-        for a in AUX.values():
+        for a in self.aux.values():
             for where, p in a.conjuncts(c):
                 self.reads[(a.name, where)] = p.reads if isinstance(p, Expr) else frozenset()
-        self.names = list(INVARIANTS) + list(AUX)
+        self.names = list(invariants_for(cfg)) + list(self.aux)
 
     # ---- symbolic helpers ---------------------------------------------------------------
     def conjuncts(self, vec: list[Any], Z: Any = None) -> dict[str, list[tuple[str, Any]]]:
         c = Ctx(View(vec, self.lay), Z or self.Z, self.lay, self.fault)
         out: dict[str, list[tuple[str, Any]]] = {}
-        for name, inv in INVARIANTS.items():
+        for name, inv in invariants_for(self.cfg).items():
             out[name] = [(w, p) for w, p in inv.conjuncts(c) if p is not True]
-        for name, a in AUX.items():
+        for name, a in self.aux.items():
             out[name] = [(w, p) for w, p in a.conjuncts(c) if p is not True]
         return out
 
@@ -147,7 +149,7 @@ class Prover:
     def induction(self, only: set[str] | None = None) -> dict[str, Obligation]:
         z3 = self.z3
         names = [n for n in self.names if only is None or n in only]
-        res = {n: Obligation(n, "auxiliary" if n in AUX else "invariant") for n in names}
+        res = {n: Obligation(n, "auxiliary" if n in self.aux else "invariant") for n in names}
         init = [self.Z.val(v) for v in self.lay.init()]
         t0 = time.perf_counter()
         init_conj = self.conjuncts(init)
@@ -224,7 +226,9 @@ class Prover:
             d = Decision(v, Z, self.cfg, r, self.fault)
             for k in range(1, self.cfg.blocks + 1):
                 sound = Z.And(*[recovery(kind, v, Z, self.cfg, k) for kind in DEVICE_KINDS],
-                              layout_ok(v, Z, self.cfg, k), resident(v, Z, self.cfg, k))
+                              layout_ok(v, Z, self.cfg, k), resident(v, Z, self.cfg, k),
+                              *[holds_prefix(v, Z, self.cfg, r, j) for j in blocks_read(self.cfg, k)
+                                if self.cfg.prompts > 1])
                 usable = Z.And(Z.In(d.kind, (REUSE, PARTIAL)), d.k == k)
                 s.push()
                 s.add(usable, z3.Not(self._b(sound)))
@@ -244,6 +248,12 @@ class Prover:
                 s.pop()
         ob.seconds = time.perf_counter() - t0
         return ob
+
+    def aux_violations(self, st: tuple[int, ...]) -> list[tuple[str, str]]:
+        """The auxiliary invariants a concrete state violates (a fault may break one first:
+        `stale_hash_after_reuse` makes a published hash name other content)."""
+        c = Ctx(View(st, self.lay), CONCRETE, self.lay, self.fault)
+        return [(a.name, w) for a in self.aux.values() for w, p in a.conjuncts(c) if not p]
 
     # ---- bounded model checking -------------------------------------------------------
     def bmc(self, depth: int, deadline: float | None = None) -> tuple[int, list[Any] | None, list[tuple[str, str]]]:
@@ -288,7 +298,7 @@ class Prover:
                 st = self.spec.init()
                 for inst in path:
                     st = inst.effect(st)
-                return checked, path, self.spec.check(st)
+                return checked, path, self.spec.check(st) + self.aux_violations(st)
             s.pop()
             if r == z3.unknown:
                 return checked, None, []
@@ -370,7 +380,7 @@ def run_prove(cfg: Config, out: Path | None = None, fault: str | None = None,
                     "steps": [i.label() for i in path], "invariants": sorted({i for i, _ in viol}),
                     "where": [f"{i}: {w}" for i, w in viol][:20], "trace": trace_path, "replay": replay}},
         "invariants": obligations,
-        "auxiliary": [{"name": a.name, "doc": a.doc} for a in AUX.values()],
+        "auxiliary": [{"name": a.name, "doc": a.doc} for a in pv.aux.values()],
         "seconds": round(time.perf_counter() - t0, 3),
     }
     if fault:

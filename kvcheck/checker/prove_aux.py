@@ -17,6 +17,12 @@ class Aux:
     name: str
     doc: str
     conjuncts: Callable[[Ctx], list[tuple[str, Any]]]
+    when: Callable[[Any], bool] = lambda cfg: True      # the semantic it is about is on
+
+
+def aux_for(cfg: Any) -> dict[str, "Aux"]:
+    """The auxiliary invariants of a config (those of a configurable semantic where it is on)."""
+    return {n: a for n, a in AUX.items() if a.when(cfg)}
 
 
 def _type_ok(c: Ctx) -> list[tuple[str, Any]]:
@@ -45,6 +51,15 @@ def _lease_not_ahead(c: Ctx) -> list[tuple[str, Any]]:
     return out
 
 
+def _hash_names_content(c: Ctx) -> list[tuple[str, Any]]:
+    v = c.v
+    return [(f"block {j}", v.disk(j).bkey == v.disk(j).bcid) for j in range(c.cfg.blocks)]
+
+
+def _blocks_whole(c: Ctx) -> list[tuple[str, Any]]:
+    return [(f"block {j}", c.v.disk(j).bpart == 0) for j in range(c.cfg.blocks)]
+
+
 AUX: dict[str, Aux] = {a.name: a for a in (
     Aux("type_ok", "TypeOK: every slot stays in its declared range (Layout.domains). Assumed by "
         "every induction step, so it must be proved too.", _type_ok),
@@ -55,4 +70,10 @@ AUX: dict[str, Aux] = {a.name: a for a in (
         "(rver <= cur_ver, rix <= cur_ix, rabi <= cur_abi, rcmp <= cur_cmp). Without it a CTI "
         "has a stale lease from 'the future' that a version bump makes current again.",
         _lease_not_ahead),
+    Aux("hash_names_content", "prompts > 1: a block's published hash names the content it holds "
+        "(bkey == bcid). Without it a CTI binds a hit whose hashes match but whose slots hold "
+        "another prompt's blocks.", _hash_names_content, lambda cfg: cfg.prompts > 1),
+    Aux("blocks_whole", "decode = true: no block's objects were written from a partial block "
+        "(bpart == 0: decode writes a block when it fills). Without it a CTI binds a hit on a "
+        "block marked partial that no reachable state has.", _blocks_whole, lambda cfg: cfg.decode),
 )}

@@ -14,20 +14,21 @@ abstract state) for an adapter with its own vocabulary whose ground truth is its
 """
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
-from ..spec.objects import R_IDLE
-from ..spec.sut import PROBE_ACTIONS, ActionRejected, SystemUnderTest, observed_mismatch
-from ..spec.system import Instance, Spec
+from ..spec.events import EventError
+from ..spec.sut import PROBE_ACTIONS, ActionRejected, SystemUnderTest
+from .models import DRIVE, Act, FreeModel, SpecModel
+from .suts import SutError
+
+__all__ = ["Act", "DRIVE", "Finding", "FreeModel", "LEADS", "Lockstep", "SpecModel", "lead"]
 
 
-# The order in which a diverged request is driven to completion (the first accepted one wins).
-DRIVE = ("bind", "bind_stale", "use", "use_stale", "append", "finish", "lookup")
 
 # The order in which a finding's checks say most about it: an unsound hit (what a reuse read)
 # first, then a lease broken under a bound request, a graph's pages moved, accounting, routing;
 # conformance and differential checks (one per finding) after.
-LEADS = ("hit_sound_", "toctou_bound_stable", "graph_topology", "refcount_equals_holders",
+LEADS = ("hit_sound_", "hit_content_sound", "hit_full_blocks", "toctou_bound_stable", "graph_topology", "refcount_equals_holders",
          "admission_cap", "five_state_routing")
 
 
@@ -58,106 +59,6 @@ class Finding(AssertionError):
         divergences, a wrong decision or state before a forbidden action merely accepted."""
         k = self.KINDS.index(self.kind) if self.kind in self.KINDS else len(self.KINDS)
         return k, self.checks == ["sut_accepted_disabled_action"], len(self.trail)
-
-
-class Act(NamedTuple):
-    """A step of an adapter's own vocabulary (FreeModel's step; SpecModel's is an Instance)."""
-
-    action: str
-    params: dict[str, Any]
-
-    def label(self) -> str:
-        return f"{self.action}(" + ", ".join(f"{k}={v}" for k, v in self.params.items()) + ")"
-
-
-class SpecModel:
-    """The spec as the model: guards, effects, decisions and invariants; the SUT's observation
-    (when it is the whole state) stands in for the spec's state after a divergence."""
-
-    exact = True          # the guards are the truth: a SUT refusing an enabled step diverges
-
-    def __init__(self, spec: Spec, supported: frozenset[str] | None = None) -> None:
-        self.spec, lay, cfg = spec, spec.lay, spec.cfg
-        self.size, self.names = lay.size, lay.names
-        self.instances = [i for i in spec.instances if supported is None or i.action in supported]
-        self.probes = [x for x in self.instances if x.action in PROBE_ACTIONS]
-        self.requests, self.blocks = cfg.requests, cfg.blocks
-        self.rst = [lay.r(r, "rst") for r in range(cfg.requests)]
-        per: list[dict[str, list[Instance]]] = [{} for _ in range(cfg.requests)]
-        for i in self.instances:
-            if "r" in i.params:
-                per[i.params["r"]].setdefault(i.action, []).append(i)
-        self.drive_steps = [[i for a in DRIVE for i in per[r].get(a, ())] for r in range(cfg.requests)]
-
-    def init(self) -> tuple[int, ...]:
-        return self.spec.init()
-
-    def step(self, action: str, params: dict[str, Any]) -> Instance:
-        return self.spec.instance(action, params)             # KeyError: not a spec step
-
-    def allows(self, s: tuple, x: Instance) -> bool:
-        return x.guard(s)
-
-    def effect(self, s: tuple, x: Instance) -> tuple:
-        return x.effect(s)
-
-    def decide(self, s: tuple, x: Instance) -> dict[str, Any] | None:
-        return self.spec.decide(s, x.params["r"]) if x.action == "lookup" else None
-
-    def invariants(self, s: tuple, x: Instance | None = None) -> list[tuple[str, str]]:
-        """Violations in s (after x, from a state where every invariant held: only the
-        conjuncts x can change)."""
-        return self.spec.check(s) if x is None else self.spec.check_after(x, s)
-
-    def as_state(self, seen: Any) -> tuple | None:
-        return tuple(seen) if isinstance(seen, tuple) and len(seen) == self.size else None
-
-    def mismatch(self, seen: Any, s: tuple) -> list[str]:
-        return [".".join(map(str, self.names[i])) for i in observed_mismatch(seen, s)]
-
-    def drive_order(self, s: tuple, focus: int | None) -> list[int]:
-        """The requests a follow-through drives: the diverging one, then every busy one."""
-        rest = [r for r in range(self.requests) if r != focus and s[self.rst[r]] != R_IDLE]
-        return ([focus] if focus is not None else []) + rest
-
-    def fresh(self, s: tuple) -> list[Instance]:
-        """Submits for the first idle request, longest first (a fresh request over the prefix)."""
-        for r in range(self.requests):
-            if s[self.rst[r]] == R_IDLE:
-                return [self.spec.instance("submit", {"r": r, "n": n}) for n in range(self.blocks, 0, -1)]
-        return []
-
-
-class FreeModel:
-    """No model: every step is allowed and there is no abstract state, so the adapter's own
-    extra checks are the ground truth (a refused step is the adapter's own guard: skipped)."""
-
-    exact = False
-    probes: list[Act] = []
-
-    def init(self) -> None:
-        return None
-
-    def step(self, action: str, params: dict[str, Any]) -> Act:
-        return Act(action, params)
-
-    def allows(self, s: None, x: Act) -> bool:
-        return True
-
-    def effect(self, s: None, x: Act) -> None:
-        return None
-
-    def decide(self, s: None, x: Act) -> None:
-        return None
-
-    def invariants(self, s: None, x: Act | None = None) -> list[tuple[str, str]]:
-        return []
-
-    def as_state(self, seen: Any) -> None:
-        return None
-
-    def mismatch(self, seen: Any, s: None) -> list[str]:
-        return []
 
 
 def _noop(*_: Any) -> None:
@@ -206,10 +107,17 @@ class Lockstep:
         """A negative probe: an action the model forbids here. Refusing it is right; doing it
         is a divergence (followed like any other). Returns whether the SUT took it."""
         try:
-            self.sut.apply(x.action, dict(x.params))
+            obs = self.sut.apply(x.action, dict(x.params))
         except ActionRejected:
             return False
         self.program.append(x)
+        mid = self.made_room(x, obs)
+        if mid is not None:             # the engine's own events enabled it: a lockstep step
+            try:
+                self.check(x, obs, mid)
+            except Finding as f:
+                raise self.fail(f) from None
+            return True
         f = Finding("conformance", ["sut_accepted_disabled_action"],
                     f"{x.label()}: the model forbids it here, the SUT did it")
         try:
@@ -267,16 +175,18 @@ class Lockstep:
         return f
 
     # ---- the checks ------------------------------------------------------------------------
-    def check(self, x: Any) -> None:
-        """One step in lockstep, every check in the leading order."""
-        m, pre, label = self.model, self.s, x.label()
+    def check(self, x: Any, obs: dict | None = None, mid: tuple | None = None) -> None:
+        """One step in lockstep, every check in the leading order. (`obs`, `mid`: a probe the
+        SUT took, and the model state after the events it did first to make room.)"""
+        m, pre, label = self.model, self.s if mid is None else mid, x.label()
         decision = m.decide(pre, x)
         self.s = m.effect(pre, x)
         self.trail.append((x.action, dict(x.params)))
         self.lockstep = len(self.trail)
         self.count(x.action, decision)
         try:
-            obs = self.sut.apply(x.action, dict(x.params))
+            if obs is None:
+                obs = self.sut.apply(x.action, dict(x.params))
         except ActionRejected as e:
             self.trail.pop()                    # the SUT did not take this step
             self.lockstep -= 1
@@ -289,7 +199,26 @@ class Lockstep:
                          self.sut.observe(), x.params.get("r"))
             return
         seen = self.sut.observe()
-        self.judge(label, seen, x, True)
+        before, after = (obs.get("events_before"), obs.get("events")) if isinstance(obs, dict) else (None, None)
+        checked = x                             # what judge frames its check on
+        if (before and mid is None) or after:
+            if before and mid is None:          # done first: re-run the step from there
+                mid = self.events(label, pre, before, seen, x)
+                if mid is None:
+                    return
+                if not m.allows(mid, x):
+                    self.diverge(Finding("conformance", ["sut_accepted_disabled_action"],
+                                         f"{label}: the SUT's own events before it disable it"),
+                                 seen, x.params.get("r"))
+                    return
+                decision, self.s = m.decide(mid, x), m.effect(mid, x)
+            if after:
+                post = self.events(label, self.s, after, seen, x)
+                if post is None:
+                    return
+                self.s = post
+            checked = None                      # the events wrote other slots: check everything
+        self.judge(label, seen, checked, True)
         self.oracle(label, x)
         got = obs.get("decision") if decision is not None else None
         if decision is not None and got != decision:
@@ -311,6 +240,63 @@ class Lockstep:
                          seen, x.params.get("r"))
             return
         self.after(self.s)
+
+    def events(self, label: str, s: Any, evs: Any, seen: Any, x: Any) -> Any:
+        """The engine's own events applied to model state s as the spec's steps, each where
+        its guard allows it. A forbidden one is forced, so that what it breaks is the finding
+        (a referenced block evicted: `toctou_bound_stable`); a claim the spec contradicts (a
+        block freed while held) is one. Returns the state, or None when the run diverged."""
+        m = self.model
+        if not isinstance(evs, (list, tuple)):
+            raise SutError(f"--sut {getattr(self.sut, 'name', '?')}: {label}: events must be a list, "
+                           f"got {type(evs).__name__}")
+        for ev in evs:
+            try:
+                e = m.event(s, ev)
+            except EventError as err:
+                raise SutError(f"--sut {getattr(self.sut, 'name', '?')}: {label}: {err}") from None
+            for inst in e.steps:
+                if m.allows(s, inst):
+                    s = m.effect(s, inst)
+                    continue
+                forced = m.effect(s, inst)
+                what = f"{label}: the SUT's own {e.label} did {inst.label()}, which the spec forbids here"
+                bad = m.invariants(forced)
+                if bad:
+                    raise Finding("invariant", sorted({i for i, _ in bad}),
+                                  what + ": " + "; ".join(f"{i}: {w}" for i, w in bad[:6]),
+                                  [f"{i}: {w}" for i, w in bad])
+                self.diverge(Finding("conformance", ["sut_accepted_disabled_action"], what),
+                             seen, x.params.get("r"))
+                return None
+            why = m.claim(s, e) if e.claim else None
+            if why and e.claim == "held":
+                raise Finding("invariant", ["toctou_bound_stable"], f"{label}: the SUT's own {e.label}: {why}")
+            if why:
+                self.diverge(Finding("conformance", ["sut_accepted_disabled_action"],
+                                     f"{label}: the SUT's own {e.label}: {why}"), seen, x.params.get("r"))
+                return None
+        return s
+
+    def made_room(self, x: Any, obs: Any) -> Any:
+        """The model state after a probe's events_before, when they are all allowed and make
+        the probed step allowed (an engine that evicted to make room); else None."""
+        m, s = self.model, self.s
+        evs = obs.get("events_before") if isinstance(obs, dict) else None
+        if not evs or not m.exact or not isinstance(evs, (list, tuple)):
+            return None
+        for ev in evs:
+            try:
+                e = m.event(s, ev)
+            except EventError:
+                return None
+            for inst in e.steps:
+                if not m.allows(s, inst):
+                    return None
+                s = m.effect(s, inst)
+            if e.claim and m.claim(s, e):
+                return None
+        return s if m.allows(s, x) else None
 
     def judge(self, label: str, seen: Any, x: Any, lockstep: bool) -> None:
         """The model's invariants on the SUT's own state (the spec's state when the SUT shows

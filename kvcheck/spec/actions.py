@@ -12,11 +12,11 @@ from typing import Any, Callable, Iterable
 
 from . import faults as F
 from .funnel import Decision
-from .logic import Expr, Logic
-from .objects import (current_version, header_version, D_DURABLE, D_LOADING, D_NONE, D_OFFLOADING, D_QUARANTINED,
+from .logic import Logic
+from .objects import (header_version, D_DURABLE, D_LOADING, D_NONE, D_OFFLOADING, D_QUARANTINED,
                       D_UNVERIFIED, EVICTED, KIND, POOL, PREFETCH, R_BOUND, R_DECIDED, R_IDLE,
                       R_PREEMPTED, R_RUNNING, R_WAITING, READY, WRITING, live)
-from .context import Ctx
+from .context import Ctx, write_block
 from .state import Layout, ObjSlot, View
 
 
@@ -59,14 +59,24 @@ def per_object_kind(kinds: tuple[str, ...]):
 
 # ---- requests ---------------------------------------------------------------------------
 
-@action(lambda lay: ({"r": r, "n": n} for r in range(lay.cfg.requests)
-                     for n in range(1, lay.cfg.blocks + 1)))
-def submit(c: Ctx, r: int, n: int) -> Any:
-    """A request arrives whose prompt covers n blocks of the shared prefix (then its own suffix)."""
+def _submits(lay: Layout) -> Iterable[dict[str, Any]]:
+    prompts = [{}] if lay.cfg.prompts == 1 else [{"p": p} for p in range(lay.cfg.prompts)]
+    return ({"r": r, "n": n, **p} for r in range(lay.cfg.requests)
+            for n in range(1, lay.cfg.blocks + 1) for p in prompts)
+
+
+@action(_submits)
+def submit(c: Ctx, r: int, n: int, p: int | None = None) -> Any:
+    """A request arrives whose prompt covers n blocks of the shared prefix (then its own suffix);
+    with prompts > 1, prompt p of the prompt table (content.py)."""
     q = c.v.req(r)
     for f, val in (("rst", R_WAITING), ("rlen", n), ("rk", 0), ("rpos", 0), ("rwin", 0),
                    ("rdec", 0), ("rver", 0), ("rix", 0), ("rabi", 0), ("rcmp", 0)):
         c.set(("r", r, f), val)
+    if p is not None:
+        c.set(("r", r, "rp"), p)
+    if c.cfg.decode:
+        c.set(("r", r, "rtok"), 0)
     return q.rst == R_IDLE
 
 
@@ -88,7 +98,10 @@ def lookup(c: Ctx, r: int) -> Any:
 
 def _bind_valid(c: Ctx, r: int) -> Any:
     d = Decision(c.v, c.L, c.cfg, r, c.planted)
-    return c.L.And(c.lease_current(r), d.ok_at(c.L, c.v.req(r).rk))
+    ok = d.ok_at(c.L, c.v.req(r).rk)
+    if c.cfg.prompts > 1:       # the blocks may hold other content since the lookup: re-check the hash
+        ok = c.L.And(ok, d.hit_at(c.L, c.v.req(r).rk))
+    return c.L.And(c.lease_current(r), ok)
 
 
 @action(per_request)
@@ -100,6 +113,8 @@ def bind(c: Ctx, r: int) -> Any:
     c.set(("r", r, "rpos"), q.rk)
     c.set(("r", r, "rwin"), lo)
     c.pin(lo, q.rk)
+    if c.cfg.decode:
+        c.set(("r", r, "rtok"), 0)      # a partial block's tokens are recomputed from the hit
     return L.And(q.rst == R_DECIDED, c.n_active() < c.cfg.max_active, _bind_valid(c, r))
 
 
@@ -134,36 +149,8 @@ def use_stale(c: Ctx, r: int) -> Any:
 def append(c: Ctx, r: int, j: int) -> Any:
     """Write block j's tokens: raw KV pages and tail now; the compressed entry and the indexer
     keys start WRITING (compress / indexer_sync finish them). Publishes the block's hash."""
-    L, v, q = c.L, c.v, c.v.req(r)
-    guard = [q.rst == R_RUNNING, q.rpos == j, j < q.rlen]
-    new_live: dict[str, list[Any]] = {}
-    for o in c.block_objects(j):
-        ob = c.ob(o)
-        rewrite = L.let(L.Not(L.And(live(ob.st, L), c.current(o))))
-        guard.append(L.Not(L.And(rewrite, L.Or(ob.ref > 0, c.gpin(o)))))
-        fresh = KIND[o.kind].fresh
-        cur = current_version(v, o.kind)
-        aliased = o.kind == "swa_window" and c.planted(F.SHARED_FREE_LIST)
-        pool = POOL["tail"] if aliased else POOL[o.kind]
-        c.set_obj(o, "st", L.If(rewrite, fresh, ob.st))
-        c.set_obj(o, "ver", L.If(rewrite, cur, ob.ver))
-        c.set_obj(o, "abi", L.If(rewrite, v.cur_abi, ob.abi))
-        c.set_obj(o, "aln", L.If(rewrite, 1, ob.aln))
-        c.set_obj(o, "pool", L.If(rewrite, pool, ob.pool))
-        new_live.setdefault(o.kind, []).append(L.Not(live(ob.st, L)))
-    if not c.planted(F.ADMISSION_IGNORED):
-        for kind, fresh in new_live.items():
-            guard.append(c.occupancy(kind) + L.Count(fresh) <= c.cfg.cap(kind))
-    for o in c.lay.objects:
-        before, after = c.held(o, q.rwin, j), c.held(o, q.rwin, j + 1)
-        if isinstance(before, Expr) and isinstance(after, Expr) and before.src == after.src:
-            continue
-        if not isinstance(before, Expr) and not isinstance(after, Expr) and before == after:
-            continue
-        c.add_ref(o, L.If(after, 1, 0) - L.If(before, 1, 0))
-    c.set(("r", r, "rpos"), j + 1)
-    c.set(("b", j, "hashed"), 1)
-    return L.And(*guard)
+    q = c.v.req(r)
+    return c.L.And(q.rst == R_RUNNING, q.rpos == j, j < q.rlen, *write_block(c, r, j))
 
 
 @action(per_request)
@@ -233,9 +220,21 @@ def evict(c: Ctx, g: int, kind: str, j: int) -> Any:
     L, o = c.L, ObjSlot(g, kind, j)
     ob = c.ob(o)
     c.set_obj(o, "st", EVICTED)
+    if c.cfg.eviction == "drop_hash" and not c.planted(F.STALE_HASH_AFTER_EVICT):
+        c.set(("b", j, "hashed"), 0)    # the block goes back to the free list: its hash with it
     if c.planted(F.EVICTION_IGNORES_PINS):
         return live(ob.st, L)
     return L.And(live(ob.st, L), ob.ref == 0, L.Not(c.gpin(o)), c.v.disk(j).dst != D_OFFLOADING)
+
+
+@action(per_block)
+def drop_hash(c: Ctx, j: int) -> Any:
+    """The hash table forgets block j (eviction = drop_hash only: an engine may unpublish a
+    block at any time; its objects stay until evicted, unreachable by a lookup)."""
+    if c.cfg.eviction != "drop_hash":
+        return False
+    c.set(("b", j, "hashed"), 0)
+    return c.v.disk(j).hashed == 1
 
 
 @action(per_object)
@@ -405,6 +404,8 @@ def run_body(act: Action, v: View, L: Logic, lay: Layout, fault: "str | F.Plante
     guard = act.body(c, **params)
     return guard, c.finish()
 
+
+from . import decode as _decode  # noqa: E402,F401  (registers `decode`: it needs write_block)
 
 ACTION_NAMES = tuple(ACTIONS)
 assert R_IDLE == 0 and D_LOADING == 3 and D_UNVERIFIED == 4

@@ -13,6 +13,10 @@ from pathlib import Path
 from typing import Any
 
 LAYER_KINDS = ("full", "swa", "hca", "csa")
+EVICTION_MODES = ("tombstone", "drop_hash")
+# Semantic keys and their defaults: omitted from to_dict at the default, so that a default
+# config (its traces, reports, cache keys) reads exactly as before they existed.
+SEMANTIC_DEFAULTS = {"eviction": "tombstone", "prompts": 1, "decode": False}
 
 # Which device object kinds a group of each layer kind keeps (the kinds themselves are declared
 # once, in objects.py). Full-attention KV pages are swa_window pages with an infinite window:
@@ -136,6 +140,11 @@ class Config:
     requests: int = 2           # bound: request slots
     max_version: int = 1        # bound: how many times each version may be bumped
     seed: int = 0
+    # Semantics where engines legitimately differ (each off by default: today's spec). See
+    # docs/spec.md "Configurable semantics".
+    eviction: str = "tombstone"  # tombstone: an evicted block's hash stays; drop_hash: unpublished
+    prompts: int = 1            # distinct prompt contents (1: every request shares one prefix)
+    decode: bool = False        # decode(r, j) appends one token; the block is published when full
 
     # ---- derived structure -------------------------------------------------------------
     def __post_init__(self) -> None:
@@ -237,6 +246,12 @@ class Config:
         for name in ("blocks", "requests"):
             _int(name, getattr(self, name), 1, 64)
         _int("seed", self.seed, 0, 2**63 - 1)
+        if not isinstance(self.eviction, str) or self.eviction not in EVICTION_MODES:
+            raise ConfigError(f"config: eviction must be one of {', '.join(EVICTION_MODES)}, "
+                              f"got {self.eviction!r:.40}")
+        _int("prompts", self.prompts, 1, 8)
+        if not isinstance(self.decode, bool):
+            raise ConfigError(f"config: decode must be true or false, got {self.decode!r:.40}")
         if not isinstance(self.tiers, tuple) or not all(isinstance(t, str) for t in self.tiers):
             raise ConfigError(f"config: tiers must be a list of tier names (device, host, disk), "
                               f"got {self.tiers!r}")
@@ -247,6 +262,9 @@ class Config:
             raise ConfigError(f"config: tiers lists a tier twice: {list(self.tiers)}")
         if "device" not in self.tiers:
             raise ConfigError("config: tiers must include 'device'")
+        if self.prompts > 1 and self.tiers != ("device",):
+            raise ConfigError("config: prompts > 1 needs tiers = [\"device\"] for now (an offloaded "
+                              "copy does not yet record the content it holds)")
 
     def check_single_window(self) -> None:
         """The spec (not the model) needs one finite window: a request retains one SWA window
@@ -267,6 +285,9 @@ class Config:
         d = asdict(self)
         d["layers"] = [{k: v for k, v in asdict(l).items() if v is not None} for l in self.layers]
         d["tiers"] = list(self.tiers)
+        for k, default in SEMANTIC_DEFAULTS.items():
+            if d[k] == default and type(d[k]) is type(default):
+                del d[k]
         return d
 
     @classmethod

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import content
 from . import faults as F
-from .logic import Logic
-from .objects import KIND, R_BOUND, R_PREEMPTED, R_RUNNING, current_version, live
+from .logic import Expr, Logic
+from .objects import KIND, POOL, R_BOUND, R_PREEMPTED, R_RUNNING, current_version, live
 from .state import Layout, ObjSlot, View
 
 
@@ -118,3 +119,54 @@ class Ctx:
                 if isinstance(h, bool) and not h:
                     continue
                 self.add_ref(o, L.If(L.And(running, h), -1, 0))
+
+
+def write_block(c: Ctx, r: int, j: int, write: Any = True, done: Any = True) -> list[Any]:
+    """Request r writes block j (append; decode when the block fills): objects rewritten where
+    missing, stale or another prompt's, the hash published (when `write`), and its pins moved
+    on to j + 1 (when `done`). Returns the guard's conjuncts (each only binding when `write`)."""
+    L, v, q = c.L, c.v, c.v.req(r)
+
+    def gate(new: Any, old: Any, when: Any = write) -> Any:
+        return new if when is True else L.If(when, new, old)
+
+    def need(cond: Any) -> Any:
+        return cond if write is True else L.Implies(write, cond)
+    guard: list[Any] = []
+    new_live: dict[str, list[Any]] = {}
+    other = False                       # the slot holds another prompt's content: rewrite it all
+    if c.cfg.prompts > 1:
+        b, mine = v.disk(j), L.let(content.chain_of(L, c.cfg, q.rp, j))
+        other = L.let(b.bcid != mine)
+        c.set(("b", j, "bcid"), gate(mine, b.bcid))
+        keep = L.And(other, b.hashed == 1) if c.planted(F.STALE_HASH_AFTER_REUSE) else False
+        c.set(("b", j, "bkey"), gate(L.If(keep, b.bkey, mine), b.bkey))
+    for o in c.block_objects(j):
+        ob = c.ob(o)
+        rewrite = L.Or(L.Not(L.And(live(ob.st, L), c.current(o))), other)
+        rewrite = L.let(rewrite if write is True else L.And(write, rewrite))
+        guard.append(L.Not(L.And(rewrite, L.Or(ob.ref > 0, c.gpin(o)))))
+        fresh = KIND[o.kind].fresh
+        cur = current_version(v, o.kind)
+        aliased = o.kind == "swa_window" and c.planted(F.SHARED_FREE_LIST)
+        pool = POOL["tail"] if aliased else POOL[o.kind]
+        c.set_obj(o, "st", L.If(rewrite, fresh, ob.st))
+        c.set_obj(o, "ver", L.If(rewrite, cur, ob.ver))
+        c.set_obj(o, "abi", L.If(rewrite, v.cur_abi, ob.abi))
+        c.set_obj(o, "aln", L.If(rewrite, 1, ob.aln))
+        c.set_obj(o, "pool", L.If(rewrite, pool, ob.pool))
+        new_live.setdefault(o.kind, []).append(L.Not(live(ob.st, L)))
+    if not c.planted(F.ADMISSION_IGNORED):
+        for kind, fresh in new_live.items():
+            guard.append(need(c.occupancy(kind) + L.Count(fresh) <= c.cfg.cap(kind)))
+    for o in c.lay.objects:
+        before, after = c.held(o, q.rwin, j), c.held(o, q.rwin, j + 1)
+        if isinstance(before, Expr) and isinstance(after, Expr) and before.src == after.src:
+            continue
+        if not isinstance(before, Expr) and not isinstance(after, Expr) and before == after:
+            continue
+        delta = L.If(after, 1, 0) - L.If(before, 1, 0)
+        c.add_ref(o, delta if done is True else L.If(done, delta, 0))
+    c.set(("r", r, "rpos"), gate(j + 1, j, done))
+    c.set(("b", j, "hashed"), gate(1, v.disk(j).hashed))
+    return guard

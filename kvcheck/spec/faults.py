@@ -11,7 +11,7 @@ with a fault that no site asked for plants nothing and is refused (FaultError).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 
 class UnknownFault(KeyError):
@@ -37,6 +37,8 @@ class Fault:
     expected: str       # the invariant or check that must catch it
     doc: str
     suts: tuple[str, ...] = field(default=())     # --sut values that can plant it
+    # config keys of the configurable semantic the fault lives in (it plants nothing without)
+    needs: tuple[tuple[str, Any], ...] = field(default=())
 
     @property
     def layer(self) -> str:
@@ -47,7 +49,24 @@ class Fault:
         d = asdict(self)
         d["layer"] = self.layer
         d["suts"] = list(self.suts)
+        d["needs"] = {k: _jsonable(v) for k, v in self.needs}
         return d
+
+    def config_for(self, cfg: Any) -> Any:
+        """cfg with the semantic this fault needs switched on (cfg itself when it needs none)."""
+        if not self.needs:
+            return cfg
+        from dataclasses import replace
+        return replace(cfg, **dict(self.needs))
+
+
+def _jsonable(v: Any) -> Any:
+    """A config value as JSON (a layer as its config-file object)."""
+    if isinstance(v, (tuple, list)):
+        return [_jsonable(x) for x in v]
+    if hasattr(v, "__dataclass_fields__"):
+        return {k: x for k, x in asdict(v).items() if x is not None}
+    return v
 
 
 class Planted:
@@ -69,8 +88,20 @@ class Planted:
         return None if self.fault is None else self.fault.name
 
 
-def _spec(name: str, site: str, bug_class: str, mirrors: str, expected: str, doc: str) -> Fault:
-    return Fault(name, "spec", site, bug_class, mirrors, expected, doc, ("spec",))
+def _spec(name: str, site: str, bug_class: str, mirrors: str, expected: str, doc: str,
+          needs: tuple[tuple[str, Any], ...] = ()) -> Fault:
+    return Fault(name, "spec", site, bug_class, mirrors, expected, doc, ("spec",), needs)
+
+
+# The content faults need two prompts (device tier only, for now); their symptom needs a block
+# recomputed under another prompt and then hit, which a random walk reaches quickly over one
+# full-attention group (the hash-chain block manager of a plain transformer) and 2 blocks.
+def _small(*keys: tuple[str, Any]) -> tuple[tuple[str, Any], ...]:
+    from .config import LayerSpec
+    return (*keys, ("tiers", ("device",)), ("layers", (LayerSpec("full"),)), ("blocks", 2))
+
+
+_PROMPTS = _small(("prompts", 2))
 
 
 DECISION_IGNORES_INDEXER_VERSION = _spec(
@@ -125,12 +156,40 @@ GRAPH_PAGES_MIGRATED = _spec(
     "graph_pages_migrated", "action:migrate", "CUDA-graph replay of stale tables",
     "compaction moving pages referenced by a captured CUDA graph", "graph_topology",
     "Compaction moves pages that a captured graph references.")
+# Faults only a configurable semantic can express (each plants nothing in the default config;
+# explore.FAULT_OVERRIDES gives each a config where it does).
+STALE_HASH_AFTER_EVICT = _spec(
+    "stale_hash_after_evict", "action:evict", "stale hash after free",
+    "a hash-table entry left behind when its block is evicted (eviction = drop_hash)",
+    "published_hash_resident",
+    "With eviction = drop_hash, eviction frees the block but leaves its hash published.",
+    (("eviction", "drop_hash"),))
+HASH_IGNORES_PARENT = _spec(
+    "hash_ignores_parent", "funnel:hash", "hash collision / chain hash without its parent",
+    "a block hash computed as if it were a first block (prefix-cache chain hashing)",
+    "hit_content_sound",
+    "With prompts > 1, the lookup compares a block's own tokens, not its chained hash: a block "
+    "computed under another prefix is reused.", _PROMPTS)
+STALE_HASH_AFTER_REUSE = _spec(
+    "stale_hash_after_reuse", "action:append", "stale hash after free",
+    "a freed block reused for other content while its old hash entry is still served",
+    "hit_content_sound",
+    "With prompts > 1, a block slot rewritten with other content keeps its old hash published.",
+    _PROMPTS)
+DECODE_PUBLISHES_PARTIAL = _spec(
+    "decode_publishes_partial", "action:decode", "hash published before the block is full",
+    "a decode-time block hashed and cached after its first token, not when it fills",
+    "hit_full_blocks",
+    "With decode = true, the block a request decodes into is written and published at its first "
+    "token: another request reuses a block that holds only part of its tokens.",
+    _small(("decode", True), ("block_size", 2)))
 
 SPEC_FAULTS: tuple[Fault, ...] = (
     DECISION_IGNORES_INDEXER_VERSION, WINDOW_OFF_BY_ONE, TAIL_JUNCTION_NOT_CHECKED,
     PREFETCH_COUNTED_AS_HIT, EVICTION_IGNORES_PINS, COMPRESSED_VERSION_IGNORED, ABI_IGNORED,
     NO_REVALIDATION_AT_USE, REFCOUNT_DOUBLE_DECREMENT, ADMISSION_IGNORED, SHARED_FREE_LIST,
-    GRAPH_PAGES_MIGRATED,
+    GRAPH_PAGES_MIGRATED, STALE_HASH_AFTER_EVICT, HASH_IGNORES_PARENT, STALE_HASH_AFTER_REUSE,
+    DECODE_PUBLISHES_PARTIAL,
 )
 FAULTS: dict[str, Fault] = {f.name: f for f in SPEC_FAULTS}      # the spec's own
 

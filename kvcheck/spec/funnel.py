@@ -12,6 +12,7 @@ from typing import Any
 
 from . import faults as F
 from .config import Config
+from .content import hash_matches
 from .logic import Logic
 from .objects import (current_version, header_version, D_DURABLE, D_LOADING, D_UNVERIFIED, KIND, PARTIAL,
                       PREFETCH, READY, RECOMPUTE, REASON_BIT, REUSE, live, needed_objects)
@@ -114,7 +115,8 @@ class Decision:
         layers: dict[int, list[tuple[Any, Any]]] = {}
         prefix: Any = True
         for k in range(1, n + 1):
-            prefix = L.let(L.And(prefix, v.disk(k - 1).hashed == 1))
+            same = [hash_matches(v, L, cfg, r, k - 1, fault)] if cfg.prompts > 1 else []
+            prefix = L.let(L.And(prefix, v.disk(k - 1).hashed == 1, *same))
             self.hit[k] = L.let(L.And(prefix, k <= req.rlen))
             layers[k] = layers_at(v, L, cfg, k, fault)
             self.ok[k] = L.let(L.And(*[p for p, _ in layers[k]]))
@@ -145,3 +147,7 @@ class Decision:
     def ok_at(self, L: Logic, kexpr: Any) -> Any:
         """The funnel passes at a state-dependent k (used to re-check at bind)."""
         return L.Or(*[L.And(kexpr == k, ok) for k, ok in self.ok.items()])
+
+    def hit_at(self, L: Logic, kexpr: Any) -> Any:
+        """The published hashes still cover k blocks of this request's prefix."""
+        return L.Or(*[L.And(kexpr == k, hit) for k, hit in self.hit.items()])

@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .actions import Ctx
+from .config import Config
+from .content import holds_prefix
 from .objects import (DEVICE_KINDS, D_LOADING, D_OFFLOADING, PARTIAL, POOL, R_BOUND, R_RUNNING, REUSE,
-                      layout_ok, live, recovery, resident)
+                      layout_ok, live, needed_objects, recovery, resident)
 
 
 @dataclass(frozen=True)
@@ -22,16 +24,22 @@ class Invariant:
     kind: str          # consistency | safety
     doc: str
     conjuncts: Callable[[Ctx], list[tuple[str, Any]]]   # [(where, predicate)]
+    when: Callable[[Config], bool] = lambda cfg: True   # the semantic it states is on
 
 
 INVARIANTS: dict[str, Invariant] = {}
 
 
-def invariant(kind: str, doc: str):
+def invariant(kind: str, doc: str, when: Callable[[Config], bool] = lambda cfg: True):
     def deco(fn: Callable[[Ctx], list[tuple[str, Any]]]):
-        INVARIANTS[fn.__name__] = Invariant(fn.__name__, kind, doc, fn)
+        INVARIANTS[fn.__name__] = Invariant(fn.__name__, kind, doc, fn, when)
         return fn
     return deco
+
+
+def invariants_for(cfg: Config) -> dict[str, Invariant]:
+    """The invariants of a config: those of a configurable semantic only where it is on."""
+    return {n: i for n, i in INVARIANTS.items() if i.when(cfg)}
 
 
 def _oname(o: Any) -> str:
@@ -128,6 +136,56 @@ INVARIANTS["hit_sound_layout"] = Invariant(
     "No hit on an object of a foreign kernel ABI/layout or at a misaligned address. "
     "(bound, lease current)",
     _hit_sound(lambda c, k: layout_ok(c.v, c.L, c.cfg, k)))
+
+
+@invariant("consistency", "Published hashes name resident content (eviction = drop_hash): a block "
+           "whose hash a lookup can find has every device object live; eviction unpublished it.",
+           when=lambda cfg: cfg.eviction == "drop_hash")
+def published_hash_resident(c: Ctx) -> list[tuple[str, Any]]:
+    L, out = c.L, []
+    if c.cfg.eviction != "drop_hash":
+        return out
+    for j in range(c.cfg.blocks):
+        objs = [live(c.ob(o).st, L) for o in c.block_objects(j)]
+        out.append((f"block {j}", L.Implies(c.v.disk(j).hashed == 1, L.And(*objs))))
+    return out
+
+
+def blocks_read(cfg: Config, k: int) -> list[int]:
+    """Blocks whose objects a resume at k reads (any group, any kind)."""
+    return sorted({j for g in cfg.groups for bl in needed_objects(cfg, g, k).values() for j in bl})
+
+
+@invariant("safety", "No hit on content of another prefix (prompts > 1): every block a granted "
+           "hit reads holds exactly this request's prefix up to it (bound, lease current).",
+           when=lambda cfg: cfg.prompts > 1)
+def hit_content_sound(c: Ctx) -> list[tuple[str, Any]]:
+    L, out = c.L, []
+    if c.cfg.prompts == 1:
+        return out
+    for r in range(c.cfg.requests):
+        q = c.v.req(r)
+        granted = L.And(q.rst == R_BOUND, c.lease_current(r), L.In(q.rdec, (REUSE, PARTIAL)))
+        for k in range(1, c.cfg.blocks + 1):
+            same = [holds_prefix(c.v, L, c.cfg, r, j) for j in blocks_read(c.cfg, k)]
+            out.append((f"request {r} at k={k}", L.Implies(L.And(granted, q.rk == k), L.And(*same))))
+    return out
+
+
+@invariant("safety", "No hit on a partial block (decode = true): every block a granted hit reads "
+           "was written when it was full (bound, lease current).", when=lambda cfg: cfg.decode)
+def hit_full_blocks(c: Ctx) -> list[tuple[str, Any]]:
+    L, out = c.L, []
+    if not c.cfg.decode:
+        return out
+    for r in range(c.cfg.requests):
+        q = c.v.req(r)
+        granted = L.And(q.rst == R_BOUND, c.lease_current(r), L.In(q.rdec, (REUSE, PARTIAL)))
+        for k in range(1, c.cfg.blocks + 1):
+            whole = [c.v.disk(j).bpart == 0 for j in blocks_read(c.cfg, k)]
+            out.append((f"request {r} at k={k}", L.Implies(L.And(granted, q.rk == k), L.And(*whole))))
+    return out
+
 
 HIT_SOUNDNESS = tuple(n for n in INVARIANTS if n.startswith("hit_sound_"))
 INVARIANT_NAMES = tuple(INVARIANTS)

@@ -22,6 +22,7 @@ class Field:
     hi: Callable[[Config], int] = lambda cfg: 1
     init: int = 0
     values: tuple[str, ...] = ()
+    when: Callable[[Config], bool] = lambda cfg: True   # the semantic that needs it is on
 
 
 def _enum(doc: str, values: tuple[str, ...], init: int = 0) -> Field:
@@ -34,6 +35,14 @@ def _versions(cfg: Config) -> int:
 
 def _blocks(cfg: Config) -> int:
     return cfg.blocks
+
+
+def _prompt_ids(cfg: Config) -> int:
+    return cfg.prompts - 1
+
+
+def _with_prompts(cfg: Config) -> bool:
+    return cfg.prompts > 1
 
 
 # Per device object (group g, kind, block j):
@@ -58,6 +67,14 @@ BLOCK_FIELDS = {
     "dcmp": Field("compressor version recorded in the copy's header", _versions),
     "dabi": Field("ABI/layout recorded in the copy's header", _versions),
     "dbad": Field("1 if the copy's bytes are corrupted (torn write, bit flip)"),
+    # prompts > 1 (content.py): which prompt lineage's content the block slot holds, and under
+    # which lineage's chained hash it is published (equal unless the hash table went stale)
+    "bcid": Field("content the block holds: the prompt lineage whose prefix it was computed "
+                  "from (content.py)", _prompt_ids, when=_with_prompts),
+    "bkey": Field("content its published hash names (the lineage looked up)", _prompt_ids,
+                  when=_with_prompts),
+    "bpart": Field("1 if its objects were written from a partial block (decode.py)",
+                   when=lambda cfg: cfg.decode),
 }
 # Per request slot r:
 REQ_FIELDS = {
@@ -72,6 +89,9 @@ REQ_FIELDS = {
     "rix": Field("indexer version at lease time", _versions),
     "rabi": Field("ABI at lease time", _versions),
     "rcmp": Field("compressor version at lease time", _versions),
+    "rp": Field("the request's prompt (content.py), drawn at submit", _prompt_ids, when=_with_prompts),
+    "rtok": Field("tokens decoded into the partial block at rpos (decode.py)",
+                  lambda cfg: cfg.block_size - 1, when=lambda cfg: cfg.decode),
 }
 # Globals:
 GLOBAL_FIELDS = {
@@ -88,8 +108,9 @@ FIELDS: dict[str, Field] = {**OBJ_FIELDS, **BLOCK_FIELDS, **REQ_FIELDS, **GLOBAL
 assert len(FIELDS) == len(OBJ_FIELDS) + len(BLOCK_FIELDS) + len(REQ_FIELDS) + len(GLOBAL_FIELDS)
 
 
-def field_docs(fields: dict[str, Field]) -> dict[str, str]:
-    return {name: f.doc for name, f in fields.items()}
+def field_docs(fields: dict[str, Field], cfg: Config | None = None) -> dict[str, str]:
+    """What each field means (only those present under cfg's semantics, when given)."""
+    return {name: f.doc for name, f in fields.items() if cfg is None or f.when(cfg)}
 
 
 VALUE_NAMES = {name: f.values for name, f in FIELDS.items() if f.values}
@@ -110,6 +131,9 @@ class Layout:
         self.index: dict[tuple, int] = {}
         self.names: list[tuple] = []
         self.objects: list[ObjSlot] = []
+
+        def on(fields: dict[str, Field]) -> list[str]:
+            return [f for f, d in fields.items() if d.when(cfg)]
         present = {(g, kind, j) for j in range(cfg.blocks) for g, kind in block_objects(cfg, j)}
         for g in cfg.groups:
             for kind in g.objects:
@@ -117,15 +141,15 @@ class Layout:
                     if (g.index, kind, j) not in present:
                         continue
                     self.objects.append(ObjSlot(g.index, kind, j))
-                    for f in OBJ_FIELDS:
+                    for f in on(OBJ_FIELDS):
                         self._add(("o", g.index, kind, j, f))
         for j in range(cfg.blocks):
-            for f in BLOCK_FIELDS:
+            for f in on(BLOCK_FIELDS):
                 self._add(("b", j, f))
         for r in range(cfg.requests):
-            for f in REQ_FIELDS:
+            for f in on(REQ_FIELDS):
                 self._add(("r", r, f))
-        for f in GLOBAL_FIELDS:
+        for f in on(GLOBAL_FIELDS):
             self._add(("g", f))
         self.size = len(self.names)
         self.obj_set = {(o.group, o.kind, o.block) for o in self.objects}

@@ -17,7 +17,7 @@ from . import faults as faultlib
 from .actions import ACTIONS, Action, Ctx, run_body
 from .config import Config
 from .funnel import Decision
-from .invariants import INVARIANTS
+from .invariants import invariants_for
 from .logic import CONCRETE, TRACE, Expr, Logic
 from .objects import DECISIONS, reason_names
 from .state import Layout, View
@@ -214,7 +214,7 @@ class Spec:
         return "\n".join(lines) + "\n"
 
     def _build_invariants(self) -> None:
-        for inv in INVARIANTS.values():
+        for inv in invariants_for(self.cfg).values():
             c = Ctx(View(self.sym, self.lay), TRACE, self.lay, self.planted)
             for where, pred in inv.conjuncts(c):
                 if pred is True:
@@ -291,7 +291,7 @@ class Spec:
 
     def interpret_invariants(self, s: tuple, L: Logic = CONCRETE) -> dict[str, bool]:
         out = {}
-        for inv in INVARIANTS.values():
+        for inv in invariants_for(self.cfg).values():
             c = Ctx(View(s, self.lay), L, self.lay, self.planted)
             out[inv.name] = bool(L.And(*[p for _, p in inv.conjuncts(c)]))
         return out

@@ -65,8 +65,11 @@ def test_each_spec_fault_is_asked_by_its_declared_site() -> None:
         assert kind in ("action", "funnel"), f
         if kind == "action":
             assert name in ACTIONS, f
-        spec = Spec(Config(), f.name)
+        spec = Spec(f.config_for(Config()), f.name)
         assert f.name in spec.planted.asked
+        if f.needs:     # a fault of a configurable semantic plants nothing with it off: refused
+            with pytest.raises(F.FaultError, match="plants nothing"):
+                Spec(Config(), f.name)
 
 
 def test_no_fault_name_compared_as_a_string() -> None:

@@ -8,7 +8,7 @@ import z3
 
 from kvcheck.spec.actions import ACTIONS, Ctx, run_body
 from kvcheck.spec.config import Config
-from kvcheck.spec.invariants import INVARIANTS
+from kvcheck.spec.invariants import invariants_for
 from kvcheck.spec.logic import CONCRETE, Expr, TRACE, Z3Logic
 from kvcheck.spec.state import View
 from kvcheck.spec.system import Spec
@@ -59,7 +59,7 @@ def test_same_invariant_concrete_and_z3_on_same_state(spec: Spec) -> None:
     Z = Z3Logic()
     vec = [z3.Int(f"s{i}") for i in range(spec.lay.size)]
     sym = {name: Z.And(*[p for _, p in inv.conjuncts(Ctx(View(vec, spec.lay), Z, spec.lay, None))])
-           for name, inv in INVARIANTS.items()}
+           for name, inv in invariants_for(spec.cfg).items()}
     states = walk_states(spec, 200, seed=4)[::20]
     bad = list(states[-1])
     bad[spec.lay.o(0, "swa_window", 0, "ref")] += 1          # a refcount that matches no holder
@@ -85,7 +85,7 @@ def test_z3_proves_refcount_inductive_at_small_bound() -> None:
 
         def invs(vec):
             c = Ctx(View(vec, spec.lay), Z, spec.lay, fault)
-            return {n: Z.And(*[p for _, p in inv.conjuncts(c)]) for n, inv in INVARIANTS.items()}
+            return {n: Z.And(*[p for _, p in inv.conjuncts(c)]) for n, inv in invariants_for(spec.cfg).items()}
 
         hyp = list(invs(pre).values())
         failed = []

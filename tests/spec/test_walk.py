@@ -8,6 +8,7 @@ from kvcheck.checker.replay import replay_trace
 from kvcheck.fuzz.walk import Walker, shrink, to_trace
 from kvcheck.spec import faults
 from kvcheck.spec.objects import DECISION_KINDS
+from kvcheck.spec.config import Config
 from kvcheck.spec.system import Spec
 from kvcheck.spec.trace import Trace
 
@@ -37,7 +38,7 @@ def test_incremental_check_equals_full_check() -> None:
 
 @pytest.mark.parametrize("fault", [f.name for f in faults.spec_faults()])
 def test_every_spec_fault_is_caught_by_its_expected_invariant(fault: str, tmp_path) -> None:
-    spec = Spec(fault=fault)
+    spec = Spec(faults.get(fault).config_for(Config()), fault)    # its semantic on, if it needs one
     res = Walker(spec, seed=0).run(200_000, seconds=60)
     v = res.violation
     assert v is not None, f"{fault} survived {res.coverage.steps} steps"

@@ -1,0 +1,219 @@
+"""Engine-initiated events (spec/events.py): an engine that evicts on its own inside allocation
+runs clean in lockstep; one that evicts a pinned block, frees a held one, or drops hashes the
+config says it keeps is caught by the expected check."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from kvcheck.fuzz.lockstep import Finding, Lockstep, SpecModel
+from kvcheck.fuzz.suts import SutError
+from kvcheck.spec.config import Config
+from kvcheck.spec.objects import READY, WRITING
+from kvcheck.spec.sut import ActionRejected, SpecSUT
+from kvcheck.spec.system import Spec
+
+CFG = Config()
+CORE = ("submit", "lookup", "bind", "use", "append", "finish", "compress", "indexer_sync")
+
+
+def _live_walk(sut, cfg: Config, steps: int, seed: int) -> Lockstep:
+    """A walk chosen live from the model's state (the SUT's events move it), seeded."""
+    spec = Spec(cfg)
+    ls = Lockstep(SpecModel(spec), sut, follow=False)
+    sut.reset(cfg)
+    rng = random.Random(seed)
+    for _ in range(steps):
+        en = spec.enabled(ls.s)
+        if not en:
+            break
+        core = [x for x in en if x.action in CORE]
+        ls.step(rng.choice(core if core and rng.random() < 0.8 else en))
+    ls.end()
+    return ls
+
+
+def _objects(sut, want_held: bool, not_block: int):
+    """Live objects of other blocks in the SUT's own observed state, held or unheld."""
+    lay, s = sut.lay, sut.observe()
+    for o in lay.objects:
+        if o.block == not_block or s[lay.o(o.group, o.kind, o.block, "st")] not in (WRITING, READY):
+            continue
+        if (s[lay.o(o.group, o.kind, o.block, "ref")] > 0) == want_held:
+            yield {"g": o.group, "kind": o.kind, "j": o.block}
+
+
+def _reference():
+    pytest.importorskip("torch")
+    from kvcheck.reference.adapter import ReferenceSUT
+    return ReferenceSUT
+
+
+def _evicts_on_alloc(base, pinned: bool):
+    class EvictsOnAlloc(base):
+        """Inside `append`, first evicts an object of another block on its own (LRU-like:
+        the first its own evictor allows), and says so: events_before."""
+
+        name = "evicts-on-alloc"
+        evicted = 0
+
+        def apply(self, action, params):
+            if action != "append":
+                return super().apply(action, params)
+            events = []
+            for p in _objects(self, pinned, params["j"]):
+                try:
+                    super().apply("evict", p)
+                except ActionRejected:
+                    continue
+                events.append(("evict", p))
+                type(self).evicted += 1
+                break
+            out = super().apply(action, params)
+            return {**out, "events_before": events}
+    return EvictsOnAlloc
+
+
+def test_an_engine_that_evicts_on_its_own_inside_allocation_runs_clean() -> None:
+    sut = _evicts_on_alloc(_reference(), pinned=False)()
+    for seed in range(2):
+        _live_walk(sut, CFG, 400, seed)          # raises a Finding on any divergence
+    assert type(sut).evicted > 5                  # the engine did evict on its own, often
+    sut.close()
+
+
+def test_an_engine_that_evicts_a_pinned_block_on_its_own_is_caught() -> None:
+    ref = _reference()
+    sut = _evicts_on_alloc(ref, pinned=True)(fault="engine_pinned_object_evicted")
+    with pytest.raises(Finding) as e:
+        for seed in range(5):
+            _live_walk(sut, CFG, 400, seed)
+    sut.close()
+    assert e.value.kind == "invariant" and "toctou_bound_stable" in e.value.checks, e.value
+    assert "SUT's own evict" in e.value.message
+
+
+class _Says(SpecSUT):
+    """The spec as engine, reporting one event after each finish (a planted claim)."""
+
+    def __init__(self, event) -> None:
+        super().__init__()
+        self.event = event
+
+    def apply(self, action, params):
+        out = super().apply(action, params)
+        if action in ("finish", "append"):
+            out["events"] = [self.event(params)]
+        return out
+
+
+def test_true_claims_and_evictions_after_the_action_run_clean() -> None:
+    # after append(r, j) block j is published; after a finish block 0 is (tombstones stay)
+    _live_walk(_Says(lambda p: ("publish", p.get("j", 0))), CFG, 300, 0)
+
+    class EvictsFreed(SpecSUT):
+        """Evicts, right after a finish, every object nobody holds any more (events)."""
+        evicted = 0
+
+        def apply(self, action, params):
+            out = super().apply(action, params)
+            if action == "finish":
+                out["events"] = []
+                for p in _objects(self, False, -1):
+                    inst = self.spec.instance("evict", p)
+                    if inst.guard(self.state):
+                        self.state = inst.effect(self.state)
+                        out["events"].append(("evict", p))
+                        EvictsFreed.evicted += 1
+            return out
+
+        @property
+        def lay(self):
+            return self.spec.lay
+    _live_walk(EvictsFreed(), CFG, 400, 1)
+    assert EvictsFreed.evicted > 5
+
+
+def test_freeing_a_held_block_is_a_use_after_free() -> None:
+    with pytest.raises(Finding) as e:
+        _live_walk(_Says(lambda p: ("free", p.get("j", 0))), CFG, 300, 0)
+    assert e.value.checks == ["toctou_bound_stable"] and "still held" in e.value.message
+
+
+def test_dropping_a_hash_needs_the_drop_hash_semantic() -> None:
+    with pytest.raises(Finding) as e:
+        _live_walk(_Says(lambda p: ("drop_hash", p.get("j", 0))), CFG, 300, 0)
+    assert e.value.checks == ["sut_accepted_disabled_action"] and 'eviction = "drop_hash"' in e.value.message
+    # with the semantic on, the same engine is in lockstep (its state is the spec's after it)
+    cfg = Config(eviction="drop_hash")
+
+    class Drops(SpecSUT):
+        def apply(self, action, params):
+            out = super().apply(action, params)
+            if action == "finish":
+                j = 0
+                if self.state[self.spec.lay.b(j, "hashed")]:
+                    self.state = self.spec.instance("drop_hash", {"j": j}).effect(self.state)
+                out["events"] = [("drop_hash", j)]
+            return out
+    _live_walk(Drops(), cfg, 300, 0)
+
+
+@pytest.mark.parametrize("event", [("melt", 0), ("evict", 99), "evict", ("evict", {"j": 0})])
+def test_a_malformed_event_is_a_clear_adapter_error(event) -> None:
+    with pytest.raises(SutError, match="event"):
+        _live_walk(_Says(lambda p: event), CFG, 100, 0)
+
+
+class _MakesRoom(SpecSUT):
+    """The spec as an engine whose allocation evicts an unpinned page when the pool is full
+    (and says so: events_before); with `pinned`, it takes a pinned one instead."""
+
+    def __init__(self, pinned: bool = False) -> None:
+        super().__init__()
+        self.pinned = pinned
+
+    def apply(self, action, params):
+        if action != "append" or self.spec.instance(action, params).guard(self.state):
+            return super().apply(action, params)
+        lay = self.spec.lay
+        for o in lay.objects:
+            st, ref = (self.state[lay.o(o.group, o.kind, o.block, f)] for f in ("st", "ref"))
+            if st == READY and (ref > 0) == self.pinned and o.block != params["j"]:
+                t = list(self.state)
+                t[lay.o(o.group, o.kind, o.block, "st")] = 3        # evicted
+                self.state = tuple(t)
+                out = super().apply(action, params)
+                return {**out, "events_before": [("evict", o.block)]}
+        raise ActionRejected("pool full")
+
+
+def _full_pool(sut) -> tuple[Lockstep, object]:
+    """One SWA group (a window of one block), a pool of 2 pages: the request at block 2 holds
+    block 1, block 0 is unpinned; appending block 2 needs a third page."""
+    from kvcheck.spec.config import LayerSpec
+    cfg = Config(layers=(LayerSpec("swa", window=2),), blocks=3, requests=1, tiers=("device",),
+                 capacity={"swa_window": 2})
+    spec = Spec(cfg)
+    sut.reset(cfg)
+    ls = Lockstep(SpecModel(spec), sut, follow=False)
+    for a, p in (("submit", {"r": 0, "n": 3}), ("lookup", {"r": 0}), ("bind", {"r": 0}), ("use", {"r": 0}),
+                 ("append", {"r": 0, "j": 0}), ("append", {"r": 0, "j": 1}), ("slide", {"r": 0})):
+        ls.step(spec.instance(a, p))
+    x = spec.instance("append", {"r": 0, "j": 2})
+    assert not x.guard(ls.s)                     # the spec alone: no room
+    return ls, x
+
+
+def test_an_allocation_that_evicts_to_make_room_stays_in_lockstep() -> None:
+    ls, x = _full_pool(_MakesRoom())
+    assert ls.probe(x) and ls.diverged is None and ls.s == ls.sut.state
+    assert ls.s[ls.model.spec.lay.r(0, "rpos")] == 3
+
+
+def test_an_allocation_that_evicts_a_pinned_page_to_make_room_is_caught() -> None:
+    ls, x = _full_pool(_MakesRoom(pinned=True))
+    with pytest.raises(Finding) as e:             # not a lockstep step: a probe taken, judged
+        ls.probe(x)
+    assert e.value.kind == "invariant" and "toctou_bound_stable" in e.value.checks, e.value

@@ -1,0 +1,129 @@
+"""Configurable semantics (config keys `eviction`, `prompts`): validated as one-line errors,
+off by default (the default spec is unchanged), and each one's rules run on small scenarios:
+drop_hash eviction unpublishes, a content hit needs the whole prefix, and the faults only a
+new semantic can express are caught by their own invariant."""
+from __future__ import annotations
+
+import pytest
+
+from kvcheck.spec.config import Config, ConfigError, LayerSpec
+from kvcheck.spec.invariants import INVARIANTS, invariants_for
+from kvcheck.spec.system import Spec
+
+from scenario import Driver
+
+FULL2 = dict(layers=(LayerSpec("full"),), blocks=2, requests=1, tiers=("device",))
+
+
+@pytest.mark.parametrize("data, where", [
+    ({"eviction": "lru"}, "eviction must be one of tombstone, drop_hash"),
+    ({"eviction": 1}, "eviction must be one of"),
+    ({"prompts": 0}, "prompts must be >= 1"),
+    ({"prompts": "2"}, "prompts must be an integer"),
+    ({"prompts": 9}, "prompts must be <= 8"),
+    ({"prompts": 2}, "prompts > 1 needs tiers"),
+    ({"decode": 1}, "decode must be true or false"),
+])
+def test_bad_semantic_keys_are_one_line_errors_naming_the_key(data, where) -> None:
+    with pytest.raises(ConfigError, match=where) as e:
+        Config.from_dict(data)
+    assert "\n" not in str(e.value)
+
+
+def test_the_default_config_has_none_of_the_new_state_actions_or_invariants() -> None:
+    spec = Spec(Config())
+    assert not [n for n in spec.lay.names if n[-1] in ("bcid", "bkey", "rp", "rtok", "bpart")]
+    assert "drop_hash" not in spec.actions and "decode" not in spec.actions
+    assert set(invariants_for(Config())) == set(INVARIANTS) - {"published_hash_resident", "hit_content_sound",
+                                                               "hit_full_blocks"}
+    assert not {"eviction", "prompts", "decode"} & set(Config().to_dict())
+    on = Config(eviction="drop_hash", prompts=2, tiers=("device",), decode=True)
+    assert Config.from_dict(on.to_dict()) == on
+
+
+def test_drop_hash_eviction_unpublishes_tombstone_keeps() -> None:
+    for mode, logical in (("tombstone", 2), ("drop_hash", 0)):
+        d = Driver(Spec(Config(eviction=mode, **FULL2)))
+        d.fill(0, 2).do("evict", g=0, kind="swa_window", j=0)
+        assert d.field("b", 0, "hashed") == (mode == "tombstone")
+        d.do("submit", r=0, n=2)
+        assert d.spec.decide(d.s, 0)["logical"] == logical
+        assert not d.violations()
+
+
+def test_stale_hash_after_evict_is_caught_by_published_hash_resident() -> None:
+    d = Driver(Spec(Config(eviction="drop_hash", **FULL2), "stale_hash_after_evict"))
+    d.fill(0, 1).do("evict", g=0, kind="swa_window", j=0)
+    assert {i for i, _ in d.violations()} == {"published_hash_resident"}
+
+
+def _content(fault=None) -> Driver:
+    """Prompt 1 (an edit of prompt 0's block 0) computes both blocks; prompt 0 then recomputes
+    block 0 only: slot 1 still holds prompt 1's block 1, whose own tokens equal prompt 0's."""
+    d = Driver(Spec(Config(prompts=2, **FULL2), fault))
+    d.do("submit", r=0, n=2, p=1).do("lookup", r=0).do("bind", r=0).do("use", r=0)
+    d.do("append", r=0, j=0).do("append", r=0, j=1).do("finish", r=0)
+    d.do("submit", r=0, n=1, p=0).do("lookup", r=0)
+    assert d.spec.decide(d.s, 0)["kind"] == "RECOMPUTE"       # block 0 differs: no hit
+    d.do("bind", r=0).do("use", r=0).do("append", r=0, j=0).do("finish", r=0)
+    return d.do("submit", r=0, n=2, p=0).do("lookup", r=0)
+
+
+def test_a_content_hit_needs_the_whole_prefix() -> None:
+    d = _content()
+    dec = d.spec.decide(d.s, 0)
+    assert (dec["kind"], dec["k"], dec["logical"]) == ("REUSE", 1, 1)   # block 1 is another lineage's
+    d.do("bind", r=0)
+    assert not d.violations()
+
+
+def test_hash_ignores_parent_reuses_another_prefix_and_is_caught() -> None:
+    d = _content("hash_ignores_parent")
+    assert d.spec.decide(d.s, 0)["k"] == 2                   # block 1 reused under prompt 0
+    d.do("bind", r=0)
+    assert {i for i, _ in d.violations()} == {"hit_content_sound"}
+
+
+def test_a_slot_rewritten_with_other_content_is_rehit_only_with_a_stale_hash() -> None:
+    for fault, bad in ((None, set()), ("stale_hash_after_reuse", {"hit_content_sound"})):
+        d = Driver(Spec(Config(prompts=2, **FULL2), fault))
+        d.do("submit", r=0, n=1, p=0).do("lookup", r=0).do("bind", r=0).do("use", r=0)
+        d.do("append", r=0, j=0).do("finish", r=0)
+        d.do("submit", r=0, n=1, p=1).do("lookup", r=0).do("bind", r=0).do("use", r=0)
+        d.do("append", r=0, j=0).do("finish", r=0)          # slot 0 now holds prompt 1's block
+        d.do("submit", r=0, n=1, p=0).do("lookup", r=0)
+        assert d.spec.decide(d.s, 0)["k"] == (1 if fault else 0)
+        d.do("bind", r=0)
+        assert {i for i, _ in d.violations()} == bad
+
+
+def test_a_pinned_block_is_not_rewritten_with_other_content() -> None:
+    d = Driver(Spec(Config(prompts=2, **{**FULL2, "requests": 2})))
+    d.do("submit", r=0, n=1, p=0).do("lookup", r=0).do("bind", r=0).do("use", r=0)
+    d.do("append", r=0, j=0)                                 # r0 runs on block 0, pinned
+    d.do("submit", r=1, n=1, p=1).do("lookup", r=1).do("bind", r=1).do("use", r=1)
+    assert not d.can("append", r=1, j=0)                     # another prompt's block: wait
+
+
+def _decoded(fault=None) -> Driver:
+    """Request 0 computes its 1-block prompt, then decodes one token into block 1 (B = 2)."""
+    d = Driver(Spec(Config(decode=True, block_size=2, **{**FULL2, "requests": 2}), fault))
+    d.do("submit", r=0, n=1).do("lookup", r=0).do("bind", r=0).do("use", r=0).do("append", r=0, j=0)
+    return d.do("decode", r=0, j=1)
+
+
+def test_decode_publishes_a_block_when_it_fills() -> None:
+    d = _decoded()
+    assert d.field("b", 1, "hashed") == 0 and d.field("r", 0, "rtok") == 1
+    d.do("decode", r=0, j=1)                                 # the second token fills block 1
+    assert d.field("b", 1, "hashed") == 1 and d.field("r", 0, "rlen") == 2 and d.field("r", 0, "rpos") == 2
+    assert d.field("o", 0, "swa_window", 1, "ref") == 1      # and the request holds it
+    d.do("finish", r=0).do("submit", r=1, n=2)
+    assert d.spec.decide(d.s, 1)["kind"] == "REUSE" and not d.violations()
+
+
+def test_a_block_published_at_its_first_decoded_token_is_caught() -> None:
+    d = _decoded("decode_publishes_partial")
+    assert d.field("b", 1, "hashed") == 1                    # published with 1 of its 2 tokens
+    d.do("submit", r=1, n=2).do("lookup", r=1).do("bind", r=1)
+    assert {i for i, _ in d.violations()} == {"hit_full_blocks"}
