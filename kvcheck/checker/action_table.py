@@ -36,7 +36,9 @@ PROSE: dict[str, tuple[str, str]] = {
     "resume": ("preempted", "waiting (look up again)"),
     "compress": ("the compressed entry is writing", "ready"),
     "indexer_sync": ("the indexer entry is writing", "ready"),
-    "evict": ("the object is live, unreferenced, not in a graph, and its block's copy is not being offloaded", "evicted (the hash stays: a tombstone)"),
+    "evict": ("the object is live, unreferenced, not in a graph, and its block's copy is not being offloaded", "evicted (the hash stays: a tombstone; with `eviction = \"drop_hash\"` the hash is unpublished too)"),
+    "drop_hash": ("`eviction = \"drop_hash\"` only; block j's hash is published", "block j's hash unpublished (`hashed` = 0); its objects stay until evicted, unreachable by a lookup"),
+    "decode": ("`decode = true` only; running at `rpos` = `rlen` = j (past the prompt); block j's objects to rewrite are unreferenced", "one token appended (`rtok` + 1); when block j fills it is written as by append, its hash published, `rlen` = j + 1"),
     "migrate": ("ready, unreferenced, not in a graph", "moved: `gmv` = 1, aligned"),
     "offload_start": ("tiers enabled; no copy (or a quarantined one); transfers below `max_inflight`; every object of block j ready and current", "copy offloading with the current versions in its header; `inflight` + 1"),
     "offload_ack": ("copy offloading", "durable; `inflight` - 1"),
@@ -82,7 +84,9 @@ def _reads_writes(spec: Spec, name: str) -> tuple[set[str], set[str]]:
 
 def _ranges(spec: Spec, name: str) -> str:
     cfg = spec.cfg
-    ps = ACTIONS[name].params(spec.lay)
+    ps = list(ACTIONS[name].params(spec.lay))
+    if not ps:          # exists only with its semantic on (decode, drop_hash): see its guard
+        return "none in the default config"
     if ps == [{}]:
         return "—"
     names = {"r": "0..requests-1", "j": "0..blocks-1"}
