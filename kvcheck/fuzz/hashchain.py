@@ -8,11 +8,12 @@ requests, the mapping of the manager's state onto the spec's (a full-attention c
 group, `swa_window` pages), and an independent content shadow (hashchain_shadow.py) that
 reports a hit reusing a block that holds other content as an UNSAFE HIT.
 
-Interim, until the spec has token content and engine-initiated events (issue 15): every spec
-request is a prefix of one shared token sequence, so distinct prompts (siblings, edits, other
-tenants) are asked about only in read-only shadow queries after each lookup; and an
-allocation that would make the manager evict on its own is refused (spec `evict` steps call
-the user's `evict` instead). See docs/adapters.md, "Hash-chain managers".
+An allocation that makes the manager evict on its own (LRU inside allocation) is reported as
+engine-initiated `("evict", j)` events before the append (spec/events.py): the core applies
+them when the spec allows that eviction and judges them otherwise. Interim, until this class
+maps the spec's `prompts` (content) semantics: every spec request is a prefix of one shared
+token sequence here, so distinct prompts (siblings, edits, other tenants) are asked about only
+in read-only shadow queries after each lookup. See docs/adapters.md, "Hash-chain managers".
 """
 from __future__ import annotations
 
@@ -140,7 +141,7 @@ class HashChainAdapter:
         for lj, b in list(self.where.items()):
             if b == block and lj != j and self.state[lj] == READY:
                 self.state[lj] = EVICTED      # the engine evicted it on its own to make room
-                self.events.append({"event": "evicted", "j": lj, "block": block, "by": "allocate"})
+                self.events.append(("evict", lj))    # before the write: the room it made
         self.where[j], self.state[j] = block, READY
 
     def _holders(self, j: int) -> int:
@@ -154,8 +155,8 @@ class HashChainAdapter:
         if fn is None or action not in self.actions:
             raise ActionRejected(f"{action} is not implemented")
         out = fn(**p) or {}
-        if self.events:
-            out["events"] = list(self.events)
+        if self.events:                # evictions inside allocation (spec/events.py)
+            out["events_before"] = list(self.events)
         return out
 
     def _need(self, r: int, *states: int) -> dict[str, Any]:
@@ -219,11 +220,6 @@ class HashChainAdapter:
             if got is None:
                 raise ActionRejected("allocate refused a cached block")
             return self._take(r, got, j, hit=True)
-        live = {self.where[lj] for lj in self.where if self.state[lj] == READY}
-        held = {b for x in self.req for b in x["blocks"]}
-        if len(live | held) >= self.num_blocks and live - held:
-            raise ActionRejected("interim: the manager would evict inside allocation, which the "
-                                 "spec cannot express yet")
         decode = self.decodes and j == q["n"] - 1 and self.B > 1
         got = self.allocate(r, None if decode else hashes[j])
         if got is None:
