@@ -176,3 +176,30 @@ def test_vllm_layouts_as_shards_find_a_planted_fault_in_each(ray_cluster, tmp_pa
     from kvcheck.fuzz.adapters import vllm
     for f in res["findings"]:          # the traces came back and replay on vLLM here
         assert vllm.replay(f["trace"])["reproduced"]
+
+
+def test_a_project_file_runs_its_fuzz_campaigns_on_ray(ray_cluster, redis_server, tmp_path) -> None:
+    """The project file's `ray` / `redis` / `ray_shards` keys: `kvcheck gate` runs the fuzz of a
+    system as Ray tasks and its expected fault is caught by its expected check."""
+    proj = tmp_path / "kvcheck.toml"
+    proj.write_text(f'ray = "{ray_cluster}"\nredis = "{redis_server}/3"\nray_shards = 2\n'
+                    '[systems.spec]\nengines = ["fuzz"]\nbudget = 300\n'
+                    f'expected_faults = ["{FAULT}"]\nfault_budget = "60s"\n')
+    r = subprocess.run([sys.executable, "-m", "kvcheck", "gate", "--project", str(proj), "--json",
+                        "--junit", str(tmp_path / "j.xml"), "--out", str(tmp_path / "rep")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-1500:] + r.stderr[-1500:]
+    rep = json.loads(r.stdout)
+    fault = [c for c in rep["checks"] if c["check"] == f"expected_fault:{FAULT}"]
+    assert fault and fault[0]["verdict"] == "passed", rep["checks"]
+    runs = [c for c in rep["checks"] if c["engine"] == "fuzz" and c["check"] == CHECK]
+    assert runs and all(c["verdict"] == "passed" for c in runs)
+
+
+def test_a_project_file_with_a_bad_ray_key_is_one_line(tmp_path) -> None:
+    proj = tmp_path / "kvcheck.toml"
+    for text, key in (('ray = 3\n', "ray"), ('redis = "redis://x"\n', "redis"), ('ray = true\nray_shards = 0\n', "ray_shards")):
+        proj.write_text(text + '[systems.spec]\nengines = ["fuzz"]\n')
+        r = subprocess.run([sys.executable, "-m", "kvcheck", "gate", "--project", str(proj)],
+                           cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and key in r.stderr, r.stderr
