@@ -51,17 +51,23 @@ def _int(name: str, v: Any, lo: int, hi: int) -> int:
     return v
 
 
-def read_json(path: str | Path, what: str, error: type[Exception]) -> Any:
-    """Parse a JSON file, turning every way it can fail into one line of `error`."""
+def read_text(path: str | Path, what: str, error: type[Exception]) -> str:
+    """A UTF-8 text file, every way reading it can fail turned into one line of `error`."""
     p = Path(path)
     try:
         raw = p.read_bytes()
     except OSError as e:
         raise error(f"cannot read {what} {p}: {e.strerror or e}") from None
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise error(f"{what} {p} is not UTF-8 text (byte {e.start}: {raw[e.start:e.start + 1]!r})") from None
+
+
+def read_json(path: str | Path, what: str, error: type[Exception]) -> Any:
+    """Parse a JSON file, turning every way it can fail into one line of `error`."""
+    p = Path(path)
+    text = read_text(p, what, error)
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
