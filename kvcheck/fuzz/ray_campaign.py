@@ -151,7 +151,7 @@ def run_shard(cfg_dict: dict, shard: Shard, budget: Budget, db: str | None, boar
     # first, and waited for: a worker lost from here on is recorded, and its rerun is a retry
     ray.get(board.started.remote(shard.key, os.getpid()))
 
-    from .campaign import run_campaign       # (hypothesis, the spec: a second on a busy node)
+    from .campaign import merge_results, run_campaign       # (hypothesis, the spec: a second on a busy node)
     from .pool import keep_interrupts
     keep_interrupts()                 # a stop delivered inside a gc callback is not lost
     if threading.current_thread() is threading.main_thread():   # workers may inherit SIG_IGN
@@ -176,8 +176,11 @@ def run_shard(cfg_dict: dict, shard: Shard, budget: Budget, db: str | None, boar
                                     strict_reuse=shard.strict, fault=shard.fault, out_dir=str(tmp))
         else:
             cfg = Config.from_dict(json.loads(shard.config) if shard.config else cfg_dict)
-            res = run_campaign(cfg, shard.sut, budget, shard.seed, shard.fault,
-                               db, tmp, progress=lambda n: board.report.remote(shard.key, n))
+            try:
+                res = run_campaign(cfg, shard.sut, budget, shard.seed, shard.fault,
+                                   db, tmp, progress=lambda n: board.report.remote(shard.key, n))
+            except KeyboardInterrupt:     # stopped before the campaign took over its Ctrl-C
+                res = merge_results([], cfg, shard.sut, shard.seed, shard.fault, budget)
         board.report.remote(shard.key, res["steps"])
         res["shard"] = shard.key
         if shard.layout:

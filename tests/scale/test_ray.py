@@ -148,7 +148,7 @@ def test_a_worker_killed_mid_run_loses_no_finding(ray_cluster, redis_server, tmp
 def test_ctrl_c_stops_the_shards_keeps_what_they_did_and_is_not_a_pass(ray_cluster, tmp_path) -> None:
     proc = _fuzz(ray_cluster, "--workers", "2", "--budget", "120s", "--out", str(tmp_path))
     _wait_for_shards(2, proc)
-    time.sleep(1.0)
+    _settled_shard(proc)             # both registered and under way (one settled, the other close)
     os.killpg(proc.pid, signal.SIGINT)
     code, res, err = _result(proc, timeout=90)
     assert code == 130 and res["exit_code"] == 130 and res["interrupted"], err[-1500:]
