@@ -10,8 +10,9 @@
 #                                            there with DIR/bin/python -m kvcheck.
 #
 # vllm is installed with --no-deps: its own pins would replace the CPU torch with a CUDA build
-# and pull the serving stack. What the KV cache manager imports is in requirements-vllm.txt,
-# also --no-deps. pip's resolver complaints about the pins left out go to a log, not the terminal.
+# and pull the serving stack. What the KV cache manager imports is in requirements-vllm.txt
+# (installed with its dependencies, torch pinned to the installed build). pip's resolver
+# complaints about vLLM's pins left out go to a log, not the terminal.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 VERSION=${1:-0.33.0}
@@ -31,8 +32,12 @@ else
 fi
 start=$SECONDS
 "$TARGET" -m pip install -q --no-deps "vllm==$VERSION" >>"$log" 2>&1 || fail "no vllm==$VERSION on the package index"
-"$TARGET" -m pip install -q --no-deps -r "$HERE/requirements-vllm.txt" >>"$log" 2>&1 \
+# with their own dependencies (multidict for aiohttp, ...), torch pinned to the installed build
+cons=$(mktemp "${TMPDIR:-/tmp}/install-vllm.XXXXXX.txt")
+"$TARGET" -c 'import torch; print("torch==" + torch.__version__)' > "$cons"
+"$TARGET" -m pip install -q -c "$cons" -r "$HERE/requirements-vllm.txt" >>"$log" 2>&1 \
   || fail "the KV cache manager's import requirements failed to install"
+rm -f "$cons"
 if out=$(cd "$HERE" && VLLM_TARGET_DEVICE=cpu "$TARGET" -c "
 from kvcheck.fuzz.adapters.vllm_layouts import supported_layouts, vllm_version
 s = supported_layouts(); ok = [k for k, v in s.items() if v is None]
