@@ -14,9 +14,10 @@ from typing import Any
 
 LAYER_KINDS = ("full", "swa", "hca", "csa")
 EVICTION_MODES = ("tombstone", "drop_hash")
+ALLOC_MODES = ("refuse", "evict")
 # Semantic keys and their defaults: omitted from to_dict at the default, so that a default
 # config (its traces, reports, cache keys) reads exactly as before they existed.
-SEMANTIC_DEFAULTS = {"eviction": "tombstone", "prompts": 1, "decode": False}
+SEMANTIC_DEFAULTS = {"eviction": "tombstone", "prompts": 1, "decode": False, "alloc": "refuse"}
 
 # Which device object kinds a group of each layer kind keeps (the kinds themselves are declared
 # once, in objects.py). Full-attention KV pages are swa_window pages with an infinite window:
@@ -145,6 +146,10 @@ class Config:
     eviction: str = "tombstone"  # tombstone: an evicted block's hash stays; drop_hash: unpublished
     prompts: int = 1            # distinct prompt contents (1: every request shares one prefix)
     decode: bool = False        # decode(r, j) appends one token; the block is published when full
+    # refuse: an append into a full pool is not enabled (something else must evict first);
+    # evict: the allocation evicts an unreferenced cached block itself, or fails and preempts
+    # a request (alloc.py)
+    alloc: str = "refuse"
 
     # ---- derived structure -------------------------------------------------------------
     def __post_init__(self) -> None:
@@ -249,6 +254,9 @@ class Config:
         if not isinstance(self.eviction, str) or self.eviction not in EVICTION_MODES:
             raise ConfigError(f"config: eviction must be one of {', '.join(EVICTION_MODES)}, "
                               f"got {self.eviction!r:.40}")
+        if not isinstance(self.alloc, str) or self.alloc not in ALLOC_MODES:
+            raise ConfigError(f"config: alloc must be one of {', '.join(ALLOC_MODES)}, "
+                              f"got {self.alloc!r:.40}")
         _int("prompts", self.prompts, 1, 8)
         if not isinstance(self.decode, bool):
             raise ConfigError(f"config: decode must be true or false, got {self.decode!r:.40}")
