@@ -12,8 +12,8 @@ Prompts with content (config `prompts = K`, spec/content.py): each request carri
 tokens (and tenant) of its prompt, allocated with its own chained hashes, so a manager whose
 hash confuses two prompts serves a hit on real traffic, reported as an UNSAFE HIT. The spec
 keeps one copy per block position: when a request writes another prompt's block at a position
-whose cached copy is unreferenced, this class evicts that copy first (`evict` is then
-required). With `alloc = "evict"` the spec's `append_evict(r, j, v)` / `append_fail(r, j, x)`
+whose cached copy is unreferenced, this class evicts that copy after the allocation (`evict`
+is then required); a full manager's LRU eviction inside that allocation is reported as events. With `alloc = "evict"` the spec's `append_evict(r, j, v)` / `append_fail(r, j, x)`
 run the manager's own allocation: the block its LRU evicted (the request its scheduler
 preempted: the newest running one) is returned as `{"instead": ...}` when it is not the spec's
 choice. An eviction inside a plain append is reported as engine-initiated `("evict", j)` events
@@ -167,10 +167,10 @@ class HashChainAdapter:
         """A fresh block for logical block j. Returns the logical blocks whose copy it held (the
         engine evicted them on its own to make room)."""
         tenant, toks = self._prompt(r)
-        self.shadow.fill(block, tenant, toks[:(j + 1) * self.B])
         gone = [lj for lj, b in self.where.items() if b == block and lj != j and self.state[lj] == READY]
         for lj in gone:
             self._gone(lj)
+        self.shadow.fill(block, tenant, toks[:(j + 1) * self.B])
         self.where[j], self.state[j] = block, READY
         self.lineage[j] = lineage(self.cfg, self.req[r]["p"], j)
         self.published.add(j)
@@ -261,12 +261,11 @@ class HashChainAdapter:
                 raise ActionRejected("allocate refused a cached block")
             self._take(r, got, j, hit=True)
             return got, []
+        old = None                                   # another prompt's copy of block j: rewritten
         if self.state[j] == READY and self.lineage[j] != lineage(self.cfg, q["p"], j):
-            if self._holders(j):                     # another prompt's copy, in use: wait
+            if self._holders(j):                     # in use: wait
                 raise ActionRejected(f"block {j}'s copy holds another prompt and is in use")
-            if not self.evict(self.where[j]):        # type: ignore[attr-defined]  (one copy per position)
-                raise ActionRejected(f"the manager refused to evict block {self.where[j]}")
-            self._gone(j)
+            old = self.where[j]
         decode = self.decodes and j == q["n"] - 1 and self.B > 1
         got = self.allocate(r, None if decode else hashes[j])
         if got is None:
@@ -276,7 +275,11 @@ class HashChainAdapter:
             d = 1 + (self.cfg.seed + r + j) % (self.B - 1)
             for t in range(self.B - d, self.B):
                 self.decode_append(r, got, toks[t], hashes[j] if t == self.B - 1 else None)  # type: ignore[attr-defined]
-        return got, self._fill(r, j, got)
+        gone = self._fill(r, j, got)
+        if old is not None and old != got:           # the spec keeps one copy per position
+            if self.evict(old):                      # type: ignore[attr-defined]
+                self.shadow.release(old)
+        return got, gone
 
     def _a_append(self, r: int, j: int) -> None:
         got, gone = self._append(r, j)

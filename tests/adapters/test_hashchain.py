@@ -41,9 +41,18 @@ def test_adapter_is_short() -> None:
     assert len(lines) < 60
 
 
-def test_example_conforms_with_prompts_eviction_capacity_and_decode(tmp_path) -> None:
+def test_example_conforms_with_prompts_eviction_capacity_and_decode(tmp_path, monkeypatch) -> None:
     assert (CFG.prompts, CFG.eviction, CFG.alloc) == (3, "drop_hash", "evict")
+    sys.path.insert(0, str(ROOT))
+    from examples.hashchain_manager import BlockManager
+    lru, take = [0], BlockManager._take_free
+
+    def counted(self):                 # the manager's own LRU eviction inside allocation
+        lru[0] += not self.empty and bool(self.lru)
+        return take(self)
+    monkeypatch.setattr(BlockManager, "_take_free", counted)
     res = run_campaign(CFG, SUT, Budget(steps=3000), seed=0, out=tmp_path)
+    assert lru[0] > 5, lru
     assert res["exit_code"] == 0, res["findings"]
     acts = res["coverage"]["actions"]
     assert {"evict", "append", "append_fail", "bind", "finish", "preempt"} <= set(acts)
@@ -94,7 +103,7 @@ def test_planted_fault_is_caught_by_its_check(tmp_path, fault) -> None:
     if expected == "hit_sound_content":        # the hash faults: wrong content, not a missing page
         assert f["message"].startswith("UNSAFE HIT (wrong content reused)")
         assert "shadow query" not in f["message"]     # on a real request's lookup or allocation
-    assert len(f["trace_steps"]) <= 12
+    assert len(f["trace_steps"]) <= 16
     trace = Trace.load(f["trace"])
     code, out = replay(trace, resolve_sut(SUT, fault)())
     assert code == 10 and expected in out["finding"]["checks"]
