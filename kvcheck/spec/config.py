@@ -284,6 +284,20 @@ class Config:
             raise ConfigError(f"config: the spec needs all sliding windows (swa layers and the SWA "
                               f"branch of hca/csa) to be equal for now, got {windows}")
 
+    def semantics(self) -> dict[str, Any]:
+        """The configurable semantics this config switches on (keys away from their default)."""
+        return {k: getattr(self, k) for k, d in SEMANTIC_DEFAULTS.items() if getattr(self, k) != d}
+
+    def refuse_semantics(self, who: str, implements: tuple[str, ...] = ()) -> None:
+        """One line (ConfigError, exit 2) when this config uses a semantic `who` does not
+        implement, instead of a flood of divergences from an engine that cannot follow it."""
+        bad = {k: v for k, v in self.semantics().items() if k not in implements}
+        if bad:
+            k, v = next(iter(bad.items()))
+            raise ConfigError(f"config: {k} = {json.dumps(v)}: {who} does not implement this "
+                              "semantic (docs/spec.md, Configurable semantics); run it with --sut "
+                              "spec, or an adapter that maps it, or drop the key")
+
     def cap(self, kind: str) -> int:
         """Capacity of a device pool; unlisted kinds are unbounded (every object fits)."""
         return self.capacity.get(kind, 1 << 30)
