@@ -251,18 +251,16 @@ class Lockstep:
 
     def instead(self, label: str, pre: Any, x: Any, params: Any) -> Any:
         """The step the SUT took in place of x: the same action with some parameters its own
-        choice (`{"instead": {"v": 2}}`: the victim its LRU evicted inside the allocation, the
-        request its scheduler preempted). None when the spec forbids that step in `pre`."""
-        m = self.model
+        choice (`{"instead": {"v": 2}}`: its LRU's victim, the request its scheduler preempted).
+        None when the spec forbids that step in `pre`."""
+        bad = f"--sut {getattr(self.sut, 'name', '?')}: {label}: 'instead' {params!r:.60}"
         if not isinstance(params, dict) or not set(params) <= set(x.params):
-            raise SutError(f"--sut {getattr(self.sut, 'name', '?')}: {label}: 'instead' must map some "
-                           f"of the step's parameters ({', '.join(x.params)}) to values, got {params!r:.60}")
+            raise SutError(f"{bad} must map some of the step's parameters ({', '.join(x.params)}) to values")
         try:
-            y = m.step(x.action, {**x.params, **params})
+            y = self.model.step(x.action, {**x.params, **params})
         except KeyError:
-            raise SutError(f"--sut {getattr(self.sut, 'name', '?')}: {label}: 'instead' {params!r:.60} "
-                           "names no step of the spec") from None
-        if not m.allows(pre, y):
+            raise SutError(f"{bad} names no step of the spec") from None
+        if not self.model.allows(pre, y):
             return None
         self.trail[-1] = (y.action, dict(y.params))
         return y
