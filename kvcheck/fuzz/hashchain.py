@@ -13,12 +13,14 @@ tokens (and tenant) of its prompt, allocated with its own chained hashes, so a m
 hash confuses two prompts serves a hit on real traffic, reported as an UNSAFE HIT. The spec
 keeps one copy per block position: when a request writes another prompt's block at a position
 whose cached copy is unreferenced, this class evicts that copy after the allocation (`evict`
-is then required); a full manager's LRU eviction inside that allocation is reported as events. With `alloc = "evict"` the spec's `append_evict(r, j, v)` / `append_fail(r, j, x)`
-run the manager's own allocation: the block its LRU evicted (the request its scheduler
-preempted: the newest running one) is returned as `{"instead": ...}` when it is not the spec's
-choice. An eviction inside a plain append is reported as engine-initiated `("evict", j)` events
-(spec/events.py). With `prompts = 1`, read-only shadow queries after each lookup ask about
-sibling prompts and another tenant. See docs/adapters.md, "Hash-chain managers".
+is then required). Every eviction the manager does by itself inside an allocation (its LRU) is
+reported as engine-initiated `("evict", j)` events before the append (spec/events.py). With
+`alloc = "evict"`, `append_fail(r, j, x)` runs the manager's allocation where the spec says
+nothing is evictable, and preempts the newest request (`{"instead": {"x": ...}}` when that is
+not the spec's x). `append_evict` (the spec choosing the victim) is not declared: with full
+attention and one copy per position the spec never enables it. With `prompts = 1`, read-only
+shadow queries after each lookup ask about sibling prompts and another tenant. See
+docs/adapters.md, "Hash-chain managers".
 """
 from __future__ import annotations
 
@@ -78,7 +80,7 @@ class HashChainAdapter:
         cls = type(self)
         acts = set(CORE_ACTIONS)
         if getattr(cls, "evict", None) is not None:
-            acts |= {"evict", "append_fail"}   # append_evict: see _a_append_evict
+            acts |= {"evict", "append_fail"}   # append_evict: never enabled here (docstring)
         self.actions = frozenset(acts)
         self.decodes = getattr(cls, "decode_append", None) is not None
 
@@ -286,12 +288,6 @@ class HashChainAdapter:
         if got is None:
             raise ActionRejected("no free block (capacity)")
         self.events = [("evict", lj) for lj in gone]     # before the write: the room it made
-
-    def _a_append_evict(self, r: int, j: int, v: int) -> dict[str, Any] | None:
-        got, gone = self._append(r, j)
-        if got is None:
-            raise ActionRejected("no block to evict (capacity)")
-        return {"instead": {"v": gone[0]}} if len(gone) == 1 and gone[0] != v else None
 
     def _a_append_fail(self, r: int, j: int, x: int) -> dict[str, Any] | None:
         got, gone = self._append(r, j)
