@@ -39,6 +39,8 @@ PROSE: dict[str, tuple[str, str]] = {
     "evict": ("the object is live, unreferenced, not in a graph, and its block's copy is not being offloaded", "evicted (the hash stays: a tombstone; with `eviction = \"drop_hash\"` the hash is unpublished too)"),
     "drop_hash": ("`eviction = \"drop_hash\"` only; block j's hash is published", "block j's hash unpublished (`hashed` = 0); its objects stay until evicted, unreachable by a lookup"),
     "decode": ("`decode = true` only; running at `rpos` = `rlen` = j (past the prompt); block j's objects to rewrite are unreferenced", "one token appended (`rtok` + 1); when block j fills it is written as by append, its hash published, `rlen` = j + 1"),
+    "append_evict": ("`alloc = \"evict\"` only; running at `rpos` = j < `rlen`; block j's new objects do not fit; block v (not j) has a live object and every live one is unreferenced, not in a graph, not being offloaded; with v's slots freed they fit", "block v's live objects evicted (with `eviction = \"drop_hash\"` its hash unpublished), then block j written as by append"),
+    "append_fail": ("`alloc = \"evict\"` only; running at `rpos` = j < `rlen`; block j's new objects do not fit and no single block v could be evicted to make room; request x decided, bound or running", "request x preempted (pins released); the appending request retries later"),
     "migrate": ("ready, unreferenced, not in a graph", "moved: `gmv` = 1, aligned"),
     "offload_start": ("tiers enabled; no copy (or a quarantined one); transfers below `max_inflight`; every object of block j ready and current", "copy offloading with the current versions in its header; `inflight` + 1"),
     "offload_ack": ("copy offloading", "durable; `inflight` - 1"),

@@ -57,6 +57,11 @@ FAULT_CONFIG = Config(layers=(LayerSpec("csa", window=6, m=12, topk=1),), blocks
 # a later one to hit it: one full-attention group over 2 blocks keeps that within BFS reach.
 _CONTENT = Config(layers=(LayerSpec("full"),), blocks=2, requests=1, max_version=0, prompts=2,
                   tiers=("device",), capacity={"swa_window": 2}, max_inflight=1, max_active=1)
+# alloc = evict: one SWA group whose window covers one block, two pages for three blocks: an
+# append finds the pool full and evicts a page slid out of the window, or fails and preempts.
+_ALLOC = Config(layers=(LayerSpec("swa", window=4),), blocks=3, requests=1, max_version=0,
+                tiers=("device",), reserve=0, capacity={"swa_window": 2}, max_inflight=1,
+                max_active=1, alloc="evict")
 FAULT_OVERRIDES: dict[str, Config] = {
     "admission_ignored": replace(FAULT_CONFIG, capacity={"compressed_kv": 1, "tail": 1,
                                                          "swa_window": 2, "indexer": 1}),

@@ -25,7 +25,7 @@ from hypothesis.internal.conjecture import engine as hyp_engine
 from hypothesis.reporting import with_reporter
 from hypothesis.stateful import get_state_machine_test
 
-from ..spec.config import Config
+from ..spec.config import Config, ConfigError
 from ..spec.objects import DECISION_KINDS
 from ..spec.outputs import kvcheck_command, python_command, write_atomic
 from ..spec.system import Spec
@@ -268,6 +268,8 @@ def machine_actions(spec: Spec, factory: Callable[[], Any]) -> list[str]:
         close = getattr(sut, "close", None)
         if close is not None:
             close()
+    except ConfigError:
+        raise                           # a config the SUT does not implement: its own one line
     except Exception as e:  # noqa: BLE001 - any failure is the user's adapter
         raise SutError(f"{getattr(sut, 'name', type(sut).__name__)}: reset() raised "
                        f"{type(e).__name__}: {' '.join(str(e).split())[:200]}") from None

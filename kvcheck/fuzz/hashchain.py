@@ -8,23 +8,31 @@ requests, the mapping of the manager's state onto the spec's (a full-attention c
 group, `swa_window` pages), and an independent content shadow (hashchain_shadow.py) that
 reports a hit reusing a block that holds other content as an UNSAFE HIT.
 
-An allocation that makes the manager evict on its own (LRU inside allocation) is reported as
-engine-initiated `("evict", j)` events before the append (spec/events.py): the core applies
-them when the spec allows that eviction and judges them otherwise. Interim, until this class
-maps the spec's `prompts` (content) semantics: every spec request is a prefix of one shared
-token sequence here, so distinct prompts (siblings, edits, other tenants) are asked about only
-in read-only shadow queries after each lookup. See docs/adapters.md, "Hash-chain managers".
+Prompts with content (config `prompts = K`, spec/content.py): each request carries the
+tokens (and tenant) of its prompt, allocated with its own chained hashes, so a manager whose
+hash confuses two prompts serves a hit on real traffic, reported as an UNSAFE HIT. The spec
+keeps one copy per block position: when a request writes another prompt's block at a position
+whose cached copy is unreferenced, this class evicts that copy after the allocation (`evict`
+is then required). Every eviction the manager does by itself inside an allocation (its LRU) is
+reported as engine-initiated `("evict", j)` events before the append (spec/events.py). With
+`alloc = "evict"`, `append_fail(r, j, x)` runs the manager's allocation where the spec says
+nothing is evictable, and preempts the newest request (`{"instead": {"x": ...}}` when that is
+not the spec's x). `append_evict` (the spec choosing the victim) is not declared: with full
+attention and one copy per position the spec never enables it. With `prompts = 1`, read-only
+shadow queries after each lookup ask about sibling prompts and another tenant. See
+docs/adapters.md, "Hash-chain managers".
 """
 from __future__ import annotations
 
 from typing import Any
 
 from ..spec.config import Config
+from ..spec.content import chain as lineage
 from ..spec.objects import DECISIONS, EVICTED, FREE, POOL, READY, R_BOUND, R_DECIDED, R_IDLE, R_PREEMPTED, R_RUNNING, R_WAITING
 from ..spec.state import Layout
 from ..spec.sut import ActionRejected
 from .lockstep import Finding
-from .hashchain_shadow import ContentShadow, shared_prefix, siblings
+from .hashchain_shadow import ContentShadow, prompt_table, siblings
 
 TENANT, OTHER_TENANT = "tenant-0", "tenant-1"
 CORE_ACTIONS = frozenset({"submit", "lookup", "bind", "bind_stale", "use", "append", "finish",
@@ -72,7 +80,7 @@ class HashChainAdapter:
         cls = type(self)
         acts = set(CORE_ACTIONS)
         if getattr(cls, "evict", None) is not None:
-            acts.add("evict")
+            acts |= {"evict", "append_fail"}   # append_evict: never enabled here (docstring)
         self.actions = frozenset(acts)
         self.decodes = getattr(cls, "decode_append", None) is not None
 
@@ -84,13 +92,22 @@ class HashChainAdapter:
         self.num_blocks = min(cfg.cap("swa_window"), 1 << 16)
         self.start(self.num_blocks, self.B)
         self.shadow = ContentShadow(self.B)
-        self.tokens = shared_prefix(cfg.seed, cfg.blocks, self.B)
+        if cfg.prompts > 1 and "evict" not in self.actions:
+            raise ValueError("HashChainAdapter with prompts > 1 needs the evict callback (one copy "
+                             "per block position: another prompt's copy is evicted before a rewrite)")
+        if cfg.decode:
+            raise ValueError("HashChainAdapter decodes inside append (decode_append); the config's "
+                             "decode = true is not mapped yet")
+        self.prompts = prompt_table(cfg, TENANT)
+        self.tokens = self.prompts[0][1]
         self.where: dict[int, int] = {}        # logical block j -> the block id holding it
         self.state = [0] * cfg.blocks          # logical block j's spec lifecycle state
-        self.published: set[int] = set()       # logical blocks ever published (the spec's `hashed`)
-        self.req = [{"st": R_IDLE, "n": 0, "k": 0, "pos": 0, "win": 0, "dec": 0, "blocks": []}
+        self.lineage = [0] * cfg.blocks        # the prompt lineage block j's copy holds (bcid)
+        self.published: set[int] = set()       # logical blocks whose hash is published (`hashed`)
+        self.req = [{"st": R_IDLE, "n": 0, "k": 0, "pos": 0, "win": 0, "dec": 0, "blocks": [], "p": 0, "t": 0}
                     for _ in range(cfg.requests)]
-        self.events: list[dict[str, Any]] = []
+        self.clock = 0                         # submit order (the scheduler preempts the newest)
+        self.events: list[Any] = []
 
     # ---- helpers -----------------------------------------------------------------------------
     def chain(self, tokens: tuple[int, ...], tenant: str = TENANT) -> list[Any]:
@@ -108,13 +125,18 @@ class HashChainAdapter:
             raise Finding("safety", ["hit_sound_content"], f"UNSAFE HIT (wrong content reused): {what}: {why}")
         return list(hits)
 
+    def _prompt(self, r: int) -> tuple[str, tuple[int, ...]]:
+        """(tenant, tokens) of request r's prompt."""
+        return self.prompts[self.req[r]["p"]]
+
     def _engine_hits(self, r: int, n: int) -> list[int]:
-        toks = self.tokens[:n * self.B]
-        return self._check_hits(f"lookup for request {r}", self.lookup(self.chain(toks)), n, TENANT, toks)
+        tenant, toks = self._prompt(r)
+        toks = toks[:n * self.B]
+        return self._check_hits(f"lookup for request {r}", self.lookup(self.chain(toks, tenant)), n, tenant, toks)
 
     def _shadow_queries(self, n: int) -> None:
-        """Read-only questions the spec cannot ask yet: the same prompt from another tenant, and
-        sibling prompts that share a prefix and then differ. Every hit must hold its content."""
+        """prompts = 1 only: read-only questions about what the spec's traffic does not carry, the
+        same prompt from another tenant and sibling prompts. Every hit must hold its content."""
         toks = self.tokens[:n * self.B]
         asks = [(OTHER_TENANT, toks)] + [(TENANT, s) for s in
                                          siblings(self.cfg.seed, self.tokens, n, self.B, self.cfg.blocks)]
@@ -130,19 +152,31 @@ class HashChainAdapter:
             raise TypeError(f"allocate() returned {block!r:.40}, not a block id in [0, {self.num_blocks})")
         q = self.req[r]
         if hit:
-            self._check_hits(f"allocate(hit=...) for request {r}", q["blocks"] + [block], j + 1, TENANT,
-                             self.tokens[:(j + 1) * self.B])
+            tenant, toks = self._prompt(r)
+            self._check_hits(f"allocate(hit=...) for request {r}", q["blocks"] + [block], j + 1, tenant,
+                             toks[:(j + 1) * self.B])
         q["blocks"].append(block)
         q["pos"] = len(q["blocks"])
 
-    def _fill(self, r: int, j: int, block: int) -> None:
-        """A fresh block for logical block j: what it held before was evicted by the engine."""
-        self.shadow.fill(block, TENANT, self.tokens[:(j + 1) * self.B])
-        for lj, b in list(self.where.items()):
-            if b == block and lj != j and self.state[lj] == READY:
-                self.state[lj] = EVICTED      # the engine evicted it on its own to make room
-                self.events.append(("evict", lj))    # before the write: the room it made
+    def _gone(self, j: int) -> None:
+        """The manager evicted logical block j's copy (its memory is free)."""
+        self.state[j] = EVICTED
+        self.shadow.release(self.where[j])
+        if self.cfg.eviction == "drop_hash":
+            self.published.discard(j)
+
+    def _fill(self, r: int, j: int, block: int) -> list[int]:
+        """A fresh block for logical block j. Returns the logical blocks whose copy it held (the
+        engine evicted them on its own to make room)."""
+        tenant, toks = self._prompt(r)
+        gone = [lj for lj, b in self.where.items() if b == block and lj != j and self.state[lj] == READY]
+        for lj in gone:
+            self._gone(lj)
+        self.shadow.fill(block, tenant, toks[:(j + 1) * self.B])
         self.where[j], self.state[j] = block, READY
+        self.lineage[j] = lineage(self.cfg, self.req[r]["p"], j)
+        self.published.add(j)
+        return gone
 
     def _holders(self, j: int) -> int:
         """Requests holding logical block j (whichever block id the manager gave them)."""
@@ -165,14 +199,17 @@ class HashChainAdapter:
             raise ActionRejected(f"request {r} is not in state {states}")
         return q
 
-    def _a_submit(self, r: int, n: int) -> None:
-        self._need(r, R_IDLE).update(st=R_WAITING, n=n, k=0, pos=0, win=0, dec=0, blocks=[])
+    def _a_submit(self, r: int, n: int, p: int = 0) -> None:
+        self.clock += 1
+        self._need(r, R_IDLE).update(st=R_WAITING, n=n, k=0, pos=0, win=0, dec=0, blocks=[], p=p, t=self.clock)
 
     def _a_lookup(self, r: int) -> dict[str, Any]:
         q = self._need(r, R_WAITING)
         k = len(self._engine_hits(r, q["n"]))
-        self._shadow_queries(q["n"])
-        logical = next((m for m in range(q["n"], 0, -1) if all(j in self.published for j in range(m))), 0)
+        if self.cfg.prompts == 1:
+            self._shadow_queries(q["n"])
+        mine = lambda j: j in self.published and self.lineage[j] == lineage(self.cfg, q["p"], j)  # noqa: E731
+        logical = next((m for m in range(q["n"], 0, -1) if all(mine(j) for j in range(m))), 0)
         kind = "REUSE" if k >= logical > 0 else "PARTIAL" if k else "RECOMPUTE"
         q.update(st=R_DECIDED, k=k, dec=DECISIONS.index(kind))
         return {"decision": {"kind": kind, "k": k, "logical": logical,
@@ -189,7 +226,8 @@ class HashChainAdapter:
         hits = self._valid(r)
         if hits is None or active >= self.cfg.max_active:
             raise ActionRejected("the hit is gone or too many requests are active")
-        hashes = self.chain(self.tokens[:q["k"] * self.B])
+        tenant, toks = self._prompt(r)
+        hashes = self.chain(toks[:q["k"] * self.B], tenant)
         for i, b in enumerate(hits[:q["k"]]):
             got = self.allocate(r, hashes[i], hit=b)
             if got is None:
@@ -208,29 +246,58 @@ class HashChainAdapter:
     def _a_use(self, r: int) -> None:
         self._need(r, R_BOUND)["st"] = R_RUNNING
 
-    def _a_append(self, r: int, j: int) -> None:
+    def _append(self, r: int, j: int) -> tuple[int | None, list[int]]:
+        """Request r's block j: reused when cached meanwhile, else a fresh block from the manager.
+        Returns (block, the logical blocks the manager evicted to make room); block None: the
+        allocation failed (nothing written)."""
         q = self._need(r, R_RUNNING)
         if len(q["blocks"]) != j or j >= q["n"]:
             raise ActionRejected(f"request {r} is not at block {j}")
-        toks = self.tokens[:(j + 1) * self.B]
-        hashes = self.chain(toks)
+        tenant, toks = self._prompt(r)
+        toks = toks[:(j + 1) * self.B]
+        hashes = self.chain(toks, tenant)
         hits = self._engine_hits(r, j + 1)
         if len(hits) > j:                            # cached meanwhile: reuse it
             got = self.allocate(r, hashes[j], hit=hits[j])
             if got is None:
                 raise ActionRejected("allocate refused a cached block")
-            return self._take(r, got, j, hit=True)
+            self._take(r, got, j, hit=True)
+            return got, []
+        old = None                                   # another prompt's copy of block j: rewritten
+        if self.state[j] == READY and self.lineage[j] != lineage(self.cfg, q["p"], j):
+            if self._holders(j):                     # in use: wait
+                raise ActionRejected(f"block {j}'s copy holds another prompt and is in use")
+            old = self.where[j]
         decode = self.decodes and j == q["n"] - 1 and self.B > 1
         got = self.allocate(r, None if decode else hashes[j])
         if got is None:
-            raise ActionRejected("no free block (capacity)")
+            return None, []
         self._take(r, got, j)
         if decode:                                   # the prompt ends inside block j: decode the rest
             d = 1 + (self.cfg.seed + r + j) % (self.B - 1)
             for t in range(self.B - d, self.B):
                 self.decode_append(r, got, toks[t], hashes[j] if t == self.B - 1 else None)  # type: ignore[attr-defined]
-        self._fill(r, j, got)
-        self.published.add(j)
+        gone = self._fill(r, j, got)
+        if old is not None and old != got:           # the spec keeps one copy per position
+            if self.evict(old):                      # type: ignore[attr-defined]
+                self.shadow.release(old)
+        return got, gone
+
+    def _a_append(self, r: int, j: int) -> None:
+        got, gone = self._append(r, j)
+        if got is None:
+            raise ActionRejected("no free block (capacity)")
+        self.events = [("evict", lj) for lj in gone]     # before the write: the room it made
+
+    def _a_append_fail(self, r: int, j: int, x: int) -> dict[str, Any] | None:
+        got, gone = self._append(r, j)
+        if got is not None:
+            self.events = [("evict", lj) for lj in gone]
+            return None                              # it fitted after all: the state shows it
+        busy = [y for y, q in enumerate(self.req) if q["st"] in (R_DECIDED, R_BOUND, R_RUNNING)]
+        newest = max(busy, key=lambda y: self.req[y]["t"])
+        self._a_preempt(newest)                      # the scheduler preempts the newest request
+        return {"instead": {"x": newest}} if newest != x else None
 
     def _a_finish(self, r: int) -> None:
         q = self._need(r, R_RUNNING)
@@ -253,25 +320,28 @@ class HashChainAdapter:
             raise ActionRejected(f"block {j} is not cached")
         if not self.evict(self.where[j]):            # type: ignore[attr-defined]
             raise ActionRejected(f"the manager refused to evict block {self.where[j]}")
-        self.state[j] = EVICTED
-        self.shadow.release(self.where[j])
+        self._gone(j)
 
     # ---- what kvcheck reads ------------------------------------------------------------------
     def observe(self) -> tuple[int, ...]:
         """The whole spec state, so that a diverged manager is followed and judged by the
         invariants. Observed from the manager: each logical block's page state (cached, evicted
         by `evict` or by an allocation that reused its block) and holders, each request's state,
-        position and decision. Constant for a full-attention manager with one tenant: versions,
-        ABI, alignment, pool, graphs, tiers. `hashed` is the spec's tombstone (ever published),
-        kept by this class: most managers drop an evicted block's hash."""
+        position and decision. Kept by this class: `hashed` (published; under the config's
+        eviction = tombstone an evicted block's hash stays), the lineage each copy holds and its
+        hash names (`bcid`, `bkey`), each request's prompt (`rp`). Constant for a full-attention
+        manager: versions, ABI, alignment, pool, graphs, tiers."""
         lay, s = self.lay, list(self.lay.init())
+        content = self.cfg.prompts > 1
         for j in range(self.cfg.blocks):
             s[lay.o(0, "swa_window", j, "st")] = self.state[j]
             s[lay.o(0, "swa_window", j, "ref")] = self._holders(j)
             s[lay.o(0, "swa_window", j, "pool")] = POOL["swa_window"] if self.state[j] != FREE else 0
             s[lay.b(j, "hashed")] = int(j in self.published)
+            if content:
+                s[lay.b(j, "bcid")] = s[lay.b(j, "bkey")] = self.lineage[j]
         for r, q in enumerate(self.req):
             for f, v in (("rst", q["st"]), ("rlen", q["n"]), ("rk", q["k"]), ("rpos", q["pos"]),
-                         ("rwin", q["win"]), ("rdec", q["dec"])):
+                         ("rwin", q["win"]), ("rdec", q["dec"])) + ((("rp", q["p"]),) if content else ()):
                 s[lay.r(r, f)] = v
         return tuple(s)

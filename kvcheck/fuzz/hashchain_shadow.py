@@ -30,6 +30,28 @@ def shared_prefix(seed: int, blocks: int, block_size: int) -> tuple[int, ...]:
     return tuple(t for b in out for t in b)
 
 
+def prompt_table(cfg: Any, tenant: str = "tenant-0") -> list[tuple[str, tuple[int, ...]]]:
+    """(tenant, tokens) of each of the config's prompts (spec/content.py). Prompt 0 is the shared
+    prefix; prompt p >= 1 differs from it first at block e(p): its tokens there are edited, or,
+    where e(p) = 0, it is prompt 0's tokens from another tenant (a cache salt is an extra key of
+    the first block: the chain differs from block 0 on, exactly as an edit there)."""
+    from ..spec.content import edit_block
+    B, base = cfg.block_size, shared_prefix(cfg.seed, cfg.blocks, cfg.block_size)
+    rng = random.Random(f"kvcheck-prompts-{cfg.seed}")
+    out = [(tenant, base)]
+    for p in range(1, cfg.prompts):
+        e = edit_block(cfg, p)
+        if e == 0:
+            out.append((f"tenant-{p}", base))
+            continue
+        old = base[e * B:(e + 1) * B]
+        new = old
+        while new == old:
+            new = tuple(rng.randrange(ALPHABET) for _ in range(B))
+        out.append((tenant, base[:e * B] + new + base[(e + 1) * B:]))
+    return out
+
+
 def siblings(seed: int, shared: tuple[int, ...], n: int, block_size: int, blocks: int) -> list[tuple[int, ...]]:
     """Prompts that share the first i < n blocks of the shared prefix and then differ: block i
     replaced by another block of the prefix (an edit whose tokens are cached under another

@@ -199,6 +199,14 @@ class Lockstep:
                          self.sut.observe(), x.params.get("r"))
             return
         seen = self.sut.observe()
+        if isinstance(obs, dict) and obs.get("instead") is not None:
+            x = self.instead(label, pre, x, obs["instead"])
+            if x is None:
+                self.diverge(Finding("conformance", ["sut_accepted_disabled_action"],
+                                     f"{label}: the SUT took {obs['instead']!r:.60} instead, which the "
+                                     "spec forbids here"), seen, self.trail[-1][1].get("r"))
+                return
+            label, decision, self.s = x.label(), m.decide(pre, x), m.effect(pre, x)
         before, after = (obs.get("events_before"), obs.get("events")) if isinstance(obs, dict) else (None, None)
         checked = x                             # what judge frames its check on
         if (before and mid is None) or after:
@@ -240,6 +248,22 @@ class Lockstep:
                          seen, x.params.get("r"))
             return
         self.after(self.s)
+
+    def instead(self, label: str, pre: Any, x: Any, params: Any) -> Any:
+        """The step the SUT took in place of x: the same action with some parameters its own
+        choice (`{"instead": {"v": 2}}`: its LRU's victim, the request its scheduler preempted).
+        None when the spec forbids that step in `pre`."""
+        bad = f"--sut {getattr(self.sut, 'name', '?')}: {label}: 'instead' {params!r:.60}"
+        if not isinstance(params, dict) or not set(params) <= set(x.params):
+            raise SutError(f"{bad} must map some of the step's parameters ({', '.join(x.params)}) to values")
+        try:
+            y = self.model.step(x.action, {**x.params, **params})
+        except KeyError:
+            raise SutError(f"{bad} names no step of the spec") from None
+        if not self.model.allows(pre, y):
+            return None
+        self.trail[-1] = (y.action, dict(y.params))
+        return y
 
     def events(self, label: str, s: Any, evs: Any, seen: Any, x: Any) -> Any:
         """The engine's own events applied to model state s as the spec's steps, each where

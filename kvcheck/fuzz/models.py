@@ -88,7 +88,8 @@ class SpecModel:
         """Submits for the first idle request, longest first (a fresh request over the prefix)."""
         for r in range(self.requests):
             if s[self.rst[r]] == R_IDLE:
-                return [self.spec.instance("submit", {"r": r, "n": n}) for n in range(self.blocks, 0, -1)]
+                p = {"p": 0} if self.spec.cfg.prompts > 1 else {}
+                return [self.spec.instance("submit", {"r": r, "n": n, **p}) for n in range(self.blocks, 0, -1)]
         return []
 
 

@@ -48,6 +48,7 @@ class ReferenceSUT:
 
     # ---- protocol ------------------------------------------------------------------------------
     def reset(self, cfg: Config) -> None:
+        cfg.refuse_semantics("the reference engine")     # it implements the default semantics only
         if self.engine is not None:
             self.engine.close()
         torch.set_num_threads(1)

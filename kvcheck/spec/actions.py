@@ -406,6 +406,7 @@ def run_body(act: Action, v: View, L: Logic, lay: Layout, fault: "str | F.Plante
 
 
 from . import decode as _decode  # noqa: E402,F401  (registers `decode`: it needs write_block)
+from . import alloc as _alloc  # noqa: E402,F401  (registers append_evict, append_fail)
 
 ACTION_NAMES = tuple(ACTIONS)
 assert R_IDLE == 0 and D_LOADING == 3 and D_UNVERIFIED == 4

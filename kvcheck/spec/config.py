@@ -14,9 +14,10 @@ from typing import Any
 
 LAYER_KINDS = ("full", "swa", "hca", "csa")
 EVICTION_MODES = ("tombstone", "drop_hash")
+ALLOC_MODES = ("refuse", "evict")
 # Semantic keys and their defaults: omitted from to_dict at the default, so that a default
 # config (its traces, reports, cache keys) reads exactly as before they existed.
-SEMANTIC_DEFAULTS = {"eviction": "tombstone", "prompts": 1, "decode": False}
+SEMANTIC_DEFAULTS = {"eviction": "tombstone", "prompts": 1, "decode": False, "alloc": "refuse"}
 
 # Which device object kinds a group of each layer kind keeps (the kinds themselves are declared
 # once, in objects.py). Full-attention KV pages are swa_window pages with an infinite window:
@@ -151,6 +152,10 @@ class Config:
     eviction: str = "tombstone"  # tombstone: an evicted block's hash stays; drop_hash: unpublished
     prompts: int = 1            # distinct prompt contents (1: every request shares one prefix)
     decode: bool = False        # decode(r, j) appends one token; the block is published when full
+    # refuse: an append into a full pool is not enabled (something else must evict first);
+    # evict: the allocation evicts an unreferenced cached block itself, or fails and preempts
+    # a request (alloc.py)
+    alloc: str = "refuse"
 
     # ---- derived structure -------------------------------------------------------------
     def __post_init__(self) -> None:
@@ -255,6 +260,9 @@ class Config:
         if not isinstance(self.eviction, str) or self.eviction not in EVICTION_MODES:
             raise ConfigError(f"config: eviction must be one of {', '.join(EVICTION_MODES)}, "
                               f"got {self.eviction!r:.40}")
+        if not isinstance(self.alloc, str) or self.alloc not in ALLOC_MODES:
+            raise ConfigError(f"config: alloc must be one of {', '.join(ALLOC_MODES)}, "
+                              f"got {self.alloc!r:.40}")
         _int("prompts", self.prompts, 1, 8)
         if not isinstance(self.decode, bool):
             raise ConfigError(f"config: decode must be true or false, got {self.decode!r:.40}")
@@ -281,6 +289,20 @@ class Config:
         if len(windows) > 1:
             raise ConfigError(f"config: the spec needs all sliding windows (swa layers and the SWA "
                               f"branch of hca/csa) to be equal for now, got {windows}")
+
+    def semantics(self) -> dict[str, Any]:
+        """The configurable semantics this config switches on (keys away from their default)."""
+        return {k: getattr(self, k) for k, d in SEMANTIC_DEFAULTS.items() if getattr(self, k) != d}
+
+    def refuse_semantics(self, who: str, implements: tuple[str, ...] = ()) -> None:
+        """One line (ConfigError, exit 2) when this config uses a semantic `who` does not
+        implement, instead of a flood of divergences from an engine that cannot follow it."""
+        bad = {k: v for k, v in self.semantics().items() if k not in implements}
+        if bad:
+            k, v = next(iter(bad.items()))
+            raise ConfigError(f"config: {k} = {json.dumps(v)}: {who} does not implement this "
+                              "semantic (docs/spec.md, Configurable semantics); run it with --sut "
+                              "spec, or an adapter that maps it, or drop the key")
 
     def cap(self, kind: str) -> int:
         """Capacity of a device pool; unlisted kinds are unbounded (every object fits)."""

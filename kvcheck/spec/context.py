@@ -121,10 +121,23 @@ class Ctx:
                 self.add_ref(o, L.If(L.And(running, h), -1, 0))
 
 
-def write_block(c: Ctx, r: int, j: int, write: Any = True, done: Any = True) -> list[Any]:
+def fits(c: Ctx, j: int, room: dict[str, Any] | None = None) -> list[Any]:
+    """Every pool has room for block j's objects that are not live (new allocations), after
+    `room` more slots per kind were freed (an eviction inside the allocation, alloc.py)."""
+    L, new = c.L, {}  # type: ignore[var-annotated]
+    for o in c.block_objects(j):
+        new.setdefault(o.kind, []).append(L.Not(live(c.ob(o).st, L)))
+    room = room or {}
+    return [c.occupancy(kind) + L.Count(m) - room.get(kind, 0) <= c.cfg.cap(kind) if kind in room
+            else c.occupancy(kind) + L.Count(m) <= c.cfg.cap(kind) for kind, m in new.items()]
+
+
+def write_block(c: Ctx, r: int, j: int, write: Any = True, done: Any = True,
+                room: dict[str, Any] | None = None) -> list[Any]:
     """Request r writes block j (append; decode when the block fills): objects rewritten where
     missing, stale or another prompt's, the hash published (when `write`), and its pins moved
-    on to j + 1 (when `done`). Returns the guard's conjuncts (each only binding when `write`)."""
+    on to j + 1 (when `done`). Returns the guard's conjuncts (each only binding when `write`);
+    `room`: pool slots per kind an eviction inside this allocation frees (alloc.py)."""
     L, v, q = c.L, c.v, c.v.req(r)
 
     def gate(new: Any, old: Any, when: Any = write) -> Any:
@@ -133,7 +146,6 @@ def write_block(c: Ctx, r: int, j: int, write: Any = True, done: Any = True) -> 
     def need(cond: Any) -> Any:
         return cond if write is True else L.Implies(write, cond)
     guard: list[Any] = []
-    new_live: dict[str, list[Any]] = {}
     other = False                       # the slot holds another prompt's content: rewrite it all
     if c.cfg.prompts > 1:
         b, mine = v.disk(j), L.let(content.chain_of(L, c.cfg, q.rp, j))
@@ -155,10 +167,8 @@ def write_block(c: Ctx, r: int, j: int, write: Any = True, done: Any = True) -> 
         c.set_obj(o, "abi", L.If(rewrite, v.cur_abi, ob.abi))
         c.set_obj(o, "aln", L.If(rewrite, 1, ob.aln))
         c.set_obj(o, "pool", L.If(rewrite, pool, ob.pool))
-        new_live.setdefault(o.kind, []).append(L.Not(live(ob.st, L)))
     if not c.planted(F.ADMISSION_IGNORED):
-        for kind, fresh in new_live.items():
-            guard.append(need(c.occupancy(kind) + L.Count(fresh) <= c.cfg.cap(kind)))
+        guard.extend(need(f) for f in fits(c, j, room))
     for o in c.lay.objects:
         before, after = c.held(o, q.rwin, j), c.held(o, q.rwin, j + 1)
         if isinstance(before, Expr) and isinstance(after, Expr) and before.src == after.src:

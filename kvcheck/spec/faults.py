@@ -183,13 +183,20 @@ DECODE_PUBLISHES_PARTIAL = _spec(
     "With decode = true, the block a request decodes into is written and published at its first "
     "token: another request reuses a block that holds only part of its tokens.",
     _small(("decode", True), ("block_size", 2)))
+ALLOC_EVICTS_REFERENCED = _spec(
+    "alloc_evicts_referenced", "action:append_evict", "hit evicted between lookup and pin",
+    "a block manager whose allocation evicts the LRU block without checking its reference count",
+    "toctou_bound_stable",
+    "With alloc = evict, the allocation of a block into a full pool evicts a block that a "
+    "request still holds (its reference count is not checked).",
+    _small(("alloc", "evict"), ("capacity", {"swa_window": 1})))
 
 SPEC_FAULTS: tuple[Fault, ...] = (
     DECISION_IGNORES_INDEXER_VERSION, WINDOW_OFF_BY_ONE, TAIL_JUNCTION_NOT_CHECKED,
     PREFETCH_COUNTED_AS_HIT, EVICTION_IGNORES_PINS, COMPRESSED_VERSION_IGNORED, ABI_IGNORED,
     NO_REVALIDATION_AT_USE, REFCOUNT_DOUBLE_DECREMENT, ADMISSION_IGNORED, SHARED_FREE_LIST,
     GRAPH_PAGES_MIGRATED, STALE_HASH_AFTER_EVICT, HASH_IGNORES_PARENT, STALE_HASH_AFTER_REUSE,
-    DECODE_PUBLISHES_PARTIAL,
+    DECODE_PUBLISHES_PARTIAL, ALLOC_EVICTS_REFERENCED,
 )
 FAULTS: dict[str, Fault] = {f.name: f for f in SPEC_FAULTS}      # the spec's own
 

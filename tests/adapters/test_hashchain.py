@@ -1,6 +1,8 @@
-"""The hash-chain base class and its example: the example manager conforms with eviction and
-decode on, each planted fault is caught by its declared check (the hash faults as an UNSAFE
-HIT, wrong content reused), traces replay, and the adapter stays under 60 lines."""
+"""The hash-chain base class and its example: the example manager conforms with distinct
+prompts (prompts = 3: an edited prompt, another tenant), drop_hash eviction, capacity failure
+(alloc = evict) and decode on; each planted fault is caught by its declared check on real
+requests (the hash faults as an UNSAFE HIT, wrong content reused), traces replay, and the
+adapter stays under 60 lines."""
 from __future__ import annotations
 
 import subprocess
@@ -10,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from kvcheck.fuzz.campaign import Budget, run_campaign
-from kvcheck.fuzz.hashchain_shadow import ContentShadow, shared_prefix
+from dataclasses import replace
+
+from kvcheck.fuzz.hashchain_shadow import ContentShadow, prompt_table, shared_prefix
 from kvcheck.fuzz.suts import resolve_sut
 from kvcheck.fuzz.traces import replay
 from kvcheck.spec.config import Config
@@ -37,12 +41,56 @@ def test_adapter_is_short() -> None:
     assert len(lines) < 60
 
 
-def test_example_conforms_with_eviction_and_decode(tmp_path) -> None:
+def test_example_conforms_with_prompts_eviction_capacity_and_decode(tmp_path, monkeypatch) -> None:
+    assert (CFG.prompts, CFG.eviction, CFG.alloc) == (3, "drop_hash", "evict")
+    sys.path.insert(0, str(ROOT))
+    from examples.hashchain_manager import BlockManager
+    lru, take = [0], BlockManager._take_free
+
+    def counted(self):                 # the manager's own LRU eviction inside allocation
+        lru[0] += not self.empty and bool(self.lru)
+        return take(self)
+    monkeypatch.setattr(BlockManager, "_take_free", counted)
     res = run_campaign(CFG, SUT, Budget(steps=3000), seed=0, out=tmp_path)
+    assert lru[0] > 5, lru
     assert res["exit_code"] == 0, res["findings"]
     acts = res["coverage"]["actions"]
-    assert {"evict", "append", "bind", "finish", "preempt"} <= set(acts) and not res["coverage"]["actions_missing"]
-    assert res["coverage"]["decisions"]["REUSE"] > 0 and res["coverage"]["decisions"]["PARTIAL"] > 0
+    assert {"evict", "append", "append_fail", "bind", "finish", "preempt"} <= set(acts)
+    assert not res["coverage"]["actions_missing"]
+    assert res["coverage"]["decisions"]["REUSE"] > 0 and res["coverage"]["decisions"]["RECOMPUTE"] > 0
+
+
+def test_example_conforms_with_one_prompt_and_tombstones(tmp_path) -> None:
+    cfg = replace(CFG, prompts=1, eviction="tombstone", alloc="refuse", capacity={"swa_window": 3})
+    res = run_campaign(cfg, SUT, Budget(steps=2000), seed=0, out=tmp_path)
+    assert res["exit_code"] == 0, res["findings"]
+    assert res["coverage"]["decisions"]["PARTIAL"] > 0      # a tombstone: logical hit, page gone
+
+
+def test_prompts_carry_distinct_content() -> None:
+    table = prompt_table(CFG)
+    B = CFG.block_size
+    assert [t for t, _ in table] == ["tenant-0", "tenant-0", "tenant-2"]
+    (_, p0), (_, p1), (_, p2) = table
+    assert p0[:B] == p1[:B] and p0[B:2 * B] != p1[B:2 * B] and p0[2 * B:] == p1[2 * B:]   # edit at block 1
+    assert p2 == p0                                          # same tokens, another tenant's salt
+
+
+def test_a_failed_allocation_preempts_the_newest_request() -> None:
+    sys.path.insert(0, str(ROOT))
+    from examples.hashchain_adapter import Adapter
+    a = Adapter()
+    a.reset(CFG)
+    for r in (0, 1):
+        a.apply("submit", {"r": r, "n": 3, "p": 0})
+    for step in ("lookup", "bind", "use"):
+        a.apply(step, {"r": 0})
+    a.apply("append", {"r": 0, "j": 0})
+    a.apply("append", {"r": 0, "j": 1})                     # both blocks held: the pool is full
+    for step in ("lookup", "bind"):
+        a.apply(step, {"r": 1})                               # request 1 (newer) reuses both
+    out = a.apply("append_fail", {"r": 0, "j": 2, "x": 0})
+    assert out == {"instead": {"x": 1}} and a.req[1]["st"] == 5 and a.req[0]["st"] == 4
 
 
 @pytest.mark.parametrize("fault", sorted(_faults()))
@@ -54,7 +102,8 @@ def test_planted_fault_is_caught_by_its_check(tmp_path, fault) -> None:
     assert expected in f["checks"]
     if expected == "hit_sound_content":        # the hash faults: wrong content, not a missing page
         assert f["message"].startswith("UNSAFE HIT (wrong content reused)")
-    assert len(f["trace_steps"]) <= 12
+        assert "shadow query" not in f["message"]     # on a real request's lookup or allocation
+    assert len(f["trace_steps"]) <= 16
     trace = Trace.load(f["trace"])
     code, out = replay(trace, resolve_sut(SUT, fault)())
     assert code == 10 and expected in out["finding"]["checks"]

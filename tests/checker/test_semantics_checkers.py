@@ -19,14 +19,22 @@ def test_content_semantics_explored_exhaustively_and_clean(tmp_path) -> None:
     assert rep["verdict"] == "holds"
 
 
+def test_alloc_semantics_explored_exhaustively_evicting_and_failing(tmp_path) -> None:
+    code, rep = explore.run_explore(explore._ALLOC, tmp_path, None, seconds=60)
+    assert code == 0 and rep["exhaustive"] and rep.get("violation") is None
+    assert rep["actions"]["append_evict"] > 0 and rep["actions"]["append_fail"] > 0
+
+
 @pytest.mark.parametrize("cfg", [explore._CONTENT, replace(explore._CONTENT, prompts=1, eviction="drop_hash"),
-                                 replace(explore._CONTENT, decode=True, block_size=2)],
-                         ids=["prompts", "drop_hash", "decode+prompts"])
+                                 replace(explore._CONTENT, decode=True, block_size=2), explore._ALLOC,
+                                 replace(explore._ALLOC, eviction="drop_hash", requests=2)],
+                         ids=["prompts", "drop_hash", "decode+prompts", "alloc", "alloc+drop_hash"])
 def test_z3_proves_the_semantics_inductive(cfg, tmp_path) -> None:
     code, rep = prove.run_prove(cfg, tmp_path, None, profile=prove.ProveProfile(depth=4))
     assert code == 0 and rep["verdict"] == "proved", [o for o in rep["invariants"] if o["status"] != "proved"]
     names = {o["name"] for o in rep["invariants"]}
-    assert ({"hit_content_sound", "hash_names_content"} if cfg.prompts > 1 else {"published_hash_resident"}) <= names
+    assert ({"hit_content_sound", "hash_names_content"} if cfg.prompts > 1 else
+            {"published_hash_resident"} if cfg.eviction == "drop_hash" else set()) <= names
     assert not cfg.decode or {"hit_full_blocks", "blocks_whole"} <= names
 
 

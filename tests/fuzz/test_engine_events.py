@@ -217,3 +217,62 @@ def test_an_allocation_that_evicts_a_pinned_page_to_make_room_is_caught() -> Non
     with pytest.raises(Finding) as e:             # not a lockstep step: a probe taken, judged
         ls.probe(x)
     assert e.value.kind == "invariant" and "toctou_bound_stable" in e.value.checks, e.value
+
+
+class _OwnVictim(SpecSUT):
+    """The spec as an engine with its own choice inside allocation (alloc = evict): the victim
+    of append_evict is the lowest evictable block (LRU-like), the request append_fail preempts
+    the highest slot; what differs from the step sent is returned as {"instead": ...}. `bad`
+    names a victim the spec forbids (a block still held)."""
+
+    def __init__(self, bad: bool = False) -> None:
+        super().__init__()
+        self.bad, self.instead = bad, 0
+
+    def apply(self, action, params):
+        if action not in ("append_evict", "append_fail"):
+            return super().apply(action, params)
+        key = "v" if action == "append_evict" else "x"
+        n = self.spec.cfg.blocks if key == "v" else self.spec.cfg.requests
+        cands = [c for c in range(n) if key == "x" or c != params["j"]]
+        ok = [c for c in cands if self.spec.instance(action, {**params, key: c}).guard(self.state)]
+        if self.bad and key == "v":
+            ok = [c for c in cands if c not in ok] or ok
+            inst = self.spec.instance(action, {**params, key: ok[0]})
+            self.state = inst.effect(self.state)
+            return {"instead": {key: ok[0]}}
+        c = ok[0] if key == "v" else ok[-1]
+        super().apply(action, {**params, key: c})
+        self.instead += c != params[key]
+        return {"instead": {key: c}} if c != params[key] else {}
+
+
+def test_an_engine_choosing_its_own_victim_runs_clean_in_lockstep() -> None:
+    from kvcheck.checker.explore import _ALLOC
+    from dataclasses import replace
+    cfg = replace(_ALLOC, requests=2, max_active=2)
+    sut = _OwnVictim()
+    for seed in range(6):
+        ls = _live_walk(sut, cfg, 300, seed)
+    assert sut.instead > 0 and ls.diverged is None
+
+
+def test_an_engine_choosing_a_forbidden_victim_is_caught() -> None:
+    """Evicting a held block in place of the spec's victim: the divergence is followed, and what
+    it breaks is the finding."""
+    from kvcheck.checker.explore import _ALLOC
+    from dataclasses import replace
+    cfg = replace(_ALLOC, requests=2, max_active=2)
+    with pytest.raises(Finding) as e:
+        for seed in range(20):
+            _live_walk(_OwnVictim(bad=True), cfg, 300, seed)
+    assert "toctou_bound_stable" in e.value.checks, e.value
+
+
+def test_a_malformed_instead_is_a_sut_error() -> None:
+    class Bad(SpecSUT):
+        def apply(self, action, params):
+            out = super().apply(action, params)
+            return {**out, "instead": {"nope": 1}} if action == "submit" else out
+    with pytest.raises(SutError, match="must map some of the step's parameters"):
+        _live_walk(Bad(), CFG, 20, 0)

@@ -23,6 +23,8 @@ FULL2 = dict(layers=(LayerSpec("full"),), blocks=2, requests=1, tiers=("device",
     ({"prompts": 9}, "prompts must be <= 8"),
     ({"prompts": 2}, "prompts > 1 needs tiers"),
     ({"decode": 1}, "decode must be true or false"),
+    ({"alloc": "lru"}, "alloc must be one of refuse, evict"),
+    ({"alloc": None}, "alloc must be one of"),
 ])
 def test_bad_semantic_keys_are_one_line_errors_naming_the_key(data, where) -> None:
     with pytest.raises(ConfigError, match=where) as e:
@@ -33,11 +35,11 @@ def test_bad_semantic_keys_are_one_line_errors_naming_the_key(data, where) -> No
 def test_the_default_config_has_none_of_the_new_state_actions_or_invariants() -> None:
     spec = Spec(Config())
     assert not [n for n in spec.lay.names if n[-1] in ("bcid", "bkey", "rp", "rtok", "bpart")]
-    assert "drop_hash" not in spec.actions and "decode" not in spec.actions
+    assert not {"drop_hash", "decode", "append_evict", "append_fail"} & set(spec.actions)
     assert set(invariants_for(Config())) == set(INVARIANTS) - {"published_hash_resident", "hit_content_sound",
                                                                "hit_full_blocks"}
-    assert not {"eviction", "prompts", "decode"} & set(Config().to_dict())
-    on = Config(eviction="drop_hash", prompts=2, tiers=("device",), decode=True)
+    assert not {"eviction", "prompts", "decode", "alloc"} & set(Config().to_dict())
+    on = Config(eviction="drop_hash", prompts=2, tiers=("device",), decode=True, alloc="evict")
     assert Config.from_dict(on.to_dict()) == on
 
 
@@ -127,3 +129,52 @@ def test_a_block_published_at_its_first_decoded_token_is_caught() -> None:
     assert d.field("b", 1, "hashed") == 1                    # published with 1 of its 2 tokens
     d.do("submit", r=1, n=2).do("lookup", r=1).do("bind", r=1)
     assert {i for i, _ in d.violations()} == {"hit_full_blocks"}
+
+
+# alloc = evict: one SWA group whose window covers one block (W = B = 4), a pool of two pages
+# for three blocks: the third append finds the pool full, and block 0 (slid out of the window)
+# is the unreferenced cached block the allocation may evict.
+SWA3 = dict(layers=(LayerSpec("swa", window=4),), blocks=3, requests=2, tiers=("device",),
+            capacity={"swa_window": 2}, reserve=0)
+
+
+def _full_pool(fault=None, **kw) -> Driver:
+    d = Driver(Spec(Config(alloc="evict", **{**SWA3, **kw}), fault))
+    d.do("submit", r=0, n=3).do("lookup", r=0).do("bind", r=0).do("use", r=0)
+    return d.do("append", r=0, j=0).do("append", r=0, j=1).do("slide", r=0)
+
+
+@pytest.mark.parametrize("eviction", ["tombstone", "drop_hash"])
+def test_an_allocation_into_a_full_pool_evicts_an_unreferenced_block(eviction) -> None:
+    d = _full_pool(eviction=eviction)
+    assert not d.can("append", r=0, j=2)                      # full: a plain append is not enabled
+    assert not d.can("append_evict", r=0, j=2, v=1)           # block 1 is held (in the window)
+    d.do("append_evict", r=0, j=2, v=0)
+    assert [d.field("o", 0, "swa_window", j, "st") for j in range(3)] == [3, 2, 2]   # evicted, ready, ready
+    assert d.field("b", 0, "hashed") == (eviction == "tombstone") and d.field("r", 0, "rpos") == 3
+    assert not d.violations()
+
+
+def test_with_alloc_refuse_a_full_pool_needs_an_eviction_first() -> None:
+    d = Driver(Spec(Config(**SWA3)))
+    d.do("submit", r=0, n=3).do("lookup", r=0).do("bind", r=0).do("use", r=0)
+    d.do("append", r=0, j=0).do("append", r=0, j=1).do("slide", r=0)
+    assert "append_evict" not in d.spec.actions and not d.can("append", r=0, j=2)
+    d.do("evict", g=0, kind="swa_window", j=0).do("append", r=0, j=2)
+
+
+def test_an_allocation_with_nothing_evictable_fails_and_preempts() -> None:
+    d = Driver(Spec(Config(alloc="evict", **{**SWA3, "layers": (LayerSpec("full"),)})))
+    d.do("submit", r=0, n=3).do("lookup", r=0).do("bind", r=0).do("use", r=0)
+    d.do("append", r=0, j=0).do("append", r=0, j=1)           # both pages held: nothing to evict
+    assert not any(d.can("append_evict", r=0, j=2, v=v) for v in (0, 1))
+    assert not d.can("append_fail", r=0, j=2, x=1)            # request 1 holds nothing to free
+    d.do("append_fail", r=0, j=2, x=0)
+    assert d.field("r", 0, "rst") == 5 and d.field("o", 0, "swa_window", 0, "ref") == 0   # preempted, unpinned
+    assert not d.violations()
+
+
+def test_an_allocation_that_evicts_a_held_block_is_caught() -> None:
+    d = _full_pool("alloc_evicts_referenced")
+    d.do("append_evict", r=0, j=2, v=1)                       # block 1: still in the window
+    assert {i for i, _ in d.violations()} == {"toctou_bound_stable"}
