@@ -42,9 +42,14 @@ def sample_definition(seed: int, fault: str | None = None) -> dict[str, Any]:
     sizes = [hb * rng.choice([1, 1, 2, 4]) for _ in range(n)]
     while math.lcm(*sizes) > max_len // 4:
         sizes[sizes.index(max(sizes))] //= 2
+    picked = [rng.choice(kinds) for _ in sizes]
+    eagle = "use_eagle" in feats and rng.random() < 0.3
+    if eagle and "eagle_mixed_block" not in feats:
+        sizes = [sizes[0]] * n     # old releases' EAGLE SWA lookup needs block == alignment
+    sched = math.lcm(*sizes)
+    sizes = [sched if k == "chunked_local" else bs for k, bs in zip(picked, sizes)]  # vLLM's rule
     groups = []
-    for bs in sizes:
-        kind = rng.choice(kinds)
+    for bs, kind in zip(sizes, picked):
         g: dict[str, Any] = {"kind": kind, "block_size": bs}
         if kind in _WINDOWED:
             g["window"] = rng.randint(1, max_len // 2)
@@ -58,12 +63,15 @@ def sample_definition(seed: int, fault: str | None = None) -> dict[str, Any]:
                       "window": rng.randint(2, max_len // 2)}
     d: dict[str, Any] = {"description": f"generated from seed {seed}", "groups": groups,
                          "hash_block_size": hb, "max_model_len": max_len}
-    if "use_eagle" in feats and rng.random() < 0.3:
+    if eagle:
         d["use_eagle"] = True
-        if rng.random() < 0.5:
-            d["eagle_groups"] = [rng.randrange(len(groups))]
+        plain = [i for i, g in enumerate(groups) if g["kind"] != "chunked_local"]
+        chunked = len(plain) < len(groups)
+        if plain and "is_eagle_group" in feats and (chunked or rng.random() < 0.5):
+            d["eagle_groups"] = [rng.choice(plain)]     # vLLM: no EAGLE drop on chunked local
+        elif chunked:
+            del d["use_eagle"]
     if "retention_interval" in feats and any(g["kind"] in _WINDOWED for g in groups):
-        sched = math.lcm(*sizes)
         d["retention_interval"] = rng.choice([None, None, 0, sched * rng.randint(1, 3)])
     return d
 

@@ -75,6 +75,10 @@ def parse_layout(d: Any, where: str, hash_block: int, max_len: int
                 raise bad(f"{at}.chunk", f"must be a multiple of its block_size {bs}, got {p}")
         groups.append((kind, bs, p))
     sched = math.lcm(*(bs for _, bs, _ in groups))
+    for i, (k, bs, _) in enumerate(groups):
+        if k == "chunked_local" and bs != sched:
+            raise bad(f"groups[{i}].block_size", f"vLLM's chunked local attention needs the scheduler "
+                      f"block (LCM of the block sizes, {sched}), got {bs}")
     if sched > max_len // 2:
         raise bad("groups", f"the scheduler block (LCM of the block sizes) is {sched}, over {max_len // 2}")
     ret = d.get("retention_interval")
@@ -94,6 +98,9 @@ def parse_layout(d: Any, where: str, hash_block: int, max_len: int
         raise bad("eagle_groups", f"must be a list of distinct group indices in 0..{len(groups) - 1}")
     if eg and not eagle:
         raise bad("eagle_groups", "needs use_eagle: true")
+    if eagle and any(k == "chunked_local" and (not eg or i in eg) for i, (k, _, _) in enumerate(groups)):
+        raise bad("eagle_groups", "vLLM does not support an EAGLE drafter on a chunked local group "
+                  "(none listed means every group)")
     desc = d.get("description", "")
     if not isinstance(desc, str):
         raise bad("description", "must be a string")

@@ -193,6 +193,14 @@ def release_gap(layout: str, fault: str | None = None) -> str | None:
     gap = layout_gap(V["version"], V["features"], [k for k, _, _ in groups], layout in _RETENTION)
     if gap is None and layout in _EAGLE and "use_eagle" not in V["features"]:
         gap = f"vLLM {V['version']} cannot express this layout: KVCacheManager has no use_eagle"
+    if gap is None and layout in _EAGLE and "is_eagle_group" not in V["features"] \
+            and any(k == "chunked_local" for k, _, _ in groups):
+        gap = (f"vLLM {V['version']} cannot express this layout: without is_eagle_group every group "
+               "takes the EAGLE drop, and its chunked local lookup refuses EAGLE")
+    if gap is None and layout in _EAGLE and "eagle_mixed_block" not in V["features"] \
+            and any(bs != _LAYOUTS[layout][2] for k, bs, _ in groups if k in ("swa", "swa_mla")):
+        gap = (f"vLLM {V['version']} cannot express this layout: its sliding-window lookup asserts "
+               "block_size == the hit alignment under EAGLE")
     site = next((f.site for f in VLLM_FAULTS if f.name == fault), "")
     return gap or fault_gap(V["version"], V["features"], _FAULT_SITE.get(fault or ""), site)
 

@@ -41,6 +41,8 @@ def release_features(kci: Any, manager_cls: Any, stm: Any, request_cls: Any) -> 
         f.add("use_eagle")
     if "is_eagle_group" in _params(kci.KVCacheGroupSpec):
         f.add("is_eagle_group")      # else every group takes the EAGLE drop
+    if "drop_eagle_block" in _params(stm.SlidingWindowManager.find_longest_cache_hit):
+        f.add("eagle_mixed_block")   # older releases assert block_size == alignment under EAGLE
     if hasattr(stm.SlidingWindowManager, "_contiguous_blocks_for_hit"):
         f.add("swa_contiguous_rule")
     ann = inspect.signature(manager_cls.get_computed_blocks).return_annotation
