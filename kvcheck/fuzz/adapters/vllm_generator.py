@@ -39,7 +39,7 @@ def sample_definition(seed: int, fault: str | None = None) -> dict[str, Any]:
     hb = rng.choice([4, 4, 8, 16])
     max_len = 16 * hb
     n = rng.choice([1, 2, 2, 3, 3, 4, 5, 6])
-    sizes = [hb * rng.choice([1, 1, 2, 4]) for _ in range(n)]
+    sizes = [hb * rng.choice([1, 1, 2, 4]) for _ in range(n)] if n > 1 else [hb]   # unitary: block = hash
     while math.lcm(*sizes) > max_len // 4:
         sizes[sizes.index(max(sizes))] //= 2
     picked = [rng.choice(kinds) for _ in sizes]
@@ -52,7 +52,7 @@ def sample_definition(seed: int, fault: str | None = None) -> dict[str, Any]:
     for bs, kind in zip(sizes, picked):
         g: dict[str, Any] = {"kind": kind, "block_size": bs}
         if kind in _WINDOWED:
-            g["window"] = rng.randint(1, max_len // 2)
+            g["window"] = rng.randint(2, max_len // 2)   # W=1 attends only itself: no model, vLLM needs a block
         elif kind == "chunked_local":
             g["chunk"] = bs * rng.randint(1, max(1, max_len // (2 * bs)))
         groups.append(g)

@@ -75,6 +75,9 @@ def parse_layout(d: Any, where: str, hash_block: int, max_len: int
                 raise bad(f"{at}.chunk", f"must be a multiple of its block_size {bs}, got {p}")
         groups.append((kind, bs, p))
     sched = math.lcm(*(bs for _, bs, _ in groups))
+    if len(groups) == 1 and groups[0][1] != hash_block:
+        raise bad("groups[0].block_size", f"a single group's block must be the hash block "
+                  f"{hash_block} (vLLM's unitary coordinator), got {groups[0][1]}")
     for i, (k, bs, _) in enumerate(groups):
         if k == "chunked_local" and bs != sched:
             raise bad(f"groups[{i}].block_size", f"vLLM's chunked local attention needs the scheduler "

@@ -249,7 +249,8 @@ def layout_configs(layout: str) -> dict[int | None, Config]:
             swas.setdefault(p, bs)
     out: dict[int | None, Config] = {}
     for w in (list(swas) or [None]):
-        layers = [LayerSpec("full")] if full else []
+        # chunked-local-only layouts: a full config stands in (chunked local has no spec kind)
+        layers = [LayerSpec("full")] if full or w is None else []
         page = {"full": full[0]} if full else {}
         if w is not None:
             layers.append(LayerSpec("swa", window=w))
