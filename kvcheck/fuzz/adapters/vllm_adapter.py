@@ -282,6 +282,7 @@ class VllmAdapter(ShadowChecks):
         o.num_preemptions += 1
         req.state = "preempted"
         req.owned = [set() for _ in self.groups]
+        req.stamped = 0
         return {}
 
     def _free(self, req: _Req) -> None:

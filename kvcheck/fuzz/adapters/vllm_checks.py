@@ -37,6 +37,8 @@ class _Req:
     salt: str | None
     state: str = "waiting"    # waiting | running | preempted
     owned: list[set[int]] = field(default_factory=list)   # per group: blocks this request wrote
+    hashed: int = 0           # hash blocks whose content is recorded (hashes only grow)
+    stamped: int = 0          # computed tokens when its blocks were last stamped
 
 
 class ShadowChecks:
@@ -63,23 +65,34 @@ class ShadowChecks:
         return (req.salt, tuple(req.obj.all_token_ids[:end]))
 
     def _after_step(self) -> None:
+        # Only what changed since the last step is recorded: new hashes, and the blocks that
+        # overlap the tokens computed since (a block's content changes only when its owner writes).
+        hc = self.hash_content
         for req in self.reqs.values():
             o = req.obj
-            for j, h in enumerate(o.block_hashes):
-                self.hash_content.setdefault(bytes(h), self._content(req, (j + 1) * self.hb))
+            hs = o.block_hashes
+            for j in range(req.hashed, len(hs)):
+                k = bytes(hs[j])
+                if k not in hc:
+                    hc[k] = self._content(req, (j + 1) * self.hb)
             for g, (_, bs, _) in enumerate(self.groups):    # larger blocks' own keys
-                for i in range(len(o.block_hashes) * self.hb // bs if bs != self.hb else 0):
+                for i in range(req.hashed * self.hb // bs, len(hs) * self.hb // bs if bs != self.hb else 0):
                     h = self._group_hash(req, g, i)
-                    if h is not None:
-                        self.hash_content.setdefault(bytes(h), self._content(req, (i + 1) * bs))
+                    if h is not None and bytes(h) not in hc:
+                        hc[bytes(h)] = self._content(req, (i + 1) * bs)
+            req.hashed = len(hs)
             if req.state != "running":
                 continue
+            lo, n = req.stamped, o.num_computed_tokens
             for g, (_, bs, _) in enumerate(self.groups):
-                for i, b in enumerate(self._table(g, req.rid)):
+                table = self._table(g, req.rid)
+                for i in range(lo // bs, min(len(table), _cdiv(n, bs))):
+                    b = table[i]
                     if b.block_id in req.owned[g] and not b.is_null:
-                        end = min((i + 1) * bs, o.num_computed_tokens)
+                        end = min((i + 1) * bs, n)
                         if end > i * bs:
                             self.written[b.block_id] = self._content(req, end)
+            req.stamped = n
         self.check_bookkeeping()
 
     # ---- ground truth --------------------------------------------------------------------
