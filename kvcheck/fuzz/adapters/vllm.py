@@ -150,7 +150,7 @@ def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = N
                 lost_total += 1
                 if first_lost_s is None:
                     first_lost_s = round(time.monotonic() - t0, 2)
-                key = ad.lost[-1].message.split(":")[0]
+                key = ad.lost[-1].message.split(": ")[0]      # the layout (gen:SEED, file:NAME)
                 if not strict_reuse and key not in lost_seen and len(lost_seen) < 3:
                     lost_seen.add(key)
                     lv = core.stamp(Finding("lost_reuse", ["lost_reuse"], ad.lost[-1].message))
