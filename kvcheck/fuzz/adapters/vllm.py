@@ -176,7 +176,7 @@ def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = N
         exit_code = ExitCode.UNDECIDED
     return {
         "sut": "vllm", "vllm_version": vllm_version(), "layout": layout_all, "seed": seed,
-        **({"layouts_sampled": sampled} if generated else {}),
+        **({"layouts_sampled": sampled, "layouts_refused_by_vllm": dict(gen_layouts.REFUSALS)} if generated else {}),
         "fault": fault, "expected_check": FAULTS[fault][0] if fault else None,
         "caught": (any(f["check"] == FAULTS[fault][0] for f in findings) if fault else None),
         "strict_reuse": strict_reuse, "steps": total, "episodes": episodes,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections import Counter
 from typing import Any
 
 from .vllm_layouts import (_EAGLE, _FILE_LAYOUTS, _LAYOUTS, _RETENTION, _SCALE, _SWA_FAULTS, LAYOUTS,
@@ -30,7 +31,7 @@ def kinds_available() -> list[str]:
             if k not in _KIND_FEATURE or _KIND_FEATURE[k] in feats]
 
 
-def sample_definition(seed: int, fault: str | None = None) -> dict[str, Any]:
+def sample_definition(seed: int | str, fault: str | None = None) -> dict[str, Any]:
     """One layout definition (the --layout-file grammar) from the seed; a fault that needs a
     sliding window gets one."""
     rng = random.Random(f"vllm-layout-{seed}")
@@ -76,9 +77,23 @@ def sample_definition(seed: int, fault: str | None = None) -> dict[str, Any]:
     return d
 
 
+REFUSALS: Counter = Counter()    # vLLM's construction errors for sampled layouts (first line)
+
+
 def sample_layout(seed: int, fault: str | None = None) -> str:
-    """Register the seed's layout; returns its name ("gen:SEED")."""
-    return register_layout(sample_definition(seed, fault), str(seed), prefix="gen")
+    """Register the seed's layout; returns its name ("gen:SEED"). A layout the installed
+    release refuses to build (its own construction rules differ across releases: 0.14's hybrid
+    coordinator wants two distinct specs, ...) is counted in REFUSALS and redrawn."""
+    from .vllm_adapter import VllmAdapter
+    for k in range(50):
+        name = register_layout(sample_definition(seed if k == 0 else f"{seed}/{k}", fault), str(seed), prefix="gen")
+        try:
+            VllmAdapter(name, 64, fault)
+            return name
+        except (AssertionError, ValueError, TypeError) as e:
+            REFUSALS[f"{type(e).__name__}: {e}".splitlines()[0][:160]] += 1
+            forget(name)
+    raise ValueError(f"vLLM {_vllm()['version']} refused 50 generated layouts in a row ({REFUSALS.most_common(1)})")
 
 
 def forget(name: str) -> None:
