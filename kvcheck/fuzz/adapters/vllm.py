@@ -25,8 +25,8 @@ from ..shrink import shrink_finding
 from ..traces import replay as replay_on_core, to_trace
 from .vllm_adapter import VllmAdapter
 from .vllm_checks import Violation
-from .vllm_layouts import (_LAYOUTS, ACTIONS, FAULTS, INSTALL_HINT, LAYOUTS, VOCAB, VllmUnavailable,
-                           layout_config, supported_layouts, vllm_version,
+from .vllm_layouts import (_LAYOUTS, ACTIONS, FAULTS, GENERATED, INSTALL_HINT, LAYOUTS, VOCAB,
+                           VllmUnavailable, layout_config, layout_scale, supported_layouts, vllm_version,
                            _FILE_LAYOUTS, load_layout_file, register_layout)
 
 __all__ = ["LAYOUTS", "FAULTS", "ACTIONS", "VllmUnavailable", "VllmAdapter", "Violation", "run_campaign",
@@ -36,8 +36,9 @@ __all__ = ["LAYOUTS", "FAULTS", "ACTIONS", "VllmUnavailable", "VllmAdapter", "Vi
 class _Gen(PromptGen):
     """Seeded generator of actions (swarm testing: each episode draws its own weights)."""
 
-    def __init__(self, rng: random.Random) -> None:
-        super().__init__(rng, VOCAB, 40, ACTIONS, ("lookup", "prefill", "decode"))
+    def __init__(self, rng: random.Random, max_len: int = 64) -> None:
+        super().__init__(rng, VOCAB, 40 * max_len // 64, ACTIONS, ("lookup", "prefill", "decode"))
+        self.max_prompt = 44 * max_len // 64
 
     def next(self, ad: VllmAdapter) -> tuple[str, dict]:
         rng = self.rng
@@ -49,7 +50,7 @@ class _Gen(PromptGen):
         cands["evict_blocks"] = self.w["evict_blocks"] * 0.2
         a = self.choose(cands)
         if a == "submit":
-            toks = self.prompt(44)
+            toks = self.prompt(self.max_prompt)
             salt = rng.choice([None, None, None, "s1"])
             return a, {"r": f"r{ad.next_id}", "tokens": toks, "salt": salt}
         if a == "reset_prefix_cache":
@@ -92,7 +93,7 @@ def _save(layout: str, num_blocks: int, fault: str | None, seed: int, f: Finding
                            "strict_reuse": strict,
                            **({"layout_file": _FILE_LAYOUTS[layout]} if layout in _FILE_LAYOUTS else {})})
     path = str(trace.save(Path(out_dir) / f"vllm-{_file_safe(layout)}-{tag}-seed{seed}.json"))
-    return {"kind": f.kind, "check": f.checks[0], "message": f.message, "trace": path,
+    return {"kind": f.kind, "check": f.checks[0], "message": f.message, "trace": path, "layout": layout,
             "steps": len(trace.steps), "replay": f"kvcheck replay {path} --sut vllm"}
 
 
@@ -108,7 +109,13 @@ def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = N
     campaign goes on."""
     if layout not in LAYOUTS:
         raise ValueError(f"unknown vLLM layout {layout!r}; known: {', '.join(LAYOUTS)}")
-    VllmAdapter(layout, 24, fault)        # validate layout/fault early (and import vLLM)
+    from . import vllm_generator as gen_layouts
+    generated = layout == GENERATED       # a layout sampled per episode (vllm_generator.py)
+    if generated:
+        VllmAdapter(gen_layouts.sample_layout(seed, fault), 24, fault)    # validate fault, import vLLM
+    else:
+        VllmAdapter(layout, 24, fault)    # validate layout/fault early (and import vLLM)
+    layout_all, sampled = layout, 0
     t0 = time.monotonic()
     if budget_s is None and steps is None:
         budget_s = 60
@@ -121,9 +128,12 @@ def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = N
     first_fail_s = first_lost_s = None
     while time.monotonic() < deadline and (steps is None or total < steps):
         ep_seed = seed * 1_000_003 + episodes
+        if generated:
+            layout, sampled = gen_layouts.sample_layout(ep_seed, fault), sampled + 1
         rng = random.Random(ep_seed)
-        gen = _Gen(rng)
-        num_blocks = rng.choice([10, 14, 20, 32]) * max(2, len(_LAYOUTS[layout][1])) // 2
+        gen = _Gen(rng, layout_scale(layout)[1])
+        per_req = max(16, layout_scale(layout)[1] // min(bs for _, bs, _ in _LAYOUTS[layout][1]))
+        num_blocks = rng.choice([10, 14, 20, 32]) * max(2, len(_LAYOUTS[layout][1])) // 2 * per_req // 16
         ad = VllmAdapter(layout, num_blocks, fault, strict_reuse)
         core = Lockstep(FreeModel(), ad)
         viol: Finding | None = None
@@ -140,7 +150,7 @@ def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = N
                 lost_total += 1
                 if first_lost_s is None:
                     first_lost_s = round(time.monotonic() - t0, 2)
-                key = ad.lost[-1].message.split(":")[0]
+                key = ad.lost[-1].message.split(": ")[0]      # the layout (gen:SEED, file:NAME)
                 if not strict_reuse and key not in lost_seen and len(lost_seen) < 3:
                     lost_seen.add(key)
                     lv = core.stamp(Finding("lost_reuse", ["lost_reuse"], ad.lost[-1].message))
@@ -152,6 +162,8 @@ def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = N
         hits += ad.hits
         coverage.update(ad.coverage)
         episodes += 1
+        if generated and not any(f["layout"] == layout for f in findings) and viol is None:
+            gen_layouts.forget(layout)
         if viol is not None:
             first_fail_s = round(time.monotonic() - t0, 2)
             strict = viol.kind == "lost_reuse"
@@ -163,7 +175,8 @@ def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = N
     if exit_code == 0 and missing:
         exit_code = ExitCode.UNDECIDED
     return {
-        "sut": "vllm", "vllm_version": vllm_version(), "layout": layout, "seed": seed,
+        "sut": "vllm", "vllm_version": vllm_version(), "layout": layout_all, "seed": seed,
+        **({"layouts_sampled": sampled, "layouts_refused_by_vllm": dict(gen_layouts.REFUSALS)} if generated else {}),
         "fault": fault, "expected_check": FAULTS[fault][0] if fault else None,
         "caught": (any(f["check"] == FAULTS[fault][0] for f in findings) if fault else None),
         "strict_reuse": strict_reuse, "steps": total, "episodes": episodes,
@@ -180,8 +193,9 @@ def replay(trace: Trace | str | Path) -> dict:
     if not isinstance(trace, Trace):
         trace = Trace.load(trace)
     layout = trace.meta.get("layout")
-    if isinstance(layout, str) and layout.startswith("file:") and "layout_file" in trace.meta:
-        layout = register_layout(trace.meta["layout_file"], layout.removeprefix("file:"))
+    if isinstance(layout, str) and layout.split(":")[0] in ("file", "gen") and "layout_file" in trace.meta:
+        kind, _, where = layout.partition(":")
+        layout = register_layout(trace.meta["layout_file"], where, prefix=kind)
     if layout not in LAYOUTS:
         raise ValueError(f"trace has no known vLLM layout in meta.layout (got {layout!r})")
     ad = VllmAdapter(layout, int(trace.meta.get("num_blocks", 24)), trace.fault,

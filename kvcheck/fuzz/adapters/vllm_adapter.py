@@ -18,9 +18,9 @@ from kvcheck.spec.config import Config
 from kvcheck.spec.sut import ActionRejected
 
 from .vllm_checks import ShadowChecks, Violation, _Req
-from .vllm_layouts import (_LAYOUTS, _RETENTION, _SWA_FAULTS, ACTIONS, B, DROP_REF_ON_FREE, EVICT_KEEPS_HASH,
-                           LAYOUTS, MAX_MODEL_LEN, MAX_TOKENS, SWA_OVERSTRICT, VOCAB, _make_specs, _vllm,
-                           layout_configs, planted, release_gap)
+from .vllm_layouts import (_EAGLE, _LAYOUTS, _RETENTION, _SWA_FAULTS, ACTIONS, DROP_REF_ON_FREE,
+                           EVICT_KEEPS_HASH, LAYOUTS, SWA_OVERSTRICT, VOCAB, _make_specs, _vllm,
+                           layout_configs, layout_scale, planted, release_gap)
 
 
 class VllmAdapter(ShadowChecks):
@@ -47,6 +47,8 @@ class VllmAdapter(ShadowChecks):
         self.layout, self.num_blocks, self.fault, self.strict = layout, num_blocks, fault, strict
         self.groups = groups
         self.sched_bs = _LAYOUTS[layout][2]
+        self.hb, self.max_len = layout_scale(layout)      # hash block, max_model_len
+        self.max_tokens = self.max_len * 3 // 4           # requests never grow past this
         self.cfgs = layout_configs(layout)
         self.cfg = next(iter(self.cfgs.values()))
         self.reset()
@@ -58,15 +60,21 @@ class VllmAdapter(ShadowChecks):
         feats = V["features"]
         extra = ({"prefix_cache_retention_interval": _RETENTION.get(self.layout)}
                  if "retention_interval" in feats else {})
+        drafter = _EAGLE.get(self.layout)       # the groups holding draft layers, or None
+        flag = drafter is not None and "is_eagle_group" in feats
         kcfg = V["KVCacheConfig"](num_blocks=self.num_blocks, kv_cache_tensors=[],
-                                  kv_cache_groups=[V["KVCacheGroupSpec"]([f"layer{i}"], s)
+                                  kv_cache_groups=[V["KVCacheGroupSpec"]([f"layer{i}"], s, **(
+                                      {"is_eagle_group": i in drafter} if flag else {}))
                                                    for i, s in enumerate(specs)], **extra)
         sched = {"scheduler_block_size": self.sched_bs} if "scheduler_block_size" in feats else {}
-        self.mgr = V["KVCacheManager"](kcfg, max_model_len=MAX_MODEL_LEN, hash_block_size=B, **sched)
+        if drafter is not None:
+            sched["use_eagle"] = True
+        self.mgr = V["KVCacheManager"](kcfg, max_model_len=self.max_len, hash_block_size=self.hb, **sched)
         self.pool = self.mgr.block_pool
         self.coord = self.mgr.coordinator
         self.align = int(getattr(self.coord, "_cache_hit_alignment_tokens", self.sched_bs))
-        self.hasher = V["ku"].get_request_block_hasher(B, V["sha256"])
+        self.hasher = V["ku"].get_request_block_hasher(self.hb, V["sha256"])
+        self.eagle_groups = self._eagle_groups(drafter, flag, specs)
         self.reqs: dict[str, _Req] = {}
         self.written: dict[int, tuple] = {}        # block id -> (salt, token prefix) written there
         self.hash_content: dict[bytes, tuple] = {}  # hash -> (salt, token prefix) it fingerprints
@@ -76,6 +84,16 @@ class VllmAdapter(ShadowChecks):
         self.hits = 0                              # lookups that hit
         self.broken: Violation | None = None       # what the last step broke (extra_checks)
         self._plant()
+
+    def _eagle_groups(self, drafter: tuple[int, ...] | None, flagged: bool, specs: list) -> set[int]:
+        """The groups whose hits take the EAGLE drop (they must match one block past the hit):
+        the drafter's groups where the release flags them (none flagged: every group), and,
+        as vLLM looks up groups of identical spec together, every group whose spec equals one."""
+        if drafter is None:
+            return set()
+        if not flagged or not drafter:
+            return set(range(len(self.groups)))
+        return {g for g in range(len(specs)) if any(specs[g] == specs[d] for d in drafter)}
 
     def _plant(self) -> None:
         f = self.fault
@@ -121,7 +139,7 @@ class VllmAdapter(ShadowChecks):
                 rem = r.obj.num_tokens - r.obj.num_computed_tokens
                 if rem > 1:
                     out["prefill"].append(rid)
-                elif r.obj.num_tokens < MAX_TOKENS:
+                elif r.obj.num_tokens < self.max_tokens:
                     out["decode"].append(rid)
                 out["finish"].append(rid)
                 out["preempt"].append(rid)
@@ -168,11 +186,11 @@ class VllmAdapter(ShadowChecks):
         rid = r or f"r{self.next_id}"
         if rid in self.reqs:
             raise ActionRejected(f"request {rid} already exists")
-        if not 1 <= len(tokens) < MAX_TOKENS:
-            raise ActionRejected(f"a request needs 1..{MAX_TOKENS - 1} tokens")
+        if not 1 <= len(tokens) < self.max_tokens:
+            raise ActionRejected(f"a request needs 1..{self.max_tokens - 1} tokens")
         self.next_id += 1
         eos = {"eos_token_id": None} if "request_eos_arg" in V["features"] else {}   # older releases
-        obj = V["Request"](rid, list(tokens), V["SamplingParams"](max_tokens=MAX_TOKENS), None,
+        obj = V["Request"](rid, list(tokens), V["SamplingParams"](max_tokens=self.max_tokens), None,
                            cache_salt=salt, block_hasher=self.hasher, **eos)
         self.reqs[rid] = _Req(rid, obj, salt, owned=[set() for _ in self.groups])
         return {"r": rid}
@@ -239,14 +257,14 @@ class VllmAdapter(ShadowChecks):
 
     def _a_decode(self, r: str, tok: int) -> dict:
         req = self._get(r, ("running",))
-        if req.obj.num_tokens - req.obj.num_computed_tokens != 1 or req.obj.num_tokens >= MAX_TOKENS:
+        if req.obj.num_tokens - req.obj.num_computed_tokens != 1 or req.obj.num_tokens >= self.max_tokens:
             raise ActionRejected(f"request {r} cannot decode now")
         return self._step(req, 1, tok)
 
     def _maybe_sample(self, req: _Req, tok: int | None = None) -> None:
         o = req.obj
-        if o.num_computed_tokens == o.num_tokens and o.num_tokens < MAX_TOKENS:
-            # the forward produced a token (requests stop growing at MAX_TOKENS < max_model_len)
+        if o.num_computed_tokens == o.num_tokens and o.num_tokens < self.max_tokens:
+            # the forward produced a token (requests stop growing at max_tokens < max_model_len)
             o.append_output_token_ids(tok if tok is not None else (o.num_tokens * 7) % VOCAB)
 
     def _a_finish(self, r: str) -> dict:
@@ -264,6 +282,7 @@ class VllmAdapter(ShadowChecks):
         o.num_preemptions += 1
         req.state = "preempted"
         req.owned = [set() for _ in self.groups]
+        req.stamped = 0
         return {}
 
     def _free(self, req: _Req) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from kvcheck.spec.objects import needed_objects
 
-from .vllm_layouts import B, _cdiv, _vllm
+from .vllm_layouts import _cdiv, _vllm
 
 
 @dataclass
@@ -37,6 +37,8 @@ class _Req:
     salt: str | None
     state: str = "waiting"    # waiting | running | preempted
     owned: list[set[int]] = field(default_factory=list)   # per group: blocks this request wrote
+    hashed: int = 0           # hash blocks whose content is recorded (hashes only grow)
+    stamped: int = 0          # computed tokens when its blocks were last stamped
 
 
 class ShadowChecks:
@@ -46,6 +48,8 @@ class ShadowChecks:
     reqs: dict[str, _Req]
     written: dict[int, tuple]
     hash_content: dict[bytes, tuple]
+    hb: int                   # hash block size (tokens)
+    eagle_groups: set[int]    # groups whose hits take the EAGLE drop
 
     # ---- shadow content model ------------------------------------------------------------
     def _table(self, g: int, rid: str) -> list:
@@ -61,28 +65,39 @@ class ShadowChecks:
         return (req.salt, tuple(req.obj.all_token_ids[:end]))
 
     def _after_step(self) -> None:
+        # Only what changed since the last step is recorded: new hashes, and the blocks that
+        # overlap the tokens computed since (a block's content changes only when its owner writes).
+        hc = self.hash_content
         for req in self.reqs.values():
             o = req.obj
-            for j, h in enumerate(o.block_hashes):
-                self.hash_content.setdefault(bytes(h), self._content(req, (j + 1) * B))
+            hs = o.block_hashes
+            for j in range(req.hashed, len(hs)):
+                k = bytes(hs[j])
+                if k not in hc:
+                    hc[k] = self._content(req, (j + 1) * self.hb)
             for g, (_, bs, _) in enumerate(self.groups):    # larger blocks' own keys
-                for i in range(len(o.block_hashes) * B // bs if bs != B else 0):
+                for i in range(req.hashed * self.hb // bs, len(hs) * self.hb // bs if bs != self.hb else 0):
                     h = self._group_hash(req, g, i)
-                    if h is not None:
-                        self.hash_content.setdefault(bytes(h), self._content(req, (i + 1) * bs))
+                    if h is not None and bytes(h) not in hc:
+                        hc[bytes(h)] = self._content(req, (i + 1) * bs)
+            req.hashed = len(hs)
             if req.state != "running":
                 continue
+            lo, n = req.stamped, o.num_computed_tokens
             for g, (_, bs, _) in enumerate(self.groups):
-                for i, b in enumerate(self._table(g, req.rid)):
+                table = self._table(g, req.rid)
+                for i in range(lo // bs, min(len(table), _cdiv(n, bs))):
+                    b = table[i]
                     if b.block_id in req.owned[g] and not b.is_null:
-                        end = min((i + 1) * bs, o.num_computed_tokens)
+                        end = min((i + 1) * bs, n)
                         if end > i * bs:
                             self.written[b.block_id] = self._content(req, end)
+            req.stamped = n
         self.check_bookkeeping()
 
     # ---- ground truth --------------------------------------------------------------------
     def needed_hit(self, g: int, L: int) -> list[int]:
-        """Physical blocks of group g that a resume at L (a multiple of B) reads."""
+        """Physical blocks of group g that a resume at L (a multiple of the hash block) reads."""
         kind, bs, p = self.groups[g]
         if kind == "chunked_local":   # not a spec layer kind: [C*floor(L/C), L)
             lo = (L // p) * p
@@ -93,13 +108,13 @@ class ShadowChecks:
             sk = "csa" if p == 4 else "hca"
             sg = next(x for x in self.cfg.groups if x.kind == sk)
             obj = "indexer" if kind == "indexer" else "compressed_kv"
-            js = needed_objects(self.cfg, sg, L // B)[obj]
-            return sorted({j * B // bs for j in js})
-        skind = "full" if kind in ("full", "mla") else "swa"
+            js = needed_objects(self.cfg, sg, L // self.hb)[obj]
+            return sorted({j * self.hb // bs for j in js})
+        skind = "full" if kind in ("full", "mla", "mla_indexer") else "swa"
         cfg = self.cfgs[p] if skind == "swa" else self.cfg
         sg = next(x for x in cfg.groups if x.kind == skind)
-        js = needed_objects(cfg, sg, L // B)["swa_window"]
-        return sorted({j * B // bs for j in js})
+        js = needed_objects(cfg, sg, L // self.hb)["swa_window"]
+        return sorted({j * self.hb // bs for j in js})
 
     def needed_running(self, g: int, L: int) -> list[int]:
         """Blocks the next token of a request at L computed tokens reads (token-level rule)."""
@@ -108,7 +123,7 @@ class ShadowChecks:
             return []
         if kind in ("compressed", "indexer"):   # entries of complete compression blocks
             return list(range(0, (L // p) * p // bs))
-        if kind in ("full", "mla"):
+        if kind in ("full", "mla", "mla_indexer"):
             lo = 0
         elif kind == "chunked_local":
             lo = (L // p) * p
@@ -123,7 +138,7 @@ class ShadowChecks:
     def tail_needed(self, L: int) -> bool:
         """Does a resume at L need a tail snapshot (a compression block open at L)? vLLM keeps
         the open group's raw keys in a per-request ring that is never prefix-cached."""
-        return any(needed_objects(self.cfg, sg, L // B).get("tail")
+        return any(needed_objects(self.cfg, sg, L // self.hb).get("tail")
                    for sg in self.cfg.groups if "tail" in sg.objects)
 
     def _group_hash(self, req: _Req, g: int, i: int) -> bytes | None:
@@ -132,22 +147,32 @@ class ShadowChecks:
         the concatenation of the block's hash-block hashes in earlier releases)."""
         bs = self.groups[g][1]
         hs = req.obj.block_hashes
-        if (i + 1) * bs // B > len(hs):
+        if (i + 1) * bs // self.hb > len(hs):
             return None
-        if bs == B:
+        if bs == self.hb:
             return hs[i]
-        return _vllm()["ku"].BlockHashListWithBlockSize(hs, B, bs)[i]
+        return _vllm()["ku"].BlockHashListWithBlockSize(hs, self.hb, bs)[i]
 
     def spec_usable(self, req: _Req) -> int:
         """Longest hit the spec allows: aligned, <= tokens-1, and every needed block of every
-        group present in the prefix-cache map with the right content."""
+        group present in the prefix-cache map with the right content. A group that takes the
+        EAGLE drop also needs the block just past the hit (its drafter recomputes that block's
+        hidden states, so the hit must be proven one block longer, within the hashed prompt)."""
         ku = _vllm()["ku"]
         cache = self.pool.cached_block_hash_to_block
         cap = ((req.obj.num_tokens - 1) // self.align) * self.align
+        hashed = len(req.obj.block_hashes) * self.hb
         for L in range(cap, 0, -self.align):
             ok = not self.tail_needed(L)
             for g in range(len(self.groups)):
-                for i in self.needed_hit(g, L):
+                need = self.needed_hit(g, L)
+                if g in self.eagle_groups and self.groups[g][0] != "tail_ring":
+                    bs = self.groups[g][1]
+                    if L + bs > hashed:
+                        ok = False
+                        break
+                    need = [*need, L // bs]
+                for i in need:
                     h = self._group_hash(req, g, i)
                     blk = cache.get_one_block(ku.make_block_hash_with_group_id(h, g)) if h else None
                     if blk is None or self.written.get(blk.block_id) != self._content(req, (i + 1) * self.groups[g][1]):

@@ -4,11 +4,14 @@
      "groups": [{"kind": "full", "block_size": 16},
                 {"kind": "swa", "block_size": 8, "window": 20},
                 {"kind": "chunked_local", "block_size": 8, "chunk": 16}],
-     "retention_interval": null}                     (optional: null | 0 | N, sparse SWA retention)
+     "retention_interval": null,                     (optional: null | 0 | N, sparse SWA retention)
+     "hash_block_size": 4, "max_model_len": 64,      (optional: the scale; defaults 4 and 64)
+     "use_eagle": false, "eagle_groups": [0]}         (optional: an EAGLE/MTP drafter; the groups
+                                                      holding its layers, default none flagged)
 
 Kinds: full, swa, chunked_local, mla, swa_mla (the compressed/indexer/compressor-ring groups of
 DeepSeek-V4 have a fixed spec ground truth and come only with the `dsv4` preset). The scheduler
-block is the LCM of the block sizes, the hash block the adapter's 4 tokens. Any bad value is
+block is the LCM of the block sizes. Any bad value is
 one line naming the file and the field (ValueError; the CLI exits 2).
 """
 from __future__ import annotations
@@ -18,9 +21,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-KINDS = {"full": (), "mla": (), "swa": ("window",), "swa_mla": ("window",), "chunked_local": ("chunk",)}
+KINDS = {"full": (), "mla": (), "mla_indexer": (), "swa": ("window",), "swa_mla": ("window",), "chunked_local": ("chunk",)}
 PRESET_ONLY = ("compressed", "indexer", "tail_ring")
 MAX_GROUPS = 6
+_KEYS = ("description", "groups", "retention_interval", "hash_block_size", "max_model_len",
+         "use_eagle", "eagle_groups")
 
 
 def parse_layout(d: Any, where: str, hash_block: int, max_len: int
@@ -32,8 +37,14 @@ def parse_layout(d: Any, where: str, hash_block: int, max_len: int
     if not isinstance(d, dict):
         raise ValueError(f"{where}: must be a JSON object with a 'groups' list")
     for k in d:
-        if k not in ("description", "groups", "retention_interval"):
-            raise bad(_name(k), "unknown key (known: description, groups, retention_interval)")
+        if k not in _KEYS:
+            raise bad(_name(k), f"unknown key (known: {', '.join(_KEYS)})")
+    hash_block = d.get("hash_block_size", hash_block)
+    if not _int(hash_block) or not 1 <= hash_block <= 256:
+        raise bad("hash_block_size", f"must be an integer in 1..256, got {hash_block!r}")
+    max_len = d.get("max_model_len", max_len)
+    if not _int(max_len) or not 16 <= max_len <= 1024 or max_len < 4 * hash_block:
+        raise bad("max_model_len", f"must be an integer in 16..1024 and >= 4 hash blocks, got {max_len!r}")
     gs = d.get("groups")
     if not isinstance(gs, list) or not 1 <= len(gs) <= MAX_GROUPS:
         raise bad("groups", f"must be a list of 1..{MAX_GROUPS} groups")
@@ -64,19 +75,46 @@ def parse_layout(d: Any, where: str, hash_block: int, max_len: int
                 raise bad(f"{at}.chunk", f"must be a multiple of its block_size {bs}, got {p}")
         groups.append((kind, bs, p))
     sched = math.lcm(*(bs for _, bs, _ in groups))
+    if len(groups) == 1 and groups[0][1] != hash_block:
+        raise bad("groups[0].block_size", f"a single group's block must be the hash block "
+                  f"{hash_block} (vLLM's unitary coordinator), got {groups[0][1]}")
+    for i, (k, bs, _) in enumerate(groups):
+        if k == "chunked_local" and bs != sched:
+            raise bad(f"groups[{i}].block_size", f"vLLM's chunked local attention needs the scheduler "
+                      f"block (LCM of the block sizes, {sched}), got {bs}")
     if sched > max_len // 2:
         raise bad("groups", f"the scheduler block (LCM of the block sizes) is {sched}, over {max_len // 2}")
     ret = d.get("retention_interval")
     if ret is not None:
         if not _int(ret) or ret < 0:
             raise bad("retention_interval", f"must be null or an integer >= 0, got {ret!r}")
+        if ret % sched:
+            raise bad("retention_interval", f"must be a multiple of the scheduler block {sched}, got {ret}")
         if not any(k in ("swa", "swa_mla") for k, _, _ in groups):
             raise bad("retention_interval", "applies to sliding-window groups; the layout has none")
+    eagle = d.get("use_eagle", False)
+    if not isinstance(eagle, bool):
+        raise bad("use_eagle", f"must be true or false, got {eagle!r}")
+    eg = d.get("eagle_groups", [])
+    if not isinstance(eg, list) or any(not _int(i) or not 0 <= i < len(groups) for i in eg) \
+            or len(set(eg)) != len(eg):
+        raise bad("eagle_groups", f"must be a list of distinct group indices in 0..{len(groups) - 1}")
+    if eg and not eagle:
+        raise bad("eagle_groups", "needs use_eagle: true")
+    if eagle and any(k == "chunked_local" and (not eg or i in eg) for i, (k, _, _) in enumerate(groups)):
+        raise bad("eagle_groups", "vLLM does not support an EAGLE drafter on a chunked local group "
+                  "(none listed means every group)")
     desc = d.get("description", "")
     if not isinstance(desc, str):
         raise bad("description", "must be a string")
     return desc or f"{where}: " + " + ".join(f"{k} b{bs}" + (f" {p}" if p else "") for k, bs, p in groups), \
         groups, sched, ret
+
+
+def parse_scale(d: dict, hash_block: int, max_len: int) -> tuple[int, int, tuple[int, ...] | None]:
+    """(hash block, max_model_len, drafter groups or None) of a layout parse_layout accepted."""
+    eagle = tuple(d.get("eagle_groups", [])) if d.get("use_eagle") else None
+    return d.get("hash_block_size", hash_block), d.get("max_model_len", max_len), eagle
 
 
 def read_layout_file(path: str) -> Any:

@@ -17,7 +17,7 @@ from kvcheck.spec.faults import Fault, Planted, UnknownFault
 OLDEST, NEWEST = "0.14.1", "0.33.0"      # the releases tested (docs/adapters-vllm.md)
 INSTALL_HINT = ("vLLM is not importable: install it with `bash scripts/install-vllm.sh [VERSION]` "
                 "(pip install --no-deps vllm==VERSION + requirements-vllm.txt; torch is kept)")
-B = 4                 # hash block size (tokens) of every layout
+B = 4                 # hash block size (tokens) of the small layouts (presets set their own)
 MAX_MODEL_LEN = 64
 MAX_TOKENS = 48       # requests never grow past this (max_model_len = 64)
 VOCAB = 40
@@ -49,20 +49,43 @@ for _base in ("full+swa", "mixed_block"):
     _d, _g, _s = _LAYOUTS[_base]
     _LAYOUTS[f"{_base}-sparse"] = (f"{_d}; sparse SWA retention (prefix_cache_retention_interval=0)", _g, _s)
     _RETENTION[f"{_base}-sparse"] = 0
+# Per-layout scale and drafter: name -> (hash block, max_model_len) when not (B, MAX_MODEL_LEN);
+# name -> the groups holding EAGLE/MTP draft layers (KVCacheManager(use_eagle=True)).
+_SCALE: dict[str, tuple[int, int]] = {}
+_EAGLE: dict[str, tuple[int, ...]] = {}
+_REFUSED: dict[str, str] = {}            # layouts listed but refused (why, one line)
+from .vllm_presets import install_presets  # noqa: E402
+install_presets(_LAYOUTS, _SCALE, _EAGLE, _REFUSED)
+GENERATED = "generated"                  # run_campaign samples a layout per episode (vllm_generator.py)
 LAYOUTS: dict[str, str] = {k: v[0] for k, v in _LAYOUTS.items()}
+LAYOUTS[GENERATED] = ("a layout sampled per episode from a grammar (1-6 groups of any kind the "
+                      "release has, mixed block sizes, hash block, use_eagle, retention None/0/N)")
 _FILE_LAYOUTS: dict[str, dict] = {}      # name -> the JSON a --layout-file gave (kept in traces)
 
 
-def register_layout(definition: Any, where: str) -> str:
-    """Validate a user's layout (vllm_layout_file.py) and make it a layout like the presets;
-    its name is "file:" + `where`. Returns the name."""
-    from .vllm_layout_file import parse_layout
+def layout_scale(layout: str) -> tuple[int, int]:
+    """(hash block size, max_model_len) of a layout."""
+    return _SCALE.get(layout, (B, MAX_MODEL_LEN))
+
+
+def register_layout(definition: Any, where: str, prefix: str = "file") -> str:
+    """Validate a user's (or the generator's) layout (vllm_layout_file.py) and make it a layout
+    like the presets; its name is `prefix` + ":" + `where`. Returns the name."""
+    from .vllm_layout_file import parse_layout, parse_scale
     desc, groups, sched, ret = parse_layout(definition, where, B, MAX_MODEL_LEN)
-    name = f"file:{Path(where).stem}"
+    hb, max_len, eagle = parse_scale(definition, B, MAX_MODEL_LEN)
+    name = f"{prefix}:{Path(where).stem}"
     _LAYOUTS[name] = (desc, groups, sched)
     LAYOUTS[name] = desc
+    _RETENTION.pop(name, None)
+    _SCALE.pop(name, None)
+    _EAGLE.pop(name, None)
     if ret is not None:
         _RETENTION[name] = ret
+    if (hb, max_len) != (B, MAX_MODEL_LEN):
+        _SCALE[name] = (hb, max_len)
+    if eagle is not None:
+        _EAGLE[name] = eagle
     _FILE_LAYOUTS[name] = definition
     return name
 
@@ -164,8 +187,20 @@ _FAULT_SITE = {"swa_hit_unchecked": "swa_contiguous_rule", "swa_overstrict": "sw
 def release_gap(layout: str, fault: str | None = None) -> str | None:
     """Why the installed release cannot run this layout (or plant this fault): one line, or None."""
     V = _vllm()
+    if layout in _REFUSED:
+        return f"vLLM {V['version']}: {_REFUSED[layout]}"
     groups = _LAYOUTS[layout][1]
     gap = layout_gap(V["version"], V["features"], [k for k, _, _ in groups], layout in _RETENTION)
+    if gap is None and layout in _EAGLE and "use_eagle" not in V["features"]:
+        gap = f"vLLM {V['version']} cannot express this layout: KVCacheManager has no use_eagle"
+    if gap is None and layout in _EAGLE and "is_eagle_group" not in V["features"] \
+            and any(k == "chunked_local" for k, _, _ in groups):
+        gap = (f"vLLM {V['version']} cannot express this layout: without is_eagle_group every group "
+               "takes the EAGLE drop, and its chunked local lookup refuses EAGLE")
+    if gap is None and layout in _EAGLE and "eagle_mixed_block" not in V["features"] \
+            and any(bs != _LAYOUTS[layout][2] for k, bs, _ in groups if k in ("swa", "swa_mla")):
+        gap = (f"vLLM {V['version']} cannot express this layout: its sliding-window lookup asserts "
+               "block_size == the hit alignment under EAGLE")
     site = next((f.site for f in VLLM_FAULTS if f.name == fault), "")
     return gap or fault_gap(V["version"], V["features"], _FAULT_SITE.get(fault or ""), site)
 
@@ -201,25 +236,27 @@ def layout_configs(layout: str) -> dict[int | None, Config]:
     the layout has none). The spec allows one window per config, so a layout with several
     windows gets one config per window (full + that swa). Chunked local has no spec kind: it is
     checked by the adapter's own rule and left out."""
-    if layout == "dsv4":   # the spec's view: swa + csa (m=4, indexer) + hca (m=16)
+    if layout.startswith("dsv4"):   # the spec's view: swa + csa (m=4, indexer) + hca (m=16)
         layers = (LayerSpec("swa", window=8), LayerSpec("csa", window=8, m=4, topk=1),
                   LayerSpec("hca", window=8, m=16))
         return {8: Config(layers=layers, block_size=B, page_tokens={"hca": 16})}
+    hb = layout_scale(layout)[0]
     full, swas = [], {}
     for kind, bs, p in _LAYOUTS[layout][1]:
-        if kind in ("full", "mla"):
+        if kind in ("full", "mla", "mla_indexer"):
             full.append(bs)
         elif kind in ("swa", "swa_mla"):
             swas.setdefault(p, bs)
     out: dict[int | None, Config] = {}
     for w in (list(swas) or [None]):
-        layers = [LayerSpec("full")] if full else []
+        # chunked-local-only layouts: a full config stands in (chunked local has no spec kind)
+        layers = [LayerSpec("full")] if full or w is None else []
         page = {"full": full[0]} if full else {}
         if w is not None:
             layers.append(LayerSpec("swa", window=w))
             page["swa"] = swas[w]
-        page = {k: v for k, v in page.items() if v != B}
-        out[w] = Config(layers=tuple(layers), block_size=B, page_tokens=page)
+        page = {k: v for k, v in page.items() if v != hb}
+        out[w] = Config(layers=tuple(layers), block_size=hb, page_tokens=page)
     return out
 
 
@@ -243,10 +280,13 @@ def _make_specs(layout: str) -> list:
         elif kind == "mla":
             out.append(V["MLAAttentionSpec"](block_size=bs, num_kv_heads=1, head_size=16,
                                              dtype=torch.float32))
+        elif kind == "mla_indexer":   # DeepSeek-V3.2's lightning indexer: one key vector per token
+            out.append(V["MLAAttentionSpec"](block_size=bs, num_kv_heads=1, head_size=8, dtype=torch.float32,
+                                             cache_role=V["SparseCacheRole"].INDEXER))
         elif kind == "swa_mla":
             out.append(V["SlidingWindowMLASpec"](block_size=bs, sliding_window=p, num_kv_heads=1,
                                                  head_size=16, dtype=torch.float32,
-                                                 **({"model_version": "deepseek_v4"} if layout == "dsv4" else {})))
+                                                 **({"model_version": "deepseek_v4"} if layout.startswith("dsv4") else {})))
         elif kind in ("compressed", "indexer"):
             extra = {"cache_role": V["SparseCacheRole"].INDEXER} if kind == "indexer" else {}
             out.append(V["MLAAttentionSpec"](block_size=bs, num_kv_heads=1, head_size=16,

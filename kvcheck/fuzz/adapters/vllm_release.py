@@ -37,6 +37,12 @@ def release_features(kci: Any, manager_cls: Any, stm: Any, request_cls: Any) -> 
         f.add("retention_interval")
     if "scheduler_block_size" in _params(manager_cls.__init__):
         f.add("scheduler_block_size")
+    if "use_eagle" in _params(manager_cls.__init__):
+        f.add("use_eagle")
+    if "is_eagle_group" in _params(kci.KVCacheGroupSpec):
+        f.add("is_eagle_group")      # else every group takes the EAGLE drop
+    if "drop_eagle_block" in _params(stm.SlidingWindowManager.find_longest_cache_hit):
+        f.add("eagle_mixed_block")   # older releases assert block_size == alignment under EAGLE
     if hasattr(stm.SlidingWindowManager, "_contiguous_blocks_for_hit"):
         f.add("swa_contiguous_rule")
     ann = inspect.signature(manager_cls.get_computed_blocks).return_annotation
@@ -48,7 +54,8 @@ def release_features(kci: Any, manager_cls: Any, stm: Any, request_cls: Any) -> 
 # layout feature -> the release feature it needs
 _KIND_NEEDS = {"chunked_local": "ChunkedLocalAttentionSpec", "swa_mla": "SlidingWindowMLASpec",
                "compressed": "compressed_mla", "indexer": "compressed_mla",
-               "tail_ring": "CircularBufferSpec"}
+               "tail_ring": "CircularBufferSpec", "mla_indexer": "SparseCacheRole",
+               "mamba": "MambaSpec"}
 
 
 def layout_gap(version: str, features: set[str], kinds: list[str], retention: bool) -> str | None:

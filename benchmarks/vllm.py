@@ -1,0 +1,123 @@
+"""vLLM adapter benchmark: operations per second per preset with every check on (median of 3
+seeds), where the time goes (inside vLLM's KV cache manager, in the adapter's checks, the rest:
+driver and core), and time to detection (and shrunk length) of each planted vLLM fault on
+full+swa and on a preset. Prints JSON. Run with the main venv or a side venv's Python:
+
+    PYTHONPATH=. python benchmarks/vllm.py [--steps N] [--seeds K] [--layouts a,b]
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import statistics
+import sys
+import tempfile
+import os
+import time
+
+# run as a script, this file's folder comes first on sys.path and its name would shadow vLLM's
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+
+_FAULT_LAYOUTS = {"swa_hit_unchecked": "gemma3", "swa_overstrict": "gpt-oss",
+                  "drop_ref_on_free": "deepseek-v3+mtp", "evict_keeps_hash": "llama4"}
+
+
+def _timed(cls, names, box):
+    """Wrap cls's methods so their time adds to box[0] (outermost call only)."""
+    depth = [0]
+    saved = {}
+    for n in names:
+        fn = getattr(cls, n)
+        saved[n] = fn
+
+        @functools.wraps(fn)
+        def w(*a, __fn=fn, **k):
+            if depth[0]:
+                return __fn(*a, **k)
+            depth[0] += 1
+            t = time.perf_counter()
+            try:
+                return __fn(*a, **k)
+            finally:
+                box[0] += time.perf_counter() - t
+                depth[0] -= 1
+        setattr(cls, n, w)
+    return lambda: [setattr(cls, n, f) for n, f in saved.items()]
+
+
+def _run(V, layout, steps, seed, d, profile=False):
+    from kvcheck.fuzz.adapters.vllm_adapter import VllmAdapter
+    from kvcheck.fuzz.adapters.vllm_layouts import _vllm
+    vllm_s, checks_s = [0.0], [0.0]
+    undo = []
+    if profile:
+        undo.append(_timed(_vllm()["KVCacheManager"], ["get_computed_blocks", "allocate_slots", "free",
+                                                       "reset_prefix_cache", "evict_blocks"], vllm_s))
+        undo.append(_timed(VllmAdapter, ["_after_step", "_check_hit", "spec_usable"], checks_s))
+    try:
+        t = time.perf_counter()
+        r = V.run_campaign(layout, budget_s=None, steps=steps, seed=seed, out_dir=d)
+        total = time.perf_counter() - t
+    finally:
+        for u in undo:
+            u()
+    return r, total, vllm_s[0], checks_s[0]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=5000, help="steps per throughput run")
+    ap.add_argument("--seeds", type=int, default=3, help="runs per layout and per planted fault")
+    ap.add_argument("--layouts", default="", help="comma-separated layouts (default: every preset the release has, and full+swa)")
+    a = ap.parse_args()
+    from kvcheck.fuzz.adapters import vllm as V
+    from kvcheck.fuzz.adapters.vllm_presets import PRESETS
+    try:
+        gaps = V.supported_layouts()
+    except V.VllmUnavailable as e:
+        print(json.dumps({"error": str(e)}))
+        return 2
+    layouts = a.layouts.split(",") if a.layouts else ["full+swa"] + [p for p in PRESETS if not gaps.get(p)]
+    out: dict = {"vllm_version": V.vllm_version(), "steps_per_run": a.steps, "seeds": a.seeds,
+                 "note": "wall-clock on a shared machine: noisy; checks_share = time in the adapter's "
+                         "checks (shadow model, hit and bookkeeping checks, spec-usable hit) / total",
+                 "throughput": {}, "faults": {}}
+    with tempfile.TemporaryDirectory() as d:
+        V.run_campaign("full", budget_s=None, steps=50, seed=0, out_dir=d)     # import vLLM first
+        for lay in layouts:
+            ops, share_v, share_c, found = [], [], [], 0
+            for k in range(a.seeds):
+                r, total, vs, cs = _run(V, lay, a.steps, 11 + k, d, profile=(k == 0))
+                ops.append(r["steps"] / total)
+                found += len(r["findings"])
+                if k == 0:
+                    share_v.append(vs / total)
+                    share_c.append(cs / total)
+            out["throughput"][lay] = {"ops_per_s_median": round(statistics.median(ops)),
+                                      "ops_per_s": [round(x) for x in ops],
+                                      "vllm_share": round(share_v[0], 3), "checks_share": round(share_c[0], 3),
+                                      "findings": found}
+        for f in V.FAULTS:
+            for lay in ("full+swa", _FAULT_LAYOUTS[f]):
+                if gaps.get(lay):
+                    continue
+                ttd, shrunk, caught = [], [], 0
+                for seed in range(a.seeds):
+                    r = V.run_campaign(lay, budget_s=10, seed=seed, fault=f, out_dir=d)
+                    caught += bool(r["caught"])
+                    t = r["time_to_failure_s"] if r["time_to_failure_s"] is not None else r["time_to_first_lost_reuse_s"]
+                    if r["caught"] and t is not None:
+                        ttd.append(t)
+                    shrunk += [x["steps"] for x in r["findings"] if x["check"] == V.FAULTS[f][0]]
+                out["faults"][f"{f}@{lay}"] = {
+                    "caught": f"{caught}/{a.seeds}", "expected": V.FAULTS[f][0],
+                    "median_time_to_detection_s": statistics.median(ttd) if ttd else None,
+                    "max_shrunk_steps": max(shrunk) if shrunk else None}
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""Presets: the KV cache groups vLLM 0.33 builds for real models, at a scale the fuzzer can drive.
+
+vLLM groups layers by spec and splits every type into groups of equal layer count
+(kv_cache_planning._get_kv_cache_groups_uniform_page_size: the group size is the smallest
+type's layer count, or the largest when within 1.5x of it). So Gemma 3's 5 SWA : 1 global
+pattern becomes one full group + five identical SWA groups, Llama 4's 3 chunked : 1 full
+becomes one full + three chunked groups, gpt-oss's 1:1 alternation two groups. An EAGLE/MTP
+drafter's layers join the group whose spec they share (the full / MLA group) and that group
+is flagged `is_eagle_group` (KVCacheManager(use_eagle=True)). Windows and chunks are scaled
+down (stated in each description) so prompts of a few hundred tokens cross every window,
+chunk and alignment unit; block sizes are the ones vLLM uses (16, 64 for FlashMLA).
+"""
+from __future__ import annotations
+
+Group = tuple[str, int, "int | None"]
+
+# name -> (description, groups, scheduler block, hash block, max_model_len, eagle groups or None)
+_P: dict[str, tuple[str, list, int, int, int, tuple[int, ...] | None]] = {
+    "gemma3": ("Gemma 3 (5 local : 1 global): full + 5 identical SWA groups, block 16; window 1024 "
+               "scaled to 40 (max_model_len 256)",
+               [("full", 16, None)] + [("swa", 16, 40)] * 5, 16, 16, 256, None),
+    "gpt-oss": ("gpt-oss (alternating full / SWA window 128): 2 groups, block 16, window 128 "
+                "unscaled (max_model_len 256)",
+                [("full", 16, None), ("swa", 16, 128)], 16, 16, 256, None),
+    "llama4": ("Llama 4 (3 chunked local : 1 full): full + 3 identical chunked-local groups, block 16; "
+               "chunk 8192 scaled to 64 (max_model_len 256)",
+               [("full", 16, None)] + [("chunked_local", 16, 64)] * 3, 16, 16, 256, None),
+    "deepseek-v3": ("DeepSeek-V3 (MLA only): one MLAAttentionSpec group, block 64 (FlashMLA), "
+                    "max_model_len 384", [("mla", 64, None)], 64, 64, 384, None),
+    "deepseek-v3.2": ("DeepSeek-V3.2 (MLA + lightning indexer): MLA group + indexer MLA group "
+                      "(cache_role=INDEXER, own page size), block 64, max_model_len 384",
+                      [("mla", 64, None), ("mla_indexer", 64, None)], 64, 64, 384, None),
+}
+# The drafter variants: EAGLE-3 for Gemma 3 / gpt-oss / Llama 4 (a full-attention draft layer,
+# joins the full group 0), MTP for DeepSeek (an MLA layer, joins the MLA group 0).
+for _n in list(_P):
+    _d, _g, _s, _h, _m, _ = _P[_n]
+    _kind = "MTP" if _n.startswith("deepseek") else "EAGLE-3"
+    _P[f"{_n}+{_kind.lower().split('-')[0]}"] = (
+        f"{_d}; with an {_kind} drafter (its layer joins group 0, is_eagle_group; use_eagle=True)",
+        _g, _s, _h, _m, (0,))
+_DSV4_MTP = ("dsv4+mtp", "as dsv4, with an MTP drafter (an SWA-MLA layer: joins group 0; use_eagle=True)")
+
+# Listed so a user asking for them gets the reason, not "unknown layout".
+REFUSED = {
+    "qwen3-next": ("Qwen3-Next (Gated DeltaNet linear attention : full 3:1, MambaSpec groups in align "
+                   "mode)", "the adapter cannot judge MambaSpec groups yet (no shadow model of "
+                   "Mamba state blocks or of align-mode checkpoints), so this layout is refused"),
+}
+
+
+def install_presets(layouts: dict, scale: dict, eagle: dict, refused: dict) -> None:
+    """Add the presets to the layout tables of vllm_layouts.py."""
+    for name, (desc, groups, sched, hb, max_len, eg) in _P.items():
+        layouts[name] = (desc, list(groups), sched)
+        scale[name] = (hb, max_len)
+        if eg is not None:
+            eagle[name] = eg
+    name, desc = _DSV4_MTP
+    layouts[name] = (desc, list(layouts["dsv4"][1]), layouts["dsv4"][2])
+    eagle[name] = (0,)
+    for name, (desc, why) in REFUSED.items():
+        layouts[name] = (desc, [("mamba", 16, None), ("full", 16, None)], 16)
+        refused[name] = why
+
+
+PRESETS = tuple(_P) + (_DSV4_MTP[0], "dsv4")
