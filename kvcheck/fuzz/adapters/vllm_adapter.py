@@ -56,7 +56,7 @@ class VllmAdapter(ShadowChecks):
         V = _vllm()
         specs = _make_specs(self.layout)
         feats = V["features"]
-        extra = ({"prefix_cache_retention_interval": _RETENTION.get(self.layout)}
+        extra = ({"prefix_cache_retention_interval": self.retention()}
                  if "retention_interval" in feats else {})
         kcfg = V["KVCacheConfig"](num_blocks=self.num_blocks, kv_cache_tensors=[],
                                   kv_cache_groups=[V["KVCacheGroupSpec"]([f"layer{i}"], s)
@@ -76,6 +76,10 @@ class VllmAdapter(ShadowChecks):
         self.hits = 0                              # lookups that hit
         self.broken: Violation | None = None       # what the last step broke (extra_checks)
         self._plant()
+
+    def retention(self) -> int | None:
+        """The layout's prefix_cache_retention_interval (None: dense); the dense twin overrides it."""
+        return _RETENTION.get(self.layout)
 
     def _plant(self) -> None:
         f = self.fault
@@ -190,7 +194,9 @@ class VllmAdapter(ShadowChecks):
         if hit < usable:
             v = Violation("lost_reuse", "lost_reuse",
                           f"{self.layout}: request {r} ({o.num_tokens} tokens): the spec allows a "
-                          f"hit of {usable} tokens from the cached blocks, vLLM returned {hit}")
+                          f"hit of {usable} tokens from the cached blocks, vLLM returned {hit}",
+                          {"tokens_lost": usable - hit, "prompt_tokens": o.num_tokens,
+                           "share": round((usable - hit) / o.num_tokens, 3), "usable": usable, "hit": hit})
             self.lost.append(v)
             obs["lost_reuse"] = str(v)
         elif hit > usable:

@@ -1,0 +1,3 @@
+"""Standalone reproducers (placeholder)."""
+def write_reproducer(trace, path):
+    return {}
