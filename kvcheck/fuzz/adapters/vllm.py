@@ -122,6 +122,8 @@ def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = N
     if workload not in WORKLOADS:
         raise ValueError(f"unknown workload {workload!r}; known: {', '.join(WORKLOADS)}")
     twin = wants_twin(layout, fault) if twin is None else twin
+    if fault == "retention_drops_tail" and not twin:
+        raise ValueError("fault 'retention_drops_tail' is caught by the dense twin only: run with the twin on")
     _adapter(layout, 24, fault, False, twin)   # validate layout/fault early (and import vLLM)
     t0 = time.monotonic()
     if budget_s is None and steps is None:

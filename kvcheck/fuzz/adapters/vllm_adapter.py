@@ -29,6 +29,7 @@ class VllmAdapter(ShadowChecks):
 
     name = "vllm"
     actions = frozenset(ACTIONS)
+    twin_oracle = False          # TwinAdapter: plants and catches the retention fault
 
     def __init__(self, layout: str, num_blocks: int = 24, fault: str | None = None,
                  strict: bool = False) -> None:
@@ -41,6 +42,9 @@ class VllmAdapter(ShadowChecks):
         groups = _LAYOUTS[layout][1]
         if any(f.name == fault for f in _SWA_FAULTS) and not any(k in ("swa", "swa_mla") for k, _, _ in groups):
             raise ValueError(f"fault {fault!r} needs a layout with a sliding-window group")
+        if fault == "retention_drops_tail" and not self.twin_oracle:
+            raise ValueError("fault 'retention_drops_tail' is planted and caught by the dense-twin adapter "
+                             "(vllm_twin.TwinAdapter) only")
         gap = release_gap(layout, fault)
         if gap:
             raise ValueError(gap)

@@ -64,6 +64,8 @@ class DenseTwin(VllmAdapter):
 class TwinAdapter(VllmAdapter):
     """The layout under test (usually sparse retention) with its dense twin beside it."""
 
+    twin_oracle = True
+
     def __init__(self, layout: str, num_blocks: int = 24, fault: str | None = None,
                  strict: bool = False) -> None:
         if fault == RETENTION_DROPS_TAIL.name and _RETENTION.get(layout) is None:
