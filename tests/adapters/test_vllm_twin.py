@@ -72,6 +72,21 @@ def test_planted_retention_fault_is_caught_by_the_twin_and_missed_by_the_map_che
     assert len([v for v in ad.lost if v.check == "lost_reuse"]) == n_map
 
 
+def test_connector_eviction_before_the_promise_is_not_lost_reuse():
+    """Found by the campaign (an oracle bug, fixed): r2 pins junction 12, the connector evicts one
+    of its published SWA blocks before r2 reaches 12; the policy's promise never covered it."""
+    a = [18, 24, 39, 28, 17, 19, 33, 30, 5, 10, 28, 3]
+    steps = [("submit", {"r": "r1", "tokens": a + [38, 34, 26, 28, 36, 21, 34, 12, 34, 7, 29, 14, 3, 32, 8]}),
+             ("lookup", {"r": "r1", "chunk": 27}),
+             ("submit", {"r": "r2", "tokens": a + [23, 2, 28, 0, 21, 9, 25, 5, 30, 36, 36, 19, 6, 38, 21, 8]}),
+             ("lookup", {"r": "r2", "chunk": 9}), ("evict_blocks", {"block_ids": [29, 19, 6]}),
+             ("prefill", {"r": "r2", "chunk": 7}), ("preempt", {"r": "r2"}), ("lookup", {"r": "r2", "chunk": 29})]
+    ad = TwinAdapter("full+swa-sparse", 32)
+    for act, p in steps:
+        ad.apply(act, p)
+    assert ad.reqs["r2"].obj.shared_prefix_boundary == 12 and not _retention_lost(ad)
+
+
 def test_interval_n_promises_every_n_tokens(tmp_path):
     name = register_layout({"groups": [{"kind": "full", "block_size": 4},
                                        {"kind": "swa", "block_size": 4, "window": 6}],

@@ -77,6 +77,7 @@ class TwinAdapter(VllmAdapter):
         self.promises: dict[tuple, list[list]] = {}    # content -> [[tail (g, id, i)..., why]]
         self.by_block: dict[int, set[tuple]] = {}      # block id -> contents it keeps a promise of
         self.promised_at: dict[str, set[int]] = {}     # rid -> boundaries recorded
+        self.unpublished: set[int] = set()             # evicted by the connector since allocated
         super().reset(cfg)
         self.interval = self.retention()
         self.twin = DenseTwin(self.layout, self.num_blocks, None, False)
@@ -99,6 +100,9 @@ class TwinAdapter(VllmAdapter):
             promised = self._promised(self.reqs[params["r"]])
             if not self.desynced and params["r"] in self.twin.reqs:
                 dense = self.twin.uncapped(self.twin.reqs[params["r"]].obj)[1]
+        if action == "evict_blocks":     # a connector eviction of a published block ends its promise
+            ids = [i for i in params.get("block_ids", []) if isinstance(i, int) and 0 < i < self.num_blocks]
+            self.unpublished.update(i for i in ids if self.pool.blocks[i].block_hash is not None)
         n_lost = len(self.lost)
         obs = super().apply(action, params)
         if action == "reset_prefix_cache" and obs.get("reset"):
@@ -140,7 +144,9 @@ class TwinAdapter(VllmAdapter):
     def _own(self, req: _Req, new: Any) -> None:
         """Freshly allocated blocks were evicted from wherever they were: promises on them end."""
         super()._own(req, new)
-        self._forget(b.block_id for lst in new.blocks for b in lst if not b.is_null)
+        fresh = [b.block_id for lst in new.blocks for b in lst if not b.is_null]
+        self.unpublished.difference_update(fresh)
+        self._forget(fresh)
 
     def _forget(self, ids: Any) -> None:
         for bid in ids:
@@ -192,8 +198,8 @@ class TwinAdapter(VllmAdapter):
             table = self._table(g, req.rid)
             end = b // bs
             for i in range(max(0, end - _cdiv(w - 1, bs)), end):
-                if i >= len(table) or table[i].is_null:
-                    return None               # this request never held that tail
+                if i >= len(table) or table[i].is_null or table[i].block_id in self.unpublished:
+                    return None               # never held that tail, or the connector evicted it
                 out.append((g, table[i].block_id, i))
         return out
 
