@@ -82,9 +82,11 @@ def test_connector_eviction_before_the_promise_is_not_lost_reuse():
              ("lookup", {"r": "r2", "chunk": 9}), ("evict_blocks", {"block_ids": [29, 19, 6]}),
              ("prefill", {"r": "r2", "chunk": 7}), ("preempt", {"r": "r2"}), ("lookup", {"r": "r2", "chunk": 29})]
     ad = TwinAdapter("full+swa-sparse", 32)
-    for act, p in steps:
+    for n, (act, p) in enumerate(steps):
         ad.apply(act, p)
-    assert ad.reqs["r2"].obj.shared_prefix_boundary == 12 and not _retention_lost(ad)
+        if n == 3:
+            assert ad.reqs["r2"].obj.shared_prefix_boundary == 12
+    assert not _retention_lost(ad) and ad.twin_stats["below_twin"] >= 1
 
 
 def test_interval_n_promises_every_n_tokens(tmp_path):
