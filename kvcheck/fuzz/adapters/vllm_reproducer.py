@@ -13,7 +13,6 @@ Checks with a standalone condition: see :data:`CONDITIONS`. Others get the repla
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -119,7 +118,7 @@ def reproducer_source(trace: Any, trace_path: str) -> str | None:
         sched=_LAYOUTS[layout][2], retention=repr(_RETENTION.get(layout)), num_blocks=int(trace.meta.get("num_blocks", 24)),
         B=B, max_len=MAX_MODEL_LEN, max_tokens=MAX_TOKENS, vocab=VOCAB, check=repr(check),
         promised=repr((trace.meta.get("lost_reuse_size") or {}).get("promised")),
-        steps=repr(steps), fault_block=fault_block, has_fault=bool(plant))
+        steps=repr(steps), fault_block=fault_block)
 
 
 def write_reproducer(trace: Any, trace_path: str) -> dict:

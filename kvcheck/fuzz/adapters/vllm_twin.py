@@ -5,30 +5,32 @@ own prefix-cache map, so a retention policy that never publishes a block a later
 cannot show up. Here every operation also runs on a twin ``KVCacheManager`` of the same layout
 with dense retention (``prefix_cache_retention_interval=None``). At a lookup the twin first
 reports its uncapped hit D, then is admitted with the hit of the layout under test (S, through
-``get_computed_blocks(max_cache_hit_length=S)``), so both managers allocate the same blocks
-and keep the same physical history: only what they publish differs. Eviction therefore hits
-both alike, and D - S is what retention alone cost.
+``get_computed_blocks(max_cache_hit_length=S)``), so both allocate as many blocks and stay in
+step; D - S is what dense retention would have reused on top. The twin alone cannot be the
+oracle: vLLM frees unpublished blocks to the front of the free queue and published ones to its
+end (``vllm/v1/core/block_pool.py:837-846``), so from the first free on the two managers use
+different physical blocks and evict differently. The promise below is therefore checked on the
+layout under test's own blocks, through the shadow content model.
 
 What the policy promises (the slack), from vLLM 0.33.0's own text and code:
   * ``vllm/config/cache.py:275-281``: ``0`` "retains only semantic checkpoints, including the
     latest replay boundary and shared-prefix junctions"; ``N > 0`` additionally retains a
     checkpoint every N tokens (a multiple of the scheduler block size); ``None`` is dense.
-  * ``vllm/v1/core/kv_cache_coordinator.py:72-92`` (``replay_boundaries``): without EAGLE the
+  * ``vllm/v1/core/kv_cache_coordinator.py:65-87`` (``replay_boundaries``): without EAGLE the
     replay boundary is ``num_prompt_tokens - 1`` (a resend is capped there).
-  * ``vllm/v1/core/single_type_kv_cache_manager.py:1092-1147`` (SWA ``reachable_block_mask``):
+  * ``vllm/v1/core/single_type_kv_cache_manager.py:1093-1146`` (SWA ``reachable_block_mask``):
     the ``cdiv(W - 1, block)``-block tail ending at each kept boundary (floored to the hit
     alignment) is cached: every N-token segment end for ``N > 0``, and for every interval the
     replay boundary and the junction ``get_computed_blocks`` reported
     (``kv_cache_manager.py:318-324``, pinned at ``single_type_kv_cache_manager.py:511-520``).
-So a boundary b of a request is *promised* once the request has computed b tokens, and the
-promise stands while the twin still publishes the very blocks of that tail (the same physical
-blocks in both managers) and could itself hit at b. A lookup whose hit S is below the longest
-promised b <= D is lost reuse beyond the declared slack: check ``lost_reuse_retention``, kind
-``lost_reuse``, with its size (tokens lost, share of the prompt). Everything between S and D
-that no promise covers is the slack the policy declares, counted but not a finding.
-
-Comparison stops for the rest of an episode if the twin's block tables ever differ from the
-layout under test (counted as ``desynced``; it cannot happen while hits are equal).
+So a boundary b of a request is *promised* once the request has computed b tokens; the promise
+stands while the very blocks of that tail still hold the request's prefix (not reallocated,
+not evicted by the connector, no ``reset_prefix_cache`` since) and the groups retention does
+not thin (full attention) are cached up to b. A lookup whose hit S is below a standing promise
+is lost reuse beyond the declared slack: check ``lost_reuse_retention``, kind ``lost_reuse``,
+with its size (tokens lost, share of the prompt). Everything between S and D that no promise
+covers is the slack the policy declares: counted, not a finding. The twin leaves an episode
+(``desynced``) once it accepts an operation with another outcome; the promise check goes on.
 """
 from __future__ import annotations
 
