@@ -50,14 +50,15 @@ def test_layout_runs_clean(layout, tmp_path):
 
 @pytest.mark.parametrize("fault", list(V.FAULTS))
 def test_planted_fault_is_caught_with_expected_check(fault, tmp_path):
-    r = V.run_campaign("full+swa", budget_s=60, steps=(5000 if V.FAULTS[fault][0] == "lost_reuse" else 100_000),
+    expected = V.FAULTS[fault][0]
+    layout = "full+swa-sparse" if expected == "lost_reuse_retention" else "full+swa"   # needs retention
+    r = V.run_campaign(layout, budget_s=60, steps=(5000 if expected.startswith("lost_reuse") else 100_000),
                        seed=0, fault=fault,
                        out_dir=str(tmp_path))
-    expected = V.FAULTS[fault][0]
     assert r["caught"], r
     f = next(f for f in r["findings"] if f["check"] == expected)
     assert f["replay"] == f"kvcheck replay {f['trace']} --sut vllm"
-    if expected != "lost_reuse":
+    if not expected.startswith("lost_reuse"):
         assert r["exit_code"] == 10
         # the first violation is the expected one, not another check by accident
         assert r["findings"][-1]["check"] == expected

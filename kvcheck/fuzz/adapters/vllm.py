@@ -25,6 +25,9 @@ from ..shrink import shrink_finding
 from ..traces import replay as replay_on_core, to_trace
 from .vllm_adapter import VllmAdapter
 from .vllm_checks import Violation
+from .vllm_reproducer import write_reproducer
+from .vllm_twin import TwinAdapter, twin_summary, wants_twin
+from .vllm_workloads import WORKLOADS, reuse_profile
 from .vllm_layouts import (_LAYOUTS, ACTIONS, FAULTS, GENERATED, INSTALL_HINT, LAYOUTS, VOCAB,
                            VllmUnavailable, layout_config, layout_scale, supported_layouts, vllm_version,
                            _FILE_LAYOUTS, load_layout_file, register_layout)
@@ -70,31 +73,37 @@ class _Gen(PromptGen):
         return a, {"r": r}
 
 
+def _adapter(layout: str, num_blocks: int, fault: str | None, strict: bool, twin: bool) -> VllmAdapter:
+    return (TwinAdapter if twin else VllmAdapter)(layout, num_blocks, fault, strict)
+
+
 def execute(layout: str, num_blocks: int, fault: str | None, program: list[Act],
-            strict: bool = False) -> tuple[VllmAdapter, Finding | None]:
-    """Run steps on a fresh manager, on the core; a step vLLM refuses (possible after
-    shrinking) is skipped. Returns the adapter and the finding, if any."""
-    ad = VllmAdapter(layout, num_blocks, fault, strict)
+            strict: bool = False, twin: bool = False) -> tuple[VllmAdapter, Finding | None]:
+    """Run steps on a fresh manager (with its dense twin if `twin`), on the core; a step vLLM
+    refuses (possible after shrinking) is skipped. Returns the adapter and the finding, if any."""
+    ad = _adapter(layout, num_blocks, fault, strict, twin)
     return ad, Lockstep(FreeModel(), ad).run(program)
 
 
 def _shrink(layout: str, num_blocks: int, fault: str | None, f: Finding, strict: bool,
-            seconds: float) -> Finding:
+            seconds: float, twin: bool = False) -> Finding:
     """The one shrinker, while the same check still fails."""
-    return shrink_finding(f, lambda prog: execute(layout, num_blocks, fault, prog, strict)[1],
+    return shrink_finding(f, lambda prog: execute(layout, num_blocks, fault, prog, strict, twin)[1],
                           lambda g: g.checks == f.checks, seconds)
 
 
 def _save(layout: str, num_blocks: int, fault: str | None, seed: int, f: Finding, strict: bool,
-          out_dir: str, tag: str) -> dict:
+          out_dir: str, tag: str, twin: bool = False, size: dict | None = None) -> dict:
     trace = to_trace(None, f.trail, seed, engine="vllm-fuzz", cfg=layout_config(layout), sut="vllm",
                      finding=f, fault=fault,
                      meta={"vllm_version": vllm_version(), "layout": layout, "num_blocks": num_blocks,
-                           "strict_reuse": strict,
+                           "strict_reuse": strict, **({"dense_twin": True} if twin else {}),
+                           **({"lost_reuse_size": size} if size else {}),
                            **({"layout_file": _FILE_LAYOUTS[layout]} if layout in _FILE_LAYOUTS else {})})
     path = str(trace.save(Path(out_dir) / f"vllm-{_file_safe(layout)}-{tag}-seed{seed}.json"))
     return {"kind": f.kind, "check": f.checks[0], "message": f.message, "trace": path, "layout": layout,
-            "steps": len(trace.steps), "replay": f"kvcheck replay {path} --sut vllm"}
+            "steps": len(trace.steps), "replay": f"kvcheck replay {path} --sut vllm",
+            **({"size": size} if size else {}), **write_reproducer(trace, path)}
 
 
 def _file_safe(name: str) -> str:
@@ -103,18 +112,24 @@ def _file_safe(name: str) -> str:
 
 def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = None,
                  seed: int = 0, strict_reuse: bool = False, fault: str | None = None,
-                 out_dir: str = "kvcheck-report") -> dict:
+                 out_dir: str = "kvcheck-report", twin: bool | None = None,
+                 workload: str = "random") -> dict:
     """Fuzz one layout until the budget (seconds and/or steps) is spent or a violation is found.
     Without `strict_reuse`, the first three kinds of lost reuse are saved as findings and the
-    campaign goes on."""
+    campaign goes on. `twin` (default: when the layout sets a retention interval): run the
+    dense twin beside it (vllm_twin.py). `workload`: "random" or "chat" (vllm_workloads.py)."""
     if layout not in LAYOUTS:
         raise ValueError(f"unknown vLLM layout {layout!r}; known: {', '.join(LAYOUTS)}")
+    if workload not in WORKLOADS:
+        raise ValueError(f"unknown workload {workload!r}; known: {', '.join(WORKLOADS)}")
     from . import vllm_generator as gen_layouts
     generated = layout == GENERATED       # a layout sampled per episode (vllm_generator.py)
-    if generated:
-        VllmAdapter(gen_layouts.sample_layout(seed, fault), 24, fault)    # validate fault, import vLLM
-    else:
-        VllmAdapter(layout, 24, fault)    # validate layout/fault early (and import vLLM)
+    first = gen_layouts.sample_layout(seed, fault) if generated else layout
+    twin_arg = twin
+    twin = wants_twin(first, fault) if twin_arg is None else twin_arg
+    if fault == "retention_drops_tail" and not twin:
+        raise ValueError("fault 'retention_drops_tail' is caught by the dense twin only: run with the twin on")
+    _adapter(first, 24, fault, False, twin)   # validate layout/fault early (and import vLLM)
     layout_all, sampled = layout, 0
     t0 = time.monotonic()
     if budget_s is None and steps is None:
@@ -126,15 +141,20 @@ def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = N
     total, episodes, hits, lost_total = 0, 0, 0, 0
     exit_code: int = ExitCode.OK
     first_fail_s = first_lost_s = None
+    twins: list = []
     while time.monotonic() < deadline and (steps is None or total < steps):
         ep_seed = seed * 1_000_003 + episodes
         if generated:
             layout, sampled = gen_layouts.sample_layout(ep_seed, fault), sampled + 1
         rng = random.Random(ep_seed)
+        if generated:
+            twin = wants_twin(layout, fault) if twin_arg is None else twin_arg
         gen = _Gen(rng, layout_scale(layout)[1])
+        if workload != "random":
+            gen = WORKLOADS[workload](gen)
         per_req = max(16, layout_scale(layout)[1] // min(bs for _, bs, _ in _LAYOUTS[layout][1]))
         num_blocks = rng.choice([10, 14, 20, 32]) * max(2, len(_LAYOUTS[layout][1])) // 2 * per_req // 16
-        ad = VllmAdapter(layout, num_blocks, fault, strict_reuse)
+        ad = _adapter(layout, num_blocks, fault, strict_reuse, twin)
         core = Lockstep(FreeModel(), ad)
         viol: Finding | None = None
         for _ in range(rng.randint(20, 120)):
@@ -150,25 +170,30 @@ def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = N
                 lost_total += 1
                 if first_lost_s is None:
                     first_lost_s = round(time.monotonic() - t0, 2)
-                key = ad.lost[-1].message.split(": ")[0]      # the layout (gen:SEED, file:NAME)
+                last = ad.lost[-1]
+                key = f"{last.check}:{last.message.split(': ')[0]}"      # per check and layout (gen:SEED, file:NAME)
                 if not strict_reuse and key not in lost_seen and len(lost_seen) < 3:
                     lost_seen.add(key)
-                    lv = core.stamp(Finding("lost_reuse", ["lost_reuse"], ad.lost[-1].message))
-                    small = _shrink(layout, num_blocks, fault, lv, True, min(deadline - time.monotonic(), 20))
+                    lv = core.stamp(Finding("lost_reuse", [last.check], last.message))
+                    small = _shrink(layout, num_blocks, fault, lv, True, min(deadline - time.monotonic(), 20), twin)
                     findings.append(_save(layout, num_blocks, fault, ep_seed, small, True, out_dir,
-                                          f"lost_reuse{len(lost_seen)}"))
+                                          f"{last.check}{len(lost_seen)}", twin,
+                                          _size_of(layout, num_blocks, fault, small, twin)))
             if viol is not None:
                 break
         hits += ad.hits
         coverage.update(ad.coverage)
+        if twin:
+            twins.append(ad)
         episodes += 1
         if generated and not any(f["layout"] == layout for f in findings) and viol is None:
             gen_layouts.forget(layout)
         if viol is not None:
             first_fail_s = round(time.monotonic() - t0, 2)
             strict = viol.kind == "lost_reuse"
-            small = _shrink(layout, num_blocks, fault, viol, strict, 30)
-            findings.append(_save(layout, num_blocks, fault, ep_seed, small, strict, out_dir, viol.checks[0]))
+            small = _shrink(layout, num_blocks, fault, viol, strict, 30, twin)
+            findings.append(_save(layout, num_blocks, fault, ep_seed, small, strict, out_dir, viol.checks[0],
+                                  twin, _size_of(layout, num_blocks, fault, small, twin) if strict else None))
             exit_code = FOR_FINDING[viol.kind]
             break
     missing = [a for a in ACTIONS if not coverage.get(a)]
@@ -184,8 +209,17 @@ def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = N
         "time_to_first_lost_reuse_s": first_lost_s,
         "coverage": {k: coverage[k] for k in sorted(coverage)}, "missing_actions": missing,
         "lookups_with_hit": hits, "lost_reuse_lookups": lost_total,
-        "findings": findings, "exit_code": exit_code,
+        "findings": findings, "exit_code": exit_code, "workload": workload,
+        **({"dense_twin": twin_summary(twins)} if twin else {}),
+        "reuse_profile": reuse_profile(layout) if twin else {},
     }
+
+
+def _size_of(layout: str, num_blocks: int, fault: str | None, f: Finding, twin: bool) -> dict | None:
+    """The size (tokens lost, share of the prompt) of a shrunk lost-reuse finding: its program
+    is run once more and the last lost reuse measured (the map-based check records none)."""
+    ad, _ = execute(layout, num_blocks, fault, f.program, True, twin)
+    return getattr(ad.lost[-1], "size", None) if ad.lost else None
 
 
 def replay(trace: Trace | str | Path) -> dict:
@@ -198,8 +232,8 @@ def replay(trace: Trace | str | Path) -> dict:
         layout = register_layout(trace.meta["layout_file"], where, prefix=kind)
     if layout not in LAYOUTS:
         raise ValueError(f"trace has no known vLLM layout in meta.layout (got {layout!r})")
-    ad = VllmAdapter(layout, int(trace.meta.get("num_blocks", 24)), trace.fault,
-                     bool(trace.meta.get("strict_reuse")))
+    ad = _adapter(layout, int(trace.meta.get("num_blocks", 24)), trace.fault,
+                  bool(trace.meta.get("strict_reuse")), bool(trace.meta.get("dense_twin")))
     code, out = replay_on_core(trace, ad, FreeModel())
     v = out.get("violation")
     want = (trace.violation or {}).get("check")

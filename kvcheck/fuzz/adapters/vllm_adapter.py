@@ -29,6 +29,7 @@ class VllmAdapter(ShadowChecks):
 
     name = "vllm"
     actions = frozenset(ACTIONS)
+    twin_oracle = False          # TwinAdapter: plants and catches the retention fault
 
     def __init__(self, layout: str, num_blocks: int = 24, fault: str | None = None,
                  strict: bool = False) -> None:
@@ -41,6 +42,9 @@ class VllmAdapter(ShadowChecks):
         groups = _LAYOUTS[layout][1]
         if any(f.name == fault for f in _SWA_FAULTS) and not any(k in ("swa", "swa_mla") for k, _, _ in groups):
             raise ValueError(f"fault {fault!r} needs a layout with a sliding-window group")
+        if fault == "retention_drops_tail" and not self.twin_oracle:
+            raise ValueError("fault 'retention_drops_tail' is planted and caught by the dense-twin adapter "
+                             "(vllm_twin.TwinAdapter) only")
         gap = release_gap(layout, fault)
         if gap:
             raise ValueError(gap)
@@ -58,7 +62,7 @@ class VllmAdapter(ShadowChecks):
         V = _vllm()
         specs = _make_specs(self.layout)
         feats = V["features"]
-        extra = ({"prefix_cache_retention_interval": _RETENTION.get(self.layout)}
+        extra = ({"prefix_cache_retention_interval": self.retention()}
                  if "retention_interval" in feats else {})
         drafter = _EAGLE.get(self.layout)       # the groups holding draft layers, or None
         flag = drafter is not None and "is_eagle_group" in feats
@@ -94,6 +98,10 @@ class VllmAdapter(ShadowChecks):
         if not flagged or not drafter:
             return set(range(len(self.groups)))
         return {g for g in range(len(specs)) if any(specs[g] == specs[d] for d in drafter)}
+
+    def retention(self) -> int | None:
+        """The layout's prefix_cache_retention_interval (None: dense); the dense twin overrides it."""
+        return _RETENTION.get(self.layout)
 
     def _plant(self) -> None:
         f = self.fault
@@ -208,7 +216,9 @@ class VllmAdapter(ShadowChecks):
         if hit < usable:
             v = Violation("lost_reuse", "lost_reuse",
                           f"{self.layout}: request {r} ({o.num_tokens} tokens): the spec allows a "
-                          f"hit of {usable} tokens from the cached blocks, vLLM returned {hit}")
+                          f"hit of {usable} tokens from the cached blocks, vLLM returned {hit}",
+                          {"tokens_lost": usable - hit, "prompt_tokens": o.num_tokens,
+                           "share": round((usable - hit) / o.num_tokens, 3), "usable": usable, "hit": hit})
             self.lost.append(v)
             obs["lost_reuse"] = str(v)
         elif hit > usable:

@@ -25,6 +25,7 @@ class Violation(Exception):
     kind: str       # safety | bookkeeping | divergence | lost_reuse
     check: str
     message: str
+    size: dict | None = None    # lost reuse: tokens_lost, prompt_tokens, share (of the prompt)
 
     def __str__(self) -> str:
         return f"{self.kind}/{self.check}: {self.message}"

@@ -115,7 +115,13 @@ EVICT_KEEPS_HASH = _fault(
 SWA_OVERSTRICT = _fault(
     "swa_overstrict", "vllm:SlidingWindowManager._contiguous_blocks_for_hit", "lost reuse",
     "lost_reuse", "sliding-window lookup demands one more contiguous block than the window needs")
-VLLM_FAULTS: tuple[Fault, ...] = (DROP_REF_ON_FREE, SWA_HIT_UNCHECKED, EVICT_KEEPS_HASH, SWA_OVERSTRICT)
+RETENTION_DROPS_TAIL = _fault(
+    "retention_drops_tail", "vllm:SlidingWindowManager.reachable_block_mask", "lost reuse (retention)",
+    "lost_reuse_retention", "sparse retention leaves out the last sliding-window block before the replay "
+    "boundary, so a resend or longer sibling of a prompt cannot hit where the policy promises "
+    "(caught by the dense twin, vllm_twin.py; needs a layout with a retention interval)")
+VLLM_FAULTS: tuple[Fault, ...] = (DROP_REF_ON_FREE, SWA_HIT_UNCHECKED, EVICT_KEEPS_HASH, SWA_OVERSTRICT,
+                                  RETENTION_DROPS_TAIL)
 FAULTS: dict[str, tuple[str, str]] = {f.name: (f.expected, f.doc) for f in VLLM_FAULTS}  # name -> (check, doc)
 _SWA_FAULTS = (SWA_HIT_UNCHECKED, SWA_OVERSTRICT)      # need a layout with a sliding-window group
 
@@ -181,7 +187,8 @@ def _vllm() -> dict[str, Any]:
     return _V
 
 
-_FAULT_SITE = {"swa_hit_unchecked": "swa_contiguous_rule", "swa_overstrict": "swa_contiguous_rule"}
+_FAULT_SITE = {"swa_hit_unchecked": "swa_contiguous_rule", "swa_overstrict": "swa_contiguous_rule",
+               "retention_drops_tail": "retention_interval"}
 
 
 def release_gap(layout: str, fault: str | None = None) -> str | None:
