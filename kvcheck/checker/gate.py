@@ -271,6 +271,7 @@ def run_profiles(cfg: Config, out: Path, seed: int, report: dict[str, Any], code
     eng["mutants_smoke"] = {k: m[k] for k in ("mutation_score", "killed", "scored", "survivors",
                                               "misattributed", "negative_control_clean", "exit_code")}
     eng["mutants_smoke"]["faults"] = {r["fault"]: r["status"] for r in m["faults"]}
+    eng["mutants_smoke"]["matrix"] = m["faults"]      # full rows (per engine, seconds): the report plots them
     verdicts.append(("mutants smoke", m["exit_code"]))
     if code not in (ExitCode.OK, ExitCode.UNDECIDED):
         return code
