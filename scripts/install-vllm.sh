@@ -41,7 +41,7 @@ rm -f "$cons"
 if out=$(cd "$HERE" && VLLM_TARGET_DEVICE=cpu "$TARGET" -c "
 from kvcheck.fuzz.adapters.vllm_layouts import supported_layouts, vllm_version
 s = supported_layouts(); ok = [k for k, v in s.items() if v is None]
-print(f'vllm {vllm_version()}: {len(ok)}/{len(s)} layouts ({\", \".join(k for k in s if k not in ok) or \"none\"} need a newer release)')" 2>&1 | tail -1); then
+print(f'vllm {vllm_version()}: {len(ok)}/{len(s)} layouts run here (not: {\", \".join(k for k in s if k not in ok) or \"none\"}; kvcheck fuzz --sut vllm --list-layouts says why)')" 2>&1 | tail -1); then
   torch=$("$TARGET" -c 'import torch; print(torch.__version__)')
   echo "install-vllm: $out; in ${DIR:-$TARGET} in $((SECONDS - start)) s; torch $torch kept; left out: vLLM's pins of torch, CUDA kernels and the serving stack (the KV cache manager needs none)"
 else
