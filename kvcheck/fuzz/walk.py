@@ -107,7 +107,7 @@ class Walker:
         self._rlen = [spec.lay.r(r, "rlen") for r in range(spec.cfg.requests)]
 
     def _episode_actions(self) -> set[str]:
-        names = set(self.spec.actions)
+        names = sorted(self.spec.actions)          # sorted: a set of str iterates by PYTHONHASHSEED
         if not self.swarm or self.coverage.episodes % 4 == 0:   # every 4th episode: everything
             return names
         return {a for a in names if a in CORE or self.rng.random() < 0.5}

@@ -26,6 +26,7 @@ from ..traces import replay as replay_on_core, to_trace
 from .vllm_adapter import VllmAdapter
 from .vllm_checks import Violation
 from .vllm_reproducer import write_reproducer
+from .vllm_layouts import RETENTION_DROPS_TAIL
 from .vllm_twin import TwinAdapter, twin_summary, wants_twin
 from .vllm_workloads import WORKLOADS, reuse_profile
 from .vllm_layouts import (_LAYOUTS, ACTIONS, FAULTS, GENERATED, INSTALL_HINT, LAYOUTS, VOCAB,
@@ -127,7 +128,7 @@ def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = N
     first = gen_layouts.sample_layout(seed, fault) if generated else layout
     twin_arg = twin
     twin = wants_twin(first, fault) if twin_arg is None else twin_arg
-    if fault == "retention_drops_tail" and not twin:
+    if fault == RETENTION_DROPS_TAIL.name and not twin:
         raise ValueError("fault 'retention_drops_tail' is caught by the dense twin only: run with the twin on")
     _adapter(first, 24, fault, False, twin)   # validate layout/fault early (and import vLLM)
     layout_all, sampled = layout, 0

@@ -19,7 +19,7 @@ from kvcheck.spec.sut import ActionRejected
 
 from .vllm_checks import ShadowChecks, Violation, _Req
 from .vllm_layouts import (_EAGLE, _LAYOUTS, _RETENTION, _SWA_FAULTS, ACTIONS, DROP_REF_ON_FREE,
-                           EVICT_KEEPS_HASH, LAYOUTS, SWA_OVERSTRICT, VOCAB, _make_specs, _vllm,
+                           EVICT_KEEPS_HASH, LAYOUTS, RETENTION_DROPS_TAIL, SWA_OVERSTRICT, VOCAB, _make_specs, _vllm,
                            layout_configs, layout_scale, planted, release_gap)
 
 
@@ -42,7 +42,7 @@ class VllmAdapter(ShadowChecks):
         groups = _LAYOUTS[layout][1]
         if any(f.name == fault for f in _SWA_FAULTS) and not any(k in ("swa", "swa_mla") for k, _, _ in groups):
             raise ValueError(f"fault {fault!r} needs a layout with a sliding-window group")
-        if fault == "retention_drops_tail" and not self.twin_oracle:
+        if fault == RETENTION_DROPS_TAIL.name and not self.twin_oracle:
             raise ValueError("fault 'retention_drops_tail' is planted and caught by the dense-twin adapter "
                              "(vllm_twin.TwinAdapter) only")
         gap = release_gap(layout, fault)
