@@ -150,8 +150,23 @@ OBJECTS: tuple[ObjectKind, ...] = (
         "a registered-but-not-ready copy served as a hit reads placeholder data",
         device=False, version="", header="", version_reason="", missing_reason="on_disk_not_ready"),
 )
-KIND: dict[str, ObjectKind] = {o.name: o for o in OBJECTS}
-OBJECT_KINDS = tuple(KIND)
+# Objects the spec's state machine does not model (yet) but whose recovery rule it declares, so
+# adapters of engines that keep them judge a hit by the same `needed_objects` as every other
+# kind. A recurrent layer (Mamba / Mamba2 SSM, gated DeltaNet and other linear attention) keeps
+# one fixed-size state per request instead of per-token KV: a resume at k reads the state after
+# exactly k blocks, and no older state helps (there is nothing to replay it from).
+RECURRENT_STATE = ObjectKind(
+    "recurrent_state", "recurrent layers (Mamba SSM, gated DeltaNet / linear attention)", DEVICE_STATES,
+    "the recurrent state after exactly L tokens: the one snapshot at the resume boundary, "
+    "nothing older (a state is not a window: earlier snapshots cannot be extended to L)",
+    "the state snapshot of the block ending at k (block k-1) present and current",
+    "any snapshot not at a retained boundary or a request's current position may go",
+    "the layer cannot resume; recomputing costs the whole prefix",
+    needed=lambda cfg, g, k: [k - 1] if k >= 1 else [],
+    held=lambda L, j, win, pos, finite: pos == j + 1)
+ENGINE_OBJECTS: tuple[ObjectKind, ...] = (RECURRENT_STATE,)
+KIND: dict[str, ObjectKind] = {o.name: o for o in OBJECTS + ENGINE_OBJECTS}
+OBJECT_KINDS = tuple(o.name for o in OBJECTS)     # the kinds the spec models
 DEVICE_KINDS = tuple(o.name for o in OBJECTS if o.device)
 assert all(o.missing_reason in REASON_BIT for o in OBJECTS)
 assert all(o.version_reason in REASON_BIT for o in OBJECTS if o.device)
