@@ -17,8 +17,10 @@ from typing import Any
 from kvcheck.spec.config import Config
 from kvcheck.spec.sut import ActionRejected
 
+from . import vllm_mamba as mamba
 from .vllm_checks import ShadowChecks, Violation, _Req
-from .vllm_layouts import (_EAGLE, _LAYOUTS, _RETENTION, _SWA_FAULTS, ACTIONS, DROP_REF_ON_FREE,
+from .vllm_layouts import (_EAGLE, _LAYOUTS, _MAMBA_FAULTS, _RETENTION, _SWA_FAULTS, ACTIONS, DROP_REF_ON_FREE,
+                           MAMBA_OLDER_STATE, MAMBA_STATE_FREED,
                            EVICT_KEEPS_HASH, LAYOUTS, RETENTION_DROPS_TAIL, SWA_OVERSTRICT, VOCAB, _make_specs, _vllm,
                            layout_configs, layout_scale, planted, release_gap)
 
@@ -42,6 +44,8 @@ class VllmAdapter(ShadowChecks):
         groups = _LAYOUTS[layout][1]
         if any(f.name == fault for f in _SWA_FAULTS) and not any(k in ("swa", "swa_mla") for k, _, _ in groups):
             raise ValueError(f"fault {fault!r} needs a layout with a sliding-window group")
+        if any(f.name == fault for f in _MAMBA_FAULTS) and not any(k == mamba.MAMBA for k, _, _ in groups):
+            raise ValueError(f"fault {fault!r} needs a layout with a mamba group")
         if fault == RETENTION_DROPS_TAIL.name and not self.twin_oracle:
             raise ValueError("fault 'retention_drops_tail' is planted and caught by the dense-twin adapter "
                              "(vllm_twin.TwinAdapter) only")
@@ -50,6 +54,7 @@ class VllmAdapter(ShadowChecks):
             raise ValueError(gap)
         self.layout, self.num_blocks, self.fault, self.strict = layout, num_blocks, fault, strict
         self.groups = groups
+        self.has_mamba = any(k == mamba.MAMBA for k, _, _ in groups)
         self.sched_bs = _LAYOUTS[layout][2]
         self.hb, self.max_len = layout_scale(layout)      # hash block, max_model_len
         self.max_tokens = self.max_len * 3 // 4           # requests never grow past this
@@ -105,6 +110,8 @@ class VllmAdapter(ShadowChecks):
 
     def _plant(self) -> None:
         f = self.fault
+        if any(self.planted(x) for x in _MAMBA_FAULTS):
+            mamba.plant(self, _vllm()["stm"], self.planted(MAMBA_OLDER_STATE), self.planted(MAMBA_STATE_FREED))
         if any(self.planted(x) for x in _SWA_FAULTS):
             SWM = _vllm()["stm"].SlidingWindowManager
             extra = 1 if self.planted(SWA_OVERSTRICT) else None
@@ -161,8 +168,12 @@ class VllmAdapter(ShadowChecks):
             raise ActionRejected(f"unknown vLLM adapter action {action!r}")
         n_lost = len(self.lost)
         try:
+            if self.has_mamba and hasattr(self.mgr, "new_step_starts"):
+                self.mgr.new_step_starts()      # each action is one scheduler step
             obs = fn(**params) or {}
             self.coverage[action] += 1
+            if self.has_mamba:
+                mamba.apply_copies(self)        # queued copies run before the forward
             self._after_step()
         except TypeError as e:
             if "argument" in str(e) and "_a_" in str(e):
@@ -226,6 +237,8 @@ class VllmAdapter(ShadowChecks):
                             f"vLLM hit {hit} > spec-usable {usable} for {r} although every needed "
                             "block holds the right content (alignment rule differs?)")
         chunk = max(1, min(chunk, o.num_tokens - hit))
+        if self.has_mamba:
+            chunk = mamba.aligned_chunk(self.groups, hit, chunk, o.num_tokens, o.num_prompt_tokens)
         new = self.mgr.allocate_slots(o, chunk, hit, blocks)
         if new is None:
             self.coverage["state:admission_refused"] += 1
@@ -240,6 +253,8 @@ class VllmAdapter(ShadowChecks):
                                             for t, b in zip(table, lst)):
                 raise Violation("bookkeeping", "hit_blocks_bound",
                                 f"group {g}: request {r}'s table does not start with its hit blocks")
+        if self.has_mamba:
+            mamba.check_state_copy(self, req, hit)
         o.status = _vllm()["RequestStatus"].RUNNING
         o.num_computed_tokens = hit + chunk
         req.state = "running"
@@ -249,11 +264,16 @@ class VllmAdapter(ShadowChecks):
         return obs
 
     def _step(self, req: _Req, n: int, tok: int | None) -> dict:
+        o = req.obj
+        if self.has_mamba:
+            n = mamba.aligned_chunk(self.groups, o.num_computed_tokens, n, o.num_tokens, o.num_prompt_tokens)
         new = self.mgr.allocate_slots(req.obj, n)
         if new is None:
             self.coverage["state:alloc_refused"] += 1
             return {"allocated": False}
         self._own(req, new)
+        if self.has_mamba:
+            mamba.check_state_copy(self, req, o.num_computed_tokens)
         req.obj.num_computed_tokens += n
         self._maybe_sample(req, tok)
         return {"allocated": True}

@@ -17,6 +17,7 @@ from typing import Any
 
 from kvcheck.spec.objects import needed_objects
 
+from . import vllm_mamba as mamba
 from .vllm_layouts import _cdiv, _vllm
 
 
@@ -85,7 +86,10 @@ class ShadowChecks:
             if req.state != "running":
                 continue
             lo, n = req.stamped, o.num_computed_tokens
-            for g, (_, bs, _) in enumerate(self.groups):
+            for g, (kind, bs, _) in enumerate(self.groups):
+                if kind == mamba.MAMBA:             # a state block: written whole, at n
+                    mamba.stamp(self, req, g, n)
+                    continue
                 table = self._table(g, req.rid)
                 for i in range(lo // bs, min(len(table), _cdiv(n, bs))):
                     b = table[i]
@@ -105,6 +109,9 @@ class ShadowChecks:
             return list(range(lo // bs, _cdiv(L, bs)))
         if kind == "tail_ring":       # not prefix-cacheable: never part of a hit
             return []
+        if kind == mamba.MAMBA:       # spec: the recurrent state at the boundary, nothing older
+            sg = next(x for x in self.cfg.groups if x.kind == mamba.MAMBA)
+            return [j * self.hb // bs for j in needed_objects(self.cfg, sg, L // self.hb)["recurrent_state"]]
         if kind in ("compressed", "indexer"):
             sk = "csa" if p == 4 else "hca"
             sg = next(x for x in self.cfg.groups if x.kind == sk)
@@ -124,6 +131,8 @@ class ShadowChecks:
             return []
         if kind in ("compressed", "indexer"):   # entries of complete compression blocks
             return list(range(0, (L // p) * p // bs))
+        if kind == mamba.MAMBA:        # the running state only
+            return [_cdiv(L, bs) - 1] if L else []
         if kind in ("full", "mla", "mla_indexer"):
             lo = 0
         elif kind == "chunked_local":
@@ -134,7 +143,8 @@ class ShadowChecks:
 
     def _check_kind(self, g: int) -> str:
         return {"chunked_local": "hit_sound_chunked_local", "compressed": "hit_sound_compressed_kv",
-                "indexer": "hit_sound_indexer"}.get(self.groups[g][0], "hit_sound_swa_window")
+                "indexer": "hit_sound_indexer",
+                mamba.MAMBA: "hit_sound_recurrent_state"}.get(self.groups[g][0], "hit_sound_swa_window")
 
     def tail_needed(self, L: int) -> bool:
         """Does a resume at L need a tail snapshot (a compression block open at L)? vLLM keeps
@@ -176,7 +186,8 @@ class ShadowChecks:
                 for i in need:
                     h = self._group_hash(req, g, i)
                     blk = cache.get_one_block(ku.make_block_hash_with_group_id(h, g)) if h else None
-                    if blk is None or self.written.get(blk.block_id) != self._content(req, (i + 1) * self.groups[g][1]):
+                    kind, bs, _ = self.groups[g]
+                    if blk is None or self.written.get(blk.block_id) != self._content(req, mamba.want_end(kind, bs, i, L)):
                         ok = False
                         break
                 if not ok:

@@ -37,6 +37,8 @@ _LAYOUTS: dict[str, tuple[str, list[tuple[str, int, int | None]], int]] = {
                     [("full", 8, None), ("swa", 4, 6)], 8),
     "full+swa+swa": ("full + two sliding windows W=6 and W=11 (3 groups, fixed-point lookup)",
                      [("full", 4, None), ("swa", 4, 6), ("swa", 4, 11)], 4),
+    "full+mamba": ("full + a Mamba group (MambaSpec, align mode: state cached at block boundaries), "
+                   "block 4", [("full", 4, None), ("mamba", 4, None)], 4),
     "dsv4": ("DeepSeek-V4-like: SWA-MLA W=8 + CSA compressed MLA (m=4) + its sparse indexer (m=4) "
              "+ HCA compressed MLA (m=16, block 16) + compressor tail ring (not cacheable)",
              [("swa_mla", 4, 8), ("compressed", 4, 4), ("indexer", 4, 4), ("compressed", 16, 16),
@@ -120,10 +122,20 @@ RETENTION_DROPS_TAIL = _fault(
     "lost_reuse_retention", "sparse retention leaves out the last sliding-window block before the replay "
     "boundary, so a resend or longer sibling of a prompt cannot hit where the policy promises "
     "(caught by the dense twin, vllm_twin.py; needs a layout with a retention interval)")
+MAMBA_OLDER_STATE = _fault(
+    "mamba_hit_older_state", "vllm:MambaManager.find_longest_cache_hit", "stale recurrent state",
+    "hit_sound_recurrent_state", "the Mamba lookup accepts the longest boundary the other groups hit "
+    "although no state is cached there, handing out the newest older state padded with null blocks "
+    "(needs a layout with a mamba group)")
+MAMBA_STATE_FREED = _fault(
+    "mamba_state_freed_early", "vllm:MambaManager.remove_skipped_blocks", "state block freed before its copy",
+    "state_copy_sound", "align mode retires a request's current state block once it is full (as if it "
+    "were KV), so the next step has no state to copy from (needs a layout with a mamba group)")
 VLLM_FAULTS: tuple[Fault, ...] = (DROP_REF_ON_FREE, SWA_HIT_UNCHECKED, EVICT_KEEPS_HASH, SWA_OVERSTRICT,
-                                  RETENTION_DROPS_TAIL)
+                                  RETENTION_DROPS_TAIL, MAMBA_OLDER_STATE, MAMBA_STATE_FREED)
 FAULTS: dict[str, tuple[str, str]] = {f.name: (f.expected, f.doc) for f in VLLM_FAULTS}  # name -> (check, doc)
 _SWA_FAULTS = (SWA_HIT_UNCHECKED, SWA_OVERSTRICT)      # need a layout with a sliding-window group
+_MAMBA_FAULTS = (MAMBA_OLDER_STATE, MAMBA_STATE_FREED)  # need a layout with a mamba group
 
 
 def planted(name: str | None) -> Planted:
@@ -138,7 +150,7 @@ ACTIONS = ("submit", "lookup", "prefill", "decode", "finish", "preempt", "reset_
            "evict_blocks")
 SAFETY_CHECKS = ("hit_aligned", "hit_leaves_last_token", "hit_length_equal",
                  "hit_sound_swa_window", "hit_sound_chunked_local", "hit_sound_compressed_kv",
-                 "hit_sound_indexer", "hit_sound_tail")
+                 "hit_sound_indexer", "hit_sound_tail", "hit_sound_recurrent_state", "state_copy_sound")
 BOOKKEEPING_CHECKS = ("refcount_equals_holders", "free_queue_iff_unreferenced", "free_count",
                       "null_block_inert", "no_alias", "hash_map_sound", "toctou_bound_stable")
 
@@ -249,6 +261,7 @@ def layout_configs(layout: str) -> dict[int | None, Config]:
         return {8: Config(layers=layers, block_size=B, page_tokens={"hca": 16})}
     hb = layout_scale(layout)[0]
     full, swas = [], {}
+    rec = [LayerSpec("mamba")] if any(k == "mamba" for k, _, _ in _LAYOUTS[layout][1]) else []
     for kind, bs, p in _LAYOUTS[layout][1]:
         if kind in ("full", "mla", "mla_indexer"):
             full.append(bs)
@@ -263,7 +276,7 @@ def layout_configs(layout: str) -> dict[int | None, Config]:
             layers.append(LayerSpec("swa", window=w))
             page["swa"] = swas[w]
         page = {k: v for k, v in page.items() if v != hb}
-        out[w] = Config(layers=tuple(layers), block_size=hb, page_tokens=page)
+        out[w] = Config(layers=tuple(layers + rec), block_size=hb, page_tokens=page)
     return out
 
 
@@ -299,6 +312,9 @@ def _make_specs(layout: str) -> list:
             out.append(V["MLAAttentionSpec"](block_size=bs, num_kv_heads=1, head_size=16,
                                              dtype=torch.float32, tokens_per_state=p,
                                              model_version="deepseek_v4", **extra))
+        elif kind == "mamba":       # align mode: the state cached at block boundaries
+            out.append(V["MambaSpec"](block_size=bs, shapes=((2, 4),), dtypes=(torch.float32,),
+                                      mamba_cache_mode="align"))
         elif kind == "tail_ring":
             out.append(V["CircularBufferSpec"](block_size=bs, num_kv_heads=1, head_size=16,
                                                head_size_v=0, dtype=torch.float32))

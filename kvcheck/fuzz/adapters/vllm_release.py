@@ -41,6 +41,8 @@ def release_features(kci: Any, manager_cls: Any, stm: Any, request_cls: Any) -> 
         f.add("use_eagle")
     if "is_eagle_group" in _params(kci.KVCacheGroupSpec):
         f.add("is_eagle_group")      # else every group takes the EAGLE drop
+    if "MambaSpec" in f and "mamba_cache_mode" in _params(kci.MambaSpec):
+        f.add("MambaSpec.mamba_cache_mode")   # align mode: Mamba state cached at block boundaries
     if "drop_eagle_block" in _params(stm.SlidingWindowManager.find_longest_cache_hit):
         f.add("eagle_mixed_block")   # older releases assert block_size == alignment under EAGLE
     if hasattr(stm.SlidingWindowManager, "_contiguous_blocks_for_hit"):
@@ -55,7 +57,7 @@ def release_features(kci: Any, manager_cls: Any, stm: Any, request_cls: Any) -> 
 _KIND_NEEDS = {"chunked_local": "ChunkedLocalAttentionSpec", "swa_mla": "SlidingWindowMLASpec",
                "compressed": "compressed_mla", "indexer": "compressed_mla",
                "tail_ring": "CircularBufferSpec", "mla_indexer": "SparseCacheRole",
-               "mamba": "MambaSpec"}
+               "mamba": "MambaSpec.mamba_cache_mode"}
 
 
 def layout_gap(version: str, features: set[str], kinds: list[str], retention: bool) -> str | None:
@@ -65,7 +67,9 @@ def layout_gap(version: str, features: set[str], kinds: list[str], retention: bo
         lacks.append("KVCacheConfig.prefix_cache_retention_interval")
     if not lacks:
         return None
-    return f"vLLM {version} cannot express this layout: it lacks {', '.join(lacks)}"
+    why = (" (no align-mode prefix caching of Mamba state)"
+           if "MambaSpec.mamba_cache_mode" in lacks else "")
+    return f"vLLM {version} cannot express this layout: it lacks {', '.join(lacks)}{why}"
 
 
 def fault_gap(version: str, features: set[str], site_feature: str | None, site: str) -> str | None:
