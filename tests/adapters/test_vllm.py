@@ -51,7 +51,8 @@ def test_layout_runs_clean(layout, tmp_path):
 @pytest.mark.parametrize("fault", list(V.FAULTS))
 def test_planted_fault_is_caught_with_expected_check(fault, tmp_path):
     expected = V.FAULTS[fault][0]
-    layout = "full+swa-sparse" if expected == "lost_reuse_retention" else "full+swa"   # needs retention
+    layout = ("full+swa-sparse" if expected == "lost_reuse_retention"       # needs retention
+              else "full+mamba" if fault.startswith("mamba_") else "full+swa")  # needs a mamba group
     r = V.run_campaign(layout, budget_s=60, steps=(5000 if expected.startswith("lost_reuse") else 100_000),
                        seed=0, fault=fault,
                        out_dir=str(tmp_path))

@@ -31,7 +31,12 @@ def test_a_good_layout_parses():
 
 
 @pytest.mark.parametrize("mutate, field", [
-    (lambda d: d["groups"][1].update(kind="mamba"), "groups[1].kind"),
+    (lambda d: d["groups"][1].update(kind="mamba", window=None) or d["groups"][1].pop("window"),
+     "groups[1].block_size"),                      # a mamba block must be the scheduler block
+    (lambda d: d.update(groups=[{"kind": "full", "block_size": 4}, {"kind": "mamba", "block_size": 4}],
+                        retention_interval=0), "retention_interval"),
+    (lambda d: d.update(groups=[{"kind": "full", "block_size": 4}, {"kind": "mamba", "block_size": 4}],
+                        use_eagle=True), "use_eagle"),
     (lambda d: d["groups"][1].update(kind="compressed"), "groups[1].kind"),
     (lambda d: d["groups"][0].update(block_size=6), "groups[0].block_size"),
     (lambda d: d["groups"][0].update(block_size=True), "groups[0].block_size"),

@@ -33,11 +33,14 @@ def test_presets_have_the_scale_and_drafter_they_claim():
     assert ad.eagle_groups == {0} and [m.use_eagle for m in ad.coord.single_type_managers] == [True] + [False] * 5
 
 
-def test_a_mamba_hybrid_is_refused_in_one_line():
-    for name in REFUSED:
+def test_a_release_without_align_mode_refuses_the_mamba_presets_in_one_line(monkeypatch):
+    from kvcheck.fuzz.adapters.vllm_layouts import _vllm
+    assert not REFUSED and {"qwen3-next", "nemotron-h"} <= set(PRESETS)
+    monkeypatch.setitem(_vllm(), "features", _vllm()["features"] - {"MambaSpec.mamba_cache_mode"})
+    for name in ("qwen3-next", "nemotron-h", "full+mamba"):
         with pytest.raises(ValueError) as e:
             VllmAdapter(name, 40)
-        assert "\n" not in str(e.value) and "MambaSpec" in str(e.value) and "0.33.0" in str(e.value)
+        assert "\n" not in str(e.value) and "MambaSpec.mamba_cache_mode" in str(e.value) and "0.33.0" in str(e.value)
         assert V.supported_layouts()[name] == str(e.value)
 
 

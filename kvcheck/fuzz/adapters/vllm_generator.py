@@ -2,7 +2,7 @@
 reaches layouts nobody listed.
 
 Grammar: 1-6 groups, each of a kind the installed release can express (full, mla, swa, swa_mla,
-chunked_local, mla_indexer; any kind may repeat, identical groups included, as vLLM builds
+chunked_local, mla_indexer, mamba (then every block is the hash block, no drafter, no retention); any kind may repeat, identical groups included, as vLLM builds
 for n:1 patterns), block sizes of 1, 2 or 4 hash blocks (mixed), a hash block of 4, 8 or 16
 tokens with max_model_len = 16 hash blocks, an EAGLE/MTP drafter (none, the conservative
 "every group" fallback, or one flagged group) and a retention interval None / 0 / N (N a
@@ -17,17 +17,17 @@ import random
 from collections import Counter
 from typing import Any
 
-from .vllm_layouts import (_EAGLE, _FILE_LAYOUTS, _LAYOUTS, _RETENTION, _SCALE, _SWA_FAULTS, LAYOUTS,
+from .vllm_layouts import (_EAGLE, _FILE_LAYOUTS, _LAYOUTS, _MAMBA_FAULTS, _RETENTION, _SCALE, _SWA_FAULTS, LAYOUTS,
                            _vllm, register_layout)
 
 _KIND_FEATURE = {"chunked_local": "ChunkedLocalAttentionSpec", "swa_mla": "SlidingWindowMLASpec",
-                 "mla_indexer": "SparseCacheRole"}
+                 "mla_indexer": "SparseCacheRole", "mamba": "MambaSpec.mamba_cache_mode"}
 _WINDOWED = ("swa", "swa_mla")
 
 
 def kinds_available() -> list[str]:
     feats = _vllm()["features"]
-    return [k for k in ("full", "mla", "swa", "swa_mla", "chunked_local", "mla_indexer")
+    return [k for k in ("full", "mla", "swa", "swa_mla", "chunked_local", "mla_indexer", "mamba")
             if k not in _KIND_FEATURE or _KIND_FEATURE[k] in feats]
 
 
@@ -44,7 +44,12 @@ def sample_definition(seed: int | str, fault: str | None = None) -> dict[str, An
     while math.lcm(*sizes) > max_len // 4:
         sizes[sizes.index(max(sizes))] //= 2
     picked = [rng.choice(kinds) for _ in sizes]
-    eagle = "use_eagle" in feats and rng.random() < 0.3
+    if any(f.name == fault for f in _MAMBA_FAULTS) and "mamba" in kinds:
+        picked[-1] = "mamba"       # a fault planted in the Mamba manager needs one
+    mamba = "mamba" in picked
+    if mamba:
+        sizes = [hb] * n           # align mode: the Mamba block is the hash and scheduler block
+    eagle = "use_eagle" in feats and rng.random() < 0.3 and not mamba
     if eagle and "eagle_mixed_block" not in feats:
         sizes = [sizes[0]] * n     # old releases' EAGLE SWA lookup needs block == alignment
     sched = math.lcm(*sizes)
@@ -72,7 +77,7 @@ def sample_definition(seed: int | str, fault: str | None = None) -> dict[str, An
             d["eagle_groups"] = [rng.choice(plain)]     # vLLM: no EAGLE drop on chunked local
         elif chunked:
             del d["use_eagle"]
-    if "retention_interval" in feats and any(g["kind"] in _WINDOWED for g in groups):
+    if "retention_interval" in feats and any(g["kind"] in _WINDOWED for g in groups) and not mamba:
         d["retention_interval"] = rng.choice([None, None, 0, sched * rng.randint(1, 3)])
     return d
 

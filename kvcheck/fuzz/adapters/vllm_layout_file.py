@@ -9,7 +9,8 @@
      "use_eagle": false, "eagle_groups": [0]}         (optional: an EAGLE/MTP drafter; the groups
                                                       holding its layers, default none flagged)
 
-Kinds: full, swa, chunked_local, mla, swa_mla (the compressed/indexer/compressor-ring groups of
+Kinds: full, swa, chunked_local, mla, swa_mla, mamba (MambaSpec in align mode: its block is the
+hash block and the scheduler block; no retention interval or drafter with it yet) (the compressed/indexer/compressor-ring groups of
 DeepSeek-V4 have a fixed spec ground truth and come only with the `dsv4` preset). The scheduler
 block is the LCM of the block sizes. Any bad value is
 one line naming the file and the field (ValueError; the CLI exits 2).
@@ -21,7 +22,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-KINDS = {"full": (), "mla": (), "mla_indexer": (), "swa": ("window",), "swa_mla": ("window",), "chunked_local": ("chunk",)}
+KINDS = {"full": (), "mla": (), "mla_indexer": (), "swa": ("window",), "swa_mla": ("window",), "chunked_local": ("chunk",),
+         "mamba": ()}
 PRESET_ONLY = ("compressed", "indexer", "tail_ring")
 MAX_GROUPS = 6
 _KEYS = ("description", "groups", "retention_interval", "hash_block_size", "max_model_len",
@@ -82,6 +84,11 @@ def parse_layout(d: Any, where: str, hash_block: int, max_len: int
         if k == "chunked_local" and bs != sched:
             raise bad(f"groups[{i}].block_size", f"vLLM's chunked local attention needs the scheduler "
                       f"block (LCM of the block sizes, {sched}), got {bs}")
+    for i, (k, bs, _) in enumerate(groups):
+        if k == "mamba" and not bs == sched == hash_block:
+            raise bad(f"groups[{i}].block_size", f"a mamba group's block must be the hash block {hash_block} "
+                      f"and the scheduler block {sched} (align mode; partial-block Mamba hits are not "
+                      f"modelled), got {bs}")
     if sched > max_len // 2:
         raise bad("groups", f"the scheduler block (LCM of the block sizes) is {sched}, over {max_len // 2}")
     ret = d.get("retention_interval")
@@ -92,6 +99,10 @@ def parse_layout(d: Any, where: str, hash_block: int, max_len: int
             raise bad("retention_interval", f"must be a multiple of the scheduler block {sched}, got {ret}")
         if not any(k in ("swa", "swa_mla") for k, _, _ in groups):
             raise bad("retention_interval", "applies to sliding-window groups; the layout has none")
+    mamba = any(k == "mamba" for k, _, _ in groups)
+    if mamba and ret is not None:
+        raise bad("retention_interval", "sparse retention of Mamba state is not modelled by the dense "
+                  "twin yet; drop it with a mamba group")
     eagle = d.get("use_eagle", False)
     if not isinstance(eagle, bool):
         raise bad("use_eagle", f"must be true or false, got {eagle!r}")
@@ -99,6 +110,8 @@ def parse_layout(d: Any, where: str, hash_block: int, max_len: int
     if not isinstance(eg, list) or any(not _int(i) or not 0 <= i < len(groups) for i in eg) \
             or len(set(eg)) != len(eg):
         raise bad("eagle_groups", f"must be a list of distinct group indices in 0..{len(groups) - 1}")
+    if eagle and mamba:
+        raise bad("use_eagle", "a drafter with a mamba group (speculative Mamba blocks) is not modelled yet")
     if eg and not eagle:
         raise bad("eagle_groups", "needs use_eagle: true")
     if eagle and any(k == "chunked_local" and (not eg or i in eg) for i, (k, _, _) in enumerate(groups)):

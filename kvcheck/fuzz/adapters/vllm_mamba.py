@@ -120,14 +120,15 @@ def plant(ad: Any, stm: Any, older_state: bool, freed_early: bool) -> None:
                 # and hand out the newest older state (a hit claims a boundary it has no state at).
                 res = orig(cls, block_hashes, max_length, kv_cache_group_ids, block_pool,
                            kv_cache_spec, *args, **kw)
-                blocks, hit = (res, None) if not isinstance(res[-1], int) else res
+                with_len = isinstance(res[-1], int)      # newer releases also return the length
+                blocks, hit = res if with_len else (res, 0)
                 bs = kv_cache_spec.block_size
                 want = max_length // bs
                 if blocks and blocks[0] and len(blocks[0]) < want:
                     null = block_pool.null_block
                     blocks = tuple([null] * (want - 1) + [lst[-1]] for lst in blocks)
                     hit = want * bs
-                return blocks if hit is None else (blocks, hit)
+                return (blocks, hit) if with_len else blocks
 
         _swap(ad, MM, OlderState)
     if freed_early:

@@ -41,12 +41,22 @@ for _n in list(_P):
         _g, _s, _h, _m, (0,))
 _DSV4_MTP = ("dsv4+mtp", "as dsv4, with an MTP drafter (an SWA-MLA layer: joins group 0; use_eagle=True)")
 
-# Listed so a user asking for them gets the reason, not "unknown layout".
-REFUSED = {
-    "qwen3-next": ("Qwen3-Next (Gated DeltaNet linear attention : full 3:1, MambaSpec groups in align "
-                   "mode)", "the adapter cannot judge MambaSpec groups yet (no shadow model of "
-                   "Mamba state blocks or of align-mode checkpoints), so this layout is refused"),
-}
+# Mamba / linear-attention hybrids (MambaSpec groups in align mode, no drafter variant yet).
+# vLLM's grouping rule gives Qwen3-Next-80B (48 layers, gated DeltaNet : full 3:1, 36 + 12) one
+# full group + 3 MambaSpec groups of 12 layers, and Nemotron-H-8B (52 layers: 24 Mamba2, 4
+# attention, 24 MLP without cache) one full group + 6 MambaSpec groups of 4. In align mode vLLM
+# makes the attention block the Mamba block (sized from the Mamba state's page, hundreds of
+# tokens for these models): scaled to 64 here, the hash and scheduler block too, so prompts of a
+# few hundred tokens cross several state boundaries.
+_P.update({
+    "qwen3-next": ("Qwen3-Next (gated DeltaNet linear attention : full 3:1): full + 3 MambaSpec groups "
+                   "(align mode), block 64 (vLLM sizes it from the state page; scaled), max_model_len 512",
+                   [("full", 64, None)] + [("mamba", 64, None)] * 3, 64, 64, 512, None),
+    "nemotron-h": ("Nemotron-H (Mamba2 : attention 6:1, MLP layers cache nothing): full + 6 MambaSpec "
+                   "groups (align mode), block 64 (scaled), max_model_len 512",
+                   [("full", 64, None)] + [("mamba", 64, None)] * 6, 64, 64, 512, None),
+})
+REFUSED: dict[str, tuple[str, str]] = {}    # name -> (description, why): listed, never built
 
 
 def install_presets(layouts: dict, scale: dict, eagle: dict, refused: dict) -> None:
@@ -60,7 +70,7 @@ def install_presets(layouts: dict, scale: dict, eagle: dict, refused: dict) -> N
     layouts[name] = (desc, list(layouts["dsv4"][1]), layouts["dsv4"][2])
     eagle[name] = (0,)
     for name, (desc, why) in REFUSED.items():
-        layouts[name] = (desc, [("mamba", 16, None), ("full", 16, None)], 16)
+        layouts[name] = (desc, [("full", 16, None)], 16)
         refused[name] = why
 
 
