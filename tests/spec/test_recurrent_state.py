@@ -37,3 +37,14 @@ def test_the_spec_modelled_kinds_are_unchanged() -> None:
     assert "recurrent_state" not in OBJECT_KINDS and "recurrent_state" not in DEVICE_KINDS
     spec = Spec()                                  # the default spec is the same size as before
     assert (len(spec.instances), spec.lay.size) == (130, 238)
+
+
+def test_the_cli_refuses_a_recurrent_layer_in_one_line(tmp_path) -> None:
+    import subprocess
+    import sys
+    cfg = tmp_path / "c.json"
+    cfg.write_text('{"layers": ["full", "mamba"]}')
+    from pathlib import Path
+    r = subprocess.run([sys.executable, "-m", "kvcheck", "explore", "--config", str(cfg)],
+                       capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[2])
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "'mamba'" in r.stderr

@@ -229,7 +229,8 @@ class ShadowChecks:
                 if not b.is_null and self.written.get(b.block_id) != want:
                     raise Violation("safety", self._check_kind(g),
                                     f"{self.layout} group {g}: hit of {hit} tokens for {r} returns block "
-                                    f"#{b.block_id} at index {i} whose content is not the request's prefix")
+                                    f"#{b.block_id} at index {i} whose content is not the request's "
+                                    + ("state at the hit" if self.groups[g][0] == mamba.MAMBA else "prefix"))
 
     def check_bookkeeping(self) -> None:
         pool = self.pool
