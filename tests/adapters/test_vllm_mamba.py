@@ -90,3 +90,19 @@ def test_the_chunk_split_is_the_schedulers(start, chunk, n_tokens, want):
     groups = [("full", 4, None), ("mamba", 4, None)]
     assert vllm_mamba.aligned_chunk(groups, start, chunk, n_tokens, n_tokens) == want
     assert vllm_mamba.aligned_chunk([("full", 4, None)], start, chunk, n_tokens, n_tokens) == chunk
+
+
+def test_the_hypothesis_machine_drives_a_mamba_layout_and_catches_a_fault():
+    from hypothesis import HealthCheck, Phase, settings
+    from hypothesis.stateful import run_state_machine_as_test
+
+    from kvcheck.fuzz.adapters.vllm_machine import VllmMachine
+    from kvcheck.fuzz.lockstep import Finding
+
+    cfg = settings(max_examples=3, stateful_step_count=30, deadline=None, database=None, derandomize=True,
+                   suppress_health_check=list(HealthCheck), report_multiple_bugs=False)
+    run_state_machine_as_test(VllmMachine.for_layout("full+mamba"), settings=cfg)
+    with pytest.raises(Finding) as e:
+        run_state_machine_as_test(VllmMachine.for_layout("full+mamba", "mamba_state_freed_early"),
+                                  settings=settings(cfg, max_examples=200, phases=[Phase.generate]))
+    assert e.value.checks == ["state_copy_sound"]
