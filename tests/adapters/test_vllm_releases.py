@@ -67,3 +67,19 @@ def test_what_a_release_lacks_is_one_line_exit_2(py, tmp_path):
         assert r.returncode == 2 and "Traceback" not in r.stderr
         line = r.stderr.strip().splitlines()[-1]
         assert info["vllm_version"] in line and why in line, line
+
+
+@pytest.mark.parametrize("py", PYTHONS)
+def test_mamba_groups_on_that_release(py, tmp_path):
+    """A release with align mode runs the Mamba preset and catches a planted Mamba fault; one
+    without it refuses the preset in one line naming MambaSpec.mamba_cache_mode."""
+    info = _layouts(py)
+    if "qwen3-next" in info["unsupported"]:
+        assert "MambaSpec.mamba_cache_mode" in info["unsupported"]["qwen3-next"]
+        return
+    r = _kvcheck(py, "fuzz", "--sut", "vllm", "--layout", "qwen3-next", "--fault", "mamba_state_freed_early",
+                 "--budget", "60s", "--json", "--out", str(tmp_path))
+    res = json.loads(r.stdout)
+    assert r.returncode == 10 and res["caught"] and res["findings"][-1]["check"] == "state_copy_sound", res
+    rep = _kvcheck(py, "replay", res["findings"][-1]["trace"], "--sut", "vllm", "--json")
+    assert json.loads(rep.stdout)["reproduced"], rep.stdout
