@@ -66,6 +66,9 @@ def make_adapter(lay: Layout, fault: str | None = None, capacity: int | None = N
     if lay.cls == "MambaRadixCache":
         from .sglang_mamba import MambaAdapter
         return MambaAdapter(lay, fault, capacity)
+    if lay.cls == "HiRadixCache":
+        from .sglang_hicache import HiCacheAdapter
+        return HiCacheAdapter(lay, fault, capacity)
     return SglangAdapter(lay, fault, capacity)
 
 

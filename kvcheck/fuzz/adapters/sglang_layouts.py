@@ -59,6 +59,9 @@ LAYOUTS: dict[str, Layout] = {x.name: x for x in (
            "only the prefill part [0, evict floor) is cached"),
     Layout("swa", "SWARadixCache", ("full", "swa"), 1, 4, 48,
            "SWARadixCache, full + SWA (W=4) with tombstones, SWAKVPool + SWATokenToKVPoolAllocator"),
+    Layout("hicache", "HiRadixCache", ("full",), 1, None, 32,
+           "HiRadixCache, write-through to a host tier (2x), device eviction, load-back; CPU stand-ins "
+           "for streams/events, the direct transfer kernel and host registration"),
     Layout("mamba", "MambaRadixCache", ("full", "mamba"), 1, None, 48,
            "MambaRadixCache, full attention + Mamba state at some nodes (capacity/6 state slots), "
            "HybridReqToTokenPool + HybridLinearKVPool"),
@@ -123,6 +126,9 @@ def check_supported(lay: Layout) -> None:
 def _api_gap(lay: Layout) -> str | None:
     """Why the adapter cannot drive this class at the installed release, if it cannot."""
     S = load()
+    if lay.cls == "HiRadixCache" and hasattr(S["bpc"], "MatchPrefixParams"):
+        return (f"sglang {S['version']}: HiRadixCache with the *Params API is not driven yet "
+                "(the adapter drives 0.5.7's positional API)")
     if lay.cls == "SWARadixCache" and hasattr(S["bpc"], "MatchPrefixParams"):
         return (f"sglang {S['version']}: SWARadixCache with the *Params API is not driven yet "
                 "(the adapter drives 0.5.7's positional API)")
@@ -199,11 +205,20 @@ SGLANG_FAULTS += (
            "the caller freeing the request's Mamba slot although the tree took it (mamba_exist misread)",
            "tree_slots_live", "After an insert that kept the request's state slot, the caller frees it."),
 )
+SGLANG_FAULTS += (
+    _fault("load_back_before_copy", "init_load_back", "load-back served before the copy exists",
+           "HiCache serving a host hit before the load stream's event (layer_done_counter) completed",
+           "load_back_verified", "The hit is served without waiting for the load-back transfer."),
+    _fault("write_through_ack_early", "write_backup", "write-back acknowledged before the copy exists",
+           "HiCache releasing ongoing_write_through before the write stream's finish event",
+           "write_through_acknowledged", "A write-through is acknowledged (unlocked) as soon as it is queued."),
+)
 FAULTS = {f.name: f for f in SGLANG_FAULTS}
 # faults that only some classes can express (the rest apply to every driven class)
 FAULT_CLASSES = {"match_ignores_tombstones": ("SWARadixCache",),
                  "mamba_hit_without_state": ("MambaRadixCache",),
-                 "mamba_state_freed_on_insert": ("MambaRadixCache",)}
+                 "mamba_state_freed_on_insert": ("MambaRadixCache",),
+                 "load_back_before_copy": ("HiRadixCache",), "write_through_ack_early": ("HiRadixCache",)}
 
 
 def fault_applies(fault: str, lay: Layout) -> bool:
