@@ -193,13 +193,19 @@ class HiCacheAdapter(SglangAdapter):
         for buf in self.kv.k_buffer + self.kv.v_buffer:
             buf[slot] = fingerprint(prefix)
 
+    def _snap(self) -> None:
+        """Read both tiers' bytes once per check (one value per slot per buffer)."""
+        self._dev = [b[:, 0, 0].tolist() for b in self.kv.k_buffer + self.kv.v_buffer]
+        h = self.host.kv_buffer
+        self._hst = [h[i, j, :, 0, 0].tolist() for i in range(h.shape[0]) for j in range(h.shape[1])]
+
     def _device_holds(self, slot: int, prefix: tuple[int, ...]) -> bool:
         f = fingerprint(prefix)
-        return all(float(b[slot].flatten()[0]) == f for b in self.kv.k_buffer + self.kv.v_buffer)
+        return all(row[slot] == f for row in self._dev)
 
     def _host_holds(self, slot: int, prefix: tuple[int, ...]) -> bool:
         f = fingerprint(prefix)
-        return bool((self.host.kv_buffer[:, :, slot] == f).all())
+        return all(row[slot] == f for row in self._hst)
 
     # ---- the scheduler's loop ---------------------------------------------------------------
     def apply(self, action: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -236,6 +242,7 @@ class HiCacheAdapter(SglangAdapter):
         if len(path) != hit or hit > len(req.tokens) - 1:
             raise Violation("safety", "hit_sound", f"{req.rid}: match says {hit} tokens, its path holds {len(path)}")
         free = set(self.free_slots())
+        self._snap()
         for p in range(hit):
             if path[p] in free or not self._device_holds(path[p], tuple(req.tokens[:p + 1])):
                 check = "load_back_verified" if self._host_len else "hit_sound_full"
@@ -279,6 +286,7 @@ class HiCacheAdapter(SglangAdapter):
 
     def check_all(self) -> None:
         c, nodes = self.cache, self.tree()
+        self._snap()
         now = self.tree_prefixes()              # what the tree dropped (host eviction) is not lost reuse
         self.twin -= self._held - now
         self._held = now
