@@ -142,7 +142,7 @@ def server_args(host_ratio: float) -> Any:
     return SimpleNamespace(hicache_io_backend="direct", hicache_mem_layout="layer_first", hicache_ratio=host_ratio,
                            hicache_size=0, hicache_storage_backend=None, hicache_write_policy="write_through",
                            hicache_storage_backend_extra_config=None, hicache_storage_prefetch_policy="best_effort",
-                           served_model_name="kvcheck")
+                           served_model_name="kvcheck", extra_metric_labels=None)
 
 
 class HiCacheAdapter(SglangAdapter):
@@ -159,8 +159,11 @@ class HiCacheAdapter(SglangAdapter):
         from .sglang_install import cache_class, load
         S = load()
         install_hicache_stand_ins()
+        import logging        # a refused load-back is an expected outcome here, not a warning to print
+        logging.getLogger("sglang.srt.mem_cache.hiradix_cache").setLevel(logging.ERROR)
         CPU_DEVICE.streams.clear()
-        self.S, self.torch, self.params_api = S, torch, False
+        self.S, self.torch = S, torch
+        self.params_api = hasattr(S["bpc"], "MatchPrefixParams")     # 0.5.12: *Params objects
         self.kv = MHATokenToKVPool(size=self.capacity, page_size=1, dtype=torch.float32, head_num=1, head_dim=1,
                                    layer_num=2, device="cpu", enable_memory_saver=False)
         self.alloc = S["allocator"].TokenToKVPoolAllocator(self.capacity, torch.float32, "cpu", self.kv, False)
@@ -219,11 +222,16 @@ class HiCacheAdapter(SglangAdapter):
 
     def _match(self, tokens: list[int]) -> tuple[int, Any]:
         c = self.cache
-        m = c.match_prefix(self._key(tokens))
+        bpc = self.S["bpc"]
+        m = c.match_prefix(bpc.MatchPrefixParams(key=self._key(tokens)) if self.params_api else self._key(tokens))
         hit, node = len(m.device_indices), m.last_device_node
         self._host_len, self._refused = m.host_hit_length, False
         if m.host_hit_length > 0:
-            loaded, node2 = c.init_load_back(m.last_host_node, m.host_hit_length)
+            if self.params_api:
+                loaded, node2 = c.init_load_back(bpc.InitLoadBackParams(best_match_node=m.last_host_node,
+                                                                        host_hit_length=m.host_hit_length))
+            else:
+                loaded, node2 = c.init_load_back(m.last_host_node, m.host_hit_length)
             self._refused = not len(loaded)          # no device room: a shorter hit is legitimate
             if len(loaded):
                 c.cache_controller.layer_done_counter.set_consumer(c.ready_to_load_host_cache())
@@ -255,7 +263,7 @@ class HiCacheAdapter(SglangAdapter):
     def _cache_evict(self, n: int, swa: int | None = None) -> int:
         before = self.alloc.available_size()
         locked = [x for x, _ in self.tree() if x.lock_ref > 0 and x.value is not None]
-        self.cache.evict(n)
+        self.cache.evict(self.S["bpc"].EvictParams(num_tokens=n) if self.params_api else n)
         if any(x.value is None for x in locked):
             raise Violation("bookkeeping", "no_evict_locked", f"evict({n}) dropped a locked node's device copy")
         self.coverage["state:device_evicted"] += any(x.value is None for x, _ in self.tree())

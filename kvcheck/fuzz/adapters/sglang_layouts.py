@@ -126,9 +126,6 @@ def check_supported(lay: Layout) -> None:
 def _api_gap(lay: Layout) -> str | None:
     """Why the adapter cannot drive this class at the installed release, if it cannot."""
     S = load()
-    if lay.cls == "HiRadixCache" and hasattr(S["bpc"], "MatchPrefixParams"):
-        return (f"sglang {S['version']}: HiRadixCache with the *Params API is not driven yet "
-                "(the adapter drives 0.5.7's positional API)")
     if lay.cls == "SWARadixCache" and hasattr(S["bpc"], "MatchPrefixParams"):
         return (f"sglang {S['version']}: SWARadixCache with the *Params API is not driven yet "
                 "(the adapter drives 0.5.7's positional API)")
