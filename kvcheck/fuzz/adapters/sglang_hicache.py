@@ -304,6 +304,9 @@ class HiCacheAdapter(SglangAdapter):
         starts += list(c.ongoing_write_through.values()) + list(c.ongoing_load_back.values())
         for n in starts:
             while n is not root:
+                if n.parent is None or not any(x is n for x in n.parent.children.values()):
+                    raise Violation("bookkeeping", "no_evict_locked", "a node held by a request or an in-flight "
+                                    "transfer is no longer in the tree")
                 holders[id(n)] = holders.get(id(n), 0) + 1
                 n = n.parent
         dev_free, host_free = set(self.free_slots()), {int(x) for x in self.host.free_slots.tolist()}

@@ -162,9 +162,7 @@ class MambaAdapter(SglangAdapter):
         exactly the states the tree dropped; nothing locked may go."""
         held = {rid: self.reqs[rid].node for rid, ok in self.mlocked.items() if ok}
         before = set(self.state_prefixes())
-        got = super()._evict(n) if n else self._cache_evict(0, swa or 0)
-        if n and swa:
-            got += self._cache_evict(0, swa)
+        got = super()._evict(n, swa)          # no locked node removed; the twin forgets what went
         gone = before - set(self.state_prefixes())
         self.twin -= gone
         self.coverage["state:mamba_evicted"] += bool(gone)
