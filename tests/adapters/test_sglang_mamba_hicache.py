@@ -78,3 +78,15 @@ def test_mamba_slot_ownership_is_the_releases(tmp_path, monkeypatch):
     monkeypatch.setattr(sm, "tree_frees_duplicates", lambda params_api: not params_api)
     r = sg.run_campaign(name, budget_s=20, steps=20_000, seed=1, out_dir=str(tmp_path), shrink_s=1)
     assert r["findings"] and r["findings"][0]["check"] in ("size_accounting", "sglang_internal_error"), r["findings"]
+
+
+def test_mamba_state_bytes_are_checked(tmp_path, monkeypatch):
+    """A MambaPool whose copy_from copies nothing (the request resumes from a zeroed state) is
+    caught by the byte check of the state at the hit."""
+    name = _layout("mamba")
+    from sglang.srt.mem_cache.memory_pool import MambaPool
+
+    from kvcheck.fuzz.adapters import sglang as sg
+    monkeypatch.setattr(MambaPool, "copy_from", lambda self, src, dst: None)
+    r = sg.run_campaign(name, budget_s=20, steps=20_000, seed=1, out_dir=str(tmp_path), shrink_s=1)
+    assert r["findings"] and r["findings"][0]["check"] == "hit_sound_mamba_state", r["findings"]

@@ -108,9 +108,17 @@ class MambaAdapter(SglangAdapter):
         self.mpool.mamba_cache.temporal[:, slot] = fingerprint(prefix)
         self.mwritten[slot] = prefix
 
-    def _state_holds(self, slot: int, prefix: tuple[int, ...]) -> bool:
-        t = self.mpool.mamba_cache.temporal[:, slot]
-        return bool((t == fingerprint(prefix)).all()) and self.mwritten.get(slot) == prefix
+    def _state_holds(self, slot: int, prefix: tuple[int, ...], rows: list | None = None) -> bool:
+        """The slot's bytes (every layer) and its shadow are the state after `prefix`; `rows`:
+        the state tensor read once for a whole check."""
+        if rows is None:
+            rows = self._state_rows()
+        f = fingerprint(prefix)
+        return all(r[slot] == f for r in rows) and self.mwritten.get(slot) == prefix
+
+    def _state_rows(self) -> list:
+        t = self.mpool.mamba_cache.temporal
+        return [t[i].flatten(1)[:, 0].tolist() for i in range(t.shape[0])]
 
     def mamba_free(self) -> set[int]:
         return {int(x) for x in self.mpool.free_slots.tolist()}
@@ -322,7 +330,7 @@ class MambaAdapter(SglangAdapter):
 
     def _mamba_content(self, nodes: list) -> None:
         """Every state slot in the tree is allocated and holds the state after its node's prefix."""
-        free = self.mamba_free()
+        free, rows = self.mamba_free(), self._state_rows()
         for node, path in nodes:
             if node.mamba_value is None:
                 if not node.children:
@@ -332,7 +340,7 @@ class MambaAdapter(SglangAdapter):
             if s in free:
                 raise Violation("bookkeeping", "tree_slots_live", f"node at depth {len(path)} keeps state slot {s}, "
                                 "which the Mamba pool has free")
-            if not self._state_holds(s, want):
+            if not self._state_holds(s, want, rows):
                 raise Violation("bookkeeping", "tree_content_matches", f"node at depth {len(path)}: state slot {s} "
                                 f"holds the state after {self.mwritten.get(s)!r:.60}, not after its prefix")
 
