@@ -309,6 +309,8 @@ class HiCacheAdapter(SglangAdapter):
                                     "transfer is no longer in the tree")
                 holders[id(n)] = holders.get(id(n), 0) + 1
                 n = n.parent
+        pending = any(s.queue for s in CPU_DEVICE.streams)      # a load whose bytes are still in flight
+        loading = {id(a) for x in c.ongoing_load_back.values() for a in self._ancestors(x)} if pending else set()
         dev_free, host_free = set(self.free_slots()), {int(x) for x in self.host.free_slots.tolist()}
         dev_owned, host_owned, total, prot = [], [], 0, 0
         for node, path in nodes:
@@ -323,11 +325,9 @@ class HiCacheAdapter(SglangAdapter):
                 for i, s in enumerate(int(v) for v in node.value.tolist()):
                     dev_owned.append(s)
                     p = len(path) + i
-                    inflight = node.id in c.ongoing_load_back or any(
-                        a is node for x in c.ongoing_load_back.values() for a in self._ancestors(x))
                     if s in dev_free:
                         raise Violation("bookkeeping", "tree_slots_live", f"tree position {p} is in free slot {s}")
-                    if not inflight and not self._device_holds(s, toks[:p + 1]):
+                    if id(node) not in loading and not self._device_holds(s, toks[:p + 1]):
                         raise Violation("bookkeeping", "tree_content_matches", f"tree position {p}: device slot {s} "
                                         "does not hold its prefix's bytes")
             elif node.host_value is None:
