@@ -77,7 +77,15 @@ def test_mamba_slot_ownership_is_the_releases(tmp_path, monkeypatch):
     name = _layout("mamba")
     monkeypatch.setattr(sm, "tree_frees_duplicates", lambda params_api: not params_api)
     r = sg.run_campaign(name, budget_s=20, steps=20_000, seed=1, out_dir=str(tmp_path), shrink_s=1)
-    assert r["findings"] and r["findings"][0]["check"] in ("size_accounting", "sglang_internal_error"), r["findings"]
+    f = r["findings"][0]
+    assert f["check"] == "size_accounting", f
+    import re
+
+    from kvcheck.fuzz.adapters.sglang_install import load
+    dup, leak = map(int, re.search(r"(\d+) counted twice, (\d+) leaked", f["message"]).groups())
+    # the tree frees the duplicates itself (*Params releases): the caller freeing them too frees
+    # slots twice; on 0.5.7 the caller must free them, and not doing so leaks them
+    assert (dup > 0) if hasattr(load()["bpc"], "MatchPrefixParams") else (leak > 0), f
 
 
 def test_mamba_state_bytes_are_checked(tmp_path, monkeypatch):
