@@ -2,7 +2,7 @@
 detection (and shrunk length) of each planted fault. Prints JSON. Run with the Python of an
 SGLang side venv (scripts/install-sglang.sh VERSION DIR):
 
-    PYTHONPATH=. DIR/bin/python benchmarks/sglang.py [--steps N] [--seeds K]
+    PYTHONPATH=. DIR/bin/python benchmarks/sglang.py [--steps N] [--seeds K] [--layouts a,b]
 """
 from __future__ import annotations
 
@@ -22,15 +22,19 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=20_000, help="steps per throughput run")
     ap.add_argument("--seeds", type=int, default=3, help="seeds per planted fault")
+    ap.add_argument("--layouts", default="", help="comma-separated layouts (default: every supported one)")
     a = ap.parse_args()
     from kvcheck.fuzz.adapters import sglang as sg
     from kvcheck.fuzz.adapters.sglang_install import SglangUnavailable, load
+    from kvcheck.fuzz.adapters.sglang_layouts import fault_applies
     try:
         classes = load()["classes"]
     except SglangUnavailable as e:
         print(json.dumps({"error": str(e)}))
         return 2
     layouts = [r["name"] for r in sg.list_layouts() if r["supported"]]
+    if a.layouts:
+        layouts = [x for x in layouts if x in a.layouts.split(",")]
     out: dict = {"sglang_version": sg.sglang_version(), "throughput": {}, "faults": {}}
     with tempfile.TemporaryDirectory() as d:
         for lay in layouts:
@@ -39,7 +43,7 @@ def main() -> int:
                                       "ops_per_s": round(r["steps"] / max(r["elapsed_s"], 1e-9)),
                                       "findings": len(r["findings"])}
         for f in sg.FAULTS:
-            for lay in [x for x in layouts if sg.fault_applies(f, sg.LAYOUTS[x])]:
+            for lay in [x for x in layouts if fault_applies(f, sg.LAYOUTS[x])]:
                 ttd, shrunk, caught = [], [], 0
                 for seed in range(a.seeds):
                     r = sg.run_campaign(lay, budget_s=10, seed=seed, fault=f, out_dir=d, shrink_s=5)

@@ -42,7 +42,7 @@ def test_layout_file_errors_are_one_line(tmp_path):
     with pytest.raises(LayoutError, match="not JSON"):
         load_layout_file(str(bad))
     with pytest.raises(LayoutError, match="not driven"):
-        _layout_from({"name": "x", "class": "HiRadixCache"}, "here")
+        _layout_from({"name": "x", "class": "ChunkCache"}, "here")
     with pytest.raises(LayoutError, match="cannot read"):
         load_layout_file(str(tmp_path / "missing.json"))
 

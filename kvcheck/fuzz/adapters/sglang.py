@@ -44,8 +44,13 @@ class _Gen(PromptGen):
         cands["evict"] = self.w["evict"] * 0.2
         a = self.choose(cands)
         if a == "submit":
-            return a, {"r": f"r{ad.next_id}", "tokens": self.prompt(30)}
+            toks = self.prompt(30)
+            if hasattr(ad, "continue_prompt"):      # a next turn: a finished request's tokens, then more
+                toks = ad.continue_prompt(rng, toks)
+            return a, {"r": f"r{ad.next_id}", "tokens": toks}
         if a == "evict":
+            if hasattr(ad, "evict_params"):         # an adapter with more than one component to evict
+                return a, ad.evict_params(rng)
             return a, {"n": rng.randint(1, ad.capacity // 2)}
         r = rng.choice(en[a])
         if a == "decode":
@@ -58,6 +63,12 @@ def make_adapter(lay: Layout, fault: str | None = None, capacity: int | None = N
     if lay.cls == "SWARadixCache":
         from .sglang_swa import SwaAdapter
         return SwaAdapter(lay, fault, capacity)
+    if lay.cls == "MambaRadixCache":
+        from .sglang_mamba import MambaAdapter
+        return MambaAdapter(lay, fault, capacity)
+    if lay.cls == "HiRadixCache":
+        from .sglang_hicache import HiCacheAdapter
+        return HiCacheAdapter(lay, fault, capacity)
     return SglangAdapter(lay, fault, capacity)
 
 

@@ -23,7 +23,9 @@ VOCAB = 6              # a small vocabulary: prompts share prefixes often
 MAX_TOKENS = 40
 
 
-DRIVEN = ("RadixCache", "PureSWARadixCache", "SWARadixCache")
+DRIVEN = ("RadixCache", "PureSWARadixCache", "SWARadixCache", "MambaRadixCache", "HiRadixCache")
+# classes whose components are fixed (the others take [full] or [swa])
+CLASS_COMPONENTS = {"SWARadixCache": ("full", "swa"), "MambaRadixCache": ("full", "mamba")}
 
 
 class LayoutError(ValueError):
@@ -57,6 +59,12 @@ LAYOUTS: dict[str, Layout] = {x.name: x for x in (
            "only the prefill part [0, evict floor) is cached"),
     Layout("swa", "SWARadixCache", ("full", "swa"), 1, 4, 48,
            "SWARadixCache, full + SWA (W=4) with tombstones, SWAKVPool + SWATokenToKVPoolAllocator"),
+    Layout("hicache", "HiRadixCache", ("full",), 1, None, 32,
+           "HiRadixCache, write-through to a host tier (2x), device eviction, load-back; CPU stand-ins "
+           "for streams/events, the direct transfer kernel and host registration"),
+    Layout("mamba", "MambaRadixCache", ("full", "mamba"), 1, None, 48,
+           "MambaRadixCache, full attention + Mamba state at some nodes (capacity/6 state slots), "
+           "HybridReqToTokenPool + HybridLinearKVPool"),
 )}
 
 
@@ -72,10 +80,11 @@ def _layout_from(d: dict[str, Any], where: str) -> Layout:
     if lay.cls not in DRIVEN:
         raise LayoutError(f"{where}: class {lay.cls!r} is not driven by this adapter yet "
                           f"({', '.join(DRIVEN)})")
-    if (lay.cls == "SWARadixCache") != (comps == ("full", "swa")):
-        raise LayoutError(f"{where}: SWARadixCache takes components [full, swa], the others not")
-    if any(c not in ("full", "swa") for c in comps):
-        raise LayoutError(f"{where}: components must be full or swa, got {list(comps)}")
+    fixed = CLASS_COMPONENTS.get(lay.cls)
+    if fixed is not None and comps != fixed:
+        raise LayoutError(f"{where}: {lay.cls} takes components {list(fixed)}")
+    if fixed is None and comps not in (("full",), ("swa",)):
+        raise LayoutError(f"{where}: {lay.cls} takes components [full] or [swa], got {list(comps)}")
     if "swa" in comps and not lay.window:
         raise LayoutError(f"{where}: an swa component needs a window")
     if lay.page_size < 1 or lay.capacity < 4 * lay.page_size:
@@ -185,9 +194,28 @@ SGLANG_FAULTS = (
            "evicted nodes whose KV slots are never returned to the allocator",
            "size_accounting", "evict deletes nodes without freeing their slots."),
 )
+SGLANG_FAULTS += (
+    _fault("mamba_hit_without_state", "match_prefix", "a resume without the recurrent state it needs",
+           "MambaRadixCache match returning a node past the last one holding Mamba state (a tombstone)",
+           "hit_sound_mamba_state", "match_prefix returns the deepest matched node, state or not."),
+    _fault("mamba_state_freed_on_insert", "insert", "state dropped on insert",
+           "the caller freeing the request's Mamba slot although the tree took it (mamba_exist misread)",
+           "tree_slots_live", "After an insert that kept the request's state slot, the caller frees it."),
+)
+SGLANG_FAULTS += (
+    _fault("load_back_before_copy", "init_load_back", "load-back served before the copy exists",
+           "HiCache serving a host hit before the load stream's event (layer_done_counter) completed",
+           "load_back_verified", "The hit is served without waiting for the load-back transfer."),
+    _fault("write_through_ack_early", "write_backup", "write-back acknowledged before the copy exists",
+           "HiCache releasing ongoing_write_through before the write stream's finish event",
+           "write_through_acknowledged", "A write-through is acknowledged (unlocked) as soon as it is queued."),
+)
 FAULTS = {f.name: f for f in SGLANG_FAULTS}
 # faults that only some classes can express (the rest apply to every driven class)
-FAULT_CLASSES = {"match_ignores_tombstones": ("SWARadixCache",)}
+FAULT_CLASSES = {"match_ignores_tombstones": ("SWARadixCache",),
+                 "mamba_hit_without_state": ("MambaRadixCache",),
+                 "mamba_state_freed_on_insert": ("MambaRadixCache",),
+                 "load_back_before_copy": ("HiRadixCache",), "write_through_ack_early": ("HiRadixCache",)}
 
 
 def fault_applies(fault: str, lay: Layout) -> bool:

@@ -1,0 +1,374 @@
+"""SGLang's MambaRadixCache (full attention + Mamba recurrent state) as a system under test.
+
+The tree keeps full-attention KV for every node but a Mamba state slot only at some: a request
+resumes at a hit only if the node the hit ends at holds the recurrent state for exactly that
+prefix (the spec's "recurrent state needed at the resume point"), plus full KV for all of it.
+`evict_mamba` tombstones internal nodes (their state freed, their KV kept). The pools are real:
+`HybridReqToTokenPool`'s `MambaPool` (tiny state tensors on CPU) and a `HybridLinearKVPool` under
+a `TokenToKVPoolAllocator`. The adapter writes a fingerprint of each state's prefix into the
+state tensor itself, so a hit's state is checked byte for byte after SGLang's `copy_from`.
+Slot ownership on insert: the caller frees a request's duplicate KV slots on 0.5.7, the tree
+does on 0.5.12 (`InsertParams.prev_prefix_len`); the request's state slot is the tree's when the
+insert reports `mamba_exist=False`, else the caller's to free.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .sglang_adapter import SglangAdapter
+from .sglang_checks import Req, Violation, key_tokens
+from .sglang_layouts import FAULTS
+
+
+def tree_frees_duplicates(params_api: bool) -> bool:
+    """Who frees a finished request's duplicate KV slots [hit, prefix_len): the tree on the
+    *Params releases (0.5.12: `_insert_helper` frees them from `prev_prefix_len`), else the caller."""
+    return params_api
+
+
+def fingerprint(prefix: tuple[int, ...]) -> float:
+    """A float32-exact tag of a token prefix: what the adapter writes as 'the state after it'."""
+    return float(hash(prefix) % 16_777_213 + 1)
+
+
+class _ServerArgsStandIn:
+    """KVCHECK_CPU_STUB: the one field of SGLang's global server args the Mamba tree reads
+    (0.5.12: `mamba_cache_chunk_size` in match_prefix); set only where none are set."""
+
+    page_size = 1
+    mamba_cache_chunk_size = 64
+
+
+def set_server_args_stand_in() -> bool:
+    try:
+        from sglang.srt import server_args as sa
+    except Exception:
+        return False
+    if not hasattr(sa, "set_global_server_args_for_scheduler") or getattr(sa, "_global_server_args", None):
+        return False
+    sa.set_global_server_args_for_scheduler(_ServerArgsStandIn())
+    return True
+
+
+class MambaAdapter(SglangAdapter):
+    """SglangAdapter for MambaRadixCache: two pools (KV slots, Mamba state slots), state only
+    at some nodes, full and mamba lock references, per-component size accounting."""
+
+    def reset(self, cfg: Any = None) -> None:
+        import inspect
+        from collections import Counter
+
+        import torch
+        os.environ.setdefault("SGLANG_MAMBA_SSM_DTYPE", "float32")
+        from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateDType, Mamba2StateShape
+        from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool, HybridReqToTokenPool
+
+        from .sglang_install import cache_class, load
+        from .sglang_layouts import LayoutError
+        if self.lay.page_size != 1:
+            raise LayoutError(f"layout {self.lay.name}: MambaRadixCache is driven with page_size 1 only "
+                              "(SGLang's v1 Mamba tree; paging needs its extra buffer)")
+        S = load()
+        set_server_args_stand_in()
+        self.S, self.torch = S, torch
+        self.mamba_size = max(5, self.capacity // 6)
+        shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=2, n_groups=1, num_heads=1,
+                                        head_dim=1, state_size=1, conv_kernel=2)
+        cp = Mamba2CacheParams(shape=shape, layers=[0],
+                               dtype=Mamba2StateDType(conv=torch.float32, temporal=torch.float32))
+        kw: dict[str, Any] = dict(size=8, mamba_size=self.mamba_size, mamba_spec_state_size=self.mamba_size,
+                                  max_context_len=64, device="cpu", enable_memory_saver=False, cache_params=cp,
+                                  enable_mamba_extra_buffer=False)
+        if "mamba_layer_ids" in inspect.signature(HybridReqToTokenPool.__init__).parameters:   # 0.5.12
+            kw["mamba_layer_ids"] = [0]
+        self.rtp = HybridReqToTokenPool(**kw)
+        self.mpool = self.rtp.mamba_pool
+        self.m_all = {int(x) for x in self.mpool.free_slots.tolist()}   # 0..n-1 (0.5.7) or 1..n (0.5.12)
+        kv = HybridLinearKVPool(size=self.capacity, dtype=torch.float16, page_size=1, head_num=1, head_dim=2,
+                                full_attention_layer_ids=[1], enable_kvcache_transpose=False, device="cpu",
+                                mamba_pool=self.mpool)
+        self.alloc = S["allocator"].TokenToKVPoolAllocator(self.capacity, torch.float16, "cpu", kv, False)
+        self.cache = cache_class(self.lay.cls)(S["CacheInitParams"](
+            disable=False, req_to_token_pool=self.rtp, token_to_kv_pool_allocator=self.alloc, page_size=1))
+        self.params_api = hasattr(S["bpc"], "MatchPrefixParams")
+        self.reqs: dict[str, Req] = {}
+        self.written: dict[int, tuple[int, ...]] = {}
+        self.mwritten: dict[int, tuple[int, ...]] = {}     # state slot -> the prefix it is the state after
+        self.mslot: dict[str, int] = {}                    # running request -> its own state slot
+        self.mlocked: dict[str, bool] = {}                 # running request -> its node had state when locked
+        self.twin: set[tuple[int, ...]] = set()            # every inserted key (state at its end)
+        self.finished: set[tuple[int, ...]] = set()        # every finished request's tokens (next turns)
+        self.coverage, self.lost, self.hits, self.next_id = Counter(), [], 0, 0
+        self.broken, self._inserts, self._last_node = None, 0, None
+        self._plant()
+
+    # ---- state slots and their bytes ------------------------------------------------------
+    def _state_write(self, slot: int, prefix: tuple[int, ...]) -> None:
+        self.mpool.mamba_cache.temporal[:, slot] = fingerprint(prefix)
+        self.mwritten[slot] = prefix
+
+    def _state_holds(self, slot: int, prefix: tuple[int, ...], rows: list | None = None) -> bool:
+        """The slot's bytes (every layer) and its shadow are the state after `prefix`; `rows`:
+        the state tensor read once for a whole check."""
+        if rows is None:
+            rows = self._state_rows()
+        f = fingerprint(prefix)
+        return all(r[slot] == f for r in rows) and self.mwritten.get(slot) == prefix
+
+    def _state_rows(self) -> list:
+        t = self.mpool.mamba_cache.temporal
+        return [t[i].flatten(1)[:, 0].tolist() for i in range(t.shape[0])]
+
+    def mamba_free(self) -> set[int]:
+        return {int(x) for x in self.mpool.free_slots.tolist()}
+
+    def _mamba_alloc(self) -> int | None:
+        out = self.mpool.alloc(1)
+        if out is None:
+            self._evict(0, 1)
+            out = self.mpool.alloc(1)
+        return None if out is None else int(out[0])
+
+    # ---- the release's API ----------------------------------------------------------------
+    def _match(self, tokens: list[int]) -> tuple[int, Any]:
+        key = self._key(tokens)
+        m = self.cache.match_prefix(self.S["bpc"].MatchPrefixParams(key=key) if self.params_api else key)
+        hit, node = len(m.device_indices), m.last_device_node
+        if self.planted(FAULTS["mamba_hit_without_state"]):   # the deepest matched node, state or not
+            node, hit = self._deepest(tokens)
+        if self.planted(FAULTS["match_overreach"]) and hit:
+            hit += 1
+        self._last_node = node
+        return hit, node
+
+    def _deepest(self, tokens: list[int]) -> tuple[Any, int]:
+        node, p = self.cache.root_node, 0
+        while True:
+            nxt = next((c for c in node.children.values()
+                        if key_tokens(c) == tokens[p:p + len(c.key)]), None)
+            if nxt is None:
+                return node, p
+            node, p = nxt, p + len(nxt.key)
+
+    def _cache_evict(self, n: int, mamba: int | None = 0) -> int:
+        c, mamba = self.cache, mamba or 0
+        before = self.alloc.available_size()
+        if self.params_api:
+            c.evict(self.S["bpc"].EvictParams(num_tokens=n, mamba_num=mamba))
+        else:
+            c.evict(n)
+            c.evict_mamba(mamba)
+        self.coverage["state:tombstoned"] += any(x.mamba_value is None for x, _ in self.tree())
+        return self.alloc.available_size() - before
+
+    def state_prefixes(self) -> dict[tuple[int, ...], Any]:
+        return {path + tuple(key_tokens(n)): n for n, path in self.tree() if n.mamba_value is not None}
+
+    def _evict(self, n: int, swa: int | None = None) -> int:
+        """Evict full KV (n tokens) and Mamba states (swa: their number); the twin forgets
+        exactly the states the tree dropped; nothing locked may go."""
+        held = {rid: self.reqs[rid].node for rid, ok in self.mlocked.items() if ok}
+        before = set(self.state_prefixes())
+        got = super()._evict(n, swa)          # no locked node removed; the twin forgets what went
+        gone = before - set(self.state_prefixes())
+        self.twin -= gone
+        self.coverage["state:mamba_evicted"] += bool(gone)
+        for rid, node in held.items():
+            if node.mamba_value is None:
+                raise Violation("bookkeeping", "no_evict_locked", f"{rid}'s locked node lost its Mamba state")
+        return got
+
+    def evict_params(self, rng: Any) -> dict:
+        """The generator's evict: full tokens and/or Mamba states."""
+        return {"n": rng.choice([0, rng.randint(1, self.capacity // 2)]), "mamba": rng.randint(0, 3)}
+
+    def continue_prompt(self, rng: Any, toks: list[int]) -> list[int]:
+        """Half the prompts continue a finished request (a chat's next turn): the state is kept
+        only at inserted keys' ends, so only such prompts can hit."""
+        from .sglang_layouts import MAX_TOKENS
+        done = sorted(k for k in self.finished if len(k) < MAX_TOKENS - 2)
+        if not done or rng.random() < 0.5:
+            return toks
+        k = list(rng.choice(done))
+        return k + toks[:rng.randint(1, min(len(toks), MAX_TOKENS - 1 - len(k)))]
+
+    # ---- actions -------------------------------------------------------------------------
+    def _a_match(self, r: str) -> dict:
+        req = self._get(r, "waiting")
+        hit, node = self._match(req.tokens[:-1])
+        path = self.path_slots(node)
+        self.check_hit(req, hit, path)
+        self.hits += hit > 0
+        want = self.twin_hit(req.tokens)
+        if want > hit:
+            raise Violation("lost_reuse", "lost_reuse", f"{r}: the no-eviction twin holds the state after a "
+                            f"{want}-token prefix, the tree matched {hit}")
+        self.cache.inc_lock_ref(node)
+        locked = node.mamba_value is not None
+        ms = self._mamba_alloc()
+        new = None if ms is None else self._alloc(len(req.tokens) - hit)
+        if new is None:
+            if ms is not None:
+                self.mpool.free(self.torch.tensor([ms], dtype=self.torch.int64))
+            self.cache.dec_lock_ref(node)
+            self.coverage["state:admission_refused"] += 1
+            return {"hit": hit, "admitted": False}
+        if hit:     # resume: SGLang copies the node's state into the request's slot (cow_mamba)
+            self.mpool.copy_from(node.mamba_value, self.torch.tensor([ms], dtype=self.torch.int64))
+            self.mwritten[ms] = self.mwritten.get(int(node.mamba_value[0]), ())   # the shadow follows the copy
+            if not self._state_holds(ms, tuple(req.tokens[:hit])):
+                raise Violation("safety", "hit_sound_mamba_state", f"{r}: the state copied from the hit node is "
+                                f"not the state after its {hit}-token prefix")
+        self._state_write(ms, tuple(req.tokens))        # prefill runs the rest
+        self.mslot[r], self.mlocked[r] = ms, locked
+        req.node, req.hit, req.state = node, hit, "running"
+        req.slots, req.spare, req.floor = path + new, [], len(req.tokens)
+        for p in range(hit, len(req.tokens)):
+            self._write(req, p, req.slots[p])
+        self.coverage["state:hit" if hit else "state:miss"] += 1
+        return {"hit": hit, "admitted": True}
+
+    def _a_decode(self, r: str, tok: int) -> dict:
+        out = super()._a_decode(r, tok)
+        if out.get("allocated"):
+            self._state_write(self.mslot[r], tuple(self.reqs[r].tokens))
+        return out
+
+    def _a_finish(self, r: str) -> dict:
+        req = self._get(r, "running")
+        n, ms = len(req.tokens), self.mslot.pop(r)
+        self.mlocked.pop(r)
+        vals = self.torch.tensor(req.slots[:n], dtype=self.torch.int64)
+        mv = self.torch.tensor([ms], dtype=self.torch.int64)
+        if self.planted(FAULTS["insert_shifted_values"]):
+            vals = self.torch.roll(vals, 1)
+        self._inserts += 1
+        if self.planted(FAULTS["drop_insert"]) and self._inserts % 2 == 0:
+            prefix_len, exist = n, True     # declined: the caller frees all it has
+        elif self.params_api:
+            res = self.cache.insert(self.S["bpc"].InsertParams(key=self._key(req.tokens), value=vals,
+                                                                mamba_value=mv, prev_prefix_len=req.hit))
+            prefix_len, exist = res.prefix_len, res.mamba_exist
+        else:
+            prefix_len, exist = self.cache.insert(self._key(req.tokens), vals, mv)
+        tree_frees = tree_frees_duplicates(self.params_api) and not (self.planted(FAULTS["drop_insert"])
+                                                                     and self._inserts % 2 == 0)
+        if self.planted(FAULTS["mamba_state_freed_on_insert"]) and not exist:
+            exist = True        # the caller believes the tree already had a state and frees its slot
+        if not tree_frees:
+            self._free(req.slots[req.hit:prefix_len])           # duplicates of the tree's
+        if exist:
+            self.mpool.free(mv)
+        self.cache.dec_lock_ref(req.node)
+        self.twin.add(tuple(req.tokens))
+        self.finished.add(tuple(req.tokens))
+        del self.reqs[r]
+        return {"prefix_len": prefix_len, "mamba_exist": bool(exist)}
+
+    def _a_abort(self, r: str) -> dict:
+        req = self._get(r)
+        if req.state == "running":
+            self.mpool.free(self.torch.tensor([self.mslot.pop(r)], dtype=self.torch.int64))
+            self.mlocked.pop(r)
+        return super()._a_abort(r)
+
+    def _a_evict(self, n: int, mamba: int = 0) -> dict:
+        return {"evicted": self._evict(n, mamba)}
+
+    # ---- checks ---------------------------------------------------------------------------
+    def check_hit(self, req: Req, hit: int, path: list[int]) -> None:
+        """Full KV for all of [0, hit), and the node the hit ends at holds a live state slot
+        whose bytes are the state after exactly tokens[:hit]."""
+        super().check_hit(req, hit, path)
+        node = self._last_node
+        if hit == 0 or node is self.cache.root_node:
+            return
+        if node.mamba_value is None:
+            raise Violation("safety", "hit_sound_mamba_state", f"{req.rid}: hit {hit} ends at a node with no "
+                            "Mamba state (a tombstone): the resume has no recurrent state")
+        s = int(node.mamba_value[0])
+        if s in self.mamba_free() or not self._state_holds(s, tuple(req.tokens[:hit])):
+            raise Violation("safety", "hit_sound_mamba_state", f"{req.rid}: hit {hit} resumes from state slot {s}, "
+                            f"which holds {self.mwritten.get(s)!r:.60} (free: {s in self.mamba_free()})")
+
+    def check_all(self) -> None:
+        nodes = self.tree()
+        self._mamba_locks(nodes)
+        self._content(nodes)
+        self._mamba_content(nodes)
+        self._mamba_sizes(nodes)
+        if any(r.state == "running" for r in self.reqs.values()):
+            return                  # SGLang's sanity_check asserts an idle tree (no locks)
+        try:
+            self.cache.sanity_check()
+        except Exception as e:      # it raises a plain Exception
+            raise Violation("bookkeeping", "tree_sanity_check", f"sanity_check failed: {e}") from None
+
+    def _mamba_locks(self, nodes: list) -> None:
+        """full_lock_ref = holders through the node; mamba_lock_ref = holders locked at it
+        (with its state)."""
+        full: dict[int, int] = {}
+        mamba: dict[int, int] = {}
+        root = self.cache.root_node
+        for r in self.reqs.values():
+            if r.state != "running":
+                continue
+            if self.mlocked.get(r.rid):
+                mamba[id(r.node)] = mamba.get(id(r.node), 0) + 1
+            n = r.node
+            while n is not root:
+                if n.parent is None or not any(c is n for c in n.parent.children.values()):
+                    raise Violation("bookkeeping", "no_evict_locked", f"{r.rid} holds a node no longer in the tree")
+                full[id(n)] = full.get(id(n), 0) + 1
+                n = n.parent
+        for node, path in nodes:
+            got, want = (node.full_lock_ref, node.mamba_lock_ref), (full.get(id(node), 0), mamba.get(id(node), 0))
+            if got != want:
+                raise Violation("bookkeeping", "lock_ref_equals_holders", f"node at depth {len(path)}: "
+                                f"(full, mamba) lock_ref {got}, holders {want}")
+
+    def _mamba_content(self, nodes: list) -> None:
+        """Every state slot in the tree is allocated and holds the state after its node's prefix."""
+        free, rows = self.mamba_free(), self._state_rows()
+        for node, path in nodes:
+            if node.mamba_value is None:
+                if not node.children:
+                    raise Violation("bookkeeping", "tree_sanity_check", f"a leaf at depth {len(path)} is a tombstone")
+                continue
+            s, want = int(node.mamba_value[0]), path + tuple(key_tokens(node))
+            if s in free:
+                raise Violation("bookkeeping", "tree_slots_live", f"node at depth {len(path)} keeps state slot {s}, "
+                                "which the Mamba pool has free")
+            if not self._state_holds(s, want, rows):
+                raise Violation("bookkeeping", "tree_content_matches", f"node at depth {len(path)}: state slot {s} "
+                                f"holds the state after {self.mwritten.get(s)!r:.60}, not after its prefix")
+
+    def _mamba_sizes(self, nodes: list) -> None:
+        """Per component: evictable + protected = the tree's; tree + requests' own + free =
+        capacity, disjoint (full: KV slots; mamba: state slots)."""
+        c = self.cache
+        total = sum(len(n.value) for n, _ in nodes)
+        prot = sum(len(n.value) for n, _ in nodes if n.full_lock_ref > 0)
+        states = [n for n, _ in nodes if n.mamba_value is not None]
+        mprot = sum(1 for n in states if n.mamba_lock_ref > 0)
+        got = (c.full_evictable_size(), c.full_protected_size(), c.mamba_evictable_size(), c.mamba_protected_size())
+        if got != (total - prot, prot, len(states) - mprot, mprot):
+            raise Violation("bookkeeping", "size_accounting", f"full evictable/protected {got[0]}/{got[1]}, mamba "
+                            f"{got[2]}/{got[3]}; the tree has {total - prot}/{prot}, {len(states) - mprot}/{mprot}")
+        run = [r for r in self.reqs.values() if r.state == "running"]
+        full_owned = [int(v) for n, _ in nodes for v in n.value.tolist()] + [s for r in run for s in r.slots[r.hit:]]
+        m_owned = [int(n.mamba_value[0]) for n in states] + [self.mslot[r.rid] for r in run]
+        for name, owned, free, every in (("full", full_owned, self.free_slots(), self.all_slots()),
+                                         ("mamba", m_owned, sorted(self.mamba_free()), self.m_all)):
+            seen = owned + list(free)
+            if len(seen) != len(set(seen)) or set(seen) != every:
+                raise Violation("bookkeeping", "size_accounting", f"{name}: {len(owned)} owned + {len(free)} free of "
+                                f"{len(every)}: {len(seen) - len(set(seen))} counted twice, "
+                                f"{len(every - set(seen))} leaked")
+        if self.alloc.available_size() != len(self.free_slots()):
+            raise Violation("bookkeeping", "size_accounting", "available_size != free KV slots")
+
+    def twin_hit(self, tokens: list[int]) -> int:
+        """The longest inserted key (its state at its end) that is a proper prefix of tokens."""
+        return max((len(k) for k in self.twin if len(k) < len(tokens) and tuple(tokens[:len(k)]) == k), default=0)
