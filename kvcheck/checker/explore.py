@@ -67,6 +67,7 @@ FAULT_OVERRIDES: dict[str, Config] = {
                                                          "swa_window": 2, "indexer": 1}),
     "hash_ignores_parent": _CONTENT,
     "stale_hash_after_reuse": _CONTENT,
+    "hash_missing_salt": replace(_CONTENT, salted_prompts=1),
 }
 
 

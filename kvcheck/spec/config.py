@@ -17,7 +17,8 @@ EVICTION_MODES = ("tombstone", "drop_hash")
 ALLOC_MODES = ("refuse", "evict")
 # Semantic keys and their defaults: omitted from to_dict at the default, so that a default
 # config (its traces, reports, cache keys) reads exactly as before they existed.
-SEMANTIC_DEFAULTS = {"eviction": "tombstone", "prompts": 1, "decode": False, "alloc": "refuse"}
+SEMANTIC_DEFAULTS = {"eviction": "tombstone", "prompts": 1, "salted_prompts": 0, "decode": False,
+                     "alloc": "refuse"}
 
 # Which device object kinds a group of each layer kind keeps (the kinds themselves are declared
 # once, in objects.py). Full-attention KV pages are swa_window pages with an infinite window:
@@ -151,6 +152,9 @@ class Config:
     # docs/spec.md "Configurable semantics".
     eviction: str = "tombstone"  # tombstone: an evicted block's hash stays; drop_hash: unpublished
     prompts: int = 1            # distinct prompt contents (1: every request shares one prefix)
+    # the last S prompts are prompt 0's tokens under another extra key of the block hash (a
+    # cache salt / tenant, an adapter id, a model fingerprint): content.py
+    salted_prompts: int = 0
     decode: bool = False        # decode(r, j) appends one token; the block is published when full
     # refuse: an append into a full pool is not enabled (something else must evict first);
     # evict: the allocation evicts an unreferenced cached block itself, or fails and preempts
@@ -264,6 +268,11 @@ class Config:
             raise ConfigError(f"config: alloc must be one of {', '.join(ALLOC_MODES)}, "
                               f"got {self.alloc!r:.40}")
         _int("prompts", self.prompts, 1, 8)
+        _int("salted_prompts", self.salted_prompts, 0, 7)
+        if self.salted_prompts > self.prompts - 1:
+            raise ConfigError(f"config: salted_prompts = {self.salted_prompts} needs prompts >= "
+                              f"{self.salted_prompts + 1} (prompt 0 is the unsalted original), got "
+                              f"prompts = {self.prompts}")
         if not isinstance(self.decode, bool):
             raise ConfigError(f"config: decode must be true or false, got {self.decode!r:.40}")
         if not isinstance(self.tiers, tuple) or not all(isinstance(t, str) for t in self.tiers):

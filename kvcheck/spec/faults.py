@@ -176,6 +176,14 @@ STALE_HASH_AFTER_REUSE = _spec(
     "hit_content_sound",
     "With prompts > 1, a block slot rewritten with other content keeps its old hash published.",
     _PROMPTS)
+HASH_MISSING_SALT = _spec(
+    "hash_missing_salt", "funnel:hash", "extra-key confusion / cross-tenant hit",
+    "a block hash that leaves out the request's extra keys (vLLM's cache_salt, LoRA id, "
+    "multimodal hashes): another tenant's blocks with the same tokens are reused",
+    "hit_content_sound",
+    "With salted_prompts > 0, the lookup compares the token chain without the extra key: a block "
+    "computed under another salt (tenant, adapter, model fingerprint) is reused.",
+    _small(("prompts", 2), ("salted_prompts", 1)))
 DECODE_PUBLISHES_PARTIAL = _spec(
     "decode_publishes_partial", "action:decode", "hash published before the block is full",
     "a decode-time block hashed and cached after its first token, not when it fills",
@@ -196,7 +204,7 @@ SPEC_FAULTS: tuple[Fault, ...] = (
     PREFETCH_COUNTED_AS_HIT, EVICTION_IGNORES_PINS, COMPRESSED_VERSION_IGNORED, ABI_IGNORED,
     NO_REVALIDATION_AT_USE, REFCOUNT_DOUBLE_DECREMENT, ADMISSION_IGNORED, SHARED_FREE_LIST,
     GRAPH_PAGES_MIGRATED, STALE_HASH_AFTER_EVICT, HASH_IGNORES_PARENT, STALE_HASH_AFTER_REUSE,
-    DECODE_PUBLISHES_PARTIAL, ALLOC_EVICTS_REFERENCED,
+    HASH_MISSING_SALT, DECODE_PUBLISHES_PARTIAL, ALLOC_EVICTS_REFERENCED,
 )
 FAULTS: dict[str, Fault] = {f.name: f for f in SPEC_FAULTS}      # the spec's own
 

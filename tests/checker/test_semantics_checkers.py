@@ -13,8 +13,10 @@ pytest.importorskip("z3")
 from kvcheck.checker import prove  # noqa: E402
 
 
-def test_content_semantics_explored_exhaustively_and_clean(tmp_path) -> None:
-    code, rep = explore.run_explore(explore._CONTENT, tmp_path, None, seconds=60)
+@pytest.mark.parametrize("cfg", [explore._CONTENT, replace(explore._CONTENT, salted_prompts=1)],
+                         ids=["prompts", "salted"])
+def test_content_semantics_explored_exhaustively_and_clean(cfg, tmp_path) -> None:
+    code, rep = explore.run_explore(cfg, tmp_path, None, seconds=60)
     assert code == 0 and rep["exhaustive"] and rep.get("violation") is None and rep["states"] > 1000
     assert rep["verdict"] == "holds"
 
@@ -26,9 +28,10 @@ def test_alloc_semantics_explored_exhaustively_evicting_and_failing(tmp_path) ->
 
 
 @pytest.mark.parametrize("cfg", [explore._CONTENT, replace(explore._CONTENT, prompts=1, eviction="drop_hash"),
+                                 replace(explore._CONTENT, prompts=3, salted_prompts=1),
                                  replace(explore._CONTENT, decode=True, block_size=2), explore._ALLOC,
                                  replace(explore._ALLOC, eviction="drop_hash", requests=2)],
-                         ids=["prompts", "drop_hash", "decode+prompts", "alloc", "alloc+drop_hash"])
+                         ids=["prompts", "drop_hash", "salted", "decode+prompts", "alloc", "alloc+drop_hash"])
 def test_z3_proves_the_semantics_inductive(cfg, tmp_path) -> None:
     code, rep = prove.run_prove(cfg, tmp_path, None, profile=prove.ProveProfile(depth=4))
     assert code == 0 and rep["verdict"] == "proved", [o for o in rep["invariants"] if o["status"] != "proved"]

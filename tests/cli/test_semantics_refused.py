@@ -43,6 +43,9 @@ def test_the_default_semantics_pass_and_the_spec_runs_them(tmp_path) -> None:
     Config().refuse_semantics("the reference engine")          # nothing switched on: no error
     with pytest.raises(ConfigError, match="decode = true"):
         Config(decode=True).refuse_semantics("x", implements=("alloc",))
+    salted = Config(prompts=2, salted_prompts=1, tiers=("device",))   # an engine with content, no salt
+    with pytest.raises(ConfigError, match="salted_prompts = 1: x does not implement"):
+        salted.refuse_semantics("x", implements=("prompts",))
     alloc = {"layers": [{"kind": "swa", "window": 4}], "blocks": 3, "tiers": ["device"],
              "capacity": {"swa_window": 2}, "reserve": 0, "alloc": "evict"}
     proc = _cli(tmp_path, alloc, "fuzz", "--sut", "spec", "--budget", "3000")
