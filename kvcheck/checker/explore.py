@@ -62,12 +62,19 @@ _CONTENT = Config(layers=(LayerSpec("full"),), blocks=2, requests=1, max_version
 _ALLOC = Config(layers=(LayerSpec("swa", window=4),), blocks=3, requests=1, max_version=0,
                 tiers=("device",), reserve=0, capacity={"swa_window": 2}, max_inflight=1,
                 max_active=1, alloc="evict")
+# duplicates = allow: two requests recompute block 0 (a second copy), one finishes, the other
+# appends block 1 into the full pool, evicting the unreferenced copy (full attention's one
+# victim). Exhaustive: 285,978 states (a test: -m slow); to depth 12 it reaches append_evict_copy.
+_DUP = Config(layers=(LayerSpec("full"),), blocks=2, requests=2, max_version=0, tiers=("device",),
+              capacity={"swa_window": 2}, max_inflight=1, max_active=2, alloc="evict",
+              duplicates="allow")
 FAULT_OVERRIDES: dict[str, Config] = {
     "admission_ignored": replace(FAULT_CONFIG, capacity={"compressed_kv": 1, "tail": 1,
                                                          "swa_window": 2, "indexer": 1}),
     "hash_ignores_parent": _CONTENT,
     "stale_hash_after_reuse": _CONTENT,
     "hash_missing_salt": replace(_CONTENT, salted_prompts=1),
+    "copy_ignores_capacity": replace(_DUP, capacity={"swa_window": 1}),
 }
 
 

@@ -220,6 +220,8 @@ def evict(c: Ctx, g: int, kind: str, j: int) -> Any:
     L, o = c.L, ObjSlot(g, kind, j)
     ob = c.ob(o)
     c.set_obj(o, "st", EVICTED)
+    if c.cfg.duplicates == "allow":
+        c.set_obj(o, "dup", 0)          # unreferenced: every copy goes back to the free list
     if c.cfg.eviction == "drop_hash" and not c.planted(F.STALE_HASH_AFTER_EVICT):
         c.set(("b", j, "hashed"), 0)    # the block goes back to the free list: its hash with it
     if c.planted(F.EVICTION_IGNORES_PINS):
@@ -407,6 +409,7 @@ def run_body(act: Action, v: View, L: Logic, lay: Layout, fault: "str | F.Plante
 
 from . import decode as _decode  # noqa: E402,F401  (registers `decode`: it needs write_block)
 from . import alloc as _alloc  # noqa: E402,F401  (registers append_evict, append_fail)
+from . import duplicates as _duplicates  # noqa: E402,F401  (append_copy, evict_copy, append_evict_copy)
 
 ACTION_NAMES = tuple(ACTIONS)
 assert R_IDLE == 0 and D_LOADING == 3 and D_UNVERIFIED == 4

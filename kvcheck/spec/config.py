@@ -15,10 +15,11 @@ from typing import Any
 LAYER_KINDS = ("full", "swa", "hca", "csa")
 EVICTION_MODES = ("tombstone", "drop_hash")
 ALLOC_MODES = ("refuse", "evict")
+DUPLICATE_MODES = ("forbid", "allow")
 # Semantic keys and their defaults: omitted from to_dict at the default, so that a default
 # config (its traces, reports, cache keys) reads exactly as before they existed.
 SEMANTIC_DEFAULTS = {"eviction": "tombstone", "prompts": 1, "salted_prompts": 0, "decode": False,
-                     "alloc": "refuse"}
+                     "alloc": "refuse", "duplicates": "forbid"}
 
 # Which device object kinds a group of each layer kind keeps (the kinds themselves are declared
 # once, in objects.py). Full-attention KV pages are swa_window pages with an infinite window:
@@ -160,6 +161,9 @@ class Config:
     # evict: the allocation evicts an unreferenced cached block itself, or fails and preempts
     # a request (alloc.py)
     alloc: str = "refuse"
+    # forbid: one physical copy per logical block (a request appending a cached block shares
+    # it); allow: two requests recomputing one prefix may keep two copies (duplicates.py)
+    duplicates: str = "forbid"
 
     # ---- derived structure -------------------------------------------------------------
     def __post_init__(self) -> None:
@@ -267,6 +271,9 @@ class Config:
         if not isinstance(self.alloc, str) or self.alloc not in ALLOC_MODES:
             raise ConfigError(f"config: alloc must be one of {', '.join(ALLOC_MODES)}, "
                               f"got {self.alloc!r:.40}")
+        if not isinstance(self.duplicates, str) or self.duplicates not in DUPLICATE_MODES:
+            raise ConfigError(f"config: duplicates must be one of {', '.join(DUPLICATE_MODES)}, "
+                              f"got {self.duplicates!r:.40}")
         _int("prompts", self.prompts, 1, 8)
         _int("salted_prompts", self.salted_prompts, 0, 7)
         if self.salted_prompts > self.prompts - 1:

@@ -198,13 +198,21 @@ ALLOC_EVICTS_REFERENCED = _spec(
     "With alloc = evict, the allocation of a block into a full pool evicts a block that a "
     "request still holds (its reference count is not checked).",
     _small(("alloc", "evict"), ("capacity", {"swa_window": 1})))
+COPY_IGNORES_CAPACITY = _spec(
+    "copy_ignores_capacity", "action:append_copy", "duplicate copies not counted",
+    "a block manager that allocates a second copy of a cached block (two requests recomputing one "
+    "prefix) without counting it against the pool",
+    "admission_cap",
+    "With duplicates = allow, a request's own second copy of a cached block is allocated without "
+    "checking that the pool has room for it.",
+    _small(("duplicates", "allow"), ("capacity", {"swa_window": 1})))
 
 SPEC_FAULTS: tuple[Fault, ...] = (
     DECISION_IGNORES_INDEXER_VERSION, WINDOW_OFF_BY_ONE, TAIL_JUNCTION_NOT_CHECKED,
     PREFETCH_COUNTED_AS_HIT, EVICTION_IGNORES_PINS, COMPRESSED_VERSION_IGNORED, ABI_IGNORED,
     NO_REVALIDATION_AT_USE, REFCOUNT_DOUBLE_DECREMENT, ADMISSION_IGNORED, SHARED_FREE_LIST,
     GRAPH_PAGES_MIGRATED, STALE_HASH_AFTER_EVICT, HASH_IGNORES_PARENT, STALE_HASH_AFTER_REUSE,
-    HASH_MISSING_SALT, DECODE_PUBLISHES_PARTIAL, ALLOC_EVICTS_REFERENCED,
+    HASH_MISSING_SALT, DECODE_PUBLISHES_PARTIAL, ALLOC_EVICTS_REFERENCED, COPY_IGNORES_CAPACITY,
 )
 FAULTS: dict[str, Fault] = {f.name: f for f in SPEC_FAULTS}      # the spec's own
 

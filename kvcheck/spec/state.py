@@ -56,6 +56,9 @@ OBJ_FIELDS = {
                   lambda cfg: max(POOL.values())),
     "ref": Field("reference count: the number of requests holding it", lambda cfg: cfg.requests),
     "gmv": Field("1 if it moved to another address since the last graph capture"),
+    "dup": Field("1 if a second physical copy of it is cached (duplicates = allow: a request "
+                 "recomputed it instead of sharing it; `ref` counts the holders of both: "
+                 "duplicates.py)", when=lambda cfg: cfg.duplicates == "allow"),
 }
 # Per logical block j:
 BLOCK_FIELDS = {
