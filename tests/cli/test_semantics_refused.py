@@ -1,5 +1,5 @@
-"""A config using a semantic the reference engine does not implement (prompts > 1, decode,
-drop_hash eviction, alloc = evict) is refused by `kvcheck fuzz --sut reference` and
+"""A config using a semantic the reference engine does not implement (prompts > 1, salted
+prompts, decode, drop_hash eviction, alloc = evict, duplicates = allow) is refused by `kvcheck fuzz --sut reference` and
 `kvcheck diff` in one line naming the key, exit 2: not a flood of divergences."""
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from kvcheck.spec.config import Config, ConfigError
 pytest.importorskip("torch")
 
 SEMANTICS = [({"prompts": 2, "tiers": ["device"]}, "prompts = 2"), ({"decode": True}, "decode = true"),
-             ({"eviction": "drop_hash"}, 'eviction = "drop_hash"'), ({"alloc": "evict"}, 'alloc = "evict"')]
+             ({"eviction": "drop_hash"}, 'eviction = "drop_hash"'), ({"alloc": "evict"}, 'alloc = "evict"'),
+             ({"duplicates": "allow"}, 'duplicates = "allow"')]
 
 
 def _cli(tmp_path, data, *argv):

@@ -39,13 +39,13 @@ def test_bad_semantic_keys_are_one_line_errors_naming_the_key(data, where) -> No
 def test_the_default_config_has_none_of_the_new_state_actions_or_invariants() -> None:
     spec = Spec(Config())
     assert (len(spec.instances), spec.lay.size) == (130, 238)
-    assert not [n for n in spec.lay.names if n[-1] in ("bcid", "bkey", "rp", "rtok", "bpart")]
+    assert not [n for n in spec.lay.names if n[-1] in ("bcid", "bkey", "rp", "rtok", "bpart", "dup")]
     assert not {"drop_hash", "decode", "append_evict", "append_fail"} & set(spec.actions)
     assert set(invariants_for(Config())) == set(INVARIANTS) - {"published_hash_resident", "hit_content_sound",
-                                                               "hit_full_blocks"}
-    assert not {"eviction", "prompts", "salted_prompts", "decode", "alloc"} & set(Config().to_dict())
+                                                               "hit_full_blocks", "copies_cached"}
+    assert not {"eviction", "prompts", "salted_prompts", "decode", "alloc", "duplicates"} & set(Config().to_dict())
     on = Config(eviction="drop_hash", prompts=2, salted_prompts=1, tiers=("device",), decode=True,
-                alloc="evict")
+                alloc="evict", duplicates="allow")
     assert Config.from_dict(on.to_dict()) == on
 
 
