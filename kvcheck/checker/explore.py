@@ -57,6 +57,9 @@ FAULT_CONFIG = Config(layers=(LayerSpec("csa", window=6, m=12, topk=1),), blocks
 # a later one to hit it: one full-attention group over 2 blocks keeps that within BFS reach.
 _CONTENT = Config(layers=(LayerSpec("full"),), blocks=2, requests=1, max_version=0, prompts=2,
                   tiers=("device",), capacity={"swa_window": 2}, max_inflight=1, max_active=1)
+# Content on disk: an offloaded copy carries its lineage (dcid); one block, restored only under
+# its own content (14,333 states, exhaustive).
+_CONTENT_DISK = replace(_CONTENT, blocks=1, tiers=("device", "disk"), reserve=0)
 # alloc = evict: one SWA group whose window covers one block, two pages for three blocks: an
 # append finds the pool full and evicts a page slid out of the window, or fails and preempts.
 _ALLOC = Config(layers=(LayerSpec("swa", window=4),), blocks=3, requests=1, max_version=0,

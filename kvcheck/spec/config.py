@@ -292,9 +292,6 @@ class Config:
             raise ConfigError(f"config: tiers lists a tier twice: {list(self.tiers)}")
         if "device" not in self.tiers:
             raise ConfigError("config: tiers must include 'device'")
-        if self.prompts > 1 and self.tiers != ("device",):
-            raise ConfigError("config: prompts > 1 needs tiers = [\"device\"] for now (an offloaded "
-                              "copy does not yet record the content it holds)")
 
     def check_single_window(self) -> None:
         """The spec (not the model) needs one finite window: a request retains one SWA window

@@ -82,6 +82,12 @@ def hash_matches(v: Any, L: Any, cfg: Config, r: int, j: int, planted: F.Planted
     return key == chain_of(L, cfg, p, j)
 
 
+def copy_fits(v: Any, L: Any, j: int, alive: list[Any]) -> Any:
+    """An on-disk copy may complete slot j (offload tiers): it holds the slot's content, or none
+    of the slot's objects is live (`alive`), so a copy never mixes with other live content."""
+    return L.Or(v.disk(j).dcid == v.disk(j).bcid, L.Not(L.Or(*alive)))
+
+
 def holds_prefix(v: Any, L: Any, cfg: Config, r: int, j: int) -> Any:
     """Ground truth: block slot j holds exactly request r's block j (its whole prefix to j)."""
     if cfg.prompts == 1:

@@ -93,7 +93,7 @@ def _spec(name: str, site: str, bug_class: str, mirrors: str, expected: str, doc
     return Fault(name, "spec", site, bug_class, mirrors, expected, doc, ("spec",), needs)
 
 
-# The content faults need two prompts (device tier only, for now); their symptom needs a block
+# The content faults need two prompts (the device tier keeps the state small); their symptom needs a block
 # recomputed under another prompt and then hit, which a random walk reaches quickly over one
 # full-attention group (the hash-chain block manager of a plain transformer) and 2 blocks.
 def _small(*keys: tuple[str, Any]) -> tuple[tuple[str, Any], ...]:

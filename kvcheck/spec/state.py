@@ -76,6 +76,8 @@ BLOCK_FIELDS = {
                   "from (content.py)", _prompt_ids, when=_with_prompts),
     "bkey": Field("content its published hash names (the lineage looked up)", _prompt_ids,
                   when=_with_prompts),
+    "dcid": Field("content its on-disk copy holds (the lineage at offload time)", _prompt_ids,
+                  when=lambda cfg: cfg.prompts > 1 and cfg.offload_enabled),
     "bpart": Field("1 if its objects were written from a partial block (decode.py)",
                    when=lambda cfg: cfg.decode),
 }

@@ -13,8 +13,8 @@ pytest.importorskip("z3")
 from kvcheck.checker import prove  # noqa: E402
 
 
-@pytest.mark.parametrize("cfg", [explore._CONTENT, replace(explore._CONTENT, salted_prompts=1)],
-                         ids=["prompts", "salted"])
+@pytest.mark.parametrize("cfg", [explore._CONTENT, replace(explore._CONTENT, salted_prompts=1),
+                                 explore._CONTENT_DISK], ids=["prompts", "salted", "prompts+disk"])
 def test_content_semantics_explored_exhaustively_and_clean(cfg, tmp_path) -> None:
     code, rep = explore.run_explore(cfg, tmp_path, None, seconds=60)
     assert code == 0 and rep["exhaustive"] and rep.get("violation") is None and rep["states"] > 1000
@@ -41,9 +41,10 @@ def test_duplicates_explored_exhaustively_and_clean(tmp_path) -> None:
 
 @pytest.mark.parametrize("cfg", [explore._CONTENT, replace(explore._CONTENT, prompts=1, eviction="drop_hash"),
                                  replace(explore._CONTENT, prompts=3, salted_prompts=1),
+                                 replace(explore._CONTENT, tiers=("device", "disk")),
                                  replace(explore._CONTENT, decode=True, block_size=2), explore._ALLOC,
                                  replace(explore._ALLOC, eviction="drop_hash", requests=2), explore._DUP],
-                         ids=["prompts", "drop_hash", "salted", "decode+prompts", "alloc", "alloc+drop_hash",
+                         ids=["prompts", "drop_hash", "salted", "prompts+disk", "decode+prompts", "alloc", "alloc+drop_hash",
                               "duplicates"])
 def test_z3_proves_the_semantics_inductive(cfg, tmp_path) -> None:
     code, rep = prove.run_prove(cfg, tmp_path, None, profile=prove.ProveProfile(depth=4))

@@ -21,7 +21,6 @@ FULL2 = dict(layers=(LayerSpec("full"),), blocks=2, requests=1, tiers=("device",
     ({"prompts": 0}, "prompts must be >= 1"),
     ({"prompts": "2"}, "prompts must be an integer"),
     ({"prompts": 9}, "prompts must be <= 8"),
-    ({"prompts": 2}, "prompts > 1 needs tiers"),
     ({"salted_prompts": -1}, "salted_prompts must be >= 0"),
     ({"salted_prompts": True}, "salted_prompts must be an integer"),
     ({"salted_prompts": 1}, "salted_prompts = 1 needs prompts >= 2"),
@@ -138,6 +137,42 @@ def test_a_hash_missing_the_salt_plants_nothing_without_a_salted_prompt() -> Non
     from kvcheck.spec.faults import FaultError
     with pytest.raises(FaultError, match="plants nothing"):
         Spec(Config(prompts=2, **FULL2), "hash_missing_salt")
+
+
+def test_an_offloaded_copy_carries_its_content() -> None:
+    """Prompt 0's block 0 is offloaded, then the slot is rewritten with prompt 1's and evicted:
+    the copy is prefetched only for prompt 0, and restoring it restores prompt 0's content."""
+    cfg = Config(prompts=2, **{**FULL2, "tiers": ("device", "disk"), "reserve": 0, "blocks": 1})
+    d = Driver(Spec(cfg))
+    d.do("submit", r=0, n=1, p=0).do("lookup", r=0).do("bind", r=0).do("use", r=0).do("append", r=0, j=0)
+    d.do("offload_start", j=0).do("offload_ack", j=0).do("finish", r=0)
+    assert d.field("b", 0, "dcid") == 0
+    d.do("evict", g=0, kind="swa_window", j=0)
+    d.do("submit", r=0, n=1, p=1).do("lookup", r=0)
+    assert d.spec.decide(d.s, 0)["kind"] == "RECOMPUTE"       # a copy of prompt 0: no prefetch for 1
+    d.do("bind", r=0).do("use", r=0).do("append", r=0, j=0).do("finish", r=0)
+    assert (d.field("b", 0, "bcid"), d.field("b", 0, "dcid")) == (1, 0)
+    d.do("evict", g=0, kind="swa_window", j=0).do("submit", r=0, n=1, p=0).do("lookup", r=0)
+    assert d.spec.decide(d.s, 0)["kind"] == "RECOMPUTE"       # the hash names prompt 1's block now
+    d.do("prefetch_start", j=0).do("prefetch_complete", j=0).do("verify_ok", j=0, aligned=1)
+    assert (d.field("b", 0, "bcid"), d.field("b", 0, "bkey")) == (0, 0)   # restored: prompt 0's
+    d.do("preempt", r=0).do("resume", r=0).do("lookup", r=0)   # look up again
+    assert d.spec.decide(d.s, 0)["kind"] == "REUSE"
+    d.do("bind", r=0)
+    assert not d.violations()
+
+
+def test_a_copy_of_other_content_never_completes_a_live_slot() -> None:
+    cfg = Config(prompts=2, **{**FULL2, "tiers": ("device", "disk"), "reserve": 0, "blocks": 1})
+    d = Driver(Spec(cfg))
+    d.do("submit", r=0, n=1, p=0).do("lookup", r=0).do("bind", r=0).do("use", r=0).do("append", r=0, j=0)
+    d.do("offload_start", j=0).do("offload_ack", j=0).do("finish", r=0).do("evict", g=0, kind="swa_window", j=0)
+    d.do("prefetch_start", j=0).do("prefetch_complete", j=0)
+    d.do("submit", r=0, n=1, p=1).do("lookup", r=0).do("bind", r=0).do("use", r=0).do("append", r=0, j=0)
+    assert d.field("b", 0, "bcid") == 1                       # the slot moved on while loading
+    assert not d.can("verify_ok", j=0, aligned=1)
+    d.do("checksum_fail", j=0)                                # the copy is dropped, never served
+    assert not d.violations()
 
 
 def test_a_pinned_block_is_not_rewritten_with_other_content() -> None:
