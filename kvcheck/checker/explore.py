@@ -78,6 +78,7 @@ FAULT_OVERRIDES: dict[str, Config] = {
     "stale_hash_after_reuse": _CONTENT,
     "hash_missing_salt": replace(_CONTENT, salted_prompts=1),
     "copy_ignores_capacity": replace(_DUP, capacity={"swa_window": 1}),
+    "restore_under_stale_key": _CONTENT_DISK,
 }
 
 

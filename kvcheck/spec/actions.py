@@ -332,7 +332,8 @@ def verify_ok(c: Ctx, j: int, aligned: int) -> Any:
     same = []
     if c.cfg.prompts > 1 and c.cfg.offload_enabled:     # restored and published as the copy's content
         c.set(("b", j, "bcid"), d.dcid)
-        c.set(("b", j, "bkey"), d.dcid)
+        if not c.planted(F.RESTORE_UNDER_STALE_KEY):
+            c.set(("b", j, "bkey"), d.dcid)
         same = [content.copy_fits(v, L, j, [live(c.ob(o).st, L) for o in c.block_objects(j)])]
     return L.And(d.dst == D_UNVERIFIED, d.dbad == 0, d.dver == v.cur_ver, d.dabi == v.cur_abi,
                  *same, *_restore_fits(c, j, 0))

@@ -104,6 +104,11 @@ def _small(*keys: tuple[str, Any]) -> tuple[tuple[str, Any], ...]:
 _PROMPTS = _small(("prompts", 2))
 
 
+def LayerSpec_full() -> Any:
+    from .config import LayerSpec
+    return LayerSpec("full")
+
+
 DECISION_IGNORES_INDEXER_VERSION = _spec(
     "decision_ignores_indexer_version", "funnel:layer2", "indexer stale after restore",
     "DeepSeek-V3.2 sparse indexer state restored with another version (SGLang/vLLM "
@@ -198,6 +203,14 @@ ALLOC_EVICTS_REFERENCED = _spec(
     "With alloc = evict, the allocation of a block into a full pool evicts a block that a "
     "request still holds (its reference count is not checked).",
     _small(("alloc", "evict"), ("capacity", {"swa_window": 1})))
+RESTORE_UNDER_STALE_KEY = _spec(
+    "restore_under_stale_key", "action:verify_ok", "offloaded copy restored under the wrong key",
+    "a host/disk copy loaded back into a slot and served under the hash the slot had, not the one "
+    "it was saved with", "hit_content_sound",
+    "With prompts > 1 and a disk tier, a verified copy is restored but the slot keeps its published "
+    "hash: a request of the slot's old content reuses the copy's.",
+    (("prompts", 2), ("layers", (LayerSpec_full(),)), ("blocks", 1), ("tiers", ("device", "disk")),
+     ("reserve", 0)))
 COPY_IGNORES_CAPACITY = _spec(
     "copy_ignores_capacity", "action:append_copy", "duplicate copies not counted",
     "a block manager that allocates a second copy of a cached block (two requests recomputing one "
@@ -213,6 +226,7 @@ SPEC_FAULTS: tuple[Fault, ...] = (
     NO_REVALIDATION_AT_USE, REFCOUNT_DOUBLE_DECREMENT, ADMISSION_IGNORED, SHARED_FREE_LIST,
     GRAPH_PAGES_MIGRATED, STALE_HASH_AFTER_EVICT, HASH_IGNORES_PARENT, STALE_HASH_AFTER_REUSE,
     HASH_MISSING_SALT, DECODE_PUBLISHES_PARTIAL, ALLOC_EVICTS_REFERENCED, COPY_IGNORES_CAPACITY,
+    RESTORE_UNDER_STALE_KEY,
 )
 FAULTS: dict[str, Fault] = {f.name: f for f in SPEC_FAULTS}      # the spec's own
 

@@ -139,11 +139,12 @@ def test_a_hash_missing_the_salt_plants_nothing_without_a_salted_prompt() -> Non
         Spec(Config(prompts=2, **FULL2), "hash_missing_salt")
 
 
-def test_an_offloaded_copy_carries_its_content() -> None:
-    """Prompt 0's block 0 is offloaded, then the slot is rewritten with prompt 1's and evicted:
-    the copy is prefetched only for prompt 0, and restoring it restores prompt 0's content."""
-    cfg = Config(prompts=2, **{**FULL2, "tiers": ("device", "disk"), "reserve": 0, "blocks": 1})
-    d = Driver(Spec(cfg))
+def _restored(fault=None) -> Driver:
+    """Prompt 0's block 0 is offloaded, then the slot is rewritten with prompt 1's and evicted;
+    the copy (prompt 0's) is prefetched and verified."""
+    cfg = Config(prompts=2, **{**FULL2, "tiers": ("device", "disk"), "reserve": 0, "blocks": 1,
+                               "requests": 2})
+    d = Driver(Spec(cfg, fault))
     d.do("submit", r=0, n=1, p=0).do("lookup", r=0).do("bind", r=0).do("use", r=0).do("append", r=0, j=0)
     d.do("offload_start", j=0).do("offload_ack", j=0).do("finish", r=0)
     assert d.field("b", 0, "dcid") == 0
@@ -154,12 +155,26 @@ def test_an_offloaded_copy_carries_its_content() -> None:
     assert (d.field("b", 0, "bcid"), d.field("b", 0, "dcid")) == (1, 0)
     d.do("evict", g=0, kind="swa_window", j=0).do("submit", r=0, n=1, p=0).do("lookup", r=0)
     assert d.spec.decide(d.s, 0)["kind"] == "RECOMPUTE"       # the hash names prompt 1's block now
-    d.do("prefetch_start", j=0).do("prefetch_complete", j=0).do("verify_ok", j=0, aligned=1)
+    return d.do("prefetch_start", j=0).do("prefetch_complete", j=0).do("verify_ok", j=0, aligned=1)
+
+
+def test_an_offloaded_copy_carries_its_content() -> None:
+    """The copy is prefetched only for prompt 0, and restoring it restores prompt 0's content."""
+    d = _restored()
     assert (d.field("b", 0, "bcid"), d.field("b", 0, "bkey")) == (0, 0)   # restored: prompt 0's
     d.do("preempt", r=0).do("resume", r=0).do("lookup", r=0)   # look up again
     assert d.spec.decide(d.s, 0)["kind"] == "REUSE"
     d.do("bind", r=0)
     assert not d.violations()
+
+
+def test_a_copy_restored_under_the_slots_old_hash_is_caught() -> None:
+    d = _restored("restore_under_stale_key")
+    assert (d.field("b", 0, "bcid"), d.field("b", 0, "bkey")) == (0, 1)   # prompt 0's, named 1
+    d.do("submit", r=1, n=1, p=1).do("lookup", r=1)
+    assert d.spec.decide(d.s, 1)["kind"] == "REUSE"          # prompt 1 reuses prompt 0's block
+    d.do("bind", r=1)
+    assert {i for i, _ in d.violations()} == {"hit_content_sound"}
 
 
 def test_a_copy_of_other_content_never_completes_a_live_slot() -> None:
