@@ -104,9 +104,11 @@ def _small(*keys: tuple[str, Any]) -> tuple[tuple[str, Any], ...]:
 _PROMPTS = _small(("prompts", 2))
 
 
-def LayerSpec_full() -> Any:
+
+def _full(*keys: tuple[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """One full-attention group and `keys` (later keys win: `Fault.config_for`)."""
     from .config import LayerSpec
-    return LayerSpec("full")
+    return (("layers", (LayerSpec("full"),)), *keys)
 
 
 DECISION_IGNORES_INDEXER_VERSION = _spec(
@@ -209,8 +211,7 @@ RESTORE_UNDER_STALE_KEY = _spec(
     "it was saved with", "hit_content_sound",
     "With prompts > 1 and a disk tier, a verified copy is restored but the slot keeps its published "
     "hash: a request of the slot's old content reuses the copy's.",
-    (("prompts", 2), ("layers", (LayerSpec_full(),)), ("blocks", 1), ("tiers", ("device", "disk")),
-     ("reserve", 0)))
+    _full(("prompts", 2), ("blocks", 1), ("tiers", ("device", "disk")), ("reserve", 0)))
 COPY_IGNORES_CAPACITY = _spec(
     "copy_ignores_capacity", "action:append_copy", "duplicate copies not counted",
     "a block manager that allocates a second copy of a cached block (two requests recomputing one "
