@@ -31,19 +31,19 @@ def shared_prefix(seed: int, blocks: int, block_size: int) -> tuple[int, ...]:
 
 
 def prompt_table(cfg: Any, tenant: str = "tenant-0") -> list[tuple[str, tuple[int, ...]]]:
-    """(tenant, tokens) of each of the config's prompts (spec/content.py). Prompt 0 is the shared
-    prefix; prompt p >= 1 differs from it first at block e(p): its tokens there are edited, or,
-    where e(p) = 0, it is prompt 0's tokens from another tenant (a cache salt is an extra key of
-    the first block: the chain differs from block 0 on, exactly as an edit there)."""
-    from ..spec.content import edit_block
+    """(tenant, tokens) of each of the config's prompts, as the spec's prompt table says
+    (spec/content.py): prompt 0 is the shared prefix; a salted prompt is its tokens under the
+    tenant of its extra key (`tenant-{extra_key}`, the cache salt of every block's hash); any
+    other prompt p >= 1 has prompt 0's tokens except at block e(p), which it edits."""
+    from ..spec.content import edit_block, extra_key, salted
     B, base = cfg.block_size, shared_prefix(cfg.seed, cfg.blocks, cfg.block_size)
     rng = random.Random(f"kvcheck-prompts-{cfg.seed}")
     out = [(tenant, base)]
     for p in range(1, cfg.prompts):
-        e = edit_block(cfg, p)
-        if e == 0:
-            out.append((f"tenant-{p}", base))
+        if salted(cfg, p):
+            out.append((f"tenant-{extra_key(cfg, p)}", base))
             continue
+        e = edit_block(cfg, p)
         old = base[e * B:(e + 1) * B]
         new = old
         while new == old:

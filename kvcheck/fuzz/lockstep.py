@@ -251,13 +251,19 @@ class Lockstep:
 
     def instead(self, label: str, pre: Any, x: Any, params: Any) -> Any:
         """The step the SUT took in place of x: the same action with some parameters its own
-        choice (`{"instead": {"v": 2}}`: its LRU's victim, the request its scheduler preempted).
-        None when the spec forbids that step in `pre`."""
+        choice (`{"instead": {"v": 2}}`: its LRU's victim, the request its scheduler preempted),
+        or another action on x's parameters and any it adds (`{"instead": {"action":
+        "append_copy"}}`: it copied a block the spec shared). None when the spec forbids that
+        step in `pre`."""
         bad = f"--sut {getattr(self.sut, 'name', '?')}: {label}: 'instead' {params!r:.60}"
-        if not isinstance(params, dict) or not set(params) <= set(x.params):
-            raise SutError(f"{bad} must map some of the step's parameters ({', '.join(x.params)}) to values")
+        name = x.action
+        if isinstance(params, dict) and isinstance(params.get("action"), str):
+            name, params = params["action"], {k: v for k, v in params.items() if k != "action"}
+        elif not isinstance(params, dict) or not set(params) <= set(x.params):
+            raise SutError(f"{bad} must map some of the step's parameters ({', '.join(x.params)}) "
+                           "to values, or name another action")
         try:
-            y = self.model.step(x.action, {**x.params, **params})
+            y = self.model.step(name, {**x.params, **params})
         except KeyError:
             raise SutError(f"{bad} names no step of the spec") from None
         if not self.model.allows(pre, y):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
+from . import content
 from . import faults as F
 from .funnel import Decision
 from .logic import Logic
@@ -220,6 +221,8 @@ def evict(c: Ctx, g: int, kind: str, j: int) -> Any:
     L, o = c.L, ObjSlot(g, kind, j)
     ob = c.ob(o)
     c.set_obj(o, "st", EVICTED)
+    if c.cfg.duplicates == "allow":
+        c.set_obj(o, "dup", 0)          # unreferenced: every copy goes back to the free list
     if c.cfg.eviction == "drop_hash" and not c.planted(F.STALE_HASH_AFTER_EVICT):
         c.set(("b", j, "hashed"), 0)    # the block goes back to the free list: its hash with it
     if c.planted(F.EVICTION_IGNORES_PINS):
@@ -263,6 +266,8 @@ def offload_start(c: Ctx, j: int) -> Any:
     c.set(("b", j, "dcmp"), v.cur_cmp)
     c.set(("b", j, "dabi"), v.cur_abi)
     c.set(("b", j, "dbad"), 0)
+    if c.cfg.prompts > 1:
+        c.set(("b", j, "dcid"), d.bcid)     # the copy carries the content it was written from
     c.set(("g", "inflight"), v.inflight + 1)
     objs = [L.And(c.ob(o).st == READY, c.current(o)) for o in c.block_objects(j)]
     return L.And(L.In(d.dst, (D_NONE, D_QUARANTINED)), v.inflight < c.cfg.max_inflight, *objs)
@@ -324,16 +329,27 @@ def verify_ok(c: Ctx, j: int, aligned: int) -> Any:
         c.set_obj(o, "gmv", L.If(gone, 1, ob.gmv))
     c.set(("b", j, "dst"), D_DURABLE)
     c.set(("b", j, "hashed"), 1)
+    same = []
+    if c.cfg.prompts > 1 and c.cfg.offload_enabled:     # restored and published as the copy's content
+        c.set(("b", j, "bcid"), d.dcid)
+        if not c.planted(F.RESTORE_UNDER_STALE_KEY):
+            c.set(("b", j, "bkey"), d.dcid)
+        same = [content.copy_fits(v, L, j, [live(c.ob(o).st, L) for o in c.block_objects(j)])]
     return L.And(d.dst == D_UNVERIFIED, d.dbad == 0, d.dver == v.cur_ver, d.dabi == v.cur_abi,
-                 *_restore_fits(c, j, 0))
+                 *same, *_restore_fits(c, j, 0))
 
 
 @action(per_block)
 def checksum_fail(c: Ctx, j: int) -> Any:
-    """Checksum or header mismatch: the copy is quarantined, never served."""
+    """Checksum or header mismatch (or, with prompts > 1, a copy of content its live slot no
+    longer holds): the copy is quarantined, never served."""
     L, v, d = c.L, c.v, c.v.disk(j)
     c.set(("b", j, "dst"), D_QUARANTINED)
-    return L.And(d.dst == D_UNVERIFIED, L.Or(d.dbad == 1, d.dver != v.cur_ver, d.dabi != v.cur_abi))
+    other = []
+    if c.cfg.prompts > 1 and c.cfg.offload_enabled:     # a copy of content the slot moved on from
+        alive = [live(c.ob(o).st, L) for o in c.block_objects(j)]
+        other = [L.Not(content.copy_fits(v, L, j, alive))]
+    return L.And(d.dst == D_UNVERIFIED, L.Or(d.dbad == 1, d.dver != v.cur_ver, d.dabi != v.cur_abi, *other))
 
 
 @action(per_block)
@@ -407,6 +423,7 @@ def run_body(act: Action, v: View, L: Logic, lay: Layout, fault: "str | F.Plante
 
 from . import decode as _decode  # noqa: E402,F401  (registers `decode`: it needs write_block)
 from . import alloc as _alloc  # noqa: E402,F401  (registers append_evict, append_fail)
+from . import duplicates as _duplicates  # noqa: E402,F401  (append_copy, evict_copy, append_evict_copy)
 
 ACTION_NAMES = tuple(ACTIONS)
 assert R_IDLE == 0 and D_LOADING == 3 and D_UNVERIFIED == 4

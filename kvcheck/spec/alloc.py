@@ -22,6 +22,12 @@ from .context import Ctx, fits, write_block
 from .objects import D_OFFLOADING, EVICTED, R_BOUND, R_DECIDED, R_PREEMPTED, R_RUNNING, live
 
 
+def spare_room_with(c: Ctx, j: int, v: int) -> list[Any]:
+    from .duplicates import spare      # registered after this module (actions.py imports both)
+    ok, room = spare(c, v)
+    return [ok, *fits(c, j, room)]
+
+
 def _params(lay: Any, last: str, n: int) -> list[dict[str, int]]:
     cfg = lay.cfg
     if cfg.alloc != "evict":
@@ -42,7 +48,11 @@ def _victim(c: Ctx, v: int) -> tuple[Any, dict[str, Any]]:
     room: dict[str, list[Any]] = {}
     for o in objs:
         room.setdefault(o.kind, []).append(alive[id(o)])
-    return ok, {k: L.Count(m) for k, m in room.items()}
+    out = {k: L.Count(m) for k, m in room.items()}
+    if c.cfg.duplicates == "allow":     # its second copies go too
+        for o in objs:
+            out[o.kind] = out[o.kind] + c.ob(o).dup
+    return ok, out
 
 
 def _appending(c: Ctx, r: int, j: int) -> Any:
@@ -59,6 +69,8 @@ def append_evict(c: Ctx, r: int, j: int, v: int) -> Any:
     for o in c.block_objects(v):
         st = c.ob(o).st
         c.set_obj(o, "st", L.If(live(st, L), EVICTED, st))
+        if c.cfg.duplicates == "allow":
+            c.set_obj(o, "dup", 0)
     if c.cfg.eviction == "drop_hash":
         c.set(("b", v, "hashed"), 0)
     return L.And(_appending(c, r, j), L.Not(L.And(*fits(c, j))), ok, *write_block(c, r, j, room=room))
@@ -72,6 +84,8 @@ def append_fail(c: Ctx, r: int, j: int, x: int) -> Any:
     c.set(("r", x, "rst"), R_PREEMPTED)
     c.release(x)
     no_room = [L.Not(L.And(*_room_with(c, j, v))) for v in range(c.cfg.blocks) if v != j]
+    if c.cfg.duplicates == "allow":     # nor a second copy (duplicates.py)
+        no_room += [L.Not(L.And(*spare_room_with(c, j, v))) for v in range(c.cfg.blocks) if v != j]
     return L.And(_appending(c, r, j), L.Not(L.And(*fits(c, j))), *no_room,
                  L.In(qx.rst, (R_DECIDED, R_BOUND, R_RUNNING)))
 

@@ -16,9 +16,11 @@ LAYER_KINDS = ("full", "swa", "hca", "csa", "mamba")
 SPEC_LAYER_KINDS = ("full", "swa", "hca", "csa")   # the kinds the spec's state machine models
 EVICTION_MODES = ("tombstone", "drop_hash")
 ALLOC_MODES = ("refuse", "evict")
+DUPLICATE_MODES = ("forbid", "allow")
 # Semantic keys and their defaults: omitted from to_dict at the default, so that a default
 # config (its traces, reports, cache keys) reads exactly as before they existed.
-SEMANTIC_DEFAULTS = {"eviction": "tombstone", "prompts": 1, "decode": False, "alloc": "refuse"}
+SEMANTIC_DEFAULTS = {"eviction": "tombstone", "prompts": 1, "salted_prompts": 0, "decode": False,
+                     "alloc": "refuse", "duplicates": "forbid"}
 
 # Which device object kinds a group of each layer kind keeps (the kinds themselves are declared
 # once, in objects.py). Full-attention KV pages are swa_window pages with an infinite window:
@@ -155,11 +157,17 @@ class Config:
     # docs/spec.md "Configurable semantics".
     eviction: str = "tombstone"  # tombstone: an evicted block's hash stays; drop_hash: unpublished
     prompts: int = 1            # distinct prompt contents (1: every request shares one prefix)
+    # the last S prompts are prompt 0's tokens under another extra key of the block hash (a
+    # cache salt / tenant, an adapter id, a model fingerprint): content.py
+    salted_prompts: int = 0
     decode: bool = False        # decode(r, j) appends one token; the block is published when full
     # refuse: an append into a full pool is not enabled (something else must evict first);
     # evict: the allocation evicts an unreferenced cached block itself, or fails and preempts
     # a request (alloc.py)
     alloc: str = "refuse"
+    # forbid: one physical copy per logical block (a request appending a cached block shares
+    # it); allow: two requests recomputing one prefix may keep two copies (duplicates.py)
+    duplicates: str = "forbid"
 
     # ---- derived structure -------------------------------------------------------------
     def __post_init__(self) -> None:
@@ -269,7 +277,15 @@ class Config:
         if not isinstance(self.alloc, str) or self.alloc not in ALLOC_MODES:
             raise ConfigError(f"config: alloc must be one of {', '.join(ALLOC_MODES)}, "
                               f"got {self.alloc!r:.40}")
+        if not isinstance(self.duplicates, str) or self.duplicates not in DUPLICATE_MODES:
+            raise ConfigError(f"config: duplicates must be one of {', '.join(DUPLICATE_MODES)}, "
+                              f"got {self.duplicates!r:.40}")
         _int("prompts", self.prompts, 1, 8)
+        _int("salted_prompts", self.salted_prompts, 0, 7)
+        if self.salted_prompts > self.prompts - 1:
+            raise ConfigError(f"config: salted_prompts = {self.salted_prompts} needs prompts >= "
+                              f"{self.salted_prompts + 1} (prompt 0 is the unsalted original), got "
+                              f"prompts = {self.prompts}")
         if not isinstance(self.decode, bool):
             raise ConfigError(f"config: decode must be true or false, got {self.decode!r:.40}")
         if not isinstance(self.tiers, tuple) or not all(isinstance(t, str) for t in self.tiers):
@@ -282,9 +298,6 @@ class Config:
             raise ConfigError(f"config: tiers lists a tier twice: {list(self.tiers)}")
         if "device" not in self.tiers:
             raise ConfigError("config: tiers must include 'device'")
-        if self.prompts > 1 and self.tiers != ("device",):
-            raise ConfigError("config: prompts > 1 needs tiers = [\"device\"] for now (an offloaded "
-                              "copy does not yet record the content it holds)")
 
     def check_single_window(self) -> None:
         """The spec (not the model) needs one finite window: a request retains one SWA window

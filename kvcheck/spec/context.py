@@ -79,7 +79,13 @@ class Ctx:
                           q.rcmp == v.cur_cmp)
 
     def occupancy(self, kind: str) -> Any:
-        return self.L.Count(live(self.ob(o).st, self.L) for o in self.lay.objects if o.kind == kind)
+        """Pages of `kind` in use: live objects, and their second copies (duplicates = allow)."""
+        objs = [o for o in self.lay.objects if o.kind == kind]
+        n = self.L.Count(live(self.ob(o).st, self.L) for o in objs)
+        if self.cfg.duplicates == "allow":
+            for o in objs:
+                n = n + self.ob(o).dup
+        return n
 
     def n_active(self) -> Any:
         return self.L.Count(self.active(r) for r in range(self.cfg.requests))
@@ -167,6 +173,8 @@ def write_block(c: Ctx, r: int, j: int, write: Any = True, done: Any = True,
         c.set_obj(o, "abi", L.If(rewrite, v.cur_abi, ob.abi))
         c.set_obj(o, "aln", L.If(rewrite, 1, ob.aln))
         c.set_obj(o, "pool", L.If(rewrite, pool, ob.pool))
+        if c.cfg.duplicates == "allow":     # a rewrite frees every copy of the old content
+            c.set_obj(o, "dup", L.If(rewrite, 0, ob.dup))
     if not c.planted(F.ADMISSION_IGNORED):
         guard.extend(need(f) for f in fits(c, j, room))
     for o in c.lay.objects:

@@ -16,6 +16,7 @@ may evict only what the spec allows it to evict). Forms (j a block, r a request 
 | `("preempt", r)` | `preempt(r)` | r decided, bound or running |
 | `("free", j)` | none: a claim | no request holds an object of block j (else `toctou_bound_stable`) |
 | `("publish", j)` | none: a claim | the spec has block j's hash published after the action |
+| `("duplicate", j)` | none: a claim | `duplicates = "allow"` and the spec has a second copy of block j after the action (an engine that copied where the spec shared answers `{"instead": {"action": "append_copy"}}`) |
 | `(action, {params})` | that spec action instance | its guard |
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 
 from .objects import READY, WRITING
 
-EVENT_NAMES = ("evict", "free", "drop_hash", "publish", "preempt")
+EVENT_NAMES = ("evict", "free", "drop_hash", "publish", "preempt", "duplicate")
 
 
 class EventError(ValueError):
@@ -81,6 +82,8 @@ def read_event(spec: Any, s: tuple, ev: Any) -> Event:
             return Event(label, (spec.instance("drop_hash", {"j": j}),))
         except KeyError:
             return Event(label, claim="drop_hash", block=j)
+    if name == "duplicate":
+        return Event(label, claim="duplicate", block=j)
     return Event(label, claim="held" if name == "free" else "published", block=j)
 
 
@@ -93,6 +96,13 @@ def claim_fails(spec: Any, s: tuple, e: Event) -> str | None:
         return f"block {j} is still held ({', '.join(held)})" if held else None
     if e.claim == "published":
         return None if s[lay.b(j, "hashed")] == 1 else f"the spec has not published block {j}"
+    if e.claim == "duplicate":
+        if spec.cfg.duplicates != "allow":
+            return (f"the engine keeps a second physical copy of block {j}; the spec keeps one copy "
+                    "per block (duplicates = \"forbid\"); an engine that may keep both needs "
+                    "duplicates = \"allow\" in the config")
+        return None if all(s[lay.o(o.group, o.kind, j, "dup")] == 1 for o in lay.objects if o.block == j) \
+            else f"the spec has no second copy of block {j} after this step"
     if e.claim == "drop_hash":
         return ("the spec keeps an evicted block's hash (eviction = tombstone); an engine that "
                 "drops hashes needs eviction = \"drop_hash\" in the config")

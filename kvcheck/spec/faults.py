@@ -93,7 +93,7 @@ def _spec(name: str, site: str, bug_class: str, mirrors: str, expected: str, doc
     return Fault(name, "spec", site, bug_class, mirrors, expected, doc, ("spec",), needs)
 
 
-# The content faults need two prompts (device tier only, for now); their symptom needs a block
+# The content faults need two prompts (the device tier keeps the state small); their symptom needs a block
 # recomputed under another prompt and then hit, which a random walk reaches quickly over one
 # full-attention group (the hash-chain block manager of a plain transformer) and 2 blocks.
 def _small(*keys: tuple[str, Any]) -> tuple[tuple[str, Any], ...]:
@@ -102,6 +102,13 @@ def _small(*keys: tuple[str, Any]) -> tuple[tuple[str, Any], ...]:
 
 
 _PROMPTS = _small(("prompts", 2))
+
+
+
+def _full(*keys: tuple[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """One full-attention group and `keys` (later keys win: `Fault.config_for`)."""
+    from .config import LayerSpec
+    return (("layers", (LayerSpec("full"),)), *keys)
 
 
 DECISION_IGNORES_INDEXER_VERSION = _spec(
@@ -176,6 +183,14 @@ STALE_HASH_AFTER_REUSE = _spec(
     "hit_content_sound",
     "With prompts > 1, a block slot rewritten with other content keeps its old hash published.",
     _PROMPTS)
+HASH_MISSING_SALT = _spec(
+    "hash_missing_salt", "funnel:hash", "extra-key confusion / cross-tenant hit",
+    "a block hash that leaves out the request's extra keys (vLLM's cache_salt, LoRA id, "
+    "multimodal hashes): another tenant's blocks with the same tokens are reused",
+    "hit_content_sound",
+    "With salted_prompts > 0, the lookup compares the token chain without the extra key: a block "
+    "computed under another salt (tenant, adapter, model fingerprint) is reused.",
+    _small(("prompts", 2), ("salted_prompts", 1)))
 DECODE_PUBLISHES_PARTIAL = _spec(
     "decode_publishes_partial", "action:decode", "hash published before the block is full",
     "a decode-time block hashed and cached after its first token, not when it fills",
@@ -190,13 +205,29 @@ ALLOC_EVICTS_REFERENCED = _spec(
     "With alloc = evict, the allocation of a block into a full pool evicts a block that a "
     "request still holds (its reference count is not checked).",
     _small(("alloc", "evict"), ("capacity", {"swa_window": 1})))
+RESTORE_UNDER_STALE_KEY = _spec(
+    "restore_under_stale_key", "action:verify_ok", "offloaded copy restored under the wrong key",
+    "a host/disk copy loaded back into a slot and served under the hash the slot had, not the one "
+    "it was saved with", "hit_content_sound",
+    "With prompts > 1 and a disk tier, a verified copy is restored but the slot keeps its published "
+    "hash: a request of the slot's old content reuses the copy's.",
+    _full(("prompts", 2), ("blocks", 1), ("tiers", ("device", "disk")), ("reserve", 0)))
+COPY_IGNORES_CAPACITY = _spec(
+    "copy_ignores_capacity", "action:append_copy", "duplicate copies not counted",
+    "a block manager that allocates a second copy of a cached block (two requests recomputing one "
+    "prefix) without counting it against the pool",
+    "admission_cap",
+    "With duplicates = allow, a request's own second copy of a cached block is allocated without "
+    "checking that the pool has room for it.",
+    _small(("duplicates", "allow"), ("capacity", {"swa_window": 1})))
 
 SPEC_FAULTS: tuple[Fault, ...] = (
     DECISION_IGNORES_INDEXER_VERSION, WINDOW_OFF_BY_ONE, TAIL_JUNCTION_NOT_CHECKED,
     PREFETCH_COUNTED_AS_HIT, EVICTION_IGNORES_PINS, COMPRESSED_VERSION_IGNORED, ABI_IGNORED,
     NO_REVALIDATION_AT_USE, REFCOUNT_DOUBLE_DECREMENT, ADMISSION_IGNORED, SHARED_FREE_LIST,
     GRAPH_PAGES_MIGRATED, STALE_HASH_AFTER_EVICT, HASH_IGNORES_PARENT, STALE_HASH_AFTER_REUSE,
-    DECODE_PUBLISHES_PARTIAL, ALLOC_EVICTS_REFERENCED,
+    HASH_MISSING_SALT, DECODE_PUBLISHES_PARTIAL, ALLOC_EVICTS_REFERENCED, COPY_IGNORES_CAPACITY,
+    RESTORE_UNDER_STALE_KEY,
 )
 FAULTS: dict[str, Fault] = {f.name: f for f in SPEC_FAULTS}      # the spec's own
 

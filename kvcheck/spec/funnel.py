@@ -12,7 +12,7 @@ from typing import Any
 
 from . import faults as F
 from .config import Config
-from .content import hash_matches
+from .content import chain_of, hash_matches
 from .logic import Logic
 from .objects import (current_version, header_version, D_DURABLE, D_LOADING, D_UNVERIFIED, KIND, PARTIAL,
                       PREFETCH, READY, RECOMPUTE, REASON_BIT, REUSE, live, needed_objects)
@@ -89,8 +89,9 @@ def layers_at(v: Any, L: Logic, cfg: Config, k: int, fault: F.Planted) -> list[t
     return [l1, l2, l3, l4]
 
 
-def prefetch_ok_at(v: Any, L: Logic, cfg: Config, k: int) -> Any:
-    """Would k be usable once every restorable copy is loaded and verified?"""
+def prefetch_ok_at(v: Any, L: Logic, cfg: Config, k: int, r: int | None = None) -> Any:
+    """Would k be usable once every restorable copy is loaded and verified? (With prompts > 1,
+    a copy counts only when it holds request r's content.)"""
     if k % cfg.align_blocks:
         return False
     conds = []
@@ -99,6 +100,8 @@ def prefetch_ok_at(v: Any, L: Logic, cfg: Config, k: int) -> Any:
         cur = current_version(v, kind)
         here_ok = L.And(o.st == READY, o.ver == cur, o.abi == v.cur_abi, o.aln == 1)
         copy_ok = L.And(L.Not(live(o.st, L)), restorable(v, L, j), header_version(v, kind, j) == cur)
+        if cfg.prompts > 1 and cfg.offload_enabled and r is not None:
+            copy_ok = L.And(copy_ok, v.disk(j).dcid == chain_of(L, cfg, v.req(r).rp, j))
         conds.append(L.Or(here_ok, copy_ok))
     return L.And(*conds)
 
@@ -130,7 +133,7 @@ class Decision:
         pf = []
         for k in range(1, n + 1):
             pf.append(L.And(self.hit[k], L.Not(self.ok[k]), self.k < k,
-                            prefetch_ok_at(v, L, cfg, k)))
+                            prefetch_ok_at(v, L, cfg, k, r)))
         self.prefetch = L.let(L.Or(*pf))
         self.kind = L.let(L.If(self.prefetch, PREFETCH,
                                L.If(L.And(self.k == self.logical, self.k > 0), REUSE,

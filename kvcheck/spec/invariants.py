@@ -187,5 +187,15 @@ def hit_full_blocks(c: Ctx) -> list[tuple[str, Any]]:
     return out
 
 
+@invariant("consistency", "Second copies are cached copies (duplicates = allow): a second physical "
+           "copy exists only of a ready object (evicting or rewriting it frees both).",
+           when=lambda cfg: cfg.duplicates == "allow")
+def copies_cached(c: Ctx) -> list[tuple[str, Any]]:
+    if c.cfg.duplicates != "allow":
+        return []
+    from .objects import READY
+    return [(_oname(o), c.L.Implies(c.ob(o).dup == 1, c.ob(o).st == READY)) for o in c.lay.objects]
+
+
 HIT_SOUNDNESS = tuple(n for n in INVARIANTS if n.startswith("hit_sound_"))
 INVARIANT_NAMES = tuple(INVARIANTS)

@@ -56,6 +56,9 @@ OBJ_FIELDS = {
                   lambda cfg: max(POOL.values())),
     "ref": Field("reference count: the number of requests holding it", lambda cfg: cfg.requests),
     "gmv": Field("1 if it moved to another address since the last graph capture"),
+    "dup": Field("1 if a second physical copy of it is cached (duplicates = allow: a request "
+                 "recomputed it instead of sharing it; `ref` counts the holders of both: "
+                 "duplicates.py)", when=lambda cfg: cfg.duplicates == "allow"),
 }
 # Per logical block j:
 BLOCK_FIELDS = {
@@ -73,6 +76,8 @@ BLOCK_FIELDS = {
                   "from (content.py)", _prompt_ids, when=_with_prompts),
     "bkey": Field("content its published hash names (the lineage looked up)", _prompt_ids,
                   when=_with_prompts),
+    "dcid": Field("content its on-disk copy holds (the lineage at offload time)", _prompt_ids,
+                  when=lambda cfg: cfg.prompts > 1 and cfg.offload_enabled),
     "bpart": Field("1 if its objects were written from a partial block (decode.py)",
                    when=lambda cfg: cfg.decode),
 }

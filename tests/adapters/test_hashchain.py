@@ -61,7 +61,8 @@ def test_example_conforms_with_prompts_eviction_capacity_and_decode(tmp_path, mo
 
 
 def test_example_conforms_with_one_prompt_and_tombstones(tmp_path) -> None:
-    cfg = replace(CFG, prompts=1, eviction="tombstone", alloc="refuse", capacity={"swa_window": 3})
+    cfg = replace(CFG, prompts=1, salted_prompts=0, eviction="tombstone", alloc="refuse",
+                  capacity={"swa_window": 3})
     res = run_campaign(cfg, SUT, Budget(steps=2000), seed=0, out=tmp_path)
     assert res["exit_code"] == 0, res["findings"]
     assert res["coverage"]["decisions"]["PARTIAL"] > 0      # a tombstone: logical hit, page gone
@@ -74,6 +75,20 @@ def test_prompts_carry_distinct_content() -> None:
     (_, p0), (_, p1), (_, p2) = table
     assert p0[:B] == p1[:B] and p0[B:2 * B] != p1[B:2 * B] and p0[2 * B:] == p1[2 * B:]   # edit at block 1
     assert p2 == p0                                          # same tokens, another tenant's salt
+
+
+@pytest.mark.parametrize("salted", [0, 1, 2])
+def test_the_prompt_table_is_the_specs(salted) -> None:
+    """Tenants and edited blocks come from spec/content.py: a block's tokens differ from prompt
+    0's exactly where the spec's `local` says, the tenant is the spec's extra key."""
+    from kvcheck.spec import content
+    cfg = replace(CFG, salted_prompts=salted)
+    B = cfg.block_size
+    for p, (tenant, toks) in enumerate(prompt_table(cfg)):
+        assert tenant == f"tenant-{content.extra_key(cfg, p)}"
+        base = prompt_table(cfg)[0][1]
+        assert [toks[j * B:(j + 1) * B] != base[j * B:(j + 1) * B] for j in range(cfg.blocks)] == \
+               [content.local(cfg, p, j) != 0 for j in range(cfg.blocks)]
 
 
 def test_a_failed_allocation_preempts_the_newest_request() -> None:

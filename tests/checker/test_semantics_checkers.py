@@ -13,8 +13,10 @@ pytest.importorskip("z3")
 from kvcheck.checker import prove  # noqa: E402
 
 
-def test_content_semantics_explored_exhaustively_and_clean(tmp_path) -> None:
-    code, rep = explore.run_explore(explore._CONTENT, tmp_path, None, seconds=60)
+@pytest.mark.parametrize("cfg", [explore._CONTENT, replace(explore._CONTENT, salted_prompts=1),
+                                 explore._CONTENT_DISK], ids=["prompts", "salted", "prompts+disk"])
+def test_content_semantics_explored_exhaustively_and_clean(cfg, tmp_path) -> None:
+    code, rep = explore.run_explore(cfg, tmp_path, None, seconds=60)
     assert code == 0 and rep["exhaustive"] and rep.get("violation") is None and rep["states"] > 1000
     assert rep["verdict"] == "holds"
 
@@ -25,10 +27,25 @@ def test_alloc_semantics_explored_exhaustively_evicting_and_failing(tmp_path) ->
     assert rep["actions"]["append_evict"] > 0 and rep["actions"]["append_fail"] > 0
 
 
+def test_duplicates_explored_to_the_copy_eviction_inside_allocation() -> None:
+    spec, res, _ = explore.explore(explore._DUP, max_depth=12, liveness=False)
+    assert res.violation is None and res.report["actions"]["append_evict_copy"] > 0
+    assert res.report["actions"]["append_copy"] > 0 and res.report["actions"]["evict_copy"] > 0
+
+
+@pytest.mark.slow
+def test_duplicates_explored_exhaustively_and_clean(tmp_path) -> None:
+    code, rep = explore.run_explore(explore._DUP, tmp_path, None, seconds=300)
+    assert code == 0 and rep["exhaustive"] and rep["verdict"] == "holds"     # 285,978 states
+
+
 @pytest.mark.parametrize("cfg", [explore._CONTENT, replace(explore._CONTENT, prompts=1, eviction="drop_hash"),
+                                 replace(explore._CONTENT, prompts=3, salted_prompts=1),
+                                 replace(explore._CONTENT, tiers=("device", "disk")),
                                  replace(explore._CONTENT, decode=True, block_size=2), explore._ALLOC,
-                                 replace(explore._ALLOC, eviction="drop_hash", requests=2)],
-                         ids=["prompts", "drop_hash", "decode+prompts", "alloc", "alloc+drop_hash"])
+                                 replace(explore._ALLOC, eviction="drop_hash", requests=2), explore._DUP],
+                         ids=["prompts", "drop_hash", "salted", "prompts+disk", "decode+prompts", "alloc", "alloc+drop_hash",
+                              "duplicates"])
 def test_z3_proves_the_semantics_inductive(cfg, tmp_path) -> None:
     code, rep = prove.run_prove(cfg, tmp_path, None, profile=prove.ProveProfile(depth=4))
     assert code == 0 and rep["verdict"] == "proved", [o for o in rep["invariants"] if o["status"] != "proved"]
@@ -36,6 +53,7 @@ def test_z3_proves_the_semantics_inductive(cfg, tmp_path) -> None:
     assert ({"hit_content_sound", "hash_names_content"} if cfg.prompts > 1 else
             {"published_hash_resident"} if cfg.eviction == "drop_hash" else set()) <= names
     assert not cfg.decode or {"hit_full_blocks", "blocks_whole"} <= names
+    assert cfg.duplicates == "forbid" or "copies_cached" in names
 
 
 @pytest.mark.parametrize("fault", [f.name for f in F.SPEC_FAULTS if f.needs])

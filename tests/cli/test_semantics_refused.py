@@ -1,5 +1,5 @@
-"""A config using a semantic the reference engine does not implement (prompts > 1, decode,
-drop_hash eviction, alloc = evict) is refused by `kvcheck fuzz --sut reference` and
+"""A config using a semantic the reference engine does not implement (prompts > 1, salted
+prompts, decode, drop_hash eviction, alloc = evict, duplicates = allow) is refused by `kvcheck fuzz --sut reference` and
 `kvcheck diff` in one line naming the key, exit 2: not a flood of divergences."""
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from kvcheck.spec.config import Config, ConfigError
 pytest.importorskip("torch")
 
 SEMANTICS = [({"prompts": 2, "tiers": ["device"]}, "prompts = 2"), ({"decode": True}, "decode = true"),
-             ({"eviction": "drop_hash"}, 'eviction = "drop_hash"'), ({"alloc": "evict"}, 'alloc = "evict"')]
+             ({"eviction": "drop_hash"}, 'eviction = "drop_hash"'), ({"alloc": "evict"}, 'alloc = "evict"'),
+             ({"duplicates": "allow"}, 'duplicates = "allow"')]
 
 
 def _cli(tmp_path, data, *argv):
@@ -43,6 +44,9 @@ def test_the_default_semantics_pass_and_the_spec_runs_them(tmp_path) -> None:
     Config().refuse_semantics("the reference engine")          # nothing switched on: no error
     with pytest.raises(ConfigError, match="decode = true"):
         Config(decode=True).refuse_semantics("x", implements=("alloc",))
+    salted = Config(prompts=2, salted_prompts=1, tiers=("device",))   # an engine with content, no salt
+    with pytest.raises(ConfigError, match="salted_prompts = 1: x does not implement"):
+        salted.refuse_semantics("x", implements=("prompts",))
     alloc = {"layers": [{"kind": "swa", "window": 4}], "blocks": 3, "tiers": ["device"],
              "capacity": {"swa_window": 2}, "reserve": 0, "alloc": "evict"}
     proc = _cli(tmp_path, alloc, "fuzz", "--sut", "spec", "--budget", "3000")

@@ -276,3 +276,44 @@ def test_a_malformed_instead_is_a_sut_error() -> None:
             return {**out, "instead": {"nope": 1}} if action == "submit" else out
     with pytest.raises(SutError, match="must map some of the step's parameters"):
         _live_walk(Bad(), CFG, 20, 0)
+
+
+class _Copies(SpecSUT):
+    """The spec as an engine that never shares a block it computes: an append of a block that is
+    cached meanwhile makes its own copy. With duplicates = allow it says so ({"instead":
+    {"action": "append_copy"}} and a ("duplicate", j) claim); with forbid it can only claim it."""
+
+    copies = 0
+
+    def apply(self, action, params):
+        if action != "append":
+            return super().apply(action, params)
+        j, allow = params["j"], self.spec.cfg.duplicates == "allow"
+        cached = self.state[self.spec.lay.o(0, "swa_window", j, "st")] == READY
+        if cached and allow and self.spec.instance("append_copy", params).guard(self.state):
+            out = {**super().apply("append_copy", params), "instead": {"action": "append_copy"}}
+        else:           # (allow: no room for a copy, or one exists already; it shares)
+            out = super().apply(action, params)
+            if not cached or allow:
+                return out
+        type(self).copies += 1
+        return {**out, "events": [("duplicate", j)]}
+
+
+def test_an_engine_keeping_duplicate_copies_runs_clean_when_they_are_allowed() -> None:
+    from kvcheck.checker.explore import _DUP
+    _Copies.copies = 0
+    for seed in range(20):
+        ls = _live_walk(_Copies(), _DUP, 300, seed)
+        assert ls.diverged is None
+    assert _Copies.copies >= 5         # appends the engine turned into copies, in lockstep
+
+
+def test_a_duplicate_copy_is_a_finding_when_the_config_forbids_them() -> None:
+    from dataclasses import replace
+    from kvcheck.checker.explore import _DUP
+    with pytest.raises(Finding) as e:
+        for seed in range(6):
+            _live_walk(_Copies(), replace(_DUP, duplicates="forbid"), 300, seed)
+    assert e.value.checks == ["sut_accepted_disabled_action"], e.value
+    assert 'duplicates = "forbid"' in e.value.message and "second physical copy" in e.value.message

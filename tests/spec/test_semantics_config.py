@@ -21,7 +21,10 @@ FULL2 = dict(layers=(LayerSpec("full"),), blocks=2, requests=1, tiers=("device",
     ({"prompts": 0}, "prompts must be >= 1"),
     ({"prompts": "2"}, "prompts must be an integer"),
     ({"prompts": 9}, "prompts must be <= 8"),
-    ({"prompts": 2}, "prompts > 1 needs tiers"),
+    ({"salted_prompts": -1}, "salted_prompts must be >= 0"),
+    ({"salted_prompts": True}, "salted_prompts must be an integer"),
+    ({"salted_prompts": 1}, "salted_prompts = 1 needs prompts >= 2"),
+    ({"salted_prompts": 2, "prompts": 2, "tiers": ["device"]}, "salted_prompts = 2 needs prompts >= 3"),
     ({"decode": 1}, "decode must be true or false"),
     ({"alloc": "lru"}, "alloc must be one of refuse, evict"),
     ({"alloc": None}, "alloc must be one of"),
@@ -34,12 +37,14 @@ def test_bad_semantic_keys_are_one_line_errors_naming_the_key(data, where) -> No
 
 def test_the_default_config_has_none_of_the_new_state_actions_or_invariants() -> None:
     spec = Spec(Config())
-    assert not [n for n in spec.lay.names if n[-1] in ("bcid", "bkey", "rp", "rtok", "bpart")]
+    assert (len(spec.instances), spec.lay.size) == (130, 238)
+    assert not [n for n in spec.lay.names if n[-1] in ("bcid", "bkey", "rp", "rtok", "bpart", "dup")]
     assert not {"drop_hash", "decode", "append_evict", "append_fail"} & set(spec.actions)
     assert set(invariants_for(Config())) == set(INVARIANTS) - {"published_hash_resident", "hit_content_sound",
-                                                               "hit_full_blocks"}
-    assert not {"eviction", "prompts", "decode", "alloc"} & set(Config().to_dict())
-    on = Config(eviction="drop_hash", prompts=2, tiers=("device",), decode=True, alloc="evict")
+                                                               "hit_full_blocks", "copies_cached"}
+    assert not {"eviction", "prompts", "salted_prompts", "decode", "alloc", "duplicates"} & set(Config().to_dict())
+    on = Config(eviction="drop_hash", prompts=2, salted_prompts=1, tiers=("device",), decode=True,
+                alloc="evict", duplicates="allow")
     assert Config.from_dict(on.to_dict()) == on
 
 
@@ -97,6 +102,92 @@ def test_a_slot_rewritten_with_other_content_is_rehit_only_with_a_stale_hash() -
         assert d.spec.decide(d.s, 0)["k"] == (1 if fault else 0)
         d.do("bind", r=0)
         assert {i for i, _ in d.violations()} == bad
+
+
+def _salted(fault=None) -> Driver:
+    """Prompt 0 computes block 0; prompt 1 (prompt 0's tokens under another salt) looks it up."""
+    d = Driver(Spec(Config(prompts=2, salted_prompts=1, **FULL2), fault))
+    d.do("submit", r=0, n=1, p=0).do("lookup", r=0).do("bind", r=0).do("use", r=0)
+    d.do("append", r=0, j=0).do("finish", r=0)
+    return d.do("submit", r=0, n=1, p=1).do("lookup", r=0)
+
+
+def test_a_salted_prompt_shares_tokens_but_not_blocks() -> None:
+    from kvcheck.spec import content
+    cfg = Config(prompts=3, salted_prompts=1, **{**FULL2, "blocks": 3})
+    assert [content.salted(cfg, p) for p in range(3)] == [False, False, True]
+    assert [content.chain(cfg, 2, j) for j in range(3)] == [2, 2, 2]       # differs from block 0 on
+    assert [content.local(cfg, 2, j) for j in range(3)] == [0, 0, 0]       # its own tokens agree
+    assert [content.chain(cfg, 1, j) for j in range(3)] == [0, 1, 1]       # prompt 1: an edit at block 1
+    assert [content.extra_key(cfg, p) for p in range(3)] == [0, 0, 2]
+    d = _salted()
+    assert d.spec.decide(d.s, 0)["kind"] == "RECOMPUTE"
+    d.do("bind", r=0).do("use", r=0).do("append", r=0, j=0)                # rewritten under its salt
+    assert d.field("b", 0, "bcid") == 1 and not d.violations()
+
+
+def test_a_hash_missing_the_salt_reuses_another_tenants_block_and_is_caught() -> None:
+    d = _salted("hash_missing_salt")
+    assert d.spec.decide(d.s, 0)["kind"] == "REUSE"                      # prompt 0's block, wrong salt
+    d.do("bind", r=0)
+    assert {i for i, _ in d.violations()} == {"hit_content_sound"}
+
+
+def test_a_hash_missing_the_salt_plants_nothing_without_a_salted_prompt() -> None:
+    from kvcheck.spec.faults import FaultError
+    with pytest.raises(FaultError, match="plants nothing"):
+        Spec(Config(prompts=2, **FULL2), "hash_missing_salt")
+
+
+def _restored(fault=None) -> Driver:
+    """Prompt 0's block 0 is offloaded, then the slot is rewritten with prompt 1's and evicted;
+    the copy (prompt 0's) is prefetched and verified."""
+    cfg = Config(prompts=2, **{**FULL2, "tiers": ("device", "disk"), "reserve": 0, "blocks": 1,
+                               "requests": 2})
+    d = Driver(Spec(cfg, fault))
+    d.do("submit", r=0, n=1, p=0).do("lookup", r=0).do("bind", r=0).do("use", r=0).do("append", r=0, j=0)
+    d.do("offload_start", j=0).do("offload_ack", j=0).do("finish", r=0)
+    assert d.field("b", 0, "dcid") == 0
+    d.do("evict", g=0, kind="swa_window", j=0)
+    d.do("submit", r=0, n=1, p=1).do("lookup", r=0)
+    assert d.spec.decide(d.s, 0)["kind"] == "RECOMPUTE"       # a copy of prompt 0: no prefetch for 1
+    d.do("bind", r=0).do("use", r=0).do("append", r=0, j=0).do("finish", r=0)
+    assert (d.field("b", 0, "bcid"), d.field("b", 0, "dcid")) == (1, 0)
+    d.do("evict", g=0, kind="swa_window", j=0).do("submit", r=0, n=1, p=0).do("lookup", r=0)
+    assert d.spec.decide(d.s, 0)["kind"] == "RECOMPUTE"       # the hash names prompt 1's block now
+    return d.do("prefetch_start", j=0).do("prefetch_complete", j=0).do("verify_ok", j=0, aligned=1)
+
+
+def test_an_offloaded_copy_carries_its_content() -> None:
+    """The copy is prefetched only for prompt 0, and restoring it restores prompt 0's content."""
+    d = _restored()
+    assert (d.field("b", 0, "bcid"), d.field("b", 0, "bkey")) == (0, 0)   # restored: prompt 0's
+    d.do("preempt", r=0).do("resume", r=0).do("lookup", r=0)   # look up again
+    assert d.spec.decide(d.s, 0)["kind"] == "REUSE"
+    d.do("bind", r=0)
+    assert not d.violations()
+
+
+def test_a_copy_restored_under_the_slots_old_hash_is_caught() -> None:
+    d = _restored("restore_under_stale_key")
+    assert (d.field("b", 0, "bcid"), d.field("b", 0, "bkey")) == (0, 1)   # prompt 0's, named 1
+    d.do("submit", r=1, n=1, p=1).do("lookup", r=1)
+    assert d.spec.decide(d.s, 1)["kind"] == "REUSE"          # prompt 1 reuses prompt 0's block
+    d.do("bind", r=1)
+    assert {i for i, _ in d.violations()} == {"hit_content_sound"}
+
+
+def test_a_copy_of_other_content_never_completes_a_live_slot() -> None:
+    cfg = Config(prompts=2, **{**FULL2, "tiers": ("device", "disk"), "reserve": 0, "blocks": 1})
+    d = Driver(Spec(cfg))
+    d.do("submit", r=0, n=1, p=0).do("lookup", r=0).do("bind", r=0).do("use", r=0).do("append", r=0, j=0)
+    d.do("offload_start", j=0).do("offload_ack", j=0).do("finish", r=0).do("evict", g=0, kind="swa_window", j=0)
+    d.do("prefetch_start", j=0).do("prefetch_complete", j=0)
+    d.do("submit", r=0, n=1, p=1).do("lookup", r=0).do("bind", r=0).do("use", r=0).do("append", r=0, j=0)
+    assert d.field("b", 0, "bcid") == 1                       # the slot moved on while loading
+    assert not d.can("verify_ok", j=0, aligned=1)
+    d.do("checksum_fail", j=0)                                # the copy is dropped, never served
+    assert not d.violations()
 
 
 def test_a_pinned_block_is_not_rewritten_with_other_content() -> None:
