@@ -137,8 +137,9 @@ class ReferenceSUT:
                 v = eng.append(p["r"], p["j"], evict=True)
                 return {"instead": {"v": v}} if v != p["v"] else {}
             elif action == "append_fail":
-                x = mgr.append_fail(p["r"], p["j"])
-                eng.runs.pop(x, None)
+                what, x = eng.append_fail(p["r"], p["j"])
+                if what == "evicted":       # the engine's allocation evicted block x by itself
+                    return {"events_before": [("evict", x)]}
                 return {"instead": {"x": x}} if x != p["x"] else {}
             elif action == "drop_hash":
                 mgr.drop_hash(p["j"])

@@ -41,8 +41,12 @@ class DecodeMixin(_Base):
         if full:
             toks = req.tokens[:at] + [tok]
             key = mgr.hashes(toks, j + 1, req.extra)[j]
-            mgr.append(rid, j, self.block_data(st, j), key=key, prefix=tuple(toks), decoding=True)
-            req.hashes = req.hashes[:j] + [key]
+            old, req.hashes = req.hashes, req.hashes[:j] + [key]     # the pins reach block j
+            try:
+                mgr.append(rid, j, self.block_data(st, j), key=key, prefix=tuple(toks), decoding=True)
+            except Refused:
+                req.hashes = old
+                raise
             req.n = j + 1
         elif req.tok == 0 and mgr.planted(EF.DECODE_PUBLISHES_PARTIAL):
             # the faulty engine hashes the block from its scheduled token ids at the first token

@@ -30,6 +30,7 @@ from .hashing import ExtraKeys
 from .kinds import manager_for
 from .manager import CacheManager
 from .records import CopyRec, Refused, Request
+from .slots import Evictable
 from .model import HybridLM, ModelState
 
 SUFFIX = 3          # private suffix tokens per request
@@ -321,12 +322,23 @@ class Engine(DecodeMixin):
         run.state = st
         return v
 
+    def append_fail(self, rid: int, j: int) -> tuple[str, int]:
+        """The allocation of block j with full pools: ("preempted", x) when nothing can be
+        evicted (the scheduler preempted x), or ("evicted", v) when the engine's allocation
+        found a victim after all and wrote j (what the engine does, reported as its own event)."""
+        try:
+            x = self.mgr.append_fail(rid, j)
+        except Evictable:
+            return "evicted", self.append(rid, j, evict=True)
+        self.runs.pop(x, None)
+        return "preempted", x
+
     def finish(self, rid: int) -> Run:
         req = self.mgr.requests.get(rid)
         run = self.runs.get(rid)
         if req is None or run is None or req.st != R_RUNNING or req.pos != req.n:
             raise Refused(f"request {rid} cannot finish now")
-        toks = req.tokens[req.n * self.B:]
+        toks = req.tokens[req.n * self.B + req.tok:]     # decoded tokens are already computed
         logits, st = self._advance(run, toks)
         self.mgr.finish(rid)
         run.logits.append(logits)

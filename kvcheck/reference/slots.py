@@ -32,6 +32,10 @@ else:
     _Base = object
 
 
+class Evictable(Refused):
+    """The allocation does not fail: a block can be evicted to make room (append_evict)."""
+
+
 @dataclass
 class Slots:
     """Position j's physical block: its objects, its copy, the hash the table maps to it and
@@ -164,7 +168,7 @@ class SlotsMixin(_Base):
         for v in range(self.cfg.blocks):
             room = self.victim_room(v) if v != j else None
             if room is not None and self.fits(fresh, room):
-                raise Refused(f"block {v} can be evicted to make room")
+                raise Evictable(f"block {v} can be evicted to make room")
         x = max((q for q in self.requests.values() if q.st in (R_DECIDED, R_BOUND, R_RUNNING)),
                 key=lambda q: q.serial).rid
         self.preempt(x)
