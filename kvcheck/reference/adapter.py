@@ -10,11 +10,12 @@ the divergence shows in the observed state.
 """
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import torch
 
-from kvcheck.spec.config import Config
+from kvcheck.spec.config import SEMANTIC_DEFAULTS, Config, ConfigError
 from kvcheck.spec.content import chain
 from kvcheck.spec.objects import PARTIAL, REUSE
 from kvcheck.spec.state import Layout
@@ -74,6 +75,12 @@ class ReferenceSUT:
     # ---- protocol ------------------------------------------------------------------------------
     def reset(self, cfg: Config) -> None:
         cfg.refuse_semantics("the reference engine", IMPLEMENTS)
+        f = _faults.BY_NAME.get(self.fault or "")
+        off = [(k, v) for k, v in (f.needs if f else ()) if k in SEMANTIC_DEFAULTS
+               and getattr(cfg, k) == SEMANTIC_DEFAULTS[k]]
+        if off:
+            raise ConfigError(f"config: fault {f.name} plants nothing here: it lives in the semantic "
+                              f"{off[0][0]} = {json.dumps(off[0][1])}, which this config leaves off")
         if self.engine is not None:
             self.engine.close()
         torch.set_num_threads(1)

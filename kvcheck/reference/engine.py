@@ -23,8 +23,6 @@ from kvcheck.spec.config import Config
 from kvcheck.spec.objects import D_DURABLE, PARTIAL, R_DECIDED, R_RUNNING, REUSE, block_objects
 
 from . import faults as EF
-from kvcheck.spec.content import edit_block
-
 from .decode import DecodeMixin
 from .hashing import ExtraKeys
 from .kinds import manager_for
@@ -32,8 +30,8 @@ from .manager import CacheManager
 from .records import CopyRec, Refused, Request
 from .slots import Evictable
 from .model import HybridLM, ModelState
+from .prompts import prefix_tokens, prompt_table, suffix_tokens
 
-SUFFIX = 3          # private suffix tokens per request
 # Kernel backend of every model the engine builds ("torch" | "triton"); see kernels/backend.py.
 BACKEND = "torch"
 
@@ -48,28 +46,6 @@ def use_backend(name: str) -> None:
 
 _MODELS: dict[tuple, HybridLM] = {}          # weights per (config, seed): built once per process
 _FULL: dict[tuple, torch.Tensor] = {}        # full-recompute logits, memoised
-
-
-def prefix_tokens(cfg: Config, seed: int | None = None) -> list[int]:
-    g = torch.Generator().manual_seed(10_007 + (cfg.seed if seed is None else seed))
-    return torch.randint(0, 256, (cfg.blocks * cfg.block_size,), generator=g).tolist()
-
-
-def prompt_table(cfg: Config, prefix: list[int]) -> list[list[int]]:
-    """The token content of each prompt (spec/content.py): prompt 0 is the shared prefix;
-    prompt p >= 1 the same tokens except block e(p), whose first token is shifted by p (so the
-    edits differ from prompt 0 and from each other, and agree block by block after e(p))."""
-    out = [list(prefix)]
-    for p in range(1, cfg.prompts):
-        t, at = list(prefix), edit_block(cfg, p) * cfg.block_size
-        t[at] = (t[at] + p) % 256
-        out.append(t)
-    return out
-
-
-def suffix_tokens(rid: int, serial: int) -> list[int]:
-    g = torch.Generator().manual_seed(99_991 + 131 * rid + serial)
-    return torch.randint(0, 256, (SUFFIX,), generator=g).tolist()
 
 
 @dataclass

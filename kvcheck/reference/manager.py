@@ -17,16 +17,16 @@ from typing import Any
 
 import torch
 
-from kvcheck.spec.config import Config, Group
+from kvcheck.spec.config import Config
 from kvcheck.spec.objects import (D_OFFLOADING, DECISIONS, EVICTED, PARTIAL, PREFETCH, R_BOUND,
                                   R_DECIDED, R_IDLE, R_PREEMPTED, R_RUNNING, R_WAITING, READY,
-                                  REUSE, WRITING, block_objects)
+                                  REUSE, WRITING)
 
 from . import faults as EF
 from .funnel import FunnelMixin
 from .hashing import ExtraKeys, block_hashes
 from .kinds import manager_for
-from .pools import POOL_KINDS, PoolSet, encode_shift
+from .pools import POOL_KINDS, PoolSet
 from .records import BlockEntry, Decision, ObjRec, Refused, Request
 from .slots import Slots, SlotsMixin
 from .structure import StructureMixin
