@@ -14,18 +14,20 @@ from kvcheck.fuzz.diff import generate, run_scenario
 from kvcheck.reference import faults as EF
 from kvcheck.reference.adapter import IMPLEMENTS, ReferenceSUT
 from kvcheck.spec.config import SEMANTIC_DEFAULTS, Config, ConfigError, LayerSpec
+from kvcheck.spec.objects import R_PREEMPTED, R_RUNNING
 from kvcheck.spec.system import Spec
 
 torch.set_num_threads(1)
 
 FULL, HYBRID = (LayerSpec("full"),), (LayerSpec("swa", window=4), LayerSpec("full"))
+SWA = (LayerSpec("swa", window=4),)     # an allocation can evict only blocks outside every window
 DEV = {"tiers": ("device",)}
 CONFIGS = {
     "prompts": Config(layers=FULL, blocks=3, prompts=3, **DEV),
     "decode": Config(layers=HYBRID, blocks=3, block_size=2, decode=True, **DEV),
     "drop_hash": Config(blocks=3, eviction="drop_hash"),
-    "alloc": Config(layers=HYBRID, blocks=4, capacity={"swa_window": 4}, alloc="evict", **DEV),
-    "combined": Config(layers=HYBRID, blocks=4, block_size=2, capacity={"swa_window": 5}, prompts=2,
+    "alloc": Config(layers=SWA, blocks=4, capacity={"swa_window": 2}, reserve=0, alloc="evict", **DEV),
+    "combined": Config(layers=SWA, blocks=4, block_size=2, capacity={"swa_window": 3}, reserve=0, prompts=2,
                        decode=True, eviction="drop_hash", alloc="evict", **DEV),
 }
 # the actions each semantic adds, and that its clean run must take
@@ -92,27 +94,57 @@ def test_reuse_is_bitwise_with_distinct_prompts_and_decoded_blocks() -> None:
     sut2.close()
 
 
-def test_allocation_evicts_by_lru_and_fails_with_preemption() -> None:
-    """A full pool: the allocation evicts the least recently used unreferenced block (the spec
-    allows it), and with nothing evictable fails and preempts the newest request."""
-    cfg = Config(layers=(LayerSpec("swa", window=2),), blocks=4, capacity={"swa_window": 2},
-                 alloc="evict", eviction="drop_hash", **DEV)
-    sut = ReferenceSUT()
-    sut.reset(cfg)
-    _run(sut, [("submit", {"r": 0, "n": 4}), ("lookup", {"r": 0}), ("bind", {"r": 0}), ("use", {"r": 0}),
-               ("append", {"r": 0, "j": 0}), ("append", {"r": 0, "j": 1}), ("slide", {"r": 0})])
-    out = sut.apply("append_evict", {"r": 0, "j": 2, "v": 1})
-    assert out == {"instead": {"v": 0}}          # block 0 is older and unreferenced
-    mgr = sut.engine.mgr
-    assert not mgr.slot_published(0) and mgr.slot_published(2)     # drop_hash: its hash went too
-    _run(sut, [("submit", {"r": 1, "n": 1}), ("lookup", {"r": 1}), ("bind", {"r": 1}), ("use", {"r": 1})])
-    with pytest.raises(Exception):
-        sut.apply("append_fail", {"r": 0, "j": 3, "x": 0})   # block 1 is unreferenced: evictable
-    sut.close()
+class _Lockstep:
+    """Steps applied to the engine and the spec side by side (with the engine's own choices,
+    `instead`); the engine's state must be the spec's after each."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.spec, self.sut = Spec(cfg), ReferenceSUT()
+        self.sut.reset(cfg)
+        self.s = self.spec.init()
+
+    def __call__(self, a: str, p: dict) -> dict:
+        assert self.spec.instance(a, p).guard(self.s), (a, p)
+        out = self.sut.apply(a, p)
+        x = self.spec.instance(a, {**p, **out.get("instead", {})})
+        assert x.guard(self.s), (a, p, out)
+        self.s = x.effect(self.s)
+        assert self.sut.observe() == self.s, (a, p)
+        return out
+
+
+START = [("submit", {"r": 0, "n": 4}), ("lookup", {"r": 0}), ("bind", {"r": 0}), ("use", {"r": 0})]
+
+
+def test_allocation_evicts_the_least_recently_used_unreferenced_block() -> None:
+    # window 2 over blocks of 2: a request at position k holds block k-1 only (after a slide)
+    cfg = Config(layers=(LayerSpec("swa", window=2),), blocks=5, block_size=2, capacity={"swa_window": 3},
+                 reserve=0, alloc="evict", eviction="drop_hash", **DEV)
+    step = _Lockstep(cfg)
+    for a, p in START + [("append", {"r": 0, "j": j}) for j in range(3)] + [("slide", {"r": 0})]:
+        step(a, p)
+    assert step("append_evict", {"r": 0, "j": 3, "v": 1}) == {"instead": {"v": 0}}   # 0 is older
+    mgr = step.sut.engine.mgr
+    assert not mgr.slot_published(0) and mgr.slot_published(3)     # drop_hash: its hash went too
+    step.sut.close()
+
+
+def test_allocation_with_nothing_evictable_fails_and_preempts_the_newest() -> None:
+    cfg = Config(layers=(LayerSpec("swa", window=2),), blocks=3, block_size=2, capacity={"swa_window": 1},
+                 reserve=0, alloc="evict", **DEV)
+    step = _Lockstep(cfg)
+    for a, p in [("submit", {"r": 0, "n": 3})] + START[1:] + [("append", {"r": 0, "j": 0})]:
+        step(a, p)
+    for a, p in [("submit", {"r": 1, "n": 1}), ("lookup", {"r": 1}), ("bind", {"r": 1})]:
+        step(a, p)                           # r1 hits block 0 and pins it: nothing is evictable
+    assert step("append_fail", {"r": 0, "j": 1, "x": 0}) == {"instead": {"x": 1}}
+    mgr = step.sut.engine.mgr
+    assert mgr.requests[1].st == R_PREEMPTED and mgr.requests[0].st == R_RUNNING
+    step.sut.close()
 
 
 def test_implements_exactly_the_semantic_keys_and_refuses_others(monkeypatch) -> None:
-    assert set(IMPLEMENTS) == set(SEMANTIC_DEFAULTS)
+    assert {"prompts", "decode", "eviction", "alloc"} <= set(IMPLEMENTS) <= set(SEMANTIC_DEFAULTS)
     monkeypatch.setattr(Config, "semantics", lambda self: {"prompts": 2, "salt": "tenant"})
     with pytest.raises(ConfigError, match="salt = \"tenant\": the reference engine does not implement"):
         ReferenceSUT().reset(Config())
