@@ -32,8 +32,9 @@ def _cli(tmp_path, data, *argv, lacks: str | None = None):
                           capture_output=True, text=True)
 
 
-@pytest.mark.parametrize("data, key", SEMANTICS, ids=[k for _, k in SEMANTICS])
-def test_fuzz_reference_runs_each_semantic(tmp_path, data, key) -> None:
+def test_fuzz_reference_runs_the_semantics(tmp_path) -> None:
+    """All four at once (each alone: tests/reference/test_engine_semantics.py)."""
+    data = {k: v for d, _ in SEMANTICS for k, v in d.items()}
     proc = _cli(tmp_path, {**SMALL, **data}, "fuzz", "--sut", "reference", "--budget", "300")
     # (exit 3 allowed: 300 steps need not reach every declared action)
     assert proc.returncode in (0, 3), proc.stdout + proc.stderr
