@@ -41,7 +41,7 @@ _TIER_ACTIONS = frozenset({"offload_start", "offload_ack", "prefetch_start", "pr
                            "verify_ok", "checksum_fail", "corrupt"})
 
 
-def declared_actions(cfg: Config) -> frozenset[str] | None:
+def declared_actions(cfg: Config, lay: Layout) -> frozenset[str] | None:
     """The spec's actions this engine can be driven with under cfg (None: all). Those the spec
     can never enable there are left out, so that a clean run covers what it declares: the
     tier actions without a host or disk tier, and `append_evict` over full-attention groups
@@ -55,7 +55,7 @@ def declared_actions(cfg: Config) -> frozenset[str] | None:
     if not drop:
         return None
     from kvcheck.spec.actions import ACTIONS
-    return frozenset(a for a in ACTIONS if a not in drop)
+    return frozenset(a for a, act in ACTIONS.items() if a not in drop and act.params(lay))
 
 
 class ReferenceSUT:
@@ -85,7 +85,7 @@ class ReferenceSUT:
             self.engine.close()
         torch.set_num_threads(1)
         self.cfg, self.lay = cfg, Layout(cfg)
-        self.actions = declared_actions(cfg)
+        self.actions = declared_actions(cfg, self.lay)
         cache_dir = self.cache_dir
         if cache_dir is None and CACHE_ROOT is not None:
             import tempfile
