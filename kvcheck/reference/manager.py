@@ -13,7 +13,7 @@ ActionRejected by the adapter) without changing anything when it is not.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 
@@ -213,11 +213,11 @@ class CacheManager(StructureMixin, SlotsMixin, FunnelMixin, TierMixin):
         """Live objects of one kind (the admission cap's measure)."""
         return sum(o.live for objs in self.physical() for o in objs.values() if o.kind == kind)
 
-    def physical(self) -> list[dict[tuple[int, str], ObjRec]]:
+    def physical(self) -> Iterable[dict[tuple[int, str], ObjRec]]:
         """Each physical block's objects once (with prompts > 1 entries share their position's)."""
         if self.slots is not None:
             return self.slots.objs
-        return [e.objs for e in self.entries.values()]
+        return (e.objs for e in self.entries.values())
 
     def write_plan(self, req: Request, j: int, key: str | None = None, prefix: tuple[int, ...] | None = None
                    ) -> tuple[BlockEntry, dict, dict[str, int], bool]:
