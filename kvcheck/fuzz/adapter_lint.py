@@ -31,11 +31,11 @@ def lint(cfg: Config, name: str, factory: Callable[[], Any], steps: int = 2000, 
     `problems` (each one line) and `exit_code` (0 clean, 3 inconclusive, a finding's code)."""
     spec = Spec(cfg)
     sut = factory()
-    declared = getattr(sut, "actions", None)
     try:
         sut.reset(cfg)
     except Exception as e:  # noqa: BLE001 - the user's adapter
         raise SutError(f"--sut {name}: reset() raised {type(e).__name__}: {' '.join(str(e).split())[:200]}") from None
+    declared = getattr(sut, "actions", None)      # after reset: a SUT may declare per config
     problems: list[str] = []
     res: dict[str, Any] = {"sut": name, "name": getattr(sut, "name", None), "seed": seed,
                            "hooks": [h for h in HOOKS if callable(getattr(sut, h, None))]}

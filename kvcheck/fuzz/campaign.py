@@ -262,7 +262,6 @@ def machine_actions(spec: Spec, factory: Callable[[], Any]) -> list[str]:
     """The actions the campaign drives. Constructs and resets one SUT first: a SUT that cannot
     even start (its constructor or reset raises) is a broken --sut, one line and exit 2."""
     sut = factory()
-    supported = getattr(sut, "actions", None)
     try:
         sut.reset(spec.cfg)
         close = getattr(sut, "close", None)
@@ -273,6 +272,7 @@ def machine_actions(spec: Spec, factory: Callable[[], Any]) -> list[str]:
     except Exception as e:  # noqa: BLE001 - any failure is the user's adapter
         raise SutError(f"{getattr(sut, 'name', type(sut).__name__)}: reset() raised "
                        f"{type(e).__name__}: {' '.join(str(e).split())[:200]}") from None
+    supported = getattr(sut, "actions", None)    # after reset: a SUT may declare per config
     return [a for a in spec.actions if supported is None or a in supported]
 
 

@@ -192,7 +192,11 @@ def run_reference_diff(scenarios: int = 200, seed: int = 0, fault: str | None = 
 
 def mutant_engine(cfg: Config, fault: str | None, budget_s: float, seed: int) -> dict[str, Any]:
     """`kvcheck mutants` entry point: the diff runner with one fault planted (or none, the
-    negative control) under a time budget."""
+    negative control) under a time budget, with the configurable semantic the fault lives in
+    switched on."""
+    if fault is not None:
+        from .faults import get
+        cfg = get(fault).config_for(cfg)
     with tempfile.TemporaryDirectory() as d:
         t0 = time.perf_counter()
         res = run_reference_diff(scenarios=10**6, seed=seed, fault=fault, out_dir=d, config=cfg,

@@ -10,11 +10,13 @@ the divergence shows in the observed state.
 """
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import torch
 
-from kvcheck.spec.config import Config
+from kvcheck.spec.config import SEMANTIC_DEFAULTS, Config, ConfigError
+from kvcheck.spec.content import chain
 from kvcheck.spec.objects import PARTIAL, REUSE
 from kvcheck.spec.state import Layout
 from kvcheck.spec.sut import ActionRejected
@@ -24,12 +26,36 @@ from .engine import Engine
 from .records import Refused
 from .pools import PoolError
 
+# The configurable semantics the reference engine implements (slots.py, decode.py); any other
+# key a config switches on is refused in one line (exit 2).
+IMPLEMENTS = ("prompts", "decode", "eviction", "alloc")
 _BUMP = {"bump_model": "ver", "bump_compressor": "cmp", "bump_indexer": "ix", "bump_abi": "abi"}
 
 
 # Where engines put their disk tier when no cache_dir is given: None = a fresh temp dir each;
 # `kvcheck diff --cache-dir DIR` sets it (each engine then gets its own subdirectory of DIR).
 CACHE_ROOT: str | None = None
+
+
+_TIER_ACTIONS = frozenset({"offload_start", "offload_ack", "prefetch_start", "prefetch_complete",
+                           "verify_ok", "checksum_fail", "corrupt"})
+
+
+def declared_actions(cfg: Config, lay: Layout) -> frozenset[str] | None:
+    """The spec's actions this engine can be driven with under cfg (None: all). Those the spec
+    can never enable there are left out, so that a clean run covers what it declares: the
+    tier actions without a host or disk tier, and `append_evict` over full-attention groups
+    only (a block v > j was written while 0..v were resident, so a pool full while block j is
+    missing never has an unreferenced victim)."""
+    drop = set()
+    if not cfg.offload_enabled:
+        drop |= _TIER_ACTIONS
+    if all(g.kind == "full" for g in cfg.groups):
+        drop.add("append_evict")
+    if not drop:
+        return None
+    from kvcheck.spec.actions import ACTIONS
+    return frozenset(a for a, act in ACTIONS.items() if a not in drop and act.params(lay))
 
 
 class ReferenceSUT:
@@ -48,11 +74,22 @@ class ReferenceSUT:
 
     # ---- protocol ------------------------------------------------------------------------------
     def reset(self, cfg: Config) -> None:
-        cfg.refuse_semantics("the reference engine")     # it implements the default semantics only
+        cfg.refuse_semantics("the reference engine", IMPLEMENTS)
+        if cfg.prompts > 1 and tuple(cfg.tiers) != ("device",):
+            raise ConfigError(f"config: prompts = {cfg.prompts} with tiers = {json.dumps(list(cfg.tiers))}: the "
+                              "reference engine does not implement offloaded copies that carry their content "
+                              "(dcid); use tiers = [\"device\"] or --sut spec")
+        f = _faults.BY_NAME.get(self.fault or "")
+        off = [(k, v) for k, v in (f.needs if f else ()) if k in SEMANTIC_DEFAULTS
+               and getattr(cfg, k) == SEMANTIC_DEFAULTS[k]]
+        if off:
+            raise ConfigError(f"config: fault {f.name} plants nothing here: it lives in the semantic "
+                              f"{off[0][0]} = {json.dumps(off[0][1])}, which this config leaves off")
         if self.engine is not None:
             self.engine.close()
         torch.set_num_threads(1)
         self.cfg, self.lay = cfg, Layout(cfg)
+        self.actions = declared_actions(cfg, self.lay)
         cache_dir = self.cache_dir
         if cache_dir is None and CACHE_ROOT is not None:
             import tempfile
@@ -89,7 +126,7 @@ class ReferenceSUT:
         self._pending_check = None
         try:
             if action == "submit":
-                eng.submit(p["r"], p["n"])
+                eng.submit(p["r"], p["n"], p=p.get("p", 0))
             elif action == "lookup":
                 return {"decision": mgr.lookup(p["r"]).to_dict()}
             elif action == "bind":
@@ -105,6 +142,18 @@ class ReferenceSUT:
                 eng.use(p["r"], stale=True)
             elif action == "append":
                 eng.append(p["r"], p["j"])
+            elif action == "decode":
+                eng.decode(p["r"], p["j"])
+            elif action == "append_evict":
+                v = eng.append(p["r"], p["j"], evict=True)
+                return {"instead": {"v": v}} if v != p["v"] else {}
+            elif action == "append_fail":
+                what, x = eng.append_fail(p["r"], p["j"])
+                if what == "evicted":       # the engine's allocation evicted block x by itself
+                    return {"events_before": [("evict", x)]}
+                return {"instead": {"x": x}} if x != p["x"] else {}
+            elif action == "drop_hash":
+                mgr.drop_hash(p["j"])
             elif action == "slide":
                 mgr.slide(p["r"])
             elif action == "finish":
@@ -163,6 +212,16 @@ class ReferenceSUT:
                                                   "rix", "rabi", "rcmp")] for r in range(self.cfg.requests)]
         self._glob = [lay.g(f) for f in ("cur_ver", "cur_ix", "cur_cmp", "cur_abi", "inflight", "graph",
                                          "gwin", "gpos")]
+        cfg, eng = self.cfg, self.engine
+        # the configurable semantics' slots: a block's content and hash as prompt lineages (the
+        # token prefix it was computed from, named by content.chain), decode's partial blocks
+        self._lineage = {tuple(t[:(j + 1) * cfg.block_size]): chain(cfg, p, j)
+                         for p, t in enumerate(eng.prompts) for j in range(cfg.blocks)}
+        self._content = [(lay.b(j, "bcid"), lay.b(j, "bkey")) for j in range(cfg.blocks)] \
+            if cfg.prompts > 1 else []
+        self._bpart = [lay.b(j, "bpart") for j in range(cfg.blocks)] if cfg.decode else []
+        self._rp = [lay.r(r, "rp") for r in range(cfg.requests)] if cfg.prompts > 1 else []
+        self._rtok = [lay.r(r, "rtok") for r in range(cfg.requests)] if cfg.decode else []
 
     def observe(self) -> tuple[int, ...]:
         eng = self.engine
@@ -170,22 +229,34 @@ class ReferenceSUT:
         mgr = eng.mgr
         s = self.lay.init()
         s = list(s)
+        slots = mgr.slots
         for o, idx in self._obj_slots:
-            e = mgr.entries.get(eng.prefix_hashes[o.block])
-            rec = e.objs.get((o.group, o.kind)) if e is not None else None
+            if slots is not None:
+                rec = slots.objs[o.block].get((o.group, o.kind))
+            else:
+                e = mgr.entries.get(eng.prefix_hashes[o.block])
+                rec = e.objs.get((o.group, o.kind)) if e is not None else None
             if rec is None:
                 continue
             vals = (rec.state, rec.ver, rec.abi, rec.aln, rec.pool_id, rec.ref, rec.moved)
             for i, v in zip(idx, vals):
                 s[i] = v
         for j, idx in enumerate(self._blk_slots):
-            e = mgr.entries.get(eng.prefix_hashes[j])
-            if e is None:
-                continue
-            c = e.copy
-            vals = (int(e.published), c.dst, c.hdr["ver"], c.hdr["ix"], c.hdr["cmp"], c.hdr["abi"], c.damaged)
+            if slots is not None:
+                published, c = mgr.slot_published(j), slots.copy[j]
+            else:
+                e = mgr.entries.get(eng.prefix_hashes[j])
+                if e is None:
+                    continue
+                published, c = e.published, e.copy
+            vals = (int(published), c.dst, c.hdr["ver"], c.hdr["ix"], c.hdr["cmp"], c.hdr["abi"], c.damaged)
             for i, v in zip(idx, vals):
                 s[i] = v
+        for j, (ic, ik) in enumerate(self._content):
+            s[ic] = self._lineage.get(slots.content[j], -1)
+            s[ik] = self._lineage.get(slots.keyed_by[j], -1)
+        for j, i in enumerate(self._bpart):
+            s[i] = mgr.bpart[j]
         for r, idx in enumerate(self._req_slots):
             q = mgr.requests.get(r)
             if q is None:
@@ -194,6 +265,10 @@ class ReferenceSUT:
                     q.lease["cmp"])
             for i, v in zip(idx, vals):
                 s[i] = v
+            if self._rp:
+                s[self._rp[r]] = q.p
+            if self._rtok:
+                s[self._rtok[r]] = q.tok
         g = mgr.graph
         vals = (mgr.cur["ver"], mgr.cur["ix"], mgr.cur["cmp"], mgr.cur["abi"], mgr.inflight,
                 int(g is not None), g["win"] if g else 0, g["pos"] if g else 0)

@@ -23,13 +23,15 @@ from kvcheck.spec.config import Config
 from kvcheck.spec.objects import D_DURABLE, PARTIAL, R_DECIDED, R_RUNNING, REUSE, block_objects
 
 from . import faults as EF
-from .hashing import ExtraKeys, block_hashes
+from .decode import DecodeMixin
+from .hashing import ExtraKeys
 from .kinds import manager_for
 from .manager import CacheManager
 from .records import CopyRec, Refused, Request
+from .slots import Evictable
 from .model import HybridLM, ModelState
+from .prompts import prefix_tokens, prompt_table, suffix_tokens
 
-SUFFIX = 3          # private suffix tokens per request
 # Kernel backend of every model the engine builds ("torch" | "triton"); see kernels/backend.py.
 BACKEND = "torch"
 
@@ -46,16 +48,6 @@ _MODELS: dict[tuple, HybridLM] = {}          # weights per (config, seed): built
 _FULL: dict[tuple, torch.Tensor] = {}        # full-recompute logits, memoised
 
 
-def prefix_tokens(cfg: Config, seed: int | None = None) -> list[int]:
-    g = torch.Generator().manual_seed(10_007 + (cfg.seed if seed is None else seed))
-    return torch.randint(0, 256, (cfg.blocks * cfg.block_size,), generator=g).tolist()
-
-
-def suffix_tokens(rid: int, serial: int) -> list[int]:
-    g = torch.Generator().manual_seed(99_991 + 131 * rid + serial)
-    return torch.randint(0, 256, (SUFFIX,), generator=g).tolist()
-
-
 @dataclass
 class Run:
     """A request's execution: its working state and the logits it produced with reuse."""
@@ -67,7 +59,7 @@ class Run:
     result: torch.Tensor | None = None          # all logits from `start` on, after finish
 
 
-class Engine:
+class Engine(DecodeMixin):
     def __init__(self, cfg: Config, fault: str | None = None, cache_dir: str | None = None,
                  prefix_seed: int | None = None, reuse_disk: bool = False,
                  tier_max_bytes: int | None = None) -> None:
@@ -86,9 +78,10 @@ class Engine:
         self._layout_fp: dict[int, str] = {}
         self._bind_tiers(reuse_disk, tier_max_bytes)
         self.prefix = prefix_tokens(cfg, prefix_seed)
+        self.prompts = prompt_table(cfg, self.prefix)     # prompts > 1: the edits of the prefix
         self.salt = "tenant-a"
-        self.prefix_hashes = block_hashes(self.prefix, self.B, cfg.blocks, self.extra(self.salt),
-                                          with_salt=not self.mgr.planted(EF.CACHE_SALT_MISSING))
+        self.prefix_hashes = self.mgr.hashes(self.prefix, cfg.blocks, self.extra(self.salt))
+        self.mgr.set_base(self.prefix, self.prefix_hashes)
         self.runs: dict[int, Run] = {}
         self.serial = 0
         self.reused: dict[str, int] = {}             # objects read back from pages, per kind
@@ -246,11 +239,15 @@ class Engine:
         return ExtraKeys(self.model_id, salt, "")
 
     def submit(self, rid: int, n: int, salt: str | None = None, suffix: list[int] | None = None,
-               prefix: list[int] | None = None) -> Request:
+               prefix: list[int] | None = None, p: int = 0) -> Request:
+        """Request rid over n blocks of a prompt (`prefix`, else prompt p of the table), then
+        its private suffix."""
         self.serial += 1
-        pre = self.prefix if prefix is None else prefix
+        if not 0 <= p < len(self.prompts):
+            raise Refused(f"prompt {p} is not one of the {len(self.prompts)} prompts")
+        pre = self.prompts[p] if prefix is None else prefix
         toks = pre[:n * self.B] + (suffix if suffix is not None else suffix_tokens(rid, 0))
-        req = self.mgr.submit(rid, toks, n, self.extra(self.salt if salt is None else salt))
+        req = self.mgr.submit(rid, toks, n, self.extra(self.salt if salt is None else salt), p)
         self.runs.pop(rid, None)
         return req
 
@@ -286,23 +283,38 @@ class Engine:
         run.probe = None
         return logits, st
 
-    def append(self, rid: int, j: int) -> None:
+    def append(self, rid: int, j: int, evict: bool = False) -> int | None:
+        """Compute and write block j; `evict` (alloc = evict): the allocation evicts a block to
+        make room (returns the victim)."""
         req = self.mgr.requests.get(rid)
         run = self.runs.get(rid)
         if req is None or run is None or req.st != R_RUNNING or req.pos != j or j >= req.n:
             raise Refused(f"request {rid} cannot write block {j} now")
         toks = req.tokens[j * self.B:(j + 1) * self.B]
         logits, st = self._advance(run, toks)
-        self.mgr.append(rid, j, self.block_data(st, j))
+        data = self.block_data(st, j)
+        v = self.mgr.append_evict(rid, j, data) if evict else self.mgr.append(rid, j, data)
         run.logits.append(logits)
         run.state = st
+        return v
+
+    def append_fail(self, rid: int, j: int) -> tuple[str, int]:
+        """The allocation of block j with full pools: ("preempted", x) when nothing can be
+        evicted (the scheduler preempted x), or ("evicted", v) when the engine's allocation
+        found a victim after all and wrote j (what the engine does, reported as its own event)."""
+        try:
+            x = self.mgr.append_fail(rid, j)
+        except Evictable:
+            return "evicted", self.append(rid, j, evict=True)
+        self.runs.pop(x, None)
+        return "preempted", x
 
     def finish(self, rid: int) -> Run:
         req = self.mgr.requests.get(rid)
         run = self.runs.get(rid)
         if req is None or run is None or req.st != R_RUNNING or req.pos != req.n:
             raise Refused(f"request {rid} cannot finish now")
-        toks = req.tokens[req.n * self.B:]
+        toks = req.tokens[req.n * self.B + req.tok:]     # decoded tokens are already computed
         logits, st = self._advance(run, toks)
         self.mgr.finish(rid)
         run.logits.append(logits)

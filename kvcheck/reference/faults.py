@@ -12,8 +12,16 @@ from __future__ import annotations
 from kvcheck.spec.faults import Fault, Planted, UnknownFault
 
 
-def _engine(name: str, site: str, bug_class: str, mirrors: str, expected: str, doc: str) -> Fault:
-    return Fault(name, "reference", site, bug_class, mirrors, expected, doc, ("reference",))
+def _engine(name: str, site: str, bug_class: str, mirrors: str, expected: str, doc: str,
+            needs: tuple = ()) -> Fault:
+    return Fault(name, "reference", site, bug_class, mirrors, expected, doc, ("reference",), needs)
+
+
+def _small(*keys: tuple, blocks: int = 3) -> tuple:
+    """A configurable semantic on a small config where its symptom shows quickly: one
+    full-attention group (a plain transformer's hash-chain block manager), device tier only."""
+    from kvcheck.spec.config import LayerSpec
+    return (*keys, ("tiers", ("device",)), ("layers", (LayerSpec("full"),)), ("blocks", blocks))
 
 
 TAIL_CHECK_SKIPPED = _engine(
@@ -118,6 +126,44 @@ ENTRIES_KEPT_ACROSS_WEIGHT_UPDATE = _engine(
     "keys (their version stamp is the compressor's, which did not change): bits only, the "
     "abstract state is unchanged, so only the differential oracle can see it.")
 
+# Faults only a configurable semantic can express (each plants nothing without its `needs`).
+HASH_IGNORES_PARENT = _engine(
+    "engine_hash_ignores_parent", "hashing:block_hashes", "hash collision / chain hash without its parent",
+    "a block hash computed as if it were a first block (prefix-cache chain hashing; class of bug)",
+    "hit_content_sound",
+    "With prompts > 1, block hashes cover the block's position and own tokens, not the parent's "
+    "hash: a block computed under another prefix is reused.", _small(("prompts", 2)))
+
+STALE_HASH_AFTER_REUSE = _engine(
+    "engine_stale_hash_after_reuse", "slots:publish", "stale hash after free",
+    "a freed block reused for other content while its old hash entry is still served "
+    "(a block whose hash is already set is not re-hashed; class of bug)", "hit_content_sound",
+    "With prompts > 1, a block rewritten with other content keeps its old hash in the table (and "
+    "the new one is not entered): a later request of the old prompt reuses the other content. "
+    "(The lockstep fuzzer sees the table diverge first: abstract_state_matches_spec.)",
+    _small(("prompts", 2)))
+
+STALE_HASH_AFTER_EVICT = _engine(
+    "engine_stale_hash_after_evict", "manager:evict", "stale hash after free",
+    "a hash-table entry left behind when its block is evicted (class of bug)",
+    "published_hash_resident",
+    "With eviction = drop_hash, eviction frees the block but leaves its hash in the table.",
+    _small(("eviction", "drop_hash")))
+
+DECODE_PUBLISHES_PARTIAL = _engine(
+    "engine_decode_publishes_partial", "decode:decode", "hash published before the block is full",
+    "a decode-time block hashed from its scheduled token ids and cached at its first token "
+    "(class of bug)", "hit_full_blocks",
+    "With decode = true, the block a request decodes into is written (from the partial state) "
+    "and its hash published at its first token.", _small(("decode", True), ("block_size", 2)))
+
+ALLOC_EVICTS_REFERENCED = _engine(
+    "engine_alloc_evicts_referenced", "slots:victim_room", "hit evicted between lookup and pin",
+    "a block manager whose allocation evicts the LRU block without checking its reference count",
+    "toctou_bound_stable",
+    "With alloc = evict, the allocation into a full pool evicts a block a request still holds.",
+    _small(("alloc", "evict"), ("capacity", {"swa_window": 1}), blocks=2))
+
 ENGINE_FAULTS: tuple[Fault, ...] = (
     TAIL_CHECK_SKIPPED,
     SWA_WINDOW_OFF_BY_ONE,
@@ -137,6 +183,11 @@ ENGINE_FAULTS: tuple[Fault, ...] = (
     CACHE_SALT_MISSING,
     HASHES_PUBLISHED_EARLY,
     ENTRIES_KEPT_ACROSS_WEIGHT_UPDATE,
+    HASH_IGNORES_PARENT,
+    STALE_HASH_AFTER_REUSE,
+    STALE_HASH_AFTER_EVICT,
+    DECODE_PUBLISHES_PARTIAL,
+    ALLOC_EVICTS_REFERENCED,
 )
 BY_NAME = {f.name: f for f in ENGINE_FAULTS}
 

@@ -27,8 +27,10 @@ class ExtraKeys:
 
 
 def block_hashes(tokens: list[int] | bytes, block_size: int, n_blocks: int, extra: ExtraKeys,
-                 with_salt: bool = True) -> list[str]:
-    """Hashes of the first `n_blocks` full blocks; each chains its parent's."""
+                 with_salt: bool = True, chained: bool = True) -> list[str]:
+    """Hashes of the first `n_blocks` full blocks; each chains its parent's. `chained` False
+    only for a planted fault: each block hashed from its position and own tokens, as if it
+    were a first block (blocks of two prefixes that differ earlier collide)."""
     data = bytes(tokens)
     out: list[str] = []
     parent = hashlib.sha256(ROOT + extra.encode(with_salt)).hexdigest()
@@ -37,7 +39,7 @@ def block_hashes(tokens: list[int] | bytes, block_size: int, n_blocks: int, extr
         if len(chunk) < block_size:
             break
         h = hashlib.sha256()
-        h.update(parent.encode())
+        h.update(parent.encode() if chained else f"{ROOT.decode()}|{j}".encode())
         h.update(chunk)
         h.update(extra.encode(with_salt))
         parent = h.hexdigest()

@@ -13,25 +13,27 @@ ActionRejected by the adapter) without changing anything when it is not.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 
-from kvcheck.spec.config import Config, Group
+from kvcheck.spec.config import Config
 from kvcheck.spec.objects import (D_OFFLOADING, DECISIONS, EVICTED, PARTIAL, PREFETCH, R_BOUND,
                                   R_DECIDED, R_IDLE, R_PREEMPTED, R_RUNNING, R_WAITING, READY,
-                                  REUSE, WRITING, block_objects)
+                                  REUSE, WRITING)
 
 from . import faults as EF
 from .funnel import FunnelMixin
 from .hashing import ExtraKeys, block_hashes
 from .kinds import manager_for
-from .pools import POOL_KINDS, PoolSet, encode_shift
+from .pools import POOL_KINDS, PoolSet
 from .records import BlockEntry, Decision, ObjRec, Refused, Request
+from .slots import Slots, SlotsMixin
+from .structure import StructureMixin
 from .tier_coordinator import TierMixin
 from .tiers import TierStore
 
-class CacheManager(FunnelMixin, TierMixin):
+class CacheManager(StructureMixin, SlotsMixin, FunnelMixin, TierMixin):
     """Bookkeeping and device/tier data movement for one model (no model execution)."""
 
     def __init__(self, cfg: Config, model_id: str, page_numel: dict[str, int],
@@ -59,103 +61,13 @@ class CacheManager(FunnelMixin, TierMixin):
         self._groups = cfg.groups
         wins = [g.window for g in cfg.groups if g.window is not None]
         self._wins = wins
-
-    # ---- structure ------------------------------------------------------------------------
-    def block_kinds(self, j: int) -> list[tuple[int, str]]:
-        """(group, kind) of the objects block j carries (its slots)."""
-        return block_objects(self.cfg, j)
-
-    def entry(self, key: str, j: int) -> BlockEntry:
-        e = self.entries.get(key)
-        if e is None:
-            e = BlockEntry(key, j, {gk: ObjRec(gk[0], gk[1], j) for gk in self.block_kinds(j)})
-            self.entries[key] = e
-        return e
-
-    def obj(self, req: Request, g: int, kind: str, j: int) -> ObjRec | None:
-        if j >= len(req.hashes):
-            return None
-        return self.entry(req.hashes[j], j).objs.get((g, kind))
-
-    def window_lo(self, window: int | None, k: int) -> int:
-        if window is None:
-            return 0
-        return max(0, k * self.B - window + 1) // self.B
-
-    def retain_lo(self, k: int) -> int:
-        return min((self.window_lo(w, k) for w in self._wins), default=k)
-
-    def recovery_set(self, g: Group, k: int) -> list[tuple[str, int]]:
-        """(kind, block) of every object group g reads to resume at k (memoised: a pure
-        function of the config)."""
-        key = (g.index, k)
-        got = self._rs_cache.get(key)
-        if got is None:
-            got = self._rs_cache[key] = self._recovery_set(g, k)
-        return got
-
-    def _recovery_set(self, g: Group, k: int) -> list[tuple[str, int]]:
-        return [(kind, j) for kind in g.objects
-                for j in manager_for(kind).recovery(self.cfg, g, k, self.window_lo)]
-
-    def needed(self, req: Request, k: int) -> list[ObjRec]:
-        """The ObjRecs of the recovery set at k. Entries, once created, keep their records for
-        good, so the list is cached per prefix (keyed by the chained hash of block k-1)."""
-        if k == 0 or k > len(req.hashes):
-            return self._needed(req, k)
-        key = req.hashes[k - 1]                 # a chained hash names the whole prefix
-        got = self._need_cache.get(key)
-        if got is None:
-            if len(self._need_cache) > 4096:
-                self._need_cache.clear()
-            got = self._need_cache[key] = self._needed(req, k)
-        return got
-
-    def _needed(self, req: Request, k: int) -> list[ObjRec]:
-        out = []
-        hashes, entries = req.hashes, self.entries
-        for g in self._groups:
-            gi = g.index
-            for kind, j in self.recovery_set(g, k):
-                if j >= len(hashes):
-                    continue
-                e = entries.get(hashes[j]) or self.entry(hashes[j], j)
-                o = e.objs.get((gi, kind))
-                if o is not None:
-                    out.append(o)
-        return out
-
-    def holding(self, req: Request, win: int, pos: int) -> frozenset[ObjRec]:
-        """The objects a holder resumed at `pos` with SWA pins from `win` keeps pinned (cached
-        per prefix, like `needed`)."""
-        if pos == 0 or pos > len(req.hashes):
-            return frozenset(self._holding(req, win, pos))
-        key = (req.hashes[pos - 1], win)
-        got = self._hold_cache.get(key)
-        if got is None:
-            if len(self._hold_cache) > 4096:
-                self._hold_cache.clear()
-            got = self._hold_cache[key] = frozenset(self._holding(req, win, pos))
-        return got
-
-    def _holding(self, req: Request, win: int, pos: int) -> set[ObjRec]:
-        out: set[ObjRec] = set()
-        for j in range(min(pos, len(req.hashes))):
-            for (g, kind), o in self.entry(req.hashes[j], j).objs.items():
-                if manager_for(kind).holds(j, win, pos, self._groups[g].window is not None):
-                    out.add(o)
-        return out
-
-    def version_of(self, kind: str) -> int:
-        return self.cur[manager_for(kind).stamp]
-
-    def shift(self, kind: str, abi: int | None = None, cmp: int | None = None, ix: int | None = None) -> int:
-        return encode_shift(kind, self.cur["abi"] if abi is None else abi,
-                            self.cur["cmp"] if cmp is None else cmp, self.cur["ix"] if ix is None else ix)
-
-    def _count(self, key: str) -> None:
-        t = self.stats["transitions"]
-        t[key] = t.get(key, 0) + 1
+        # the configurable semantics (slots.py): one physical block per position (prompts > 1),
+        # blocks written from a partial block (decode), last use per block (LRU allocation)
+        self.slots = Slots.make(cfg, self.block_kinds) if cfg.prompts > 1 else None
+        self.bpart = [0] * cfg.blocks
+        self.last_use = [0] * cfg.blocks
+        self.clock = 0
+        self.base_hashes: list[str] = []
 
     # ---- pins ------------------------------------------------------------------------------
     def _set_pins(self, req: Request, new: frozenset[ObjRec] | set[ObjRec]) -> None:
@@ -186,21 +98,25 @@ class CacheManager(FunnelMixin, TierMixin):
         return manager_for(o.kind).holds(o.j, g["win"], g["pos"], self._groups[o.g].window is not None)
 
     # ---- requests ----------------------------------------------------------------------------
-    def submit(self, rid: int, tokens: list[int], n: int, extra: ExtraKeys) -> Request:
+    def hashes(self, tokens: list[int], n: int, extra: ExtraKeys) -> list[str]:
+        """The chained block hashes of the first n blocks (as this engine, faults included,
+        computes them)."""
+        return block_hashes(tokens, self.B, n, extra, with_salt=not self.planted(EF.CACHE_SALT_MISSING),
+                            chained=not self.planted(EF.HASH_IGNORES_PARENT))
+
+    def submit(self, rid: int, tokens: list[int], n: int, extra: ExtraKeys, p: int = 0) -> Request:
         q = self.requests.get(rid)
         if q is not None and q.st != R_IDLE:
             raise Refused(f"request slot {rid} is busy")
-        salted = not self.planted(EF.CACHE_SALT_MISSING)
-        req = Request(rid, list(tokens), n, block_hashes(tokens, self.B, n, extra, with_salt=salted),
-                      extra.cache_salt)
+        self.clock += 1
+        req = Request(rid, list(tokens), n, self.hashes(tokens, n, extra), extra.cache_salt,
+                      p=p, extra=extra, serial=self.clock)
         self.requests[rid] = req
         return req
 
     def probe_decision(self, tokens: list[int], n: int, extra: ExtraKeys) -> Decision:
         """What a lookup would answer for these tokens (no state change): isolation probes."""
-        salted = not self.planted(EF.CACHE_SALT_MISSING)
-        req = Request(-1, list(tokens), n, block_hashes(tokens, self.B, n, extra, with_salt=salted),
-                      extra.cache_salt)
+        req = Request(-1, list(tokens), n, self.hashes(tokens, n, extra), extra.cache_salt)
         return self.decide(req)
 
     def lookup(self, rid: int) -> Decision:
@@ -228,6 +144,10 @@ class CacheManager(FunnelMixin, TierMixin):
         return req.lease == self.cur
 
     def bind_valid(self, req: Request) -> bool:
+        """The lease's versions, the funnel at k and (prompts > 1: blocks may have been reused
+        for other content since the lookup) the published hashes still covering k blocks."""
+        if self.slots is not None and self.logical_hit(req) < req.k:
+            return False
         return self.lease_current(req) and self.funnel_ok_at(req, req.k)
 
     def bind(self, rid: int) -> None:
@@ -241,6 +161,12 @@ class CacheManager(FunnelMixin, TierMixin):
             for j in range(req.n):
                 self.entry(req.hashes[j], j).published = True
         req.st, req.pos, req.win = R_BOUND, req.k, self.retain_lo(req.k)
+        self.clock += 1
+        for j in range(req.k):
+            self.last_use[j] = self.clock
+        if req.tok:                         # a partial decoded block is recomputed from the hit
+            del req.tokens[req.n * self.B:req.n * self.B + req.tok]
+            req.tok = 0
         self._set_pins(req, self.holding(req, req.win, req.pos))
         req.bound_ptrs = {o: (o.page, o.page.gen) for o in req.pins if o.page is not None}
 
@@ -285,28 +211,44 @@ class CacheManager(FunnelMixin, TierMixin):
 
     def occupancy(self, kind: str) -> int:
         """Live objects of one kind (the admission cap's measure)."""
-        return sum(o.live for e in self.entries.values() for o in e.objs.values() if o.kind == kind)
+        return sum(o.live for objs in self.physical() for o in objs.values() if o.kind == kind)
 
-    def append(self, rid: int, j: int, data: dict[tuple[int, str], torch.Tensor]) -> None:
-        """Write block j of a running request: raw KV pages and tails now; compressed entries and
-        indexer keys are staged (WRITING) until compress / indexer_sync. Publishes the hash."""
-        req = self._req(rid, (R_RUNNING,))
-        if req.pos != j or j >= req.n:
-            raise Refused(f"request {rid} is at block {req.pos}, not {j}")
-        e = self.entry(req.hashes[j], j)
+    def physical(self) -> Iterable[dict[tuple[int, str], ObjRec]]:
+        """Each physical block's objects once (with prompts > 1 entries share their position's)."""
+        if self.slots is not None:
+            return self.slots.objs
+        return (e.objs for e in self.entries.values())
+
+    def write_plan(self, req: Request, j: int, key: str | None = None, prefix: tuple[int, ...] | None = None
+                   ) -> tuple[BlockEntry, dict, dict[str, int], bool]:
+        """What writing request req's block j takes: (its entry, which objects are rewritten,
+        new objects per kind, whether the block holds other content). Refused while an object
+        to rewrite is pinned (nothing changed)."""
+        e = self.entry(key or req.hashes[j], j)
+        other = self.other_content(prefix or tuple(req.tokens[:(j + 1) * self.B]), j)
         rewrite = {}
         fresh: dict[str, int] = {}
         for gk, o in e.objs.items():
-            rw = not (o.live and o.ver == self.version_of(o.kind) and o.abi == self.cur["abi"])
+            rw = other or not (o.live and o.ver == self.version_of(o.kind) and o.abi == self.cur["abi"])
             if rw and (o.ref > 0 or self.graph_pinned(o)):
                 raise Refused(f"{o.kind} of block {j} must be rewritten but is pinned")
             rewrite[gk] = rw
             if not o.live:
                 fresh[o.kind] = fresh.get(o.kind, 0) + 1
-        if not self.planted(EF.ADMISSION_CAP_IGNORED):
-            for kind, n in fresh.items():
-                if self.occupancy(kind) + n > self.cfg.cap(kind):
-                    raise Refused(f"admission: {kind} pool full")
+        return e, rewrite, fresh, other
+
+    def append(self, rid: int, j: int, data: dict[tuple[int, str], torch.Tensor], key: str | None = None,
+               prefix: tuple[int, ...] | None = None, decoding: bool = False, done: bool = True) -> None:
+        """Write block j of a running request: raw KV pages and tails now; compressed entries and
+        indexer keys are staged (WRITING) until compress / indexer_sync. Publishes the hash.
+        `decoding`: block j = n filled by decode (decode.py), under `key` computed from `prefix`;
+        `done` False only for a planted fault's write of a partial block."""
+        req = self._req(rid, (R_RUNNING,))
+        if req.pos != j or (j != req.n if decoding else j >= req.n):
+            raise Refused(f"request {rid} is at block {req.pos}, not {j}")
+        e, rewrite, fresh, other = self.write_plan(req, j, key, prefix)
+        if not self.planted(EF.ADMISSION_CAP_IGNORED) and not self.fits(fresh):
+            raise Refused("admission: a pool is full")
         for gk, o in e.objs.items():
             flat = data[gk]
             if rewrite[gk]:
@@ -324,17 +266,21 @@ class CacheManager(FunnelMixin, TierMixin):
                     o.state = READY
                 o.epoch = self.cur["ver"]
                 self._count(f"{o.kind}:append")
-            elif o.epoch != self.cur["ver"] and not self.planted(EF.ENTRIES_KEPT_ACROSS_WEIGHT_UPDATE):
+            elif self.bpart[j] or (o.epoch != self.cur["ver"]
+                                   and not self.planted(EF.ENTRIES_KEPT_ACROSS_WEIGHT_UPDATE)):
                 # current by its own version stamp but computed under older weights (entries
-                # depend on the layer input): refresh the bits in place.
+                # depend on the layer input), or from a partial block: refresh the bits in place.
                 if o.state == WRITING:
                     o.staged = flat
                 else:
                     o.page.pool.write(o.page, flat, self.shift(o.kind))
                 o.epoch = self.cur["ver"]
-        self._set_pins(req, self.holding(req, req.win, j + 1))
-        req.pos = j + 1
-        e.published = True
+        self.publish(j, e, prefix or tuple(req.tokens[:(j + 1) * self.B]), other)
+        if decoding:
+            self.bpart[j] = int(not done)
+        if done:
+            self._set_pins(req, self.holding(req, req.win, j + 1))
+            req.pos = j + 1
 
     def slide(self, rid: int) -> None:
         req = self._req(rid, (R_RUNNING,))
@@ -380,6 +326,8 @@ class CacheManager(FunnelMixin, TierMixin):
             o.page.pool.free(o.page)
         o.page, o.staged, o.state = None, None, EVICTED
         self._count(f"{o.kind}:evict")
+        if self.cfg.eviction == "drop_hash" and not self.planted(EF.STALE_HASH_AFTER_EVICT):
+            self.unpublish(o.j)             # the block goes back to the free list: its hash with it
 
     def migrate(self, o: ObjRec) -> None:
         if o.state != READY or o.ref > 0:
@@ -391,6 +339,8 @@ class CacheManager(FunnelMixin, TierMixin):
         self._count(f"{o.kind}:migrate")
 
     def entry_of(self, o: ObjRec) -> BlockEntry:
+        if self.slots is not None:
+            return self.slot_entry(o.j)
         for e in self.entries.values():
             if e.objs.get((o.g, o.kind)) is o:
                 return e

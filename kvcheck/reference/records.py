@@ -75,6 +75,10 @@ class Request:
     lease: dict = field(default_factory=lambda: {"ver": 0, "ix": 0, "abi": 0, "cmp": 0})
     pins: frozenset = frozenset()
     bound_ptrs: dict = field(default_factory=dict)   # ObjRec -> (page, gen) at bind
+    p: int = 0                           # the prompt (prompts > 1)
+    tok: int = 0                         # tokens decoded into the partial block at pos (decode)
+    extra: Any = None                    # the extra keys its hashes were computed with
+    serial: int = 0                      # submit order (the scheduler preempts the newest)
 
 
 @dataclass

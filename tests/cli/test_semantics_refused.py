@@ -1,6 +1,9 @@
-"""A config using a semantic the reference engine does not implement (prompts > 1, salted
-prompts, decode, drop_hash eviction, alloc = evict, duplicates = allow) is refused by `kvcheck fuzz --sut reference` and
-`kvcheck diff` in one line naming the key, exit 2: not a flood of divergences."""
+"""The configurable semantics on the reference engine from the command line: it implements
+prompts > 1, decode, drop_hash eviction and alloc = evict (`kvcheck fuzz --sut reference` runs
+them), and a semantic it does not implement is refused by `kvcheck fuzz --sut reference` and
+`kvcheck diff` in one line naming the key, exit 2: not a flood of divergences. `salted_prompts` and
+`duplicates = "allow"` are outside the reference's `IMPLEMENTS`: refused for real; the others
+are shown refused with one taken out of it."""
 from __future__ import annotations
 
 import json
@@ -14,20 +17,34 @@ from kvcheck.spec.config import Config, ConfigError
 pytest.importorskip("torch")
 
 SEMANTICS = [({"prompts": 2, "tiers": ["device"]}, "prompts = 2"), ({"decode": True}, "decode = true"),
-             ({"eviction": "drop_hash"}, 'eviction = "drop_hash"'), ({"alloc": "evict"}, 'alloc = "evict"'),
-             ({"duplicates": "allow"}, 'duplicates = "allow"')]
+             ({"eviction": "drop_hash"}, 'eviction = "drop_hash"'), ({"alloc": "evict"}, 'alloc = "evict"')]
+SMALL = {"layers": [{"kind": "swa", "window": 4}], "blocks": 3, "tiers": ["device"]}
 
 
-def _cli(tmp_path, data, *argv):
+def _cli(tmp_path, data, *argv, lacks: str | None = None):
+    """`kvcheck ARGV --config` over `data`; `lacks`: that semantic taken out of the reference's
+    IMPLEMENTS first (as an engine that does not implement it)."""
     cfg = tmp_path / "cfg.json"
     cfg.write_text(json.dumps(data))
-    return subprocess.run([sys.executable, "-m", "kvcheck", *argv, "--config", str(cfg), "--out", str(tmp_path / "out")],
+    pre = ("import kvcheck.reference.adapter as a; "
+           f"a.IMPLEMENTS = tuple(k for k in a.IMPLEMENTS if k != {lacks!r}); ") if lacks else ""
+    code = pre + "from kvcheck.checker.cli import entry; entry()"
+    return subprocess.run([sys.executable, "-c", code, *argv, "--config", str(cfg), "--out", str(tmp_path / "out")],
                           capture_output=True, text=True)
 
 
-@pytest.mark.parametrize("data, key", SEMANTICS, ids=[k for _, k in SEMANTICS])
+def test_fuzz_reference_runs_the_semantics(tmp_path) -> None:
+    """All four at once (each alone: tests/reference/test_engine_semantics.py)."""
+    data = {k: v for d, _ in SEMANTICS for k, v in d.items()}
+    proc = _cli(tmp_path, {**SMALL, **data}, "fuzz", "--sut", "reference", "--budget", "300")
+    # (exit 3 allowed: 300 steps need not reach every declared action)
+    assert proc.returncode in (0, 3), proc.stdout + proc.stderr
+    assert "FINDING" not in proc.stdout and "does not implement" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("data, key", SEMANTICS[1:2], ids=[k for _, k in SEMANTICS[1:2]])
 def test_fuzz_reference_refuses_a_semantic_it_does_not_implement(tmp_path, data, key) -> None:
-    proc = _cli(tmp_path, data, "fuzz", "--sut", "reference", "--budget", "50")
+    proc = _cli(tmp_path, data, "fuzz", "--sut", "reference", "--budget", "50", lacks="decode")
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and key in lines[0] and "reference engine does not implement" in lines[0]
@@ -35,7 +52,7 @@ def test_fuzz_reference_refuses_a_semantic_it_does_not_implement(tmp_path, data,
 
 
 def test_diff_refuses_it_with_the_same_line(tmp_path) -> None:
-    proc = _cli(tmp_path, {"alloc": "evict"}, "diff", "--scenarios", "2")
+    proc = _cli(tmp_path, {"alloc": "evict"}, "diff", "--scenarios", "2", lacks="alloc")
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stdout + proc.stderr
     assert 'alloc = "evict": the reference engine does not implement' in proc.stderr
 
@@ -54,3 +71,19 @@ def test_the_default_semantics_pass_and_the_spec_runs_them(tmp_path) -> None:
     assert proc.returncode in (0, 3) and "does not implement" not in proc.stdout + proc.stderr
     never = next(line for line in proc.stdout.splitlines() if "actions exercised" in line)
     assert "append_evict" not in never and "append_fail" not in never, never
+
+
+@pytest.mark.parametrize("data, key", [({"prompts": 2, "salted_prompts": 1, "tiers": ["device"]}, "salted_prompts = 1"),
+                                       ({"duplicates": "allow"}, 'duplicates = "allow"')])
+def test_fuzz_reference_refuses_salt_and_duplicates(tmp_path, data, key) -> None:
+    proc = _cli(tmp_path, {**SMALL, **data}, "fuzz", "--sut", "reference", "--budget", "50")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and key in lines[0] and "reference engine does not implement" in lines[0], lines
+
+
+def test_fuzz_reference_refuses_content_on_a_disk_tier(tmp_path) -> None:
+    proc = _cli(tmp_path, {"layers": [{"kind": "swa", "window": 4}], "blocks": 2, "prompts": 2},
+                "fuzz", "--sut", "reference", "--budget", "50")
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stdout + proc.stderr
+    assert "prompts = 2 with tiers" in proc.stderr and "reference engine does not implement" in proc.stderr
