@@ -23,12 +23,14 @@ from kvcheck.spec.sut import ActionRejected
 
 from . import faults as _faults
 from .engine import Engine
+from .prompts import salt_of
 from .records import Refused
+from .slots import content_key
 from .pools import PoolError
 
 # The configurable semantics the reference engine implements (slots.py, decode.py); any other
 # key a config switches on is refused in one line (exit 2).
-IMPLEMENTS = ("prompts", "decode", "eviction", "alloc")
+IMPLEMENTS = ("prompts", "salted_prompts", "decode", "eviction", "alloc")
 _BUMP = {"bump_model": "ver", "bump_compressor": "cmp", "bump_indexer": "ix", "bump_abi": "abi"}
 
 
@@ -215,7 +217,7 @@ class ReferenceSUT:
         cfg, eng = self.cfg, self.engine
         # the configurable semantics' slots: a block's content and hash as prompt lineages (the
         # token prefix it was computed from, named by content.chain), decode's partial blocks
-        self._lineage = {tuple(t[:(j + 1) * cfg.block_size]): chain(cfg, p, j)
+        self._lineage = {content_key(salt_of(cfg, eng.salt, p), t[:(j + 1) * cfg.block_size]): chain(cfg, p, j)
                          for p, t in enumerate(eng.prompts) for j in range(cfg.blocks)}
         self._content = [(lay.b(j, "bcid"), lay.b(j, "bkey")) for j in range(cfg.blocks)] \
             if cfg.prompts > 1 else []

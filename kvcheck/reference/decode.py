@@ -16,6 +16,7 @@ from kvcheck.spec.objects import R_RUNNING
 
 from . import faults as EF
 from .records import Refused
+from .slots import content_key
 
 if TYPE_CHECKING:
     from .engine import Engine as _Base
@@ -43,7 +44,7 @@ class DecodeMixin(_Base):
             key = mgr.hashes(toks, j + 1, req.extra)[j]
             old, req.hashes = req.hashes, req.hashes[:j] + [key]     # the pins reach block j
             try:
-                mgr.append(rid, j, self.block_data(st, j), key=key, prefix=tuple(toks), decoding=True)
+                mgr.append(rid, j, self.block_data(st, j), key=key, prefix=content_key(req.salt, toks), decoding=True)
             except Refused:
                 req.hashes = old
                 raise
@@ -53,7 +54,7 @@ class DecodeMixin(_Base):
             # and caches what the state holds so far (nothing of the block: zeros)
             toks = self.prompts[req.p][:(j + 1) * B]
             key = mgr.hashes(toks, j + 1, req.extra)[j]
-            mgr.append(rid, j, self._zeros(j), key=key, prefix=tuple(toks), decoding=True, done=False)
+            mgr.append(rid, j, self._zeros(j), key=key, prefix=content_key(req.salt, toks), decoding=True, done=False)
         req.tokens.insert(at, tok)
         req.tok = 0 if full else req.tok + 1
         run.logits.append(logits)

@@ -30,7 +30,7 @@ from .manager import CacheManager
 from .records import CopyRec, Refused, Request
 from .slots import Evictable
 from .model import HybridLM, ModelState
-from .prompts import prefix_tokens, prompt_table, suffix_tokens
+from .prompts import prefix_tokens, prompt_table, salt_of, suffix_tokens
 
 # Kernel backend of every model the engine builds ("torch" | "triton"); see kernels/backend.py.
 BACKEND = "torch"
@@ -81,7 +81,7 @@ class Engine(DecodeMixin):
         self.prompts = prompt_table(cfg, self.prefix)     # prompts > 1: the edits of the prefix
         self.salt = "tenant-a"
         self.prefix_hashes = self.mgr.hashes(self.prefix, cfg.blocks, self.extra(self.salt))
-        self.mgr.set_base(self.prefix, self.prefix_hashes)
+        self.mgr.set_base(self.prefix, self.prefix_hashes, self.salt)
         self.runs: dict[int, Run] = {}
         self.serial = 0
         self.reused: dict[str, int] = {}             # objects read back from pages, per kind
@@ -247,7 +247,7 @@ class Engine(DecodeMixin):
             raise Refused(f"prompt {p} is not one of the {len(self.prompts)} prompts")
         pre = self.prompts[p] if prefix is None else prefix
         toks = pre[:n * self.B] + (suffix if suffix is not None else suffix_tokens(rid, 0))
-        req = self.mgr.submit(rid, toks, n, self.extra(self.salt if salt is None else salt), p)
+        req = self.mgr.submit(rid, toks, n, self.extra(salt_of(self.cfg, self.salt, p) if salt is None else salt), p)
         self.runs.pop(rid, None)
         return req
 

@@ -28,7 +28,7 @@ from .hashing import ExtraKeys, block_hashes
 from .kinds import manager_for
 from .pools import POOL_KINDS, PoolSet
 from .records import BlockEntry, Decision, ObjRec, Refused, Request
-from .slots import Slots, SlotsMixin
+from .slots import Slots, SlotsMixin, content_key
 from .structure import StructureMixin
 from .tier_coordinator import TierMixin
 from .tiers import TierStore
@@ -225,7 +225,7 @@ class CacheManager(StructureMixin, SlotsMixin, FunnelMixin, TierMixin):
         new objects per kind, whether the block holds other content). Refused while an object
         to rewrite is pinned (nothing changed)."""
         e = self.entry(key or req.hashes[j], j)
-        other = self.other_content(prefix or tuple(req.tokens[:(j + 1) * self.B]), j)
+        other = self.other_content(prefix or content_key(req.salt, req.tokens[:(j + 1) * self.B]), j)
         rewrite = {}
         fresh: dict[str, int] = {}
         for gk, o in e.objs.items():
@@ -275,7 +275,7 @@ class CacheManager(StructureMixin, SlotsMixin, FunnelMixin, TierMixin):
                 else:
                     o.page.pool.write(o.page, flat, self.shift(o.kind))
                 o.epoch = self.cur["ver"]
-        self.publish(j, e, prefix or tuple(req.tokens[:(j + 1) * self.B]), other)
+        self.publish(j, e, prefix or content_key(req.salt, req.tokens[:(j + 1) * self.B]), other)
         if decoding:
             self.bpart[j] = int(not done)
         if done:

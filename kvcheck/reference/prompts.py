@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from kvcheck.spec.config import Config
-from kvcheck.spec.content import edit_block
+from kvcheck.spec.content import edit_block, extra_key, salted
 
 SUFFIX = 3          # private suffix tokens per request
 
@@ -20,13 +20,22 @@ def prefix_tokens(cfg: Config, seed: int | None = None) -> list[int]:
 def prompt_table(cfg: Config, prefix: list[int]) -> list[list[int]]:
     """The token content of each prompt (spec/content.py): prompt 0 is the shared prefix;
     prompt p >= 1 the same tokens except block e(p), whose first token is shifted by p (so the
-    edits differ from prompt 0 and from each other, and agree block by block after e(p))."""
+    edits differ from prompt 0 and from each other, and agree block by block after e(p)); a
+    salted prompt has prompt 0's tokens unchanged (its extra key differs: `salt_of`)."""
     out = [list(prefix)]
     for p in range(1, cfg.prompts):
         t, at = list(prefix), edit_block(cfg, p) * cfg.block_size
-        t[at] = (t[at] + p) % 256
+        if not salted(cfg, p):
+            t[at] = (t[at] + p) % 256
         out.append(t)
     return out
+
+
+def salt_of(cfg: Config, base: str, p: int) -> str:
+    """The cache salt of prompt p: the engine's own, or another tenant's for a salted prompt
+    (spec/content.py extra_key: the extra key is part of every block's chained hash)."""
+    k = extra_key(cfg, p)
+    return f"{base}/tenant-{k}" if k else base
 
 
 def suffix_tokens(rid: int, serial: int) -> list[int]:

@@ -54,14 +54,20 @@ class Slots:
                    [CopyRec() for _ in range(n)], [None] * n, [()] * n, [()] * n)
 
 
+def content_key(salt: str, tokens: list[int]) -> tuple:
+    """What a block's KV was computed for: the tenant (cache salt: an extra key of the chained
+    hash, salted_prompts) and the whole token prefix to the block's end."""
+    return (salt, *tokens)
+
+
 class SlotsMixin(_Base):
-    def set_base(self, prefix: list[int], hashes: list[str]) -> None:
+    def set_base(self, prefix: list[int], hashes: list[str], salt: str = "") -> None:
         """The engine's prompt 0 (the shared system prompt): its hashes name each position's
         block for operations by position; before any write a block counts as holding it."""
         self.base_hashes = list(hashes)
         if self.slots is not None:
             for j in range(self.cfg.blocks):
-                t = tuple(prefix[:(j + 1) * self.B])
+                t = content_key(salt, prefix[:(j + 1) * self.B])
                 self.slots.content[j] = self.slots.keyed_by[j] = t
 
     def slot_entry(self, j: int) -> BlockEntry:
@@ -88,11 +94,11 @@ class SlotsMixin(_Base):
             raise Refused(f"block {j} is not published")
         self.unpublish(j)
 
-    def other_content(self, prefix: tuple[int, ...], j: int) -> bool:
+    def other_content(self, prefix: tuple, j: int) -> bool:
         """Does position j's block hold another prefix than `prefix` (the tokens to block j's end)?"""
         return self.slots is not None and self.slots.content[j] != prefix
 
-    def publish(self, j: int, e: BlockEntry, prefix: tuple[int, ...], other: bool) -> None:
+    def publish(self, j: int, e: BlockEntry, prefix: tuple, other: bool) -> None:
         """Block j now holds `prefix`'s KV: map its hash to it (the old hash first unmapped)."""
         self.clock += 1
         self.last_use[j] = self.clock

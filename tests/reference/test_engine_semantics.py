@@ -24,6 +24,7 @@ SWA = (LayerSpec("swa", window=4),)     # an allocation can evict only blocks ou
 DEV = {"tiers": ("device",)}
 CONFIGS = {
     "prompts": Config(layers=FULL, blocks=3, prompts=3, **DEV),
+    "salted": Config(layers=FULL, blocks=3, prompts=3, salted_prompts=1, **DEV),
     "decode": Config(layers=HYBRID, blocks=3, block_size=2, decode=True, **DEV),
     "drop_hash": Config(blocks=3, eviction="drop_hash"),
     "alloc": Config(layers=SWA, blocks=4, capacity={"swa_window": 2}, reserve=0, alloc="evict", **DEV),
@@ -31,7 +32,7 @@ CONFIGS = {
                        decode=True, eviction="drop_hash", alloc="evict", **DEV),
 }
 # the actions each semantic adds, and that its clean run must take
-NEW = {"prompts": set(), "decode": {"decode"}, "drop_hash": {"drop_hash"},
+NEW = {"prompts": set(), "salted": set(), "decode": {"decode"}, "drop_hash": {"drop_hash"},
        "alloc": {"append_evict", "append_fail"},
        "combined": {"decode", "drop_hash", "append_evict", "append_fail"}}
 
@@ -160,3 +161,17 @@ def test_each_semantic_fault_caught_by_its_expected_check(fault) -> None:
     switched on): killed, by the expected check."""
     row = fault_row(Config(), fault, 8.0, 0)
     assert row["status"] == "killed", row
+
+
+def test_missing_salt_is_an_unsafe_hit_on_a_salted_prompt() -> None:
+    """salted_prompts: prompt 2 is prompt 0's tokens under another tenant's salt. The engine
+    whose hashes omit the salt serves prompt 0's blocks to it: hit_content_sound on a real
+    request (not only the isolation probe's decision_matches_spec); the clean engine does not."""
+    cfg = CONFIGS["salted"]
+    spec, seen = Spec(cfg), set()
+    for i in range(30):
+        prog = generate(spec, random.Random(i), ["shared_prefix", "memory_pressure", "interrupt_resume"][i % 3], 48)
+        f, _, _ = run_scenario(spec, EF.CACHE_SALT_MISSING.name, prog)
+        if f is not None:
+            seen.update(f.checks)
+    assert "hit_content_sound" in seen, seen
