@@ -120,8 +120,13 @@ RETENTION_DROPS_TAIL = _fault(
     "lost_reuse_retention", "sparse retention leaves out the last sliding-window block before the replay "
     "boundary, so a resend or longer sibling of a prompt cannot hit where the policy promises "
     "(caught by the dense twin, vllm_twin.py; needs a layout with a retention interval)")
+EARLY_READER_FORWARD = _fault(
+    "early_reader_forward", "vllm:Scheduler forward (the step's execution)", "read before write",
+    "read_before_write", "the step runs the requests it admitted in a forward of their own before the "
+    "running requests' forward (a micro-batched step), so a hit on a block published in the same step "
+    "reads it before its writer's forward has written it (vllm_timeline.py)")
 VLLM_FAULTS: tuple[Fault, ...] = (DROP_REF_ON_FREE, SWA_HIT_UNCHECKED, EVICT_KEEPS_HASH, SWA_OVERSTRICT,
-                                  RETENTION_DROPS_TAIL)
+                                  RETENTION_DROPS_TAIL, EARLY_READER_FORWARD)
 FAULTS: dict[str, tuple[str, str]] = {f.name: (f.expected, f.doc) for f in VLLM_FAULTS}  # name -> (check, doc)
 _SWA_FAULTS = (SWA_HIT_UNCHECKED, SWA_OVERSTRICT)      # need a layout with a sliding-window group
 
@@ -134,11 +139,13 @@ def planted(name: str | None) -> Planted:
     return Planted(None if name is None else by_name[name])
 
 # The mapped actions (every one must be exercised by a campaign).
-ACTIONS = ("submit", "lookup", "prefill", "decode", "finish", "preempt", "reset_prefix_cache",
-           "evict_blocks")
+SINGLE_ACTIONS = ("submit", "lookup", "prefill", "decode", "finish", "preempt", "reset_prefix_cache",
+                  "evict_blocks")      # one request per step (each allocation's forward completes at once)
+STEP_ACTIONS = ("begin_step", "forward")   # a scheduler step: several allocations, then its forward
+ACTIONS = SINGLE_ACTIONS + STEP_ACTIONS
 SAFETY_CHECKS = ("hit_aligned", "hit_leaves_last_token", "hit_length_equal",
                  "hit_sound_swa_window", "hit_sound_chunked_local", "hit_sound_compressed_kv",
-                 "hit_sound_indexer", "hit_sound_tail")
+                 "hit_sound_indexer", "hit_sound_tail", "read_before_write")
 BOOKKEEPING_CHECKS = ("refcount_equals_holders", "free_queue_iff_unreferenced", "free_count",
                       "null_block_inert", "no_alias", "hash_map_sound", "toctou_bound_stable")
 
