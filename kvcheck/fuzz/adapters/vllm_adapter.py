@@ -355,6 +355,7 @@ class VllmAdapter(ShadowChecks):
         if not self.timeline.open:
             raise ActionRejected("no scheduler step is open")
         ran = self._forward(sample=True)
+        self.coverage["state:multi_request_step"] += len(ran) > 1
         return {"ran": len(ran)}
 
     def _forward(self, sample: bool = False) -> list:
