@@ -41,6 +41,7 @@ class SchedGen:
         self.step: dict | None = None      # the step being built
         self.last: tuple | None = None     # (action, r, alloc_refused count before it)
         self.arrivals = 0
+        self.burst: list[list[int]] = []   # siblings arriving together (n > 1 sampling, a shared system prompt)
 
     # ---- what the last action did ---------------------------------------------------
     def _sync(self, ad: Any) -> None:
@@ -164,6 +165,8 @@ class SchedGen:
         done = [r for r in self.running if ad.reqs[r].obj.num_tokens >= ad.max_tokens]
         if done:                                      # max_tokens reached: the request finishes
             return "finish", {"r": done[0]}
+        if self.burst and len(ad.reqs) < 6:
+            return "submit", {"r": f"r{ad.next_id}", "tokens": self.burst.pop()[: self.base.max_prompt], "salt": None}
         cands = {"step": 4.0}
         if len(ad.reqs) < 6:
             cands["submit"] = 3.0 if not ad.reqs else 1.0
@@ -180,6 +183,11 @@ class SchedGen:
                 sib = list(ad.reqs[rng.choice(list(ad.reqs))].obj.all_token_ids)
                 cut = rng.randint(1, len(sib))
                 toks = (sib[:cut] + toks[: max(1, base.max_prompt - cut)])[: base.max_prompt]
+            elif rng.random() < 0.3:                 # a burst of siblings sharing this prompt's prefix
+                self.burst = [toks[: rng.randint(1, len(toks))] + [rng.randrange(base.vocab)
+                                                                   for _ in range(rng.randint(1, 6))]
+                              for _ in range(rng.randint(1, 2))]
+                return a, {"r": f"r{ad.next_id}", "tokens": toks, "salt": None}
             return a, {"r": f"r{ad.next_id}", "tokens": toks, "salt": rng.choice([None, None, None, "s1"])}
         if a == "finish":
             return a, {"r": rng.choice(out)}
