@@ -124,11 +124,24 @@ def test_bad_drive_and_policy_are_one_line():
         V.run_campaign("full", steps=1, sched_policy="lifo")
 
 
-def test_priority_finding_has_a_standalone_reproducer(tmp_path):
+def _script(path, capsys):
+    """Run a reproducer in this process (vLLM is imported already): (exit code, stdout)."""
+    import runpy
+    import sys
+    argv, sys.argv = sys.argv, [str(path)]
+    try:
+        runpy.run_path(str(path), run_name="__main__")
+        code = 0
+    except SystemExit as e:
+        code = int(e.code or 0)
+    finally:
+        sys.argv = argv
+    return code, capsys.readouterr().out
+
+
+def test_priority_finding_has_a_standalone_reproducer(tmp_path, capsys):
     """The PRIORITY finding's script (vLLM only) exits 1; the same steps with the victim not yet
     scheduled when it is preempted (FCFS's case) exit 0."""
-    import subprocess
-    import sys
 
     from kvcheck.fuzz.adapters.vllm import _save, execute
     from kvcheck.fuzz.adapters.vllm_reproducer import write_reproducer
@@ -140,8 +153,9 @@ def test_priority_finding_has_a_standalone_reproducer(tmp_path):
     _, f = execute("full", 6, None, [Act(a, p) for a, p in prog])
     assert f is not None and f.checks == ["read_before_write"]
     info = _save("full", 6, None, 0, f, False, str(tmp_path), "rbw")
-    run = subprocess.run([sys.executable, info["reproducer"]], capture_output=True, text=True, timeout=120)
-    assert run.returncode == 1 and "never written" in run.stdout, run.stdout + run.stderr
+    capsys.readouterr()
+    code, out = _script(info["reproducer"], capsys)
+    assert code == 1 and "never written" in out, out
     data = json.loads(open(info["trace"]).read())
     steps = data["steps"]
     i = next(k for k, s in enumerate(steps) if s["action"] == "preempt")
@@ -149,5 +163,5 @@ def test_priority_finding_has_a_standalone_reproducer(tmp_path):
     ctrl = tmp_path / "ctrl.json"
     ctrl.write_text(json.dumps(data))
     out = write_reproducer(Trace.load(ctrl), str(ctrl))
-    run = subprocess.run([sys.executable, out["reproducer"]], capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stdout + run.stderr
+    code, text = _script(out["reproducer"], capsys)
+    assert code == 0, text
