@@ -162,7 +162,7 @@ def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = N
         if generated:
             twin = wants_twin(layout, fault) if twin_arg is None else twin_arg
         gen = _Gen(rng, layout_scale(layout)[1])
-        stepped = drive == "scheduler" or (drive == "mixed" and random.Random(f"drive:{ep_seed}").random() < 0.5)
+        stepped = drive == "scheduler" or (drive == "mixed" and episodes % 2 == 1)   # mixed: alternate
         if stepped:
             gen = SchedGen(gen, sched_policy)
             scheduler_episodes += 1
