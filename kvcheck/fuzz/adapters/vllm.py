@@ -29,7 +29,9 @@ from .vllm_reproducer import write_reproducer
 from .vllm_layouts import RETENTION_DROPS_TAIL
 from .vllm_twin import TwinAdapter, twin_summary, wants_twin
 from .vllm_workloads import WORKLOADS, reuse_profile
-from .vllm_layouts import (_LAYOUTS, ACTIONS, FAULTS, GENERATED, INSTALL_HINT, LAYOUTS, VOCAB,
+from .vllm_sched import POLICIES, SchedGen
+from .vllm_mamba import MAMBA
+from .vllm_layouts import (_LAYOUTS, ACTIONS, FAULTS, SINGLE_ACTIONS, STEP_ACTIONS, GENERATED, INSTALL_HINT, LAYOUTS, VOCAB,
                            VllmUnavailable, layout_config, layout_scale, supported_layouts, vllm_version,
                            _FILE_LAYOUTS, load_layout_file, register_layout)
 
@@ -41,7 +43,7 @@ class _Gen(PromptGen):
     """Seeded generator of actions (swarm testing: each episode draws its own weights)."""
 
     def __init__(self, rng: random.Random, max_len: int = 64) -> None:
-        super().__init__(rng, VOCAB, 40 * max_len // 64, ACTIONS, ("lookup", "prefill", "decode"))
+        super().__init__(rng, VOCAB, 40 * max_len // 64, SINGLE_ACTIONS, ("lookup", "prefill", "decode"))
         self.max_prompt = 44 * max_len // 64
 
     def next(self, ad: VllmAdapter) -> tuple[str, dict]:
@@ -72,6 +74,9 @@ class _Gen(PromptGen):
         if a == "decode":
             return a, {"r": r, "tok": rng.randrange(VOCAB)}
         return a, {"r": r}
+
+
+DRIVES = ("mixed", "single", "scheduler")
 
 
 def _adapter(layout: str, num_blocks: int, fault: str | None, strict: bool, twin: bool) -> VllmAdapter:
@@ -114,11 +119,18 @@ def _file_safe(name: str) -> str:
 def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = None,
                  seed: int = 0, strict_reuse: bool = False, fault: str | None = None,
                  out_dir: str = "kvcheck-report", twin: bool | None = None,
-                 workload: str = "random") -> dict:
+                 workload: str = "random", drive: str = "mixed", sched_policy: str = "fcfs") -> dict:
     """Fuzz one layout until the budget (seconds and/or steps) is spent or a violation is found.
     Without `strict_reuse`, the first three kinds of lost reuse are saved as findings and the
     campaign goes on. `twin` (default: when the layout sets a retention interval): run the
-    dense twin beside it (vllm_twin.py). `workload`: "random" or "chat" (vllm_workloads.py)."""
+    dense twin beside it (vllm_twin.py). `workload`: "random" or "chat" (vllm_workloads.py).
+    `drive`: "single" (one request per step), "scheduler" (vllm_sched.py: steps of several
+    requests, chunked prefill, preemption) or "mixed" (each episode draws one);
+    `sched_policy`: the scheduler's preemption policy, "fcfs" or "priority"."""
+    if drive not in DRIVES:
+        raise ValueError(f"unknown drive {drive!r}; known: {', '.join(DRIVES)}")
+    if sched_policy not in POLICIES:
+        raise ValueError(f"unknown scheduling policy {sched_policy!r}; known: {', '.join(POLICIES)}")
     if layout not in LAYOUTS:
         raise ValueError(f"unknown vLLM layout {layout!r}; known: {', '.join(LAYOUTS)}")
     if workload not in WORKLOADS:
@@ -139,7 +151,7 @@ def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = N
     coverage: Counter = Counter()
     findings: list[dict] = []
     lost_seen: set[str] = set()
-    total, episodes, hits, lost_total = 0, 0, 0, 0
+    total, episodes, hits, lost_total, scheduler_episodes = 0, 0, 0, 0, 0
     exit_code: int = ExitCode.OK
     first_fail_s = first_lost_s = None
     twins: list = []
@@ -151,6 +163,11 @@ def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = N
         if generated:
             twin = wants_twin(layout, fault) if twin_arg is None else twin_arg
         gen = _Gen(rng, layout_scale(layout)[1])
+        stepped = drive == "scheduler" or (drive == "mixed" and episodes % 2 == 1)   # mixed: alternate
+        stepped = stepped and not any(k == MAMBA for k, _, _ in _LAYOUTS[layout][1])   # (not modelled yet)
+        if stepped:
+            gen = SchedGen(gen, sched_policy)
+            scheduler_episodes += 1
         if workload != "random":
             gen = WORKLOADS[workload](gen)
         per_req = max(16, layout_scale(layout)[1] // min(bs for _, bs, _ in _LAYOUTS[layout][1]))
@@ -197,7 +214,7 @@ def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = N
                                   twin, _size_of(layout, num_blocks, fault, small, twin) if strict else None))
             exit_code = FOR_FINDING[viol.kind]
             break
-    missing = [a for a in ACTIONS if not coverage.get(a)]
+    missing = [a for a in ACTIONS if not coverage.get(a) and (scheduler_episodes or a not in STEP_ACTIONS)]
     if exit_code == 0 and missing:
         exit_code = ExitCode.UNDECIDED
     return {
@@ -206,6 +223,7 @@ def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = N
         "fault": fault, "expected_check": FAULTS[fault][0] if fault else None,
         "caught": (any(f["check"] == FAULTS[fault][0] for f in findings) if fault else None),
         "strict_reuse": strict_reuse, "steps": total, "episodes": episodes,
+        "drive": drive, "sched_policy": sched_policy, "scheduler_episodes": scheduler_episodes,
         "elapsed_s": round(time.monotonic() - t0, 2), "time_to_failure_s": first_fail_s,
         "time_to_first_lost_reuse_s": first_lost_s,
         "coverage": {k: coverage[k] for k in sorted(coverage)}, "missing_actions": missing,

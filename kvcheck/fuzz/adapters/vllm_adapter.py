@@ -18,9 +18,10 @@ from kvcheck.spec.config import Config
 from kvcheck.spec.sut import ActionRejected
 
 from . import vllm_mamba as mamba
+from .vllm_timeline import Timeline
 from .vllm_checks import ShadowChecks, Violation, _Req
 from .vllm_layouts import (_EAGLE, _LAYOUTS, _MAMBA_FAULTS, _RETENTION, _SWA_FAULTS, ACTIONS, DROP_REF_ON_FREE,
-                           MAMBA_OLDER_STATE, MAMBA_STATE_FREED,
+                           EARLY_READER_FORWARD, MAMBA_OLDER_STATE, MAMBA_STATE_FREED,
                            EVICT_KEEPS_HASH, LAYOUTS, RETENTION_DROPS_TAIL, SWA_OVERSTRICT, VOCAB, _make_specs, _vllm,
                            layout_configs, layout_scale, planted, release_gap)
 
@@ -92,6 +93,7 @@ class VllmAdapter(ShadowChecks):
         self.lost: list[Violation] = []
         self.hits = 0                              # lookups that hit
         self.broken: Violation | None = None       # what the last step broke (extra_checks)
+        self.timeline = Timeline(self, split=self.planted(EARLY_READER_FORWARD))   # when bytes exist
         self._plant()
 
     def _eagle_groups(self, drafter: tuple[int, ...] | None, flagged: bool, specs: list) -> set[int]:
@@ -175,6 +177,8 @@ class VllmAdapter(ShadowChecks):
             if self.has_mamba:
                 mamba.apply_copies(self)        # queued copies run before the forward
             self._after_step()
+            if not self.timeline.open and self.timeline.sched:   # one request per step: its forward
+                self._forward()
         except TypeError as e:
             if "argument" in str(e) and "_a_" in str(e):
                 raise ActionRejected(f"bad parameters for {action}: {e}") from None
@@ -214,8 +218,10 @@ class VllmAdapter(ShadowChecks):
         self.reqs[rid] = _Req(rid, obj, salt, owned=[set() for _ in self.groups])
         return {"r": rid}
 
-    def _a_lookup(self, r: str, chunk: int) -> dict:
+    def _a_lookup(self, r: str, chunk: int, la: int = 0) -> dict:
         req = self._get(r, ("waiting", "preempted"))
+        if self.timeline.preempted:
+            raise ActionRejected("vLLM admits no waiting request in a step that preempted one")
         o = req.obj
         usable = self.spec_usable(req)
         blocks, hit, *junction = self.mgr.get_computed_blocks(o)   # the junction: newer releases
@@ -239,7 +245,8 @@ class VllmAdapter(ShadowChecks):
         chunk = max(1, min(chunk, o.num_tokens - hit))
         if self.has_mamba:
             chunk = mamba.aligned_chunk(self.groups, hit, chunk, o.num_tokens, o.num_prompt_tokens)
-        new = self.mgr.allocate_slots(o, chunk, hit, blocks)
+        pending = self.timeline.pending_hits(req, blocks) if self.timeline.open and hit else 0
+        new = self.mgr.allocate_slots(o, chunk, hit, blocks, **({"num_lookahead_tokens": la} if la else {}))
         if new is None:
             self.coverage["state:admission_refused"] += 1
             obs["admitted"] = False
@@ -259,37 +266,46 @@ class VllmAdapter(ShadowChecks):
         o.num_computed_tokens = hit + chunk
         req.state = "running"
         self.coverage["state:hit" if hit else "state:miss"] += 1
-        self._maybe_sample(req)
+        self.coverage["state:same_step_hit"] += pending > 0    # a hit on blocks this step publishes
+        self.timeline.scheduled(r, hit, hit + chunk, None, admitted=True)
+        if not self.timeline.open:
+            self._maybe_sample(req)
         obs["admitted"] = True
         return obs
 
-    def _step(self, req: _Req, n: int, tok: int | None) -> dict:
-        o = req.obj
+    def _step(self, req: _Req, n: int, tok: int | None, la: int = 0) -> dict:
+        tl, o = self.timeline, req.obj
+        if tl.open and (req.rid in tl.sched or tl.admitted):
+            raise ActionRejected(f"request {req.rid} cannot be scheduled again in this step (vLLM schedules "
+                                 "each request once per step, the running ones before it admits waiting ones)")
         if self.has_mamba:
             n = mamba.aligned_chunk(self.groups, o.num_computed_tokens, n, o.num_tokens, o.num_prompt_tokens)
-        new = self.mgr.allocate_slots(req.obj, n)
+        new = self.mgr.allocate_slots(req.obj, n, **({"num_lookahead_tokens": la} if la else {}))
         if new is None:
             self.coverage["state:alloc_refused"] += 1
             return {"allocated": False}
         self._own(req, new)
         if self.has_mamba:
             mamba.check_state_copy(self, req, o.num_computed_tokens)
+        lo = req.obj.num_computed_tokens
         req.obj.num_computed_tokens += n
-        self._maybe_sample(req, tok)
+        tl.scheduled(req.rid, lo, lo + n, tok)
+        if not tl.open:
+            self._maybe_sample(req, tok)
         return {"allocated": True}
 
-    def _a_prefill(self, r: str, chunk: int) -> dict:
+    def _a_prefill(self, r: str, chunk: int, la: int = 0) -> dict:
         req = self._get(r, ("running",))
         rem = req.obj.num_tokens - req.obj.num_computed_tokens
         if rem <= 1:
             raise ActionRejected(f"request {r} has no prompt left to prefill")
-        return self._step(req, max(1, min(chunk, rem)), None)
+        return self._step(req, max(1, min(chunk, rem)), None, la)
 
-    def _a_decode(self, r: str, tok: int) -> dict:
+    def _a_decode(self, r: str, tok: int, la: int = 0) -> dict:
         req = self._get(r, ("running",))
         if req.obj.num_tokens - req.obj.num_computed_tokens != 1 or req.obj.num_tokens >= self.max_tokens:
             raise ActionRejected(f"request {r} cannot decode now")
-        return self._step(req, 1, tok)
+        return self._step(req, 1, tok, la)
 
     def _maybe_sample(self, req: _Req, tok: int | None = None) -> None:
         o = req.obj
@@ -299,12 +315,20 @@ class VllmAdapter(ShadowChecks):
 
     def _a_finish(self, r: str) -> dict:
         req = self._get(r, ("running",))
+        self._between_steps("finish")
         self._free(req)
         del self.reqs[r]
+        self.timeline.forget(r)
         return {}
 
     def _a_preempt(self, r: str) -> dict:
         req = self._get(r, ("running",))
+        tl = self.timeline
+        if tl.open and tl.admitted:
+            raise ActionRejected("vLLM preempts only in its running loop, before it admits waiting requests")
+        if tl.open and tl.unschedule(r):     # the PRIORITY policy's victim was scheduled in this step
+            self.coverage["state:preempt_scheduled"] += 1
+        self.timeline.forget(r)
         self._free(req)
         o = req.obj
         o.status = _vllm()["RequestStatus"].PREEMPTED
@@ -324,12 +348,43 @@ class VllmAdapter(ShadowChecks):
                 shared[0].ref_cnt -= 1
 
     def _a_reset_prefix_cache(self) -> dict:
+        self._between_steps("reset_prefix_cache")
         ok = self.mgr.reset_prefix_cache()
         self.coverage["state:reset_ok" if ok else "state:reset_refused"] += 1
         return {"reset": ok}
 
     def _a_evict_blocks(self, block_ids: list[int]) -> dict:
+        self._between_steps("evict_blocks")
         ids = {i for i in block_ids if 0 < i < self.num_blocks}
         self.mgr.evict_blocks(ids)
         return {}
 
+
+    # ---- scheduler steps (vllm_timeline.py) --------------------------------------------
+    def _between_steps(self, action: str) -> None:
+        if self.timeline.open:
+            raise ActionRejected(f"{action} runs between scheduler steps, not inside one")
+
+    def _a_begin_step(self) -> dict:
+        if self.has_mamba:      # its state copies and same-step hit rule run per action (vllm_mamba.py)
+            raise ActionRejected("scheduler steps of several requests are not modelled with Mamba groups yet")
+        self._between_steps("begin_step")
+        self.timeline.begin()
+        return {}
+
+    def _a_forward(self) -> dict:
+        if not self.timeline.open:
+            raise ActionRejected("no scheduler step is open")
+        ran = self._forward(sample=True)
+        self.coverage["state:multi_request_step"] += len(ran) > 1
+        return {"ran": len(ran)}
+
+    def _forward(self, sample: bool = False) -> list:
+        """The step's forward completes (vllm_timeline.py checks its reads); in a scheduler step
+        the requests that finished their prompt then sample a token (update_from_output)."""
+        ran = self.timeline.forward()
+        for rid, tok in ran if sample else ():
+            req = self.reqs.get(rid)
+            if req is not None and req.state == "running":
+                self._maybe_sample(req, tok)
+        return ran

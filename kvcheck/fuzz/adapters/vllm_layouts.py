@@ -131,8 +131,13 @@ MAMBA_STATE_FREED = _fault(
     "mamba_state_freed_early", "vllm:MambaManager.remove_skipped_blocks", "state block freed before its copy",
     "state_copy_sound", "align mode retires a request's current state block once it is full (as if it "
     "were KV), so the next step has no state to copy from (needs a layout with a mamba group)")
+EARLY_READER_FORWARD = _fault(
+    "early_reader_forward", "vllm:Scheduler forward (the step's execution)", "read before write",
+    "read_before_write", "the step runs the requests it admitted in a forward of their own before the "
+    "running requests' forward (a micro-batched step), so a hit on a block published in the same step "
+    "reads it before its writer's forward has written it (vllm_timeline.py)")
 VLLM_FAULTS: tuple[Fault, ...] = (DROP_REF_ON_FREE, SWA_HIT_UNCHECKED, EVICT_KEEPS_HASH, SWA_OVERSTRICT,
-                                  RETENTION_DROPS_TAIL, MAMBA_OLDER_STATE, MAMBA_STATE_FREED)
+                                  RETENTION_DROPS_TAIL, EARLY_READER_FORWARD, MAMBA_OLDER_STATE, MAMBA_STATE_FREED)
 FAULTS: dict[str, tuple[str, str]] = {f.name: (f.expected, f.doc) for f in VLLM_FAULTS}  # name -> (check, doc)
 _SWA_FAULTS = (SWA_HIT_UNCHECKED, SWA_OVERSTRICT)      # need a layout with a sliding-window group
 _MAMBA_FAULTS = (MAMBA_OLDER_STATE, MAMBA_STATE_FREED)  # need a layout with a mamba group
@@ -146,11 +151,14 @@ def planted(name: str | None) -> Planted:
     return Planted(None if name is None else by_name[name])
 
 # The mapped actions (every one must be exercised by a campaign).
-ACTIONS = ("submit", "lookup", "prefill", "decode", "finish", "preempt", "reset_prefix_cache",
-           "evict_blocks")
+SINGLE_ACTIONS = ("submit", "lookup", "prefill", "decode", "finish", "preempt", "reset_prefix_cache",
+                  "evict_blocks")      # one request per step (each allocation's forward completes at once)
+STEP_ACTIONS = ("begin_step", "forward")   # a scheduler step: several allocations, then its forward
+ACTIONS = SINGLE_ACTIONS + STEP_ACTIONS
 SAFETY_CHECKS = ("hit_aligned", "hit_leaves_last_token", "hit_length_equal",
                  "hit_sound_swa_window", "hit_sound_chunked_local", "hit_sound_compressed_kv",
-                 "hit_sound_indexer", "hit_sound_tail", "hit_sound_recurrent_state", "state_copy_sound")
+                 "hit_sound_indexer", "hit_sound_tail", "hit_sound_recurrent_state", "state_copy_sound",
+                 "read_before_write")
 BOOKKEEPING_CHECKS = ("refcount_equals_holders", "free_queue_iff_unreferenced", "free_count",
                       "null_block_inert", "no_alias", "hash_map_sound", "toctou_bound_stable")
 

@@ -84,3 +84,13 @@ class VllmMachine(RuleBasedStateMachine):
     @rule(ids=st.lists(st.integers(1, 63), min_size=1, max_size=3))
     def evict_blocks(self, ids) -> None:
         self._do("evict_blocks", {"block_ids": ids})
+
+    @rule()
+    def begin_step(self) -> None:      # a scheduler step: the allocations until `forward`
+        if not self.ad.timeline.open:
+            self._do("begin_step", {})
+
+    @rule()
+    def forward(self) -> None:         # the step's forward completes (vllm_timeline.py)
+        if self.ad.timeline.open:
+            self._do("forward", {})

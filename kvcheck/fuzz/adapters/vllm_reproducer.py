@@ -29,6 +29,8 @@ CONDITIONS = {
                   "the prefix-cache map",
     "lost_reuse_retention": "the hit reaches the boundary the retention policy promises "
                             "(prefix_cache_retention_interval: replay boundary, junction, every N tokens)",
+    "read_before_write": "no hit returns a block that allocate_slots published in a step whose request was "
+                         "then taken out of that step (preempted before its forward): its KV was never written",
 }
 
 _PLANTS = {
@@ -202,6 +204,8 @@ hasher = ku.get_request_block_hasher(HASH_BLOCK, sha256)
 EOS = {{"eos_token_id": None}} if "eos_token_id" in inspect.signature(Request).parameters else {{}}
 reqs = {{}}
 bugs = []
+STEP = None           # a scheduler step: {{rid: tokens computed before it}}, and the deferred samples
+UNWRITTEN = {{}}        # block id -> why its bytes were never written (published, then unscheduled)
 
 
 def table(g, rid):
@@ -265,7 +269,7 @@ def maybe_sample(o, tok=None):
         o.append_output_token_ids(tok if tok is not None else (o.num_tokens * 7) % VOCAB)
 
 
-def lookup(r, chunk, last):
+def lookup(r, chunk, last, la=0):
     o = reqs[r]
     usable = map_usable(o)
     blocks, hit, *junction = mgr.get_computed_blocks(o)
@@ -280,6 +284,12 @@ def lookup(r, chunk, last):
                     if i < len(lst) and lst[i].is_null:
                         bugs.append(f"{{r}}: hit {{hit}}, group {{g}} block {{i}} (tokens {{i * GROUPS[g][1]}}.."
                                     f"{{(i + 1) * GROUPS[g][1] - 1}}) that the window reads is the null block")
+    if CHECK == "read_before_write":
+        for g, lst in enumerate(blocks.blocks):
+            for b in lst:
+                if not b.is_null and b.block_id in UNWRITTEN:
+                    bugs.append(f"{{r}}: hit {{hit}} returns block #{{b.block_id}} (group {{g}}), "
+                                f"{{UNWRITTEN[b.block_id]}}")
     if CHECK == "lost_reuse" and last and hit < usable:
         bugs.append(f"{{r}}: every block a {{usable}}-token hit needs is in the prefix-cache map, vLLM hit {{hit}}")
     if CHECK == "lost_reuse_retention" and last and hit < PROMISED:
@@ -287,21 +297,52 @@ def lookup(r, chunk, last):
                     f"(vllm/config/cache.py: the latest replay boundary and shared-prefix junctions are "
                     f"retained), vLLM hit {{hit}}")
     chunk = max(1, min(chunk, o.num_tokens - hit))
-    if mgr.allocate_slots(o, chunk, hit, blocks) is None:
+    new = mgr.allocate_slots(o, chunk, hit, blocks, **({{"num_lookahead_tokens": la}} if la else {{}}))
+    if new is None:
         print("  admission refused (no free blocks)")
         return
+    reallocated(new)
     o.status = RequestStatus.RUNNING
     o.num_computed_tokens = hit + chunk
-    maybe_sample(o)
+    scheduled(o, hit, None)
     print(f"  admitted, computed {{o.num_computed_tokens}}; tables: {{tables(r)}}")
 
 
-def step(o, n, tok):
-    if mgr.allocate_slots(o, n) is None:
+def step(o, n, tok, la=0):
+    new = mgr.allocate_slots(o, n, **({{"num_lookahead_tokens": la}} if la else {{}}))
+    if new is None:
         print("  allocation refused")
         return
+    reallocated(new)
     o.num_computed_tokens += n
-    maybe_sample(o, tok)
+    scheduled(o, o.num_computed_tokens - n, tok)
+
+
+def scheduled(o, lo, tok):
+    """In a scheduler step the forward runs (and the token is sampled) at `forward`."""
+    if STEP is None:
+        maybe_sample(o, tok)
+    else:
+        STEP["lo"][o.request_id] = lo
+        STEP["samples"].append((o, tok))
+
+
+def reallocated(new):
+    for lst in new.blocks:
+        for b in lst:
+            UNWRITTEN.pop(b.block_id, None)     # a fresh allocation: its old hash is gone
+
+
+def unscheduled(o):
+    """The PRIORITY scheduler preempts a request it already scheduled in this step
+    (scheduler.py: `preempted_req in scheduled_running_reqs`): its forward never runs."""
+    lo = STEP["lo"].pop(o.request_id)
+    STEP["samples"] = [x for x in STEP["samples"] if x[0] is not o]
+    for g, (_, bs, _) in enumerate(GROUPS):
+        for i, b in enumerate(table(g, o.request_id)):
+            if (i + 1) * bs > lo and not b.is_null and b.block_hash is not None:
+                UNWRITTEN[b.block_id] = (f"published by {{o.request_id}}'s allocate_slots, which was then "
+                                         "preempted in the same step before its forward: never written")
 
 
 print(f"vLLM {{vllm.__version__}} (finding recorded on {{RECORDED_RELEASE}}); layout {{GROUPS}}, "
@@ -312,15 +353,24 @@ for n, (action, p) in enumerate(STEPS):
     if action == "submit":
         reqs[p["r"]] = Request(p["r"], list(p["tokens"]), SamplingParams(max_tokens=MAX_TOKENS), None,
                                cache_salt=p.get("salt"), block_hasher=hasher, **EOS)
+    elif action == "begin_step":
+        STEP = {{"lo": {{}}, "samples": []}}
+    elif action == "forward":
+        for o, tok in STEP["samples"]:
+            if o.request_id in reqs:
+                maybe_sample(o, tok)
+        STEP = None
     elif action == "lookup":
-        lookup(p["r"], p["chunk"], last)
+        lookup(p["r"], p["chunk"], last, p.get("la", 0))
     elif action == "prefill":
         o = reqs[p["r"]]
-        step(o, max(1, min(p["chunk"], o.num_tokens - o.num_computed_tokens)), None)
+        step(o, max(1, min(p["chunk"], o.num_tokens - o.num_computed_tokens)), None, p.get("la", 0))
     elif action == "decode":
-        step(reqs[p["r"]], 1, p["tok"])
+        step(reqs[p["r"]], 1, p["tok"], p.get("la", 0))
     elif action in ("finish", "preempt"):
         o = reqs[p["r"]]
+        if STEP is not None and p["r"] in STEP["lo"]:
+            unscheduled(o)
         mgr.free(o)
         if action == "finish":
             del reqs[p["r"]]
