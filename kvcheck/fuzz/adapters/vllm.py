@@ -24,6 +24,7 @@ from ..prompts import PromptGen
 from ..shrink import shrink_finding
 from ..traces import replay as replay_on_core, to_trace
 from .vllm_adapter import VllmAdapter
+from .vllm_bookkeeping import FULL_SCAN_EVERY
 from .vllm_checks import Violation
 from .vllm_reproducer import write_reproducer
 from .vllm_layouts import RETENTION_DROPS_TAIL
@@ -86,11 +87,23 @@ def execute(layout: str, num_blocks: int, fault: str | None, program: list[Act],
     return ad, Lockstep(FreeModel(), ad).run(program)
 
 
+def _incremental(ad: VllmAdapter) -> None:
+    """Campaigns check bookkeeping incrementally (vllm_bookkeeping.py), a full scan every
+    FULL_SCAN_EVERY steps; execute and replay keep the exact mode (a full scan per step)."""
+    for a in (ad, getattr(ad, "twin", None)):
+        if a is not None:
+            a.full_scan_every = FULL_SCAN_EVERY
+
+
 def _shrink(layout: str, num_blocks: int, fault: str | None, f: Finding, strict: bool,
             seconds: float, twin: bool = False) -> Finding:
-    """The one shrinker, while the same check still fails."""
-    return shrink_finding(f, lambda prog: execute(layout, num_blocks, fault, prog, strict, twin)[1],
-                          lambda g: g.checks == f.checks, seconds)
+    """The one shrinker, while the same check still fails. The finding is first re-located in
+    the exact mode: a violation the incremental check saw late is reported where it happened."""
+    run = lambda prog: execute(layout, num_blocks, fault, prog, strict, twin)[1]   # noqa: E731
+    exact = run(f.program)
+    if exact is not None:
+        f = exact
+    return shrink_finding(f, run, lambda g: g.checks == f.checks, seconds)
 
 
 def _save(layout: str, num_blocks: int, fault: str | None, seed: int, f: Finding, strict: bool,
@@ -156,6 +169,7 @@ def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = N
         per_req = max(16, layout_scale(layout)[1] // min(bs for _, bs, _ in _LAYOUTS[layout][1]))
         num_blocks = rng.choice([10, 14, 20, 32]) * max(2, len(_LAYOUTS[layout][1])) // 2 * per_req // 16
         ad = _adapter(layout, num_blocks, fault, strict_reuse, twin)
+        _incremental(ad)
         core = Lockstep(FreeModel(), ad)
         viol: Finding | None = None
         for _ in range(rng.randint(20, 120)):

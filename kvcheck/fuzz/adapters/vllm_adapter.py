@@ -88,6 +88,7 @@ class VllmAdapter(ShadowChecks):
         self.hits = 0                              # lookups that hit
         self.broken: Violation | None = None       # what the last step broke (extra_checks)
         self._plant()
+        self._bk_reset()                           # the incremental bookkeeping's index
 
     def _eagle_groups(self, drafter: tuple[int, ...] | None, flagged: bool, specs: list) -> set[int]:
         """The groups whose hits take the EAGLE drop (they must match one block past the hit):
