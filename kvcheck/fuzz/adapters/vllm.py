@@ -103,7 +103,34 @@ def _shrink(layout: str, num_blocks: int, fault: str | None, f: Finding, strict:
     exact = run(f.program)
     if exact is not None:
         f = exact
-    return shrink_finding(f, run, lambda g: g.checks == f.checks, seconds)
+    return shrink_finding(f, run, lambda g: g.checks == f.checks, seconds, _alternatives, _requests)
+
+
+def _requests(prog: list[Act]) -> list[list[int]]:
+    """One request's steps, submit to finish (the shrinker deletes them together)."""
+    by: dict[str, list[int]] = {}
+    for i, x in enumerate(prog):
+        r = x.params.get("r")
+        if isinstance(r, str):
+            by.setdefault(r, []).append(i)
+    return list(by.values())
+
+
+def _alternatives(prog: list[Act]) -> list[list[Act]]:
+    """Per step, steps that may stand for it and let more go: a lookup or prefill that takes
+    the whole prompt (the following prefills then have nothing left: they go), a shorter
+    prompt."""
+    out: list[list[Act]] = []
+    for x in prog:
+        p = x.params
+        if x.action in ("lookup", "prefill") and p.get("chunk", 0) < 10**6:
+            out.append([Act(x.action, {**p, "chunk": 10**6})])
+        elif x.action == "submit" and len(p.get("tokens", ())) > 2:
+            t = list(p["tokens"])
+            out.append([Act("submit", {**p, "tokens": t[:n]}) for n in sorted({len(t) // 2, len(t) - 1}) if n >= 1])
+        else:
+            out.append([])
+    return out
 
 
 def _save(layout: str, num_blocks: int, fault: str | None, seed: int, f: Finding, strict: bool,
