@@ -75,6 +75,11 @@ def _fuzz_vllm(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     except ValueError as e:
         raise UsageError(str(e)) from None
+    if args.ray is None and not res.get("reuse_profile") and args.layout != "generated":
+        try:
+            res["reuse_profile"] = v.reuse_profile(args.layout)   # usable hit by divergence position
+        except ValueError:
+            res["reuse_profile"] = {}
     code = res["exit_code"]
     which = ["--layout-file", args.layout_file] if args.layout_file else ["--layout", args.layout]
     cmd = ["fuzz", "--sut", "vllm", *which, "--budget", args.budget,

@@ -27,6 +27,8 @@ def test_chat_workload_runs_and_is_in_the_rerun_command(capsys, tmp_path):
     res = json.loads(out)
     assert code == res["exit_code"] and res["workload"] == "chat" and res["steps"] == 400
     assert "--workload chat" in res["command"]
+    pts = res["reuse_profile"]["full+swa"]          # every layout's reuse profile, in the JSON
+    assert [d for d, _ in pts] == list(range(33)) and pts[-1][1] > 0
     code, out, _ = run(capsys, "fuzz", "--sut", "vllm", "--layout", "full+swa", "--budget", "400", "--json",
                        "--out", str(tmp_path))
     assert json.loads(out)["workload"] == "random" and "--workload" not in json.loads(out)["command"]
