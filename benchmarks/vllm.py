@@ -76,6 +76,7 @@ def main() -> int:
     ap.add_argument("--layouts", default="", help="comma-separated layouts (default: every preset the release has, and full+swa)")
     ap.add_argument("--faults", default=None, help="comma-separated planted faults to time (default: all; '' none)")
     a = ap.parse_args()
+    from benchmarks._common import fault_row
     from kvcheck.fuzz.adapters import vllm as V
     from kvcheck.fuzz.adapters.vllm_presets import PRESETS
     try:
@@ -113,18 +114,12 @@ def main() -> int:
             for lay in _FAULT_LAYOUTS.get(f, ("full+swa",)):
                 if gaps.get(lay):
                     continue
-                ttd, shrunk, caught = [], [], 0
-                for seed in range(a.seeds):
-                    r = V.run_campaign(lay, budget_s=10, seed=seed, fault=f, out_dir=d)
-                    caught += bool(r["caught"])
-                    t = r["time_to_failure_s"] if r["time_to_failure_s"] is not None else r["time_to_first_lost_reuse_s"]
-                    if r["caught"] and t is not None:
-                        ttd.append(t)
-                    shrunk += [x["steps"] for x in r["findings"] if x["check"] == V.FAULTS[f][0]]
-                out["faults"][f"{f}@{lay}"] = {
-                    "caught": f"{caught}/{a.seeds}", "expected": V.FAULTS[f][0],
-                    "median_time_to_detection_s": statistics.median(ttd) if ttd else None,
-                    "max_shrunk_steps": max(shrunk) if shrunk else None}
+                exp = V.FAULTS[f][0]
+                out["faults"][f"{f}@{lay}"] = fault_row(
+                    lambda seed: V.run_campaign(lay, budget_s=10, seed=seed, fault=f, out_dir=d), a.seeds, exp,
+                    lambda r: r["time_to_failure_s"] if r["time_to_failure_s"] is not None
+                    else r["time_to_first_lost_reuse_s"],
+                    lambda r: [x["steps"] for x in r["findings"] if x["check"] == exp])
     print(json.dumps(out, indent=1))
     return 0
 
