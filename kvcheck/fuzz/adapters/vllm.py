@@ -107,13 +107,15 @@ def _shrink(layout: str, num_blocks: int, fault: str | None, f: Finding, strict:
 
 
 def _requests(prog: list[Act]) -> list[list[int]]:
-    """One request's steps, submit to finish (the shrinker deletes them together)."""
+    """Steps the shrinker deletes together: one request's steps (submit to finish), and any
+    two of them (a preempt with the re-admission after it, two decodes), no chunk holds."""
     by: dict[str, list[int]] = {}
     for i, x in enumerate(prog):
         r = x.params.get("r")
         if isinstance(r, str):
             by.setdefault(r, []).append(i)
-    return list(by.values())
+    pairs = [[a, b] for g in by.values() for k, a in enumerate(g) for b in g[k + 1:]]
+    return list(by.values()) + pairs
 
 
 def _alternatives(prog: list[Act]) -> list[list[Act]]:
