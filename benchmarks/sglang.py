@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
 
@@ -24,6 +23,7 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=3, help="seeds per planted fault")
     ap.add_argument("--layouts", default="", help="comma-separated layouts (default: every supported one)")
     a = ap.parse_args()
+    from benchmarks._common import fault_row
     from kvcheck.fuzz.adapters import sglang as sg
     from kvcheck.fuzz.adapters.sglang_install import SglangUnavailable, load
     from kvcheck.fuzz.adapters.sglang_layouts import fault_applies
@@ -44,17 +44,9 @@ def main() -> int:
                                       "findings": len(r["findings"])}
         for f in sg.FAULTS:
             for lay in [x for x in layouts if fault_applies(f, sg.LAYOUTS[x])]:
-                ttd, shrunk, caught = [], [], 0
-                for seed in range(a.seeds):
-                    r = sg.run_campaign(lay, budget_s=10, seed=seed, fault=f, out_dir=d, shrink_s=5)
-                    caught += bool(r["caught"])
-                    if r["time_to_failure_s"] is not None:
-                        ttd.append(r["time_to_failure_s"])
-                    shrunk += [x["steps"] for x in r["findings"]]
-                out["faults"][f"{f}@{lay}"] = {
-                    "caught": f"{caught}/{a.seeds}", "expected": sg.FAULTS[f].expected,
-                    "median_time_to_detection_s": statistics.median(ttd) if ttd else None,
-                    "max_shrunk_steps": max(shrunk) if shrunk else None}
+                out["faults"][f"{f}@{lay}"] = fault_row(
+                    lambda seed: sg.run_campaign(lay, budget_s=10, seed=seed, fault=f, out_dir=d, shrink_s=5),
+                    a.seeds, sg.FAULTS[f].expected)
     print(json.dumps(out, indent=1))
     return 0
 

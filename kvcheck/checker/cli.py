@@ -88,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
     z.add_argument("--layout", metavar="NAME", help="--sut vllm: the hybrid layout to drive")
     z.add_argument("--list-layouts", action="store_true", help="--sut vllm|sglang: list the layouts")
     z.add_argument("--layout-file", metavar="FILE", help="--sut vllm / sglang: a layout of your own (JSON; docs/adapters-vllm.md)")
+    z.add_argument("--workload", metavar="NAME", default=None,
+                   help="--sut vllm: what the requests look like: random (default: three base prompts "
+                        "cut at random points) or chat (resends with a few tokens appended or edited, "
+                        "siblings diverging anywhere, multi-turn growth, a shared system prompt)")
     z.add_argument("--strict-reuse", action="store_true",
                    help="--sut vllm: lost reuse (spec-usable hit > vLLM hit) fails the run (exit 13)")
     ac = add("adapter-check", _lazy("cmd_adapter_check", "cmd_adapter_check"),

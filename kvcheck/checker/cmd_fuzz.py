@@ -46,6 +46,11 @@ def _fuzz_vllm(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     if args.fault is not None and args.fault not in v.FAULTS:
         raise UsageError(f"unknown fault {args.fault!r} for --sut vllm; known: {', '.join(v.FAULTS)}")
+    workload = args.workload or "random"
+    if workload not in v.WORKLOADS:
+        raise UsageError(f"--workload: unknown workload {workload!r}; known: {', '.join(v.WORKLOADS)}")
+    if workload != "random" and args.ray is not None:
+        raise UsageError("--workload: the Ray shards drive the random workload only (drop --ray or --workload)")
     out = Path(args.out)
     check_writable(out)
     layouts = args.layout.split(",") if args.ray is not None else [args.layout]
@@ -64,16 +69,23 @@ def _fuzz_vllm(args: argparse.Namespace) -> int:
             res = _on_ray(args, shards, budget, None, out, f"fuzz vllm {args.layout}")
         else:
             res = v.run_campaign(args.layout, budget_s=budget.seconds, steps=budget.steps, seed=args.seed,
-                                 strict_reuse=args.strict_reuse, fault=args.fault, out_dir=str(out))
+                                 strict_reuse=args.strict_reuse, fault=args.fault, out_dir=str(out),
+                                 workload=workload)
     except v.VllmUnavailable as e:
         raise UsageError(str(e)) from None
     except ValueError as e:
         raise UsageError(str(e)) from None
+    if args.ray is None and not res.get("reuse_profile") and args.layout != "generated":
+        try:
+            res["reuse_profile"] = v.reuse_profile(args.layout)   # usable hit by divergence position
+        except ValueError:
+            res["reuse_profile"] = {}
     code = res["exit_code"]
     which = ["--layout-file", args.layout_file] if args.layout_file else ["--layout", args.layout]
     cmd = ["fuzz", "--sut", "vllm", *which, "--budget", args.budget,
            "--seed", str(args.seed)] + (["--strict-reuse"] if args.strict_reuse else []) \
         + (["--fault", args.fault] if args.fault else []) \
+        + (["--workload", workload] if workload != "random" else []) \
         + (["--ray", *([args.ray] if args.ray else []), "--workers", str(len(res["ray"]["shards"]) // len(layouts))]
            if args.ray is not None else [])
     res["command"] = kvcheck_command(*cmd)
@@ -129,6 +141,8 @@ def _undecided(cov: dict, steps: int) -> str:
 def cmd_fuzz(args: argparse.Namespace) -> int:
     """Hypothesis stateful campaign against a system under test, in lockstep with the spec."""
     redis = args.redis or os.environ.get("KVCHECK_REDIS") or None
+    if getattr(args, "workload", None) is not None and args.sut != "vllm":
+        raise UsageError("--workload applies to --sut vllm only")
     if args.sut == "sglang" and (args.ray is not None or args.redis):
         raise UsageError("--ray/--redis apply to the Hypothesis machines (spec, reference, "
                          "MODULE:CLASS) and --ray to --sut vllm, not --sut sglang")

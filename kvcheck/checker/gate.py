@@ -10,6 +10,8 @@ user's systems instead: gate_project.py; both write report.json's per-check reco
 """
 from __future__ import annotations
 
+import time
+
 import json
 import os
 import shlex
@@ -260,10 +262,13 @@ def run_profiles(cfg: Config, out: Path, seed: int, report: dict[str, Any], code
             raise KeyboardInterrupt        # the campaign kept its Ctrl-C: the gate stops too
         eng[f"fuzz_{sut}"] = {k: r[k] for k in ("steps", "seconds", "steps_per_s", "coverage", "findings", "exit_code")}
         verdicts.append((f"fuzz --sut {sut}", r["exit_code"]))
+    t = time.monotonic()
     d = run_reference_diff(prof.diff_scenarios, seed, None, out, cfg)
     eng["diff_reference"] = {k: d.get(k) for k in ("scenarios", "decisions", "objects_exercised", "degradations",
                                                     "logical_hit_rate", "usable_hit_rate", "bitwise_equal",
                                                     "mismatches", "exit_code")}
+    eng["diff_reference"]["seconds"] = round(time.monotonic() - t, 3)
+    t = time.monotonic()
     verdicts.append(("diff --sut reference", d["exit_code"]))
     m = run_mutants(cfg, prof.mutants_budget_s, seed, list(prof.mutants_smoke))
     if m.get("interrupted"):
@@ -272,6 +277,7 @@ def run_profiles(cfg: Config, out: Path, seed: int, report: dict[str, Any], code
                                               "misattributed", "negative_control_clean", "exit_code")}
     eng["mutants_smoke"]["faults"] = {r["fault"]: r["status"] for r in m["faults"]}
     eng["mutants_smoke"]["matrix"] = m["faults"]      # full rows (per engine, seconds): the report plots them
+    eng["mutants_smoke"]["seconds"] = round(time.monotonic() - t, 3)
     verdicts.append(("mutants smoke", m["exit_code"]))
     if code not in (ExitCode.OK, ExitCode.UNDECIDED):
         return code

@@ -66,16 +66,19 @@ def default_checks(rep: dict[str, Any]) -> list[dict[str, Any]]:
     if d:
         failed = {c: finding(m["kind"], m["message"], m.get("replay"), []) for m in d["mismatches"] for c in m["checks"]}
         for n in ["reuse_equals_recompute"] + [c for c in failed if c != "reuse_equals_recompute"]:
-            out.append(check("reference", "diff", n, "failed" if n in failed else "passed", 0.0,
+            out.append(check("reference", "diff", n, "failed" if n in failed else "passed", d.get("seconds", 0.0),
                              {"scenarios": d["scenarios"]}, failed.get(n)))
     m = eng.get("mutants_smoke")
     if m:
+        spent = {r["fault"]: round(sum(e.get("seconds", 0.0) for e in r.get("engines", {}).values()), 3)
+                 for r in m.get("matrix", [])}      # per fault: its engines' seconds
         for name, status in m["faults"].items():
             ok = status == "killed"
-            out.append(check("mutants", "smoke", f"expected_fault:{name}", "passed" if ok else "failed", 0.0,
+            out.append(check("mutants", "smoke", f"expected_fault:{name}", "passed" if ok else "failed",
+                             spent.get(name, 0.0),
                              {"status": status}, None if ok else finding("survived", f"{name}: {status}", None, [])))
         out.append(check("mutants", "smoke", "negative_control", "passed" if m["negative_control_clean"] else "failed",
-                         0.0, {}, None if m["negative_control_clean"] else
+                         round(max(0.0, m.get("seconds", 0.0) - sum(spent.values())), 3), {}, None if m["negative_control_clean"] else
                          finding("invariant", "the clean system reported a finding", None, [])))
     return out
 

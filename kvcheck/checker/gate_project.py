@@ -72,6 +72,8 @@ class Results:
         if e["exit_code"] in (0, ExitCode.UNDECIDED) and run.code not in (0,):
             e["exit_code"] = int(run.code)
         self.traces += [(label, engine, t) for t in run.traces]
+        for k, v in run.extra.items():          # e.g. reuse_profile: {layout: points}, merged
+            e.setdefault(k, {}).update(v)
 
     def finish(self) -> None:
         for e in self.engines.values():

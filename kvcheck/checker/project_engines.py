@@ -32,6 +32,7 @@ class EngineRun:
     counts: dict[str, Any]
     checks: list[dict[str, Any]]
     traces: list[str] = field(default_factory=list)     # findings' trace files (for the corpus)
+    extra: dict[str, dict] = field(default_factory=dict)   # report.json engine data (reuse_profile)
 
 
 def check(system: str, engine: str, name: str, verdict: str, seconds: float, counts: dict[str, Any],
@@ -233,7 +234,17 @@ def run_vllm(sys: System, layout: str, seed: int, out: Path, fault: str | None =
     if lost:
         checks.append(check(label, "fuzz", "lost_reuse", "passed", r["elapsed_s"], counts,
                             note=f"{lost} kinds of lost reuse saved as findings (not failing without strict reuse)"))
-    return EngineRun(code, r["elapsed_s"], counts, checks, traces)
+    profile = r.get("reuse_profile") or _reuse_profile(v, layout)
+    return EngineRun(code, r["elapsed_s"], counts, checks, traces, {"reuse_profile": profile})
+
+
+def _reuse_profile(v: Any, layout: str) -> dict:
+    """The layout's reuse profile (usable hit by divergence position; with its dense twin where
+    the layout sets a retention interval), for the HTML report's plot."""
+    try:
+        return v.reuse_profile(layout)
+    except (v.VllmUnavailable, ValueError):
+        return {}
 
 
 def run_transformers(sys: System, model_type: str, seed: int, out: Path, fault: str | None = None) -> EngineRun:

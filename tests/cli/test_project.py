@@ -53,6 +53,12 @@ def test_the_sample_project_runs_with_one_junit_case_per_check(capsys, tmp_path)
     for engine in ("reference fuzz", "reference diff", "vllm[full+swa] fuzz", f"{TOY} fuzz"):
         assert engine in stdout
     assert rep["engines"][f"{TOY} fuzz"]["counts"]["steps"] >= 500
+    # the vLLM layout's reuse profile is collected, and the HTML report draws it
+    prof = {lay: pts for e in rep["engines"].values() for lay, pts in e.get("reuse_profile", {}).items()}
+    assert set(prof) == {"full+swa"} and len(prof["full+swa"]) == 33
+    assert prof["full+swa"][-1][1] > prof["full+swa"][0][1] == 0     # more shared, more reused
+    from kvcheck.checker.report_engines import plots
+    assert any("Reuse profile of layout full+swa" in cap for _, cap in plots({"report": rep}))
 
 
 ADAPTER = """

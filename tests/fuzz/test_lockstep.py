@@ -210,3 +210,16 @@ def test_vllm_trace_written_before_the_core_replays() -> None:
     from kvcheck.fuzz.adapters import vllm as V
     out = V.replay(OLD / "vllm-full_swa-swa_hit_unchecked.json")
     assert out["reproduced"] and out["exit_code"] == 10 and out["violation"]["check"] == "hit_sound_swa_window"
+
+
+def test_one_shrinker_deletes_related_steps_together() -> None:
+    # the failure needs 5 and 9; steps 2 and 7 are one request's: only both together may go
+    # (a program with one but not the other fails differently); no contiguous chunk holds them
+    def fails(p):
+        if 5 in p and 9 in p and ((2 in p) == (7 in p)):
+            return p
+        return None
+    prog = [1, 2, 3, 5, 7, 9]
+    assert shrink(prog, fails, 5.0) == [2, 5, 7, 9]
+    related = lambda p: [[i for i, x in enumerate(p) if x in (2, 7)]]   # noqa: E731
+    assert shrink(prog, fails, 5.0, related=related) == [5, 9]

@@ -24,6 +24,7 @@ from ..prompts import PromptGen
 from ..shrink import shrink_finding
 from ..traces import replay as replay_on_core, to_trace
 from .vllm_adapter import VllmAdapter
+from .vllm_bookkeeping import FULL_SCAN_EVERY
 from .vllm_checks import Violation
 from .vllm_reproducer import write_reproducer
 from .vllm_layouts import RETENTION_DROPS_TAIL
@@ -91,11 +92,52 @@ def execute(layout: str, num_blocks: int, fault: str | None, program: list[Act],
     return ad, Lockstep(FreeModel(), ad).run(program)
 
 
+def _incremental(ad: VllmAdapter) -> None:
+    """Campaigns check bookkeeping incrementally (vllm_bookkeeping.py), a full scan every
+    FULL_SCAN_EVERY steps; execute and replay keep the exact mode (a full scan per step)."""
+    for a in (ad, getattr(ad, "twin", None)):
+        if a is not None:
+            a.full_scan_every = FULL_SCAN_EVERY
+
+
 def _shrink(layout: str, num_blocks: int, fault: str | None, f: Finding, strict: bool,
             seconds: float, twin: bool = False) -> Finding:
-    """The one shrinker, while the same check still fails."""
-    return shrink_finding(f, lambda prog: execute(layout, num_blocks, fault, prog, strict, twin)[1],
-                          lambda g: g.checks == f.checks, seconds)
+    """The one shrinker, while the same check still fails. The finding is first re-located in
+    the exact mode: a violation the incremental check saw late is reported where it happened."""
+    run = lambda prog: execute(layout, num_blocks, fault, prog, strict, twin)[1]   # noqa: E731
+    exact = run(f.program)
+    if exact is not None:
+        f = exact
+    return shrink_finding(f, run, lambda g: g.checks == f.checks, seconds, _alternatives, _requests)
+
+
+def _requests(prog: list[Act]) -> list[list[int]]:
+    """Steps the shrinker deletes together: one request's steps (submit to finish), and any
+    two of them (a preempt with the re-admission after it, two decodes), no chunk holds."""
+    by: dict[str, list[int]] = {}
+    for i, x in enumerate(prog):
+        r = x.params.get("r")
+        if isinstance(r, str):
+            by.setdefault(r, []).append(i)
+    pairs = [[a, b] for g in by.values() for k, a in enumerate(g) for b in g[k + 1:]]
+    return list(by.values()) + pairs
+
+
+def _alternatives(prog: list[Act]) -> list[list[Act]]:
+    """Per step, steps that may stand for it and let more go: a lookup or prefill that takes
+    the whole prompt (the following prefills then have nothing left: they go), a shorter
+    prompt."""
+    out: list[list[Act]] = []
+    for x in prog:
+        p = x.params
+        if x.action in ("lookup", "prefill") and p.get("chunk", 0) < 10**6:
+            out.append([Act(x.action, {**p, "chunk": 10**6})])
+        elif x.action == "submit" and len(p.get("tokens", ())) > 2:
+            t = list(p["tokens"])
+            out.append([Act("submit", {**p, "tokens": t[:n]}) for n in sorted({len(t) // 2, len(t) - 1}) if n >= 1])
+        else:
+            out.append([])
+    return out
 
 
 def _save(layout: str, num_blocks: int, fault: str | None, seed: int, f: Finding, strict: bool,
@@ -173,6 +215,7 @@ def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = N
         per_req = max(16, layout_scale(layout)[1] // min(bs for _, bs, _ in _LAYOUTS[layout][1]))
         num_blocks = rng.choice([10, 14, 20, 32]) * max(2, len(_LAYOUTS[layout][1])) // 2 * per_req // 16
         ad = _adapter(layout, num_blocks, fault, strict_reuse, twin)
+        _incremental(ad)
         core = Lockstep(FreeModel(), ad)
         viol: Finding | None = None
         for _ in range(rng.randint(20, 120)):
@@ -230,7 +273,7 @@ def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = N
         "lookups_with_hit": hits, "lost_reuse_lookups": lost_total,
         "findings": findings, "exit_code": exit_code, "workload": workload,
         **({"dense_twin": twin_summary(twins)} if twin else {}),
-        "reuse_profile": reuse_profile(layout) if twin else {},
+        "reuse_profile": reuse_profile(layout) if twin and not generated else {},   # (generated: forgotten)
     }
 
 

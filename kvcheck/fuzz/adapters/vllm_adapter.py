@@ -95,6 +95,7 @@ class VllmAdapter(ShadowChecks):
         self.broken: Violation | None = None       # what the last step broke (extra_checks)
         self.timeline = Timeline(self, split=self.planted(EARLY_READER_FORWARD))   # when bytes exist
         self._plant()
+        self._bk_reset()                           # the incremental bookkeeping's index
 
     def _eagle_groups(self, drafter: tuple[int, ...] | None, flagged: bool, specs: list) -> set[int]:
         """The groups whose hits take the EAGLE drop (they must match one block past the hit):

@@ -11,14 +11,27 @@ running request's window is intact; *lost reuse* is a hit shorter than the spec 
 """
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvcheck.spec.objects import needed_objects
 
 from . import vllm_mamba as mamba
+from .vllm_bookkeeping import Bookkeeping
 from .vllm_layouts import _cdiv, _vllm
+
+
+def _per_layout(fn: Any) -> Any:
+    """Memoise a pure function of the adapter's layout (its ground-truth rules): the hot path
+    asks the same (group, length) questions every step."""
+    def memo(self: Any, *a: Any) -> Any:
+        m = self.__dict__.setdefault(f"_memo_{fn.__name__}", {})
+        got = m.get(a)
+        if got is None:
+            got = m[a] = fn(self, *a)
+        return got
+    memo.__doc__, memo.__name__ = fn.__doc__, fn.__name__
+    return memo
 
 
 @dataclass
@@ -41,10 +54,12 @@ class _Req:
     owned: list[set[int]] = field(default_factory=list)   # per group: blocks this request wrote
     hashed: int = 0           # hash blocks whose content is recorded (hashes only grow)
     stamped: int = 0          # computed tokens when its blocks were last stamped
+    prefixes: dict = field(default_factory=dict, repr=False)   # end -> _content (a memo)
 
 
-class ShadowChecks:
-    """The checks, mixed into the adapter (its manager, pool, groups and requests)."""
+class ShadowChecks(Bookkeeping):
+    """The checks, mixed into the adapter (its manager, pool, groups and requests); the
+    bookkeeping check is vllm_bookkeeping.py's."""
 
     groups: list[tuple[str, int, int | None]]
     reqs: dict[str, _Req]
@@ -64,7 +79,13 @@ class ShadowChecks:
 
     @staticmethod
     def _content(req: _Req, end: int) -> tuple:
-        return (req.salt, tuple(req.obj.all_token_ids[:end]))
+        # one object per (request, prefix): equal contents of one request compare by identity
+        got = req.prefixes.get(end)
+        if got is None:
+            got = (req.salt, tuple(req.obj.all_token_ids[:end]))
+            if end <= len(got[1]):          # (a prefix past the tokens would grow later)
+                req.prefixes[end] = got
+        return got
 
     def _after_step(self) -> None:
         # Only what changed since the last step is recorded: new hashes, and the blocks that
@@ -98,9 +119,10 @@ class ShadowChecks:
                         if end > i * bs:
                             self.written[b.block_id] = self._content(req, end)
             req.stamped = n
-        self.check_bookkeeping()
+        self.check_step()
 
     # ---- ground truth --------------------------------------------------------------------
+    @_per_layout
     def needed_hit(self, g: int, L: int) -> list[int]:
         """Physical blocks of group g that a resume at L (a multiple of the hash block) reads."""
         kind, bs, p = self.groups[g]
@@ -124,6 +146,7 @@ class ShadowChecks:
         js = needed_objects(cfg, sg, L // self.hb)["swa_window"]
         return sorted({j * self.hb // bs for j in js})
 
+    @_per_layout
     def needed_running(self, g: int, L: int) -> list[int]:
         """Blocks the next token of a request at L computed tokens reads (token-level rule)."""
         kind, bs, p = self.groups[g]
@@ -146,6 +169,7 @@ class ShadowChecks:
                 "indexer": "hit_sound_indexer",
                 mamba.MAMBA: "hit_sound_recurrent_state"}.get(self.groups[g][0], "hit_sound_swa_window")
 
+    @_per_layout
     def tail_needed(self, L: int) -> bool:
         """Does a resume at L need a tail snapshot (a compression block open at L)? vLLM keeps
         the open group's raw keys in a per-request ring that is never prefix-cached."""
@@ -231,81 +255,3 @@ class ShadowChecks:
                                     f"{self.layout} group {g}: hit of {hit} tokens for {r} returns block "
                                     f"#{b.block_id} at index {i} whose content is not the request's "
                                     + ("state at the hit" if self.groups[g][0] == mamba.MAMBA else "prefix"))
-
-    def check_bookkeeping(self) -> None:
-        pool = self.pool
-        null = pool.null_block
-        holders: Counter = Counter()
-        where: dict[int, list[tuple[str, int, int]]] = {}
-        for g, mgr in enumerate(self.coord.single_type_managers):
-            for rid, lst in mgr.req_to_blocks.items():
-                for i, b in enumerate(lst):
-                    if b.is_null:
-                        continue
-                    holders[b.block_id] += 1
-                    where.setdefault(b.block_id, []).append((rid, g, i))
-        free = pool.free_block_queue.get_all_free_blocks()
-        free_ids = [b.block_id for b in free]
-        if len(free_ids) != pool.get_num_free_blocks():
-            raise Violation("bookkeeping", "free_count",
-                            f"free queue holds {len(free_ids)} blocks, num_free_blocks says "
-                            f"{pool.get_num_free_blocks()}")
-        fset = set(free_ids)
-        if len(fset) != len(free_ids):
-            raise Violation("bookkeeping", "free_queue_iff_unreferenced", "a block is queued twice")
-        for b in pool.blocks:
-            if b.is_null:
-                continue
-            if b.ref_cnt != holders[b.block_id]:
-                raise Violation("bookkeeping", "refcount_equals_holders",
-                                f"block #{b.block_id}: ref_cnt {b.ref_cnt} but {holders[b.block_id]} "
-                                f"holder(s) {where.get(b.block_id, [])}")
-            if (b.block_id in fset) != (b.ref_cnt == 0):
-                raise Violation("bookkeeping", "free_queue_iff_unreferenced",
-                                f"block #{b.block_id}: ref_cnt {b.ref_cnt}, in free queue: {b.block_id in fset}")
-        if null.block_id in fset or null.block_hash is not None \
-                or null.block_id in getattr(pool, "cached_block_hashes_by_block", {}):
-            raise Violation("bookkeeping", "null_block_inert", "the null block is queued or hashed")
-        for bid, hs in where.items():
-            if len(hs) < 2:
-                continue
-            for rid, g, i in hs:
-                req = self.reqs.get(rid)
-                bs = self.groups[g][1]
-                if req is None or (i + 1) * bs > req.obj.num_computed_tokens \
-                        or self.written.get(bid) != self._content(req, (i + 1) * bs):
-                    raise Violation("bookkeeping", "no_alias",
-                                    f"block #{bid} is in several tables {hs} but is not a complete "
-                                    f"block with identical content for {rid}")
-        for key, val in pool.cached_block_hash_to_block._cache.items():
-            blks = [val] if not isinstance(val, dict) else list(val.values())
-            h = bytes(_vllm()["ku"].get_block_hash(key))
-            for b in blks:
-                if b.is_null or not (b.block_hash == key or key in getattr(pool, "cached_block_hashes_by_block", {}).get(b.block_id, ())):
-                    raise Violation("bookkeeping", "hash_map_sound",
-                                    f"prefix-cache map entry points at block #{b.block_id} that does not carry it")
-                want = self.hash_content.get(h)
-                w = self.written.get(b.block_id)
-                bs = self.groups[_vllm()["ku"].get_group_id(key)][1]
-                # The block must hold the hash's prefix, and the hash must end inside the block
-                # (vLLM also registers interior hash-block boundaries of a larger block).
-                if want is not None and w is not None and not (
-                        w[0] == want[0] and len(w[1]) >= len(want[1]) > ((len(w[1]) - 1) // bs) * bs
-                        and w[1][:len(want[1])] == want[1]):
-                    raise Violation("bookkeeping", "hash_map_sound",
-                                    f"a published hash maps to block #{b.block_id}, which now holds other "
-                                    "content (stale prefix-cache entry)")
-        for req in self.reqs.values():
-            if req.state != "running":
-                continue
-            L = req.obj.num_computed_tokens
-            for g, (kind, bs, _) in enumerate(self.groups):
-                table = self._table(g, req.rid)
-                for i in self.needed_running(g, L):
-                    b = table[i] if i < len(table) else None
-                    if b is None or b.is_null or self.written.get(b.block_id) != self._content(req, min((i + 1) * bs, L)):
-                        raise Violation("bookkeeping", "toctou_bound_stable",
-                                        f"running {req.rid} at {L} tokens: group {g} ({kind}) block {i} that "
-                                        "its next token reads is missing or overwritten")
-
-
