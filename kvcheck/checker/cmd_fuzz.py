@@ -29,7 +29,7 @@ def _fuzz_vllm(args: argparse.Namespace) -> int:
             gaps, release = {k: str(e) for k in v.LAYOUTS}, None
         emit(args, {"layouts": v.LAYOUTS, "vllm_version": release, "unsupported": {k: g for k, g in gaps.items() if g}},
              lambda: "\n".join([f"vLLM {release or 'not importable'}:"] + [
-                 f"  {k:22} {d}" + (f"\n  {'':22} ({gaps[k]})" if gaps[k] else "") for k, d in v.LAYOUTS.items()]))
+                 f"  {k:22} {d}" + (f"\n  {'':22} ({gaps[k]})" if gaps.get(k) else "") for k, d in v.LAYOUTS.items()]))
         return 0
     if args.layout_file:
         if args.layout or args.ray is not None:

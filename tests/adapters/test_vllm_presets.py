@@ -83,3 +83,15 @@ def test_without_the_eagle_rule_the_checks_disagree_with_vllm(tmp_path, monkeypa
     monkeypatch.setattr(VllmAdapter, "_eagle_groups", lambda self, *a: set())
     r = V.run_campaign("gpt-oss+eagle", budget_s=None, steps=1000, seed=3, out_dir=str(tmp_path))
     assert r["lost_reuse_lookups"] > 0 and r["findings"][0]["kind"] == "lost_reuse"
+
+
+def test_list_layouts_as_text_names_every_layout() -> None:
+    """`--list-layouts` without --json: one line per layout, generated included (it once raised
+    KeyError on the generated entry, which has no release gap of its own)."""
+    import subprocess
+    import sys
+    p = subprocess.run([sys.executable, "-m", "kvcheck", "fuzz", "--sut", "vllm", "--list-layouts"],
+                       capture_output=True, text=True)
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+    names = {line.split()[0] for line in p.stdout.splitlines()[1:] if line.startswith("  ") and line.split()}
+    assert set(V.LAYOUTS) <= names, set(V.LAYOUTS) - names
