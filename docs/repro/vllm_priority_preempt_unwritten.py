@@ -2,7 +2,7 @@
 # layout 'full': one full-attention group (Llama-like), block 4
 # check read_before_write: no hit returns a block that allocate_slots published in a step whose request was then taken out of that step (preempted before its forward): its KV was never written
 # finding: full group 0 (full): the forward of A (tokens from 12) reads block #4 (tokens 8..11), whose bytes do not hold that prefix: it was published at schedule time, and the forward that writes it had not run before this read (or never ran)
-# trace: /tmp/rbw/vllm-full-rbw-seed0.json (kvcheck replay /tmp/rbw/vllm-full-rbw-seed0.json --sut vllm)
+# trace: docs/repro/traces/vllm_priority_preempt_unwritten.json (kvcheck replay docs/repro/traces/vllm_priority_preempt_unwritten.json --sut vllm)
 # Needs only vLLM (the release above; the KV cache manager runs on CPU). Exit 1: the bug is
 # present; exit 0: fixed. Prints every step, each lookup's hit and the request's block tables.
 import inspect
