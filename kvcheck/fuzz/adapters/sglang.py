@@ -58,6 +58,12 @@ def make_adapter(lay: Layout, fault: str | None = None, capacity: int | None = N
     if lay.cls == "SWARadixCache":
         from .sglang_swa import SwaAdapter
         return SwaAdapter(lay, fault, capacity)
+    if lay.cls == "UnifiedRadixCache":
+        from .sglang_unified import UnifiedAdapter
+        from .sglang_unified_diff import LockstepAdapter
+        if lay.tree_core == "lockstep":
+            return LockstepAdapter(lay, fault, capacity)     # type: ignore[return-value]
+        return UnifiedAdapter(lay, fault, capacity, core=lay.tree_core or "python")
     return SglangAdapter(lay, fault, capacity)
 
 

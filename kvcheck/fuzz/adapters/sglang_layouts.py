@@ -23,7 +23,8 @@ VOCAB = 6              # a small vocabulary: prompts share prefixes often
 MAX_TOKENS = 40
 
 
-DRIVEN = ("RadixCache", "PureSWARadixCache", "SWARadixCache")
+DRIVEN = ("RadixCache", "PureSWARadixCache", "SWARadixCache", "UnifiedRadixCache")
+TREE_CORES = ("python", "rust", "lockstep")   # UnifiedRadixCache: which tree core(s); lockstep = both
 
 
 class LayoutError(ValueError):
@@ -39,11 +40,14 @@ class Layout:
     window: int | None = None      # the sliding window, for swa components
     capacity: int = 64             # token slots of the KV pool
     doc: str = ""
+    tree_core: str | None = None   # UnifiedRadixCache only: python | rust | lockstep (python + rust)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["class"] = d.pop("cls")
         d["components"] = list(self.components)
+        if d["tree_core"] is None:
+            d.pop("tree_core")
         return d
 
 
@@ -57,6 +61,20 @@ LAYOUTS: dict[str, Layout] = {x.name: x for x in (
            "only the prefill part [0, evict floor) is cached"),
     Layout("swa", "SWARadixCache", ("full", "swa"), 1, 4, 48,
            "SWARadixCache, full + SWA (W=4) with tombstones, SWAKVPool + SWATokenToKVPoolAllocator"),
+    # UnifiedRadixCache (sglang_unified*.py): components FULL or FULL+SWA, on the Python tree core,
+    # or the Python and Rust cores in lockstep (a differential; TreeCore releases only)
+    Layout("unified-full", "UnifiedRadixCache", ("full",), 1, None, 48,
+           "UnifiedRadixCache, FULL, page 1, Python tree", "python"),
+    Layout("unified-full-page4", "UnifiedRadixCache", ("full",), 4, None, 64,
+           "UnifiedRadixCache, FULL, page 4, Python tree", "python"),
+    Layout("unified-swa", "UnifiedRadixCache", ("full", "swa"), 1, 4, 48,
+           "UnifiedRadixCache, FULL+SWA (W=4) with tombstones, Python tree", "python"),
+    Layout("unified-full-lockstep", "UnifiedRadixCache", ("full",), 1, None, 48,
+           "UnifiedRadixCache, FULL, the Python and Rust tree cores in lockstep", "lockstep"),
+    Layout("unified-full-page4-lockstep", "UnifiedRadixCache", ("full",), 4, None, 64,
+           "UnifiedRadixCache, FULL, page 4, Python and Rust tree cores in lockstep", "lockstep"),
+    Layout("unified-swa-lockstep", "UnifiedRadixCache", ("full", "swa"), 1, 4, 48,
+           "UnifiedRadixCache, FULL+SWA (W=4), Python and Rust tree cores in lockstep", "lockstep"),
 )}
 
 
@@ -65,14 +83,23 @@ def _layout_from(d: dict[str, Any], where: str) -> Layout:
         comps = tuple(d.get("components") or ("full",))
         lay = Layout(str(d["name"]), str(d["class"]), comps, int(d.get("page_size", 1)),
                      None if d.get("window") is None else int(d["window"]), int(d.get("capacity", 64)),
-                     str(d.get("doc", "")))
+                     str(d.get("doc", "")), None if d.get("tree_core") is None else str(d["tree_core"]))
     except (KeyError, TypeError, ValueError) as e:
         raise LayoutError(f"{where}: a layout needs name, class (and optional components, "
                           f"page_size, window, capacity): {e}") from None
     if lay.cls not in DRIVEN:
         raise LayoutError(f"{where}: class {lay.cls!r} is not driven by this adapter yet "
                           f"({', '.join(DRIVEN)})")
-    if (lay.cls == "SWARadixCache") != (comps == ("full", "swa")):
+    if lay.cls == "UnifiedRadixCache":
+        if comps not in (("full",), ("full", "swa")):
+            raise LayoutError(f"{where}: UnifiedRadixCache is driven with components [full] or [full, swa] "
+                              f"(FULL+MAMBA is not driven), got {list(comps)}")
+        if (lay.tree_core or "python") not in TREE_CORES:
+            raise LayoutError(f"{where}: tree_core must be one of {', '.join(TREE_CORES)}, got {lay.tree_core!r}")
+        lay = Layout(**{**asdict(lay), "tree_core": lay.tree_core or "python"})
+    elif lay.tree_core is not None:
+        raise LayoutError(f"{where}: tree_core is a UnifiedRadixCache field")
+    elif (lay.cls == "SWARadixCache") != (comps == ("full", "swa")):
         raise LayoutError(f"{where}: SWARadixCache takes components [full, swa], the others not")
     if any(c not in ("full", "swa") for c in comps):
         raise LayoutError(f"{where}: components must be full or swa, got {list(comps)}")
@@ -120,6 +147,9 @@ def _api_gap(lay: Layout) -> str | None:
     if lay.cls == "SWARadixCache" and hasattr(S["bpc"], "MatchPrefixParams"):
         return (f"sglang {S['version']}: SWARadixCache with the *Params API is not driven yet "
                 "(the adapter drives 0.5.7's positional API)")
+    if lay.cls == "UnifiedRadixCache" and lay.tree_core in ("rust", "lockstep"):
+        from .sglang_unified import rust_core_gap
+        return rust_core_gap()
     return None
 
 
@@ -184,11 +214,22 @@ SGLANG_FAULTS = (
     _fault("evict_no_free", "evict", "size accounting",
            "evicted nodes whose KV slots are never returned to the allocator",
            "size_accounting", "evict deletes nodes without freeing their slots."),
+    _fault("core_drops_insert", "insert", "two tree cores disagreeing",
+           "UnifiedRadixCache's Rust tree core diverging from the Python one on the same operations",
+           "tree_core_differential",
+           "On the Rust core of a lockstep layout, every third insert is declined (its new slots freed)."),
 )
 FAULTS = {f.name: f for f in SGLANG_FAULTS}
 # faults that only some classes can express (the rest apply to every driven class)
-FAULT_CLASSES = {"match_ignores_tombstones": ("SWARadixCache",)}
+FAULT_CLASSES = {"match_ignores_tombstones": ("SWARadixCache", "UnifiedRadixCache"),
+                 "core_drops_insert": ("UnifiedRadixCache",)}
 
 
 def fault_applies(fault: str, lay: Layout) -> bool:
+    if fault == "match_ignores_tombstones" and lay.components != ("full", "swa"):
+        return False            # needs tombstones: full + SWA
+    if fault == "core_drops_insert" and lay.tree_core != "lockstep":
+        return False            # needs a second tree core to differ from
+    if fault in ("lock_ref_leak", "evict_locked") and lay.tree_core == "rust":
+        return False            # these wrappers edit tree nodes, which the Rust core does not expose
     return lay.cls in FAULT_CLASSES.get(fault, (lay.cls,))
