@@ -67,13 +67,13 @@ LAYOUTS: dict[str, Layout] = {x.name: x for x in (
            "UnifiedRadixCache, FULL, page 1, Python tree", "python"),
     Layout("unified-full-page4", "UnifiedRadixCache", ("full",), 4, None, 64,
            "UnifiedRadixCache, FULL, page 4, Python tree", "python"),
-    Layout("unified-swa", "UnifiedRadixCache", ("full", "swa"), 1, 4, 48,
+    Layout("unified-swa", "UnifiedRadixCache", ("full", "swa"), 1, 4, 96,
            "UnifiedRadixCache, FULL+SWA (W=4) with tombstones, Python tree", "python"),
     Layout("unified-full-lockstep", "UnifiedRadixCache", ("full",), 1, None, 48,
            "UnifiedRadixCache, FULL, the Python and Rust tree cores in lockstep", "lockstep"),
     Layout("unified-full-page4-lockstep", "UnifiedRadixCache", ("full",), 4, None, 64,
            "UnifiedRadixCache, FULL, page 4, Python and Rust tree cores in lockstep", "lockstep"),
-    Layout("unified-swa-lockstep", "UnifiedRadixCache", ("full", "swa"), 1, 4, 48,
+    Layout("unified-swa-lockstep", "UnifiedRadixCache", ("full", "swa"), 1, 4, 96,
            "UnifiedRadixCache, FULL+SWA (W=4), Python and Rust tree cores in lockstep", "lockstep"),
 )}
 
@@ -144,9 +144,6 @@ def check_supported(lay: Layout) -> None:
 def _api_gap(lay: Layout) -> str | None:
     """Why the adapter cannot drive this class at the installed release, if it cannot."""
     S = load()
-    if lay.cls == "SWARadixCache" and hasattr(S["bpc"], "MatchPrefixParams"):
-        return (f"sglang {S['version']}: SWARadixCache with the *Params API is not driven yet "
-                "(the adapter drives 0.5.7's positional API)")
     if lay.cls == "UnifiedRadixCache" and lay.tree_core in ("rust", "lockstep"):
         from .sglang_unified import rust_core_gap
         return rust_core_gap()

@@ -12,7 +12,6 @@ The checks live in sglang_unified_checks.py; the Python/Rust lockstep in sglang_
 from __future__ import annotations
 
 import importlib
-import inspect
 import logging
 from collections import Counter
 from dataclasses import dataclass, field, fields
@@ -20,6 +19,7 @@ from typing import Any
 
 from .sglang_adapter import SglangAdapter
 from .sglang_checks import Req, Violation
+from .sglang_compat import dec_params, swa_pools
 from .sglang_install import SglangUnavailable, cache_class, load
 from .sglang_layouts import FAULTS, LayoutError
 from .sglang_unified_checks import UnifiedChecks
@@ -56,12 +56,6 @@ def rust_core_gap() -> str | None:
     return None
 
 
-def _kw(fn: Any, **kw: Any) -> dict[str, Any]:
-    """The keyword arguments `fn` accepts (constructors changed between releases)."""
-    names = set(inspect.signature(fn).parameters)
-    return {k: v for k, v in kw.items() if k in names}
-
-
 @dataclass
 class Hold:
     """What a running request holds: the lock receipt and the SWA segment it locked."""
@@ -89,24 +83,17 @@ class UnifiedAdapter(UnifiedChecks, SglangAdapter):
         self.S, self.torch, self.CT = S, torch, component_types()
         logging.getLogger("sglang").setLevel(logging.CRITICAL)
         self.tree_cores = has_tree_cores()
+        # 0.5.12's SWA lock walk skips tombstones (listing them in the receipt); 0.5.11 asserts
+        # there are none, TreeCore releases count them
+        self.skips_tombstones = "skip_lock_node_ids" in {f.name for f in fields(S["bpc"].IncLockRefResult)}
         if self.core == "rust" and rust_core_gap():
             raise SglangUnavailable(rust_core_gap())
         self.swa = "swa" in self.lay.components
         self.W = self.lay.window or 0
         al, ps, cap = S["allocator"], self.lay.page_size, self.capacity
         if self.swa:
-            self.size_swa = max(2 * self.W, cap // 2)
-            try:
-                from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
-            except ImportError:
-                from sglang.srt.mem_cache.memory_pool import SWAKVPool
-            SA = getattr(al, "SWATokenToKVPoolAllocator", None) or \
-                importlib.import_module("sglang.srt.mem_cache.allocator.swa").SWATokenToKVPoolAllocator
-            pool = SWAKVPool(**_kw(SWAKVPool.__init__, size=cap, size_swa=self.size_swa, page_size=1,
-                                   dtype=torch.float16, head_num=1, head_dim=2, swa_attention_layer_ids=[0],
-                                   full_attention_layer_ids=[1], enable_kvcache_transpose=False, device="cpu"))
-            self.alloc = SA(**_kw(SA.__init__, size=cap, size_swa=self.size_swa, page_size=1, dtype=torch.float16,
-                                  device="cpu", kvcache=pool, need_sort=False))
+            self.size_swa = max(2 * self.W, cap // 2)   # short of SWA: the tree tombstones by itself
+            self.alloc = swa_pools(cap, self.size_swa)
             comps = (self.CT.FULL, self.CT.SWA)
         else:
             if ps == 1:
@@ -234,7 +221,7 @@ class UnifiedAdapter(UnifiedChecks, SglangAdapter):
         obs = {"hit": hit, "full_hit": getattr(m, "full_kv_hit_length", None),
                "swa_branch": getattr(m, "swa_branching_seqlen", None)}
         if new is None:
-            self.cache.dec_lock_ref(h, rec.to_dec_params())
+            self.cache.dec_lock_ref(h, dec_params(rec))
             self.coverage["state:admission_refused"] += 1
             return dict(obs, admitted=False)
         self.holds[r] = hold
@@ -266,7 +253,7 @@ class UnifiedAdapter(UnifiedChecks, SglangAdapter):
                                              prev_prefix_len=req.hit)).prefix_len
             self.keys.add(tuple(req.tokens[:n]))
         self._free([s for s in req.slots[n:] if s is not None] + req.spare)   # past the key: the caller's
-        self.cache.dec_lock_ref(req.node, self.holds.pop(r).receipt.to_dec_params())
+        self.cache.dec_lock_ref(req.node, dec_params(self.holds.pop(r).receipt))
         for end in range(ps, n + 1, ps):
             self.twin.add(tuple(req.tokens[:end]))
         del self.reqs[r]
@@ -276,12 +263,14 @@ class UnifiedAdapter(UnifiedChecks, SglangAdapter):
         req = self._get(r)
         if req.state == "running":
             self._free([s for s in req.slots[req.hit:] if s is not None] + req.spare)
-            self.cache.dec_lock_ref(req.node, self.holds.pop(r).receipt.to_dec_params())
+            self.cache.dec_lock_ref(req.node, dec_params(self.holds.pop(r).receipt))
         del self.reqs[r]
         return {}
 
     def _a_evict(self, n: int) -> dict:
-        self._evict(n)
+        """Explicit eviction; on FULL+SWA it asks for SWA tokens only (the full side is evicted by
+        allocation pressure), so internal nodes are tombstoned and matches cross tombstones."""
+        self._evict(0, n) if self.swa else self._evict(n)
         return {"evicted": self.last_obs.get("evicted")}
 
     # ---- planted faults (thin wrappers on this cache instance) ----------------------------

@@ -176,7 +176,7 @@ class UnifiedChecks(ShadowChecks):
         hold.seg_lo = 0
         for v in reversed(pv):
             lo = len(v.path)
-            if v.swa is None and not self.tree_cores:
+            if v.swa is None and self.skips_tombstones:
                 hold.skipped.append((lo, ends))
             else:
                 covered += len(v.key)
