@@ -164,6 +164,10 @@ def list_layouts() -> list[dict[str, Any]]:
         ok = isinstance(c, type) and gap is None
         out.append(dict(x.to_dict(), supported=ok,
                         reason=None if ok else (gap or (str(c) if c else f"this release has no {x.cls}"))))
+    if isinstance(found.get("UnifiedRadixCache"), type):
+        out.append({"name": None, "class": "UnifiedRadixCache", "components": ["full", "mamba"], "supported": False,
+                    "reason": "FULL+MAMBA not driven: it needs HybridReqToTokenPool + HybridLinearKVPool, "
+                              "the global server args and Mamba state at the hit node in the checks"})
     driven = {x.cls for x in LAYOUTS.values()}
     for cls in CLASSES:
         if cls in found and cls not in driven:

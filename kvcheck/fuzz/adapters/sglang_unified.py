@@ -282,8 +282,8 @@ class UnifiedAdapter(UnifiedChecks, SglangAdapter):
             def dec(h: Any, *rest: Any, **kw: Any) -> Any:
                 out = real_dec(h, *rest, **kw)
                 node = self.handle_node(h)
-                if node is not None and node is not self.root():
-                    node.component_data[self.CT.FULL].lock_ref += 1    # a reference nobody holds
+                if node is not None and node is not self.root():       # a reference nobody holds:
+                    node.component_data[self.CT.SWA if self.swa else self.CT.FULL].lock_ref += 1   # SWA's, if any
                 return out
             c.dec_lock_ref = dec
         elif f in ("evict_locked", "evict_no_free"):

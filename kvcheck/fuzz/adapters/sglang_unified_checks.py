@@ -206,6 +206,7 @@ class UnifiedChecks(ShadowChecks):
                 if self.swa and lo >= hold.seg_lo and not any(a <= lo and hi <= b for a, b in hold.skipped):
                     swa[id(v.node)] = swa.get(id(v.node), 0) + 1
             self._held_live(r, hold, full_free, swa_free)
+        self.coverage["state:swa_locked_nodes_checked"] += sum(1 for v in views if v.swa_lock > 0)
         for v in views:
             got, want = (v.full_lock, v.swa_lock), (full.get(id(v.node), 0), swa.get(id(v.node), 0))
             if got != want:
