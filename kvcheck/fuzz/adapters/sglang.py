@@ -164,7 +164,7 @@ def cli_fuzz(layout: str | None, layout_file: str | None, list_only: bool, budge
     SglangUnavailable (the CLI turns them into one line, exit 2)."""
     if list_only:
         rows = list_layouts()
-        text = "\n".join(f"  {r['name'] or '-':14} {r['class']:18} "
+        text = "\n".join(f"  {r['name'] or '-':28} {r['class']:18} "
                          + ("ok" if r["supported"] else f"not supported: {r['reason']}") for r in rows)
         return {"sglang_version": sglang_version(), "layouts": rows}, f"sglang {sglang_version()}\n{text}"
     if layout_file:

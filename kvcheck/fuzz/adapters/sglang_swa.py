@@ -151,6 +151,11 @@ class SwaAdapter(SglangAdapter):
         del self.reqs[r]
         return {"prefix_len": prefix_len}
 
+    def _a_evict(self, n: int) -> dict:
+        """Explicit eviction asks for SWA tokens only (full eviction comes from allocation
+        pressure), so internal nodes are tombstoned while their full KV stays."""
+        return {"evicted": self._evict(0, n)}
+
     def _a_abort(self, r: str) -> dict:
         req = self._get(r)
         if req.state == "running":
@@ -216,6 +221,7 @@ class SwaAdapter(SglangAdapter):
     def check_all(self) -> None:
         nodes = self.tree()
         self._swa_locks(nodes)
+        self._held_full_live()
         self._content(nodes)
         self._swa_sizes(nodes)
         if any(r.state == "running" for r in self.reqs.values()):
@@ -224,6 +230,17 @@ class SwaAdapter(SglangAdapter):
             self.cache.sanity_check()
         except Exception as e:      # it raises a plain Exception
             raise Violation("bookkeeping", "tree_sanity_check", f"sanity_check failed: {e}") from None
+
+    def _held_full_live(self) -> None:
+        """A running request's full KV of [0, hit) stays allocated and unchanged while it holds the
+        lock (its req_to_token row reads those slots), whatever happens to the tree's SWA side."""
+        full_free, _ = self._free_sets()
+        for r in self.reqs.values():
+            for p in range(r.hit) if r.state == "running" else ():
+                s = r.slots[p]
+                if s in full_free or self.written.get(s) != tuple(r.tokens[:p + 1]):
+                    raise Violation("bookkeeping", "no_evict_locked", f"{r.rid} holds position {p} (slot {s}), "
+                                    "which was freed or overwritten under its lock")
 
     def _swa_locks(self, nodes: list) -> None:
         """full_lock_ref = holders through the node; swa_lock_ref = holders whose window
