@@ -114,3 +114,21 @@ def test_swa_radix_cache_speaks_the_params_api(tmp_path):
     assert r["findings"] == [] and r["missing_actions"] == []
     ad = sg.make_adapter(LAYOUTS["swa"])
     assert ad.params_api == hasattr(S["bpc"], "MatchPrefixParams")
+
+
+def test_known_finding_reproducer_matches_the_release():
+    """docs/repro/sglang_unified_swa_recover_frees_locked_full.py (SGLang's classes only) exits 1
+    exactly on the releases KNOWN_FINDINGS lists (0.5.11, 0.5.12), 0 where it is fixed (0.5.23)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    S = _sglang()
+    if not isinstance(S["classes"].get("UnifiedRadixCache"), type):
+        pytest.skip("this release has no UnifiedRadixCache")
+    root = Path(__file__).resolve().parents[2]
+    p = subprocess.run([sys.executable, str(root / "docs/repro/sglang_unified_swa_recover_frees_locked_full.py")],
+                       cwd=root, capture_output=True, text=True, timeout=300, env={"PYTHONPATH": str(root),
+                                                                                    "PATH": "/usr/bin:/bin"})
+    from kvcheck.fuzz.adapters.sglang_layouts import known_finding
+    bad = known_finding(LAYOUTS["unified-swa"], S["version"]) is not None
+    assert p.returncode == (1 if bad else 0), (p.returncode, p.stdout[-300:], p.stderr[-500:])

@@ -226,6 +226,20 @@ FAULT_CLASSES = {"match_ignores_tombstones": ("SWARadixCache", "UnifiedRadixCach
                  "core_drops_insert": ("UnifiedRadixCache",)}
 
 
+# Real SGLang behaviour the campaigns found (docs/findings-sglang.md): (class, components) ->
+# (the check that fires, the releases measured with it, the upstream fix). A clean-run test
+# accepts exactly this finding on exactly these releases.
+KNOWN_FINDINGS = {
+    ("UnifiedRadixCache", ("full", "swa")): ("no_evict_locked", ("0.5.11", "0.5.12"), "sgl-project/sglang#29352"),
+}
+
+
+def known_finding(lay: Layout, version: str | None) -> str | None:
+    """The check a known SGLang bug of this release makes fire on this layout, if any."""
+    k = KNOWN_FINDINGS.get((lay.cls, lay.components))
+    return k[0] if k and version in k[1] else None
+
+
 def fault_applies(fault: str, lay: Layout) -> bool:
     if fault == "match_ignores_tombstones" and lay.components != ("full", "swa"):
         return False            # needs tombstones: full + SWA

@@ -290,16 +290,21 @@ class UnifiedAdapter(UnifiedChecks, SglangAdapter):
             real_evict = c.evict
 
             def evict(*params: Any) -> Any:
-                if f == "evict_no_free":
-                    a = c.token_to_kv_pool_allocator
-                    real = {n: getattr(a, n) for n in FREES if hasattr(a, n)}
-                    for n in real:
-                        setattr(a, n, lambda *x, **k: None)
+                if f == "evict_no_free":      # every free path: the allocator's, its halves', and the
+                    a = c.token_to_kv_pool_allocator      # bound frees components keep (0.5.12: _free_full)
+                    owners = [a] + [getattr(a, h) for h in ("full_attn_allocator", "swa_attn_allocator")
+                                    if hasattr(a, h)] + list(getattr(c, "components", {}).values())
+                    saved = []
+                    for o in owners:
+                        for n in set(FREES) | {k for k in vars(o) if k.startswith("_free")}:
+                            if callable(getattr(o, n, None)):
+                                saved.append((o, n, n in vars(o), vars(o).get(n)))
+                                setattr(o, n, lambda *x, **k: None)
                     try:
                         return real_evict(*params)
                     finally:
-                        for n, fn in real.items():
-                            setattr(a, n, fn)
+                        for o, n, had, fn in reversed(saved):
+                            setattr(o, n, fn) if had else delattr(o, n)
                 out = real_evict(*params)
                 locked = [v.node for v in self.views() if v.full_lock > 0 and not v.node.children]
                 if locked:                   # free and unlink the deepest locked leaf
