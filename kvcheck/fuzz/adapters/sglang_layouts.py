@@ -231,6 +231,7 @@ FAULT_CLASSES = {"match_ignores_tombstones": ("SWARadixCache", "UnifiedRadixCach
 # accepts exactly this finding on exactly these releases.
 KNOWN_FINDINGS = {
     ("UnifiedRadixCache", ("full", "swa")): ("no_evict_locked", ("0.5.11", "0.5.12"), "sgl-project/sglang#29352"),
+    ("SWARadixCache", ("full", "swa")): ("no_evict_locked", ("0.5.7", "0.5.11", "0.5.12"), "sgl-project/sglang#29352"),
 }
 
 
