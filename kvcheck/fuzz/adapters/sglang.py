@@ -69,6 +69,12 @@ def make_adapter(lay: Layout, fault: str | None = None, capacity: int | None = N
     if lay.cls == "HiRadixCache":
         from .sglang_hicache import HiCacheAdapter
         return HiCacheAdapter(lay, fault, capacity)
+    if lay.cls == "UnifiedRadixCache":
+        from .sglang_unified import UnifiedAdapter
+        from .sglang_unified_diff import LockstepAdapter
+        if lay.tree_core == "lockstep":
+            return LockstepAdapter(lay, fault, capacity)     # type: ignore[return-value]
+        return UnifiedAdapter(lay, fault, capacity, core=lay.tree_core or "python")
     return SglangAdapter(lay, fault, capacity)
 
 
@@ -169,7 +175,7 @@ def cli_fuzz(layout: str | None, layout_file: str | None, list_only: bool, budge
     SglangUnavailable (the CLI turns them into one line, exit 2)."""
     if list_only:
         rows = list_layouts()
-        text = "\n".join(f"  {r['name'] or '-':14} {r['class']:18} "
+        text = "\n".join(f"  {r['name'] or '-':28} {r['class']:18} "
                          + ("ok" if r["supported"] else f"not supported: {r['reason']}") for r in rows)
         return {"sglang_version": sglang_version(), "layouts": rows}, f"sglang {sglang_version()}\n{text}"
     if layout_file:

@@ -23,9 +23,11 @@ VOCAB = 6              # a small vocabulary: prompts share prefixes often
 MAX_TOKENS = 40
 
 
-DRIVEN = ("RadixCache", "PureSWARadixCache", "SWARadixCache", "MambaRadixCache", "HiRadixCache")
-# classes whose components are fixed (the others take [full] or [swa])
+DRIVEN = ("RadixCache", "PureSWARadixCache", "SWARadixCache", "MambaRadixCache", "HiRadixCache",
+          "UnifiedRadixCache")
+# classes whose components are fixed (the others take [full] or [swa]; UnifiedRadixCache: below)
 CLASS_COMPONENTS = {"SWARadixCache": ("full", "swa"), "MambaRadixCache": ("full", "mamba")}
+TREE_CORES = ("python", "rust", "lockstep")   # UnifiedRadixCache: which tree core(s); lockstep = both
 
 
 class LayoutError(ValueError):
@@ -41,11 +43,14 @@ class Layout:
     window: int | None = None      # the sliding window, for swa components
     capacity: int = 64             # token slots of the KV pool
     doc: str = ""
+    tree_core: str | None = None   # UnifiedRadixCache only: python | rust | lockstep (python + rust)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["class"] = d.pop("cls")
         d["components"] = list(self.components)
+        if d["tree_core"] is None:
+            d.pop("tree_core")
         return d
 
 
@@ -65,6 +70,20 @@ LAYOUTS: dict[str, Layout] = {x.name: x for x in (
     Layout("mamba", "MambaRadixCache", ("full", "mamba"), 1, None, 48,
            "MambaRadixCache, full attention + Mamba state at some nodes (capacity/6 state slots), "
            "HybridReqToTokenPool + HybridLinearKVPool"),
+    # UnifiedRadixCache (sglang_unified*.py): components FULL or FULL+SWA, on the Python tree core,
+    # or the Python and Rust cores in lockstep (a differential; TreeCore releases only)
+    Layout("unified-full", "UnifiedRadixCache", ("full",), 1, None, 48,
+           "UnifiedRadixCache, FULL, page 1, Python tree", "python"),
+    Layout("unified-full-page4", "UnifiedRadixCache", ("full",), 4, None, 64,
+           "UnifiedRadixCache, FULL, page 4, Python tree", "python"),
+    Layout("unified-swa", "UnifiedRadixCache", ("full", "swa"), 1, 4, 96,
+           "UnifiedRadixCache, FULL+SWA (W=4) with tombstones, Python tree", "python"),
+    Layout("unified-full-lockstep", "UnifiedRadixCache", ("full",), 1, None, 48,
+           "UnifiedRadixCache, FULL, the Python and Rust tree cores in lockstep", "lockstep"),
+    Layout("unified-full-page4-lockstep", "UnifiedRadixCache", ("full",), 4, None, 64,
+           "UnifiedRadixCache, FULL, page 4, Python and Rust tree cores in lockstep", "lockstep"),
+    Layout("unified-swa-lockstep", "UnifiedRadixCache", ("full", "swa"), 1, 4, 96,
+           "UnifiedRadixCache, FULL+SWA (W=4), Python and Rust tree cores in lockstep", "lockstep"),
 )}
 
 
@@ -73,18 +92,28 @@ def _layout_from(d: dict[str, Any], where: str) -> Layout:
         comps = tuple(d.get("components") or ("full",))
         lay = Layout(str(d["name"]), str(d["class"]), comps, int(d.get("page_size", 1)),
                      None if d.get("window") is None else int(d["window"]), int(d.get("capacity", 64)),
-                     str(d.get("doc", "")))
+                     str(d.get("doc", "")), None if d.get("tree_core") is None else str(d["tree_core"]))
     except (KeyError, TypeError, ValueError) as e:
         raise LayoutError(f"{where}: a layout needs name, class (and optional components, "
                           f"page_size, window, capacity): {e}") from None
     if lay.cls not in DRIVEN:
         raise LayoutError(f"{where}: class {lay.cls!r} is not driven by this adapter yet "
                           f"({', '.join(DRIVEN)})")
-    fixed = CLASS_COMPONENTS.get(lay.cls)
-    if fixed is not None and comps != fixed:
-        raise LayoutError(f"{where}: {lay.cls} takes components {list(fixed)}")
-    if fixed is None and comps not in (("full",), ("swa",)):
-        raise LayoutError(f"{where}: {lay.cls} takes components [full] or [swa], got {list(comps)}")
+    if lay.cls == "UnifiedRadixCache":
+        if comps not in (("full",), ("full", "swa")):
+            raise LayoutError(f"{where}: UnifiedRadixCache is driven with components [full] or [full, swa] "
+                              f"(FULL+MAMBA is not driven), got {list(comps)}")
+        if (lay.tree_core or "python") not in TREE_CORES:
+            raise LayoutError(f"{where}: tree_core must be one of {', '.join(TREE_CORES)}, got {lay.tree_core!r}")
+        lay = Layout(**{**asdict(lay), "tree_core": lay.tree_core or "python"})
+    elif lay.tree_core is not None:
+        raise LayoutError(f"{where}: tree_core is a UnifiedRadixCache field")
+    else:
+        fixed = CLASS_COMPONENTS.get(lay.cls)
+        if fixed is not None and comps != fixed:
+            raise LayoutError(f"{where}: {lay.cls} takes components {list(fixed)}")
+        if fixed is None and comps not in (("full",), ("swa",)):
+            raise LayoutError(f"{where}: {lay.cls} takes components [full] or [swa], got {list(comps)}")
     if "swa" in comps and not lay.window:
         raise LayoutError(f"{where}: an swa component needs a window")
     if lay.page_size < 1 or lay.capacity < 4 * lay.page_size:
@@ -126,9 +155,9 @@ def check_supported(lay: Layout) -> None:
 def _api_gap(lay: Layout) -> str | None:
     """Why the adapter cannot drive this class at the installed release, if it cannot."""
     S = load()
-    if lay.cls == "SWARadixCache" and hasattr(S["bpc"], "MatchPrefixParams"):
-        return (f"sglang {S['version']}: SWARadixCache with the *Params API is not driven yet "
-                "(the adapter drives 0.5.7's positional API)")
+    if lay.cls == "UnifiedRadixCache" and lay.tree_core in ("rust", "lockstep"):
+        from .sglang_unified import rust_core_gap
+        return rust_core_gap()
     return None
 
 
@@ -146,6 +175,10 @@ def list_layouts() -> list[dict[str, Any]]:
         ok = isinstance(c, type) and gap is None
         out.append(dict(x.to_dict(), supported=ok,
                         reason=None if ok else (gap or (str(c) if c else f"this release has no {x.cls}"))))
+    if isinstance(found.get("UnifiedRadixCache"), type):
+        out.append({"name": None, "class": "UnifiedRadixCache", "components": ["full", "mamba"], "supported": False,
+                    "reason": "FULL+MAMBA not driven: it needs HybridReqToTokenPool + HybridLinearKVPool, "
+                              "the global server args and Mamba state at the hit node in the checks"})
     driven = {x.cls for x in LAYOUTS.values()}
     for cls in CLASSES:
         if cls in found and cls not in driven:
@@ -193,6 +226,10 @@ SGLANG_FAULTS = (
     _fault("evict_no_free", "evict", "size accounting",
            "evicted nodes whose KV slots are never returned to the allocator",
            "size_accounting", "evict deletes nodes without freeing their slots."),
+    _fault("core_drops_insert", "insert", "two tree cores disagreeing",
+           "UnifiedRadixCache's Rust tree core diverging from the Python one on the same operations",
+           "tree_core_differential",
+           "On the Rust core of a lockstep layout, every third insert is declined (its new slots freed)."),
 )
 SGLANG_FAULTS += (
     _fault("mamba_hit_without_state", "match_prefix", "a resume without the recurrent state it needs",
@@ -212,11 +249,34 @@ SGLANG_FAULTS += (
 )
 FAULTS = {f.name: f for f in SGLANG_FAULTS}
 # faults that only some classes can express (the rest apply to every driven class)
-FAULT_CLASSES = {"match_ignores_tombstones": ("SWARadixCache",),
+FAULT_CLASSES = {"match_ignores_tombstones": ("SWARadixCache", "UnifiedRadixCache"),
+                 "core_drops_insert": ("UnifiedRadixCache",),
                  "mamba_hit_without_state": ("MambaRadixCache",),
                  "mamba_state_freed_on_insert": ("MambaRadixCache",),
                  "load_back_before_copy": ("HiRadixCache",), "write_through_ack_early": ("HiRadixCache",)}
 
 
+
+# Real SGLang behaviour the campaigns found (docs/findings-sglang.md): (class, components) ->
+# (the check that fires, the releases measured with it, the upstream fix). A clean-run test
+# accepts exactly this finding on exactly these releases.
+KNOWN_FINDINGS = {
+    ("UnifiedRadixCache", ("full", "swa")): ("no_evict_locked", ("0.5.11", "0.5.12"), "sgl-project/sglang#29352"),
+    ("SWARadixCache", ("full", "swa")): ("no_evict_locked", ("0.5.7", "0.5.11", "0.5.12"), "sgl-project/sglang#29352"),
+}
+
+
+def known_finding(lay: Layout, version: str | None) -> str | None:
+    """The check a known SGLang bug of this release makes fire on this layout, if any."""
+    k = KNOWN_FINDINGS.get((lay.cls, lay.components))
+    return k[0] if k and version in k[1] else None
+
+
 def fault_applies(fault: str, lay: Layout) -> bool:
+    if fault == "match_ignores_tombstones" and lay.components != ("full", "swa"):
+        return False            # needs tombstones: full + SWA
+    if fault == "core_drops_insert" and lay.tree_core != "lockstep":
+        return False            # needs a second tree core to differ from
+    if fault in ("lock_ref_leak", "evict_locked") and lay.tree_core == "rust":
+        return False            # these wrappers edit tree nodes, which the Rust core does not expose
     return lay.cls in FAULT_CLASSES.get(fault, (lay.cls,))

@@ -6,7 +6,9 @@ The pool is a real `SWAKVPool` (tiny per-layer buffers on CPU) under `SWATokenTo
 whose full->SWA index mapping says which SWA slot backs each full slot. Slot ownership differs
 from RadixCache: `insert(key, value, prev_prefix_len)` frees the duplicate slots itself, so the
 caller frees only the unaligned tail (as `SWARadixCache.cache_finished_req` does). Locks come
-with a receipt (`swa_uuid_for_lock`) that the release replays.
+with a receipt (`swa_uuid_for_lock`) that the release replays. Both APIs are spoken: 0.5.7's
+positional calls and 0.5.8+'s *Params objects (MatchPrefixParams, InsertParams, EvictParams,
+IncLockRefResult / DecLockRefParams).
 """
 from __future__ import annotations
 
@@ -21,39 +23,48 @@ class SwaAdapter(SglangAdapter):
     """SglangAdapter for SWARadixCache: two pools, tombstones, lock receipts."""
 
     def reset(self, cfg: Any = None) -> None:
-        from .sglang_install import load
-        from .sglang_layouts import LayoutError
-        if hasattr(load()["bpc"], "MatchPrefixParams"):
-            raise LayoutError(f"sglang {load()['version']}: SWARadixCache with the *Params API "
-                              "(MatchPrefixParams, IncLockRefResult receipts) is not driven yet; "
-                              "the adapter drives 0.5.7's positional API")
         import torch
-        from sglang.srt.mem_cache.allocator import SWATokenToKVPoolAllocator
-        from sglang.srt.mem_cache.memory_pool import SWAKVPool
+        from collections import Counter
+        from .sglang_compat import swa_pools
         from .sglang_install import cache_class, load
         S = load()
         self.S, self.torch, W = S, torch, self.lay.window
+        # 0.5.7 speaks positional arguments; 0.5.8+ the *Params objects (MatchPrefixParams, ...)
+        self.params_api = hasattr(S["bpc"], "MatchPrefixParams")
         self.size_swa = max(2 * W, self.capacity // 2)
-        pool = SWAKVPool(size=self.capacity, size_swa=self.size_swa, dtype=torch.float16, head_num=1, head_dim=2,
-                         swa_attention_layer_ids=[0], full_attention_layer_ids=[1],
-                         enable_kvcache_transpose=False, device="cpu")
-        self.alloc = SWATokenToKVPoolAllocator(self.capacity, self.size_swa, torch.float16, "cpu", pool, False)
-        params = S["CacheInitParams"](disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=self.alloc,
-                                      page_size=1)
-        self.cache = cache_class(self.lay.cls)(params, sliding_window_size=W)
-        self.params_api = False
+        self.alloc = swa_pools(self.capacity, self.size_swa)
+        kw: dict[str, Any] = dict(disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=self.alloc,
+                                  page_size=1)
+        if self.params_api:
+            self.cache = cache_class(self.lay.cls)(S["CacheInitParams"](**kw, sliding_window_size=W))
+        else:
+            self.cache = cache_class(self.lay.cls)(S["CacheInitParams"](**kw), sliding_window_size=W)
         self.reqs, self.written, self.twin = {}, {}, set()
         self.written_swa: dict[int, tuple[int, ...]] = {}
         self.receipt: dict[str, Any] = {}
-        from collections import Counter
         self.coverage, self.lost, self.hits, self.next_id = Counter(), [], 0, 0
         self.broken, self._inserts = None, 0
         self._plant()
 
     # ---- the release's API ----------------------------------------------------------------
+    def _lock(self, node: Any) -> Any:
+        """inc_lock_ref; the receipt's swa_uuid (0.5.8+ wrap it in an IncLockRefResult)."""
+        rec = self.cache.inc_lock_ref(node)
+        return rec.swa_uuid_for_lock if self.params_api else rec
+
+    def _unlock(self, node: Any, uuid: Any) -> None:
+        if self.params_api:
+            self.cache.dec_lock_ref(node, self.S["bpc"].DecLockRefParams(swa_uuid_for_lock=uuid))
+        else:
+            self.cache.dec_lock_ref(node, uuid)
+
     def _cache_evict(self, n: int, swa: int | None = None) -> int:
         before = self.alloc.full_available_size() + self.alloc.swa_available_size()
-        self.cache.evict(n, n if swa is None else swa)
+        swa = n if swa is None else swa
+        if self.params_api:
+            self.cache.evict(self.S["bpc"].EvictParams(num_tokens=n, swa_num_tokens=swa))
+        else:
+            self.cache.evict(n, swa)
         self.coverage["state:tombstoned"] += any(x.swa_tombstone for x, _ in self.tree())
         return self.alloc.full_available_size() + self.alloc.swa_available_size() - before
 
@@ -80,7 +91,8 @@ class SwaAdapter(SglangAdapter):
         if self.planted(FAULTS["match_ignores_tombstones"]):      # one live token past a tombstone will do
             self.cache.sliding_window_size = 1
         try:
-            m = self.cache.match_prefix(self._key(req.tokens[:-1]))
+            key = self._key(req.tokens[:-1])
+            m = self.cache.match_prefix(self.S["bpc"].MatchPrefixParams(key=key) if self.params_api else key)
         finally:
             self.cache.sliding_window_size = W
         hit, node = len(m.device_indices), m.last_device_node
@@ -96,11 +108,11 @@ class SwaAdapter(SglangAdapter):
         if usable > hit:
             raise Violation("lost_reuse", "lost_reuse", f"{r}: the tree holds a {usable}-token prefix with a "
                             f"live window behind it, the match returned {hit}")
-        uuid = self.cache.inc_lock_ref(node)
+        uuid = self._lock(node)
         need = len(req.tokens) - hit
         new = self._alloc(need)
         if new is None:
-            self.cache.dec_lock_ref(node, uuid)
+            self._unlock(node, uuid)
             self.coverage["state:admission_refused"] += 1
             return {"hit": hit, "admitted": False}
         self.receipt[r] = uuid
@@ -127,18 +139,28 @@ class SwaAdapter(SglangAdapter):
             prefix_len = n
         else:
             # SWARadixCache.insert frees the duplicates [prev_prefix_len, prefix_len) itself
-            prefix_len = int(self.cache.insert(self._key(req.tokens[:n]), vals, req.hit))
-        self.cache.dec_lock_ref(req.node, self.receipt.pop(r))
+            key = self._key(req.tokens[:n])
+            if self.params_api:
+                prefix_len = self.cache.insert(self.S["bpc"].InsertParams(key=key, value=vals,
+                                                                          prev_prefix_len=req.hit)).prefix_len
+            else:
+                prefix_len = int(self.cache.insert(key, vals, req.hit))
+        self._unlock(req.node, self.receipt.pop(r))
         for end in range(1, n + 1):
             self.twin.add(tuple(req.tokens[:end]))
         del self.reqs[r]
         return {"prefix_len": prefix_len}
 
+    def _a_evict(self, n: int) -> dict:
+        """Explicit eviction asks for SWA tokens only (full eviction comes from allocation
+        pressure), so internal nodes are tombstoned while their full KV stays."""
+        return {"evicted": self._evict(0, n)}
+
     def _a_abort(self, r: str) -> dict:
         req = self._get(r)
         if req.state == "running":
             self._free(req.slots[req.hit:])
-            self.cache.dec_lock_ref(req.node, self.receipt.pop(r))
+            self._unlock(req.node, self.receipt.pop(r))
         del self.reqs[r]
         return {}
 
@@ -199,6 +221,7 @@ class SwaAdapter(SglangAdapter):
     def check_all(self) -> None:
         nodes = self.tree()
         self._swa_locks(nodes)
+        self._held_full_live()
         self._content(nodes)
         self._swa_sizes(nodes)
         if any(r.state == "running" for r in self.reqs.values()):
@@ -207,6 +230,17 @@ class SwaAdapter(SglangAdapter):
             self.cache.sanity_check()
         except Exception as e:      # it raises a plain Exception
             raise Violation("bookkeeping", "tree_sanity_check", f"sanity_check failed: {e}") from None
+
+    def _held_full_live(self) -> None:
+        """A running request's full KV of [0, hit) stays allocated and unchanged while it holds the
+        lock (its req_to_token row reads those slots), whatever happens to the tree's SWA side."""
+        full_free, _ = self._free_sets()
+        for r in self.reqs.values():
+            for p in range(r.hit) if r.state == "running" else ():
+                s = r.slots[p]
+                if s in full_free or self.written.get(s) != tuple(r.tokens[:p + 1]):
+                    raise Violation("bookkeeping", "no_evict_locked", f"{r.rid} holds position {p} (slot {s}), "
+                                    "which was freed or overwritten under its lock")
 
     def _swa_locks(self, nodes: list) -> None:
         """full_lock_ref = holders through the node; swa_lock_ref = holders whose window
