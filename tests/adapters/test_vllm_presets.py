@@ -94,4 +94,19 @@ def test_list_layouts_as_text_names_every_layout() -> None:
                        capture_output=True, text=True)
     assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
     names = {line.split()[0] for line in p.stdout.splitlines()[1:] if line.startswith("  ") and line.split()}
-    assert set(V.LAYOUTS) <= names, set(V.LAYOUTS) - names
+    static = {k for k in V.LAYOUTS if ":" not in k}     # (gen:/file: ones registered by other tests)
+    assert static <= names, static - names
+
+
+def test_every_layout_config_declares_vllms_semantics() -> None:
+    """The ground-truth Config of each layout says what vLLM does among the spec's configurable
+    semantics (drop_hash eviction, decode, allocation that evicts), and each semantic's
+    invariant names an adapter check that exists."""
+    from kvcheck.fuzz.adapters.vllm_layouts import (BOOKKEEPING_CHECKS, SAFETY_CHECKS, SEMANTIC_CHECKS,
+                                                     VLLM_SEMANTICS, layout_configs)
+    from kvcheck.spec.config import Config
+    for name in [k for k in V.LAYOUTS if k != "generated" and ":" not in k]:
+        for cfg in layout_configs(name).values():
+            assert cfg.semantics() == VLLM_SEMANTICS, name
+            assert Config.from_dict(cfg.to_dict()) == cfg        # a trace's config round-trips
+    assert set(SEMANTIC_CHECKS.values()) <= set(SAFETY_CHECKS) | set(BOOKKEEPING_CHECKS)

@@ -258,15 +258,27 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+# vLLM's semantics among the spec's configurable ones (docs/spec.md "Configurable semantics"),
+# declared in every layout's Config, and the adapter check that holds each semantic's invariant:
+# eviction = "drop_hash" (a reused free block's hash leaves the map: published_hash_resident ->
+# hash_map_sound), decode = true (only full blocks are cached: hit_full_blocks -> hit_aligned),
+# alloc = "evict" (allocate_slots evicts LRU free cached blocks itself or returns None:
+# toctou_bound_stable -> toctou_bound_stable, admission_cap -> free_count). Token content is the
+# adapter's own (any prompt; hit_content_sound -> the content shadow of every hit_sound_* check).
+VLLM_SEMANTICS = {"eviction": "drop_hash", "decode": True, "alloc": "evict"}
+SEMANTIC_CHECKS = {"published_hash_resident": "hash_map_sound", "hit_full_blocks": "hit_aligned",
+                   "toctou_bound_stable": "toctou_bound_stable", "admission_cap": "free_count"}
+
+
 def layout_configs(layout: str) -> dict[int | None, Config]:
     """The spec Configs whose groups give the ground truth, keyed by sliding window (None when
-    the layout has none). The spec allows one window per config, so a layout with several
-    windows gets one config per window (full + that swa). Chunked local has no spec kind: it is
-    checked by the adapter's own rule and left out."""
+    the layout has none), with vLLM's semantics declared (VLLM_SEMANTICS). The spec allows one
+    window per config, so a layout with several windows gets one config per window (full + that
+    swa). Chunked local has no spec kind: it is checked by the adapter's own rule and left out."""
     if layout.startswith("dsv4"):   # the spec's view: swa + csa (m=4, indexer) + hca (m=16)
         layers = (LayerSpec("swa", window=8), LayerSpec("csa", window=8, m=4, topk=1),
                   LayerSpec("hca", window=8, m=16))
-        return {8: Config(layers=layers, block_size=B, page_tokens={"hca": 16})}
+        return {8: Config(layers=layers, block_size=B, page_tokens={"hca": 16}, **VLLM_SEMANTICS)}
     hb = layout_scale(layout)[0]
     full, swas = [], {}
     rec = [LayerSpec("mamba")] if any(k == "mamba" for k, _, _ in _LAYOUTS[layout][1]) else []
@@ -284,7 +296,7 @@ def layout_configs(layout: str) -> dict[int | None, Config]:
             layers.append(LayerSpec("swa", window=w))
             page["swa"] = swas[w]
         page = {k: v for k, v in page.items() if v != hb}
-        out[w] = Config(layers=tuple(layers + rec), block_size=hb, page_tokens=page)
+        out[w] = Config(layers=tuple(layers + rec), block_size=hb, page_tokens=page, **VLLM_SEMANTICS)
     return out
 
 
