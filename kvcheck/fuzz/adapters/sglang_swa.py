@@ -10,11 +10,22 @@ with a receipt (`swa_uuid_for_lock`) that the release replays.
 """
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any
 
 from .sglang_adapter import SglangAdapter
 from .sglang_checks import Req, Violation
 from .sglang_layouts import FAULTS
+
+
+# Releases before 0.5.5 stamp SWARadixCache nodes with time.monotonic() and, on a match, each
+# parent 0.1 ms earlier than its child; the idle-time `sanity_check` rebuilds the LRU order from
+# those stamps, so when tree operations come less than 0.1 ms apart (always, on this driver) it
+# reports "Incorrect LRU list" although the lists are as SGLang maintains them (0.5.5+ use a
+# logical counter). Counted under this name, not reported, unless KVCHECK_SGLANG_STRICT=1.
+KNOWN_WALLCLOCK = "known:sanity_check_lru_wallclock"
+STRICT = os.environ.get("KVCHECK_SGLANG_STRICT") == "1"
 
 
 class SwaAdapter(SglangAdapter):
@@ -30,18 +41,18 @@ class SwaAdapter(SglangAdapter):
         import torch
         from sglang.srt.mem_cache.allocator import SWATokenToKVPoolAllocator
         from sglang.srt.mem_cache.memory_pool import SWAKVPool
-        from .sglang_install import cache_class, load
+        from .sglang_compat import new_allocator, new_cache
         S = load()
         self.S, self.torch, W = S, torch, self.lay.window
         self.size_swa = max(2 * W, self.capacity // 2)
         pool = SWAKVPool(size=self.capacity, size_swa=self.size_swa, dtype=torch.float16, head_num=1, head_dim=2,
                          swa_attention_layer_ids=[0], full_attention_layer_ids=[1],
                          enable_kvcache_transpose=False, device="cpu")
-        self.alloc = SWATokenToKVPoolAllocator(self.capacity, self.size_swa, torch.float16, "cpu", pool, False)
-        params = S["CacheInitParams"](disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=self.alloc,
-                                      page_size=1)
-        self.cache = cache_class(self.lay.cls)(params, sliding_window_size=W)
+        self.alloc = new_allocator(SWATokenToKVPoolAllocator, self.capacity, self.size_swa, torch.float16, "cpu", pool)
+        self.cache = new_cache(self.lay.cls, self.alloc, 1, W)
         self.params_api = False
+        mod = sys.modules[type(self.cache).__module__]
+        self.wallclock_lru = not hasattr(getattr(mod, "TreeNode", None), "last_access_time_counter_float")
         self.reqs, self.written, self.twin = {}, {}, set()
         self.written_swa: dict[int, tuple[int, ...]] = {}
         self.receipt: dict[str, Any] = {}
@@ -206,6 +217,9 @@ class SwaAdapter(SglangAdapter):
         try:
             self.cache.sanity_check()
         except Exception as e:      # it raises a plain Exception
+            if self.wallclock_lru and "Incorrect LRU list" in str(e) and not STRICT:
+                self.coverage[KNOWN_WALLCLOCK] += 1     # a known release behaviour (module doc)
+                return
             raise Violation("bookkeeping", "tree_sanity_check", f"sanity_check failed: {e}") from None
 
     def _swa_locks(self, nodes: list) -> None:
