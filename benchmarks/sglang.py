@@ -25,6 +25,7 @@ def main() -> int:
     a = ap.parse_args()
     from kvcheck.fuzz.adapters import sglang as sg
     from kvcheck.fuzz.adapters.sglang_install import SglangUnavailable, load
+    from kvcheck.fuzz.adapters.sglang_layouts import fault_applies
     try:
         classes = load()["classes"]
     except SglangUnavailable as e:
@@ -39,7 +40,7 @@ def main() -> int:
                                       "ops_per_s": round(r["steps"] / max(r["elapsed_s"], 1e-9)),
                                       "findings": len(r["findings"])}
         for f in sg.FAULTS:
-            for lay in [x for x in layouts if sg.fault_applies(f, sg.LAYOUTS[x])]:
+            for lay in [x for x in layouts if fault_applies(f, sg.LAYOUTS[x])]:
                 ttd, shrunk, caught = [], [], 0
                 for seed in range(a.seeds):
                     r = sg.run_campaign(lay, budget_s=10, seed=seed, fault=f, out_dir=d, shrink_s=5)
