@@ -21,6 +21,7 @@ from ..prompts import PromptGen
 from ..shrink import shrink_finding
 from ..traces import replay as replay_on_core, to_trace
 from .sglang_adapter import SglangAdapter
+from .sglang_reproducer import write_reproducer
 from .sglang_steps import alternatives, fuse
 from .sglang_install import INSTALL_HINT, SglangUnavailable, sglang_version
 from .sglang_layouts import (ACTIONS, FAULTS, LAYOUTS, SGLANG_FAULTS, VOCAB, Layout, LayoutError, get_layout,
@@ -92,7 +93,8 @@ def _save(lay: Layout, capacity: int, fault: str | None, seed: int, f: Finding, 
                      meta={"sglang_version": sglang_version(), "layout": lay.to_dict(), "capacity": capacity})
     path = str(trace.save(Path(out_dir) / f"sglang-{lay.name.replace('+', '_')}-{f.checks[0]}-seed{seed}.json"))
     return {"kind": f.kind, "check": f.checks[0], "message": f.message, "trace": path,
-            "steps": len(trace.steps), "replay": f"kvcheck replay {path} --sut sglang"}
+            "steps": len(trace.steps), "replay": f"kvcheck replay {path} --sut sglang",
+            **write_reproducer(trace, path)}
 
 
 def run_campaign(layout: str | Layout, budget_s: float | None = 60, steps: int | None = None, seed: int = 0,

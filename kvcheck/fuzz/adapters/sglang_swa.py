@@ -19,11 +19,12 @@ from .sglang_checks import Req, Violation
 from .sglang_layouts import FAULTS
 
 
-# Releases before 0.5.5 stamp SWARadixCache nodes with time.monotonic() and, on a match, each
-# parent 0.1 ms earlier than its child; the idle-time `sanity_check` rebuilds the LRU order from
-# those stamps, so when tree operations come less than 0.1 ms apart (always, on this driver) it
-# reports "Incorrect LRU list" although the lists are as SGLang maintains them (0.5.5+ use a
-# logical counter). Counted under this name, not reported, unless KVCHECK_SGLANG_STRICT=1.
+# A known SGLang bug of releases before 0.5.5 (sgl-project/sglang#8931: the scheduler's idle
+# self-check crashes it): SWARadixCache stamps nodes with time.monotonic() and, on a match, each
+# parent 0.1 ms before its child; `sanity_check` rebuilds the LRU order from those stamps, so
+# when tree operations come less than 0.1 ms apart (always, on this driver) it raises "Incorrect
+# LRU list" although the lists are the ones the same code keeps on 0.5.5+ (a logical counter
+# there). Counted under this name so a campaign goes on looking; KVCHECK_SGLANG_STRICT=1 reports it.
 KNOWN_WALLCLOCK = "known:sanity_check_lru_wallclock"
 STRICT = os.environ.get("KVCHECK_SGLANG_STRICT") == "1"
 
