@@ -6,6 +6,7 @@ importable: build a side venv with scripts/install-sglang.sh VERSION DIR and run
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -111,7 +112,7 @@ def test_standalone_reproducer_exits_1_with_the_fault_and_0_clean(tmp_path):
                         shrink_s=3)
     script = r["findings"][0]["reproducer"]
     assert "import kvcheck" not in open(script).read() and "from kvcheck" not in open(script).read()
-    env = {"PATH": "/usr/bin:/bin"}
+    env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")}
     bug = subprocess.run([sys.executable, script], capture_output=True, text=True, env=env, timeout=300)
     assert bug.returncode == 1 and "BUG: node at depth" in bug.stdout, bug.stdout[-800:] + bug.stderr[-800:]
     ok = subprocess.run([sys.executable, script, "--clean"], capture_output=True, text=True, env=env, timeout=300)

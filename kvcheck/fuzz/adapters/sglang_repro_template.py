@@ -272,7 +272,7 @@ def match(r):
 def want_present(tokens):
     node, p, n = root, 0, 0
     while True:
-        nxt = next((c for c in node.children.values() if p < len(tokens) - 1 and int(c.key[0]) == tokens[p]), None)
+        nxt = next((c for c in node.children.values() if p < len(tokens) - 1 and [int(t) for t in c.key][:1] == tokens[p:p + 1]), None)
         if nxt is None: return n
         k = [int(t) for t in nxt.key]; m = 0
         while m < len(k) and p + m < len(tokens) - 1 and k[m] == tokens[p + m]: m += 1
