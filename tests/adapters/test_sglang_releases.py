@@ -11,6 +11,7 @@ Without the variable the tests skip (saying how to enable them).
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -54,6 +55,7 @@ def _run(py: str, *argv: str) -> subprocess.CompletedProcess:
     return subprocess.run([py, *argv], capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
 
 
+@functools.lru_cache(maxsize=None)     # one SGLang import per interpreter, not one per test
 def _layouts(py: str) -> dict:
     r = _run(py, "-m", "kvcheck", "fuzz", "--sut", "sglang", "--list-layouts", "--json")
     assert r.returncode == 0, r.stderr[-800:]
