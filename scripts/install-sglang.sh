@@ -1,28 +1,63 @@
 #!/usr/bin/env bash
-# Build a side venv that runs kvcheck's SGLang adapter on CPU: a clean venv with the CPU torch,
-# `pip install --no-deps sglang==VERSION`, the pure-Python modules its radix-cache import chain
-# needs (scripts/requirements-sglang.txt, installed --no-deps so torch is never replaced), and
-# kvcheck itself (editable, --no-deps). GPU-only modules the chain reaches (torchvision users,
-# sgl_kernel on releases before 0.5.7) get KVCHECK_CPU_STUB stand-ins at import time
+# Build a side venv that runs kvcheck's SGLang adapter on CPU, quietly (one summary line).
+#
+#   scripts/install-sglang.sh VERSION [DIR]            a clean venv DIR (default
+#                                                      .venv-sglang-VERSION) with the CPU torch
+#   PYTHON=.venv/bin/python scripts/install-sglang.sh VERSION DIR
+#                                                      DIR layered over PYTHON's env (a .pth
+#                                                      file): torch, kvcheck and whatever it
+#                                                      already has come from there (fast; CI)
+#
+# `pip install --no-deps sglang==VERSION`, then the pure-Python modules its radix-cache import
+# chain needs (scripts/requirements-sglang.txt, --no-deps so torch is never replaced; in a
+# layered DIR only those the base env lacks). GPU-only modules the chain reaches (torchvision
+# users, sgl_kernel before 0.5.7, ...) get KVCHECK_CPU_STUB stand-ins at import time
 # (kvcheck/fuzz/adapters/sglang_install.py); nothing is written into SGLang.
-# Usage: scripts/install-sglang.sh VERSION [DIR]   (DIR defaults to .venv-sglang-VERSION)
 set -euo pipefail
 VERSION=${1:?usage: scripts/install-sglang.sh VERSION [DIR]}
 DIR=${2:-.venv-sglang-$VERSION}
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 TORCH=${KVCHECK_TORCH:-torch==2.13.0}
-q() { "$@" >/dev/null 2>&1; }
-[ -x "$DIR/bin/python" ] || python3 -m venv "$DIR"
-PIP="$DIR/bin/pip"
-"$DIR/bin/python" -c "import torch" 2>/dev/null || q "$PIP" install -q "$TORCH" || { echo "install-sglang: cannot install $TORCH" >&2; exit 2; }
-q "$PIP" install -q --no-deps "sglang==$VERSION" || { echo "install-sglang: no sglang==$VERSION on the package index" >&2; exit 2; }
-q "$PIP" install -q --no-deps -r "$HERE/scripts/requirements-sglang.txt" || { echo "install-sglang: the import-chain requirements failed to install" >&2; exit 2; }
-q "$PIP" install -q --no-deps -e "$HERE" || true
-if out=$(cd "$HERE" && PYTHONPATH="$HERE" "$DIR/bin/python" -c "
-from kvcheck.fuzz.adapters.sglang_install import load, STUBBED
-S = load(); ok = [k for k, v in S['classes'].items() if isinstance(v, type)]
-print('classes:', ', '.join(ok), '| CPU stand-ins:', ', '.join(STUBBED) or 'none')" 2>&1 | tail -1); then
-  echo "install-sglang: sglang $VERSION in $DIR ($out); left out: sglang's own pins (CUDA torch, kernels, serving stack) — the caches need none of them"
+log=$(mktemp "${TMPDIR:-/tmp}/install-sglang.XXXXXX.log")
+fail() { echo "install-sglang: $1 (pip log: $log)" >&2; exit 2; }
+start=$SECONDS
+if [ -n "${PYTHON:-}" ]; then
+  "$PYTHON" -c 'import torch' 2>/dev/null || fail "no torch in $PYTHON: install kvcheck first (./setup.sh)"
+  [ -x "$DIR/bin/python" ] || "$PYTHON" -m venv "$DIR" >>"$log" 2>&1 || fail "cannot create a venv at $DIR"
+  base=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  site=$("$DIR/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  echo "$base" > "$site/zz-kvcheck-base.pth"     # after DIR's own site-packages: DIR's sglang wins
+  mode="layered over $PYTHON"
 else
-  echo "install-sglang: sglang $VERSION installed in $DIR but does not import: $out" >&2; exit 2
+  [ -x "$DIR/bin/python" ] || python3 -m venv "$DIR" >>"$log" 2>&1 || fail "cannot create a venv at $DIR"
+  "$DIR/bin/python" -c "import torch" 2>/dev/null || "$DIR/bin/pip" install -q "$TORCH" >>"$log" 2>&1 \
+    || fail "cannot install $TORCH"
+  mode="clean venv"
+fi
+PY="$DIR/bin/python"
+"$PY" -m pip install -q --no-deps "sglang==$VERSION" >>"$log" 2>&1 || fail "no sglang==$VERSION on the package index"
+# the requirements the environment does not already have (a layered DIR sees its base's)
+reqs=$(mktemp "${TMPDIR:-/tmp}/install-sglang.XXXXXX.txt")
+"$PY" - "$HERE/scripts/requirements-sglang.txt" > "$reqs" <<'EOF'
+import importlib.metadata as md, re, sys
+for line in open(sys.argv[1]):
+    name = re.split(r"[=<>\s#]", line.strip(), maxsplit=1)[0]
+    if not name:
+        continue
+    try:
+        md.version(name)
+    except md.PackageNotFoundError:
+        print(line.strip())
+EOF
+if [ -s "$reqs" ]; then
+  "$PY" -m pip install -q --no-deps -r "$reqs" >>"$log" 2>&1 || fail "the import-chain requirements failed to install"
+fi
+nreq=$(wc -l < "$reqs"); rm -f "$reqs"
+[ -n "${PYTHON:-}" ] || "$PY" -m pip install -q --no-deps -e "$HERE" >>"$log" 2>&1 || true
+if out=$(cd "$HERE" && PYTHONPATH="$HERE" "$PY" -c "
+from kvcheck.fuzz.adapters.sglang_install import summary
+print(summary())" 2>&1 | tail -1) && [ "${out#ok }" != "$out" ]; then
+  echo "install-sglang: sglang $VERSION in $DIR ($mode, $nreq requirements added, $((SECONDS - start)) s): ${out#ok }; left out: sglang's own pins (CUDA torch, kernels, serving stack) — the caches need none of them"
+else
+  fail "sglang $VERSION installed in $DIR but its caches do not import: ${out#ok }"
 fi

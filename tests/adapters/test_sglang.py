@@ -6,6 +6,7 @@ importable: build a side venv with scripts/install-sglang.sh VERSION DIR and run
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -80,7 +81,7 @@ def test_finding_replays_on_the_same_release(tmp_path):
     r = sg.run_campaign(lay, budget_s=20, steps=20_000, seed=2, fault="evict_locked", out_dir=str(tmp_path),
                         shrink_s=3)
     f = r["findings"][0]
-    assert f["steps"] <= 12                      # shrunk
+    assert f["steps"] <= 10                      # shrunk
     out = sg.replay(f["trace"])
     assert out["reproduced"] and out["violation"]["check"] == "no_evict_locked"
 
@@ -104,3 +105,19 @@ def test_cli_list_layouts_and_bad_input(tmp_path):
              "--out", str(tmp_path))
     assert p.returncode == 0, p.stderr[-500:]
     assert json.loads(p.stdout)["layout"] == "mine"
+
+
+def test_standalone_reproducer_exits_1_with_the_fault_and_0_clean(tmp_path):
+    """The script imports SGLang only (no kvcheck on its path) and is a real reproducer: the
+    inlined planted wrapper makes it fail, --clean (unmodified SGLang) makes it pass."""
+    from kvcheck.fuzz.adapters import sglang as sg
+    lay = next(x for x in _supported() if sg.LAYOUTS[x].cls in ("RadixCache", "SWARadixCache"))
+    r = sg.run_campaign(lay, budget_s=20, steps=20_000, seed=2, fault="lock_ref_leak", out_dir=str(tmp_path),
+                        shrink_s=3)
+    script = r["findings"][0]["reproducer"]
+    assert "import kvcheck" not in open(script).read() and "from kvcheck" not in open(script).read()
+    env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")}
+    bug = subprocess.run([sys.executable, script], capture_output=True, text=True, env=env, timeout=300)
+    assert bug.returncode == 1 and "BUG: node at depth" in bug.stdout, bug.stdout[-800:] + bug.stderr[-800:]
+    ok = subprocess.run([sys.executable, script, "--clean"], capture_output=True, text=True, env=env, timeout=300)
+    assert ok.returncode == 0 and "OK:" in ok.stdout, ok.stdout[-800:] + ok.stderr[-800:]

@@ -21,6 +21,8 @@ from ..prompts import PromptGen
 from ..shrink import shrink_finding
 from ..traces import replay as replay_on_core, to_trace
 from .sglang_adapter import SglangAdapter
+from .sglang_reproducer import write_reproducer
+from .sglang_steps import alternatives, fuse
 from .sglang_install import INSTALL_HINT, SglangUnavailable, sglang_version
 from .sglang_layouts import (ACTIONS, FAULTS, LAYOUTS, SGLANG_FAULTS, VOCAB, Layout, LayoutError, get_layout,
                              layout_config, list_layouts, load_layout_file)
@@ -84,13 +86,32 @@ def execute(lay: Layout, capacity: int, fault: str | None, program: list[Act]) -
     return ad, Lockstep(FreeModel(), ad).run(program)
 
 
+def shrink_small(viol: Finding, lay: Layout, capacity: int, fault: str | None, seconds: float) -> Finding:
+    """The shared shrinker on the generator's steps, then on their compound form (sglang_steps:
+    a request's submit folded into its match, decode bursts) with one-step alternatives."""
+    t0 = time.monotonic()
+
+    def run(prog: list[Act]) -> Finding | None:
+        return execute(lay, capacity, fault, prog)[1]
+
+    def same(g: Finding) -> bool:
+        return g.checks == viol.checks
+    small = shrink_finding(viol, run, same, seconds / 2)
+    g = run(fuse(small.program))
+    if g is None or not same(g) or len(g.program) > len(small.program):
+        return small
+    rest = max(0.0, seconds - (time.monotonic() - t0))
+    return shrink_finding(g, run, same, rest, alternatives(capacity))
+
+
 def _save(lay: Layout, capacity: int, fault: str | None, seed: int, f: Finding, out_dir: str) -> dict:
     trace = to_trace(None, f.trail, seed, engine="sglang-fuzz", cfg=layout_config(lay), sut="sglang",
                      finding=f, fault=fault,
                      meta={"sglang_version": sglang_version(), "layout": lay.to_dict(), "capacity": capacity})
     path = str(trace.save(Path(out_dir) / f"sglang-{lay.name.replace('+', '_')}-{f.checks[0]}-seed{seed}.json"))
     return {"kind": f.kind, "check": f.checks[0], "message": f.message, "trace": path,
-            "steps": len(trace.steps), "replay": f"kvcheck replay {path} --sut sglang"}
+            "steps": len(trace.steps), "replay": f"kvcheck replay {path} --sut sglang",
+            **write_reproducer(trace, path)}
 
 
 def run_campaign(layout: str | Layout, budget_s: float | None = 60, steps: int | None = None, seed: int = 0,
@@ -128,8 +149,7 @@ def run_campaign(layout: str | Layout, budget_s: float | None = 60, steps: int |
         episodes += 1
         if viol is not None:
             first_fail_s, first_steps = round(time.monotonic() - t0, 2), total
-            small = shrink_finding(viol, lambda prog: execute(lay, capacity, fault, prog)[1],
-                                   lambda g: g.checks == viol.checks, shrink_s)
+            small = shrink_small(viol, lay, capacity, fault, shrink_s)
             findings.append(_save(lay, capacity, fault, ep_seed, small, out_dir))
             exit_code = FOR_FINDING.get(viol.kind, ExitCode.INVARIANT)
             break

@@ -13,14 +13,15 @@ spec's, so it runs on the lockstep core with the free model; `extra_checks` is t
 """
 from __future__ import annotations
 
-from array import array
 from collections import Counter
 from typing import Any
 
 from kvcheck.spec.sut import ActionRejected
 
 from .sglang_checks import Req, ShadowChecks, Violation
-from .sglang_install import cache_class, load
+from .sglang_compat import new_allocator, new_cache, new_key
+from .sglang_steps import expand
+from .sglang_install import load
 from kvcheck.spec.faults import Planted
 
 from .sglang_layouts import (ACTIONS, FAULT_CLASSES, FAULTS, MAX_TOKENS, Layout, LayoutError, check_supported,
@@ -60,14 +61,10 @@ class SglangAdapter(ShadowChecks):
         self.S, self.torch = S, torch
         al, ps = S["allocator"], self.lay.page_size
         if ps == 1:
-            self.alloc = al.TokenToKVPoolAllocator(self.capacity, torch.int64, "cpu", None, False)
+            self.alloc = new_allocator(al.TokenToKVPoolAllocator, self.capacity, torch.int64, "cpu", None)
         else:
-            self.alloc = al.PagedTokenToKVPoolAllocator(self.capacity, ps, torch.int64, "cpu", None, False)
-        kw: dict[str, Any] = dict(disable=False, req_to_token_pool=None,
-                                  token_to_kv_pool_allocator=self.alloc, page_size=ps)
-        if "swa" in self.lay.components:
-            kw["sliding_window_size"] = self.lay.window
-        self.cache = cache_class(self.lay.cls)(S["CacheInitParams"](**kw))
+            self.alloc = new_allocator(al.PagedTokenToKVPoolAllocator, self.capacity, ps, torch.int64, "cpu", None)
+        self.cache = new_cache(self.lay.cls, self.alloc, ps, self.lay.window if "swa" in self.lay.components else None)
         self.params_api = hasattr(S["bpc"], "MatchPrefixParams")   # *Params objects: 0.5.23 has them, 0.5.7 not
         self.reqs: dict[str, Req] = {}
         self.written: dict[int, tuple[int, ...]] = {}
@@ -137,7 +134,22 @@ class SglangAdapter(ShadowChecks):
         return out
 
     def apply(self, action: str, params: dict[str, Any]) -> dict[str, Any]:
-        """One action, then every check; the first broken one is kept for `extra_checks`."""
+        """One action (a compound one: each of its parts), then every check; the first
+        broken one is kept for `extra_checks`."""
+        parts = expand(action, params)
+        obs: dict[str, Any] = {}
+        for i, (a, p) in enumerate(parts):
+            try:
+                obs = self._apply1(a, p)
+            except ActionRejected:
+                if i == 0:
+                    raise
+                break               # a burst that ran into a refusal stops there
+            if self.broken is not None:
+                break
+        return obs
+
+    def _apply1(self, action: str, params: dict[str, Any]) -> dict[str, Any]:
         fn = getattr(self, f"_a_{action}", None)
         if fn is None or action not in ACTIONS:
             raise ActionRejected(f"unknown SGLang adapter action {action!r}")
@@ -168,7 +180,7 @@ class SglangAdapter(ShadowChecks):
         return req
 
     def _key(self, tokens: list[int]) -> Any:
-        return self.S["RadixKey"](array("q", tokens) if self.params_api else list(tokens))
+        return new_key(tokens, self.params_api)
 
     # ---- the release's API: *Params objects (0.5.8+) or positional arguments (0.5.7) -------
     def _match(self, tokens: list[int]) -> tuple[int, Any]:

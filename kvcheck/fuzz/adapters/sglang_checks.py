@@ -61,11 +61,11 @@ class ShadowChecks:
 
     def free_slots(self) -> list[int]:
         a, ps = self.alloc, self.lay.page_size
+        parts = [a.free_pages, getattr(a, "release_pages", None)]     # release_pages: 0.4.9+
         if ps == 1:
-            parts = [a.free_pages, a.release_pages]
             return [int(x) for p in parts if p is not None for x in p.tolist()]
-        pages = (a.get_all_free_pages() if hasattr(a, "get_all_free_pages") else
-                 self.torch.cat([a.free_pages, a.release_pages])).tolist()
+        pages = (a.get_all_free_pages().tolist() if hasattr(a, "get_all_free_pages") else
+                 [int(x) for p in parts if p is not None for x in p.tolist()])
         return [p * ps + i for p in pages for i in range(ps)]
 
     def all_slots(self) -> set[int]:

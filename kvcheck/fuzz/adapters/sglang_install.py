@@ -23,8 +23,14 @@ INSTALL_HINT = ("SGLang is not importable here; build a side venv with "
 # sglang modules whose only use of torchvision is image preprocessing for vision models; with
 # no CPU torchvision they are replaced by KVCHECK_CPU_STUB modules (config classes still exist).
 TORCHVISION_USERS = ("sglang.srt.multimodal.internvl_utils", "sglang.srt.configs.deepseek_ocr")
-# CUDA-only kernel packages that releases before 0.5.7 import at module level.
+# CUDA-only kernel packages that releases before 0.5.7 import at module level (0.4.10-0.5.6:
+# `from sgl_kernel import ...` in sglang.srt.utils / layers; the caches call none of it).
 CUDA_ONLY = ("sgl_kernel",)
+
+
+# The releases the adapter is tested on (.ci/run builds both). Before 0.4.10 the chain needs
+# APIs torch 2.13 / triton 3.8 dropped (0.4.8-0.4.9), and before 0.4.8 there is no allocator module.
+OLDEST, NEWEST = "0.4.10", "0.5.23"
 
 
 class SglangUnavailable(RuntimeError):
@@ -79,6 +85,9 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module: types.ModuleType) -> None:
         module.KVCHECK_CPU_STUB = True   # type: ignore[attr-defined]
+        used = module.__name__ if module.__name__ in self.exact else module.__name__.split(".")[0]
+        if used not in STUBBED:          # what the import chain actually reached
+            STUBBED.append(used)
         if module.__name__ == "torchvision":
             module.__version__ = "0.0.0+kvcheck.cpu.stub"   # type: ignore[attr-defined]
 
@@ -124,7 +133,6 @@ def install_cpu_stubs() -> list[str]:
     roots = roots_tv + tuple(m for m in CUDA_ONLY if _missing(m))
     if exact or roots:
         sys.meta_path.insert(0, _StubFinder(exact, roots))
-        STUBBED.extend(exact + roots)
     return STUBBED
 
 
@@ -143,6 +151,13 @@ class _idempotent_autoconfig_register:
         real = AutoConfig.register
 
         def register(model_type: str, config: Any, exist_ok: bool = False) -> Any:
+            try:
+                from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+                dup = model_type in CONFIG_MAPPING
+            except Exception:
+                dup = False
+            if dup and "AutoConfig.register(exist_ok=True)" not in STUBBED:
+                STUBBED.append("AutoConfig.register(exist_ok=True)")
             return real(model_type, config, exist_ok=True)
         AutoConfig.register = staticmethod(register)
 
@@ -168,6 +183,7 @@ CLASSES = {
     "ChunkCache": "sglang.srt.mem_cache.chunk_cache",
     "UnifiedRadixCache": "sglang.srt.mem_cache.unified_radix_cache",
 }
+CLASSES_PARAMS = "sglang.srt.mem_cache.cache_init_params"
 _LOADED: dict[str, Any] = {}
 
 
@@ -185,11 +201,12 @@ def load() -> dict[str, Any]:
         try:
             from sglang.srt.mem_cache import base_prefix_cache as bpc
             from sglang.srt.mem_cache import allocator as al
-            from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-            from sglang.srt.mem_cache.radix_cache import RadixKey
+            from sglang.srt.mem_cache import radix_cache as rc
+            # CacheInitParams from 0.5.6, RadixKey from 0.5.3 (sglang_compat.py builds without them)
+            cip = importlib.import_module(CLASSES_PARAMS) if not _missing(CLASSES_PARAMS) else None
         except Exception as e:   # a release whose chain needs something this environment lacks
-            raise SglangUnavailable(f"sglang {sglang_version()} does not import here: "
-                                    f"{type(e).__name__}: {e}") from None
+            raise SglangUnavailable(f"sglang {sglang_version()} does not import here (kvcheck drives "
+                                    f"{OLDEST}..{NEWEST}): {type(e).__name__}: {e}") from None
         found: dict[str, Any] = {}
         for cls, mod in CLASSES.items():
             if _missing(mod):
@@ -198,7 +215,8 @@ def load() -> dict[str, Any]:
                 found[cls] = getattr(importlib.import_module(mod), cls)
             except Exception as e:
                 found[cls] = SglangUnavailable(f"{cls} does not import: {type(e).__name__}: {e}")
-    _LOADED.update(bpc=bpc, allocator=al, CacheInitParams=CacheInitParams, RadixKey=RadixKey,
+    _LOADED.update(bpc=bpc, allocator=al, CacheInitParams=getattr(cip, "CacheInitParams", None),
+                   RadixKey=getattr(rc, "RadixKey", None),
                    classes=found, version=sglang_version())
     return _LOADED
 
@@ -213,3 +231,15 @@ def cache_class(name: str) -> Any:
     if isinstance(c, Exception):
         raise c
     return c
+
+
+def summary() -> str:
+    """One line for scripts/install-sglang.sh: 'ok classes: ... | CPU stand-ins: ...', or why not."""
+    try:
+        found = load()["classes"]
+    except SglangUnavailable as e:
+        return str(e)
+    ok = [k for k, v in found.items() if isinstance(v, type)]
+    bad = [k for k, v in found.items() if not isinstance(v, type)]
+    return (f"ok classes: {', '.join(ok) or 'none'}" + (f" (not importable: {', '.join(bad)})" if bad else "")
+            + f" | CPU stand-ins: {', '.join(STUBBED) or 'none'}")

@@ -12,11 +12,23 @@ IncLockRefResult / DecLockRefParams).
 """
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any
 
 from .sglang_adapter import SglangAdapter
 from .sglang_checks import Req, Violation
 from .sglang_layouts import FAULTS
+
+
+# A known SGLang bug of releases before 0.5.5 (sgl-project/sglang#8931: the scheduler's idle
+# self-check crashes it): SWARadixCache stamps nodes with time.monotonic() and, on a match, each
+# parent 0.1 ms before its child; `sanity_check` rebuilds the LRU order from those stamps, so
+# when tree operations come less than 0.1 ms apart (always, on this driver) it raises "Incorrect
+# LRU list" although the lists are the ones the same code keeps on 0.5.5+ (a logical counter
+# there). Counted under this name so a campaign goes on looking; KVCHECK_SGLANG_STRICT=1 reports it.
+KNOWN_WALLCLOCK = "known:sanity_check_lru_wallclock"
+STRICT = os.environ.get("KVCHECK_SGLANG_STRICT") == "1"
 
 
 class SwaAdapter(SglangAdapter):
@@ -25,7 +37,7 @@ class SwaAdapter(SglangAdapter):
     def reset(self, cfg: Any = None) -> None:
         import torch
         from collections import Counter
-        from .sglang_compat import swa_pools
+        from .sglang_compat import new_cache, swa_pools
         from .sglang_install import cache_class, load
         S = load()
         self.S, self.torch, W = S, torch, self.lay.window
@@ -33,12 +45,14 @@ class SwaAdapter(SglangAdapter):
         self.params_api = hasattr(S["bpc"], "MatchPrefixParams")
         self.size_swa = max(2 * W, self.capacity // 2)
         self.alloc = swa_pools(self.capacity, self.size_swa)
-        kw: dict[str, Any] = dict(disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=self.alloc,
-                                  page_size=1)
-        if self.params_api:
+        if self.params_api:      # 0.5.8+: the window inside CacheInitParams
+            kw: dict[str, Any] = dict(disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=self.alloc,
+                                      page_size=1)
             self.cache = cache_class(self.lay.cls)(S["CacheInitParams"](**kw, sliding_window_size=W))
-        else:
-            self.cache = cache_class(self.lay.cls)(S["CacheInitParams"](**kw), sliding_window_size=W)
+        else:                    # 0.5.6-0.5.7: CacheInitParams + the window apart; before: keywords
+            self.cache = new_cache(self.lay.cls, self.alloc, 1, W)
+        mod = sys.modules[type(self.cache).__module__]
+        self.wallclock_lru = not hasattr(getattr(mod, "TreeNode", None), "last_access_time_counter_float")
         self.reqs, self.written, self.twin = {}, {}, set()
         self.written_swa: dict[int, tuple[int, ...]] = {}
         self.receipt: dict[str, Any] = {}
@@ -229,6 +243,9 @@ class SwaAdapter(SglangAdapter):
         try:
             self.cache.sanity_check()
         except Exception as e:      # it raises a plain Exception
+            if self.wallclock_lru and "Incorrect LRU list" in str(e) and not STRICT:
+                self.coverage[KNOWN_WALLCLOCK] += 1     # a known release behaviour (module doc)
+                return
             raise Violation("bookkeeping", "tree_sanity_check", f"sanity_check failed: {e}") from None
 
     def _held_full_live(self) -> None:

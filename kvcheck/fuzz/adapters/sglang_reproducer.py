@@ -1,0 +1,62 @@
+"""Upstream-ready reproducers: a standalone Python script per SGLang finding, next to its trace.
+
+A maintainer should not need kvcheck to see a bug. `<trace>.repro.py` imports only SGLang (and
+torch): it builds the trace's cache on its CPU token-to-KV pool allocators, plays the trace's
+operations as the adapter plays SGLang's scheduler (match = `match_prefix` + `inc_lock_ref` +
+allocation with eviction when short; decode; finish = `insert` + the caller's frees +
+`dec_lock_ref`; abort; evict), keeps a plain shadow of what each slot was written for, checks
+the conditions below after every step, prints each hit, the tree (keys, slots, lock refs,
+tombstones) and the pool, and exits 1 while the bug is present, 0 when it is fixed. A planted
+fault (a kvcheck negative control) is inlined as the thin wrapper kvcheck uses, clearly marked;
+`--clean` leaves it out. On a machine without SGLang's GPU packages it installs the same
+named CPU stand-ins as kvcheck (marked; never used where the real modules exist).
+
+Classes: RadixCache and SWARadixCache (the layouts' classes up to 0.5.23 that the adapter
+drives, any release it drives); PureSWARadixCache findings get the replay command only.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .sglang_layouts import MAX_TOKENS
+
+CLASSES = ("RadixCache", "SWARadixCache")
+FAULTS = ("lock_ref_leak", "match_overreach", "match_ignores_tombstones", "evict_locked", "drop_insert",
+          "insert_shifted_values", "evict_no_free")
+
+
+def reproducer_source(trace: Any, trace_path: str) -> str | None:
+    """The script's text, or None when the layout's class has no standalone reproducer."""
+    lay = trace.meta.get("layout") or {}
+    if lay.get("class") not in CLASSES or (trace.fault and trace.fault not in FAULTS):
+        return None
+    v = trace.violation or {}
+    steps = [[s.action, s.params] for s in trace.steps]
+    header = (f"# Standalone reproducer of a kvcheck finding on SGLang {trace.meta.get('sglang_version')}\n"
+              f"# layout {lay.get('name')!r}: {lay.get('doc') or lay.get('class')}\n"
+              f"# check {v.get('check')}: {v.get('message', '')}\n"
+              f"# trace: {trace_path} (kvcheck replay {trace_path} --sut sglang)\n"
+              + (f"# PLANTED FAULT {trace.fault!r} (a kvcheck negative control, not SGLang's code): the marked\n"
+                 f"# wrappers below; run with --clean to leave them out.\n" if trace.fault else ""))
+    return (header + _TEMPLATE
+            .replace("@RELEASE@", repr(trace.meta.get("sglang_version")))
+            .replace("@CLASS@", repr(lay["class"])).replace("@PAGE@", repr(int(lay.get("page_size", 1))))
+            .replace("@WINDOW@", repr(lay.get("window"))).replace("@CAPACITY@", repr(int(trace.meta.get("capacity", 64))))
+            .replace("@MAX_TOKENS@", repr(MAX_TOKENS)).replace("@FAULT@", repr(trace.fault))
+            .replace("@CHECK@", repr(v.get("check"))).replace("@STEPS@", repr(steps)))
+
+
+def write_reproducer(trace: Any, trace_path: str) -> dict:
+    """Write `<trace>.repro.py` next to the trace; the finding's fields that say where."""
+    src = reproducer_source(trace, trace_path)
+    if src is None:
+        cls = (trace.meta.get("layout") or {}).get("class")
+        return {"reproducer": None, "reproducer_note": f"no standalone reproducer for {cls}: replay with "
+                                                       f"`kvcheck replay {trace_path} --sut sglang`"}
+    out = Path(trace_path).with_suffix(".repro.py")
+    out.write_text(src)
+    return {"reproducer": str(out), "reproducer_run": f"python {out}"}
+
+
+from .sglang_repro_template import TEMPLATE as _TEMPLATE  # noqa: E402
