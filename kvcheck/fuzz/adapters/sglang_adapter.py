@@ -325,7 +325,7 @@ class SglangAdapter(ShadowChecks):
         prefix_len = self._insert(req.tokens[:n], vals)
         self._free(req.slots[req.hit:prefix_len])               # duplicates of the tree's
         self._free([s for s in req.slots[n:] if s is not None] + req.spare)   # past the key
-        self.cache.dec_lock_ref(req.node)
+        self._release(req)
         for end in range(ps, n + 1, ps):
             self.twin.add(tuple(req.tokens[:end]))
         del self.reqs[r]
@@ -335,9 +335,13 @@ class SglangAdapter(ShadowChecks):
         req = self._get(r)
         if req.state == "running":
             self._free([s for s in req.slots[req.hit:] if s is not None] + req.spare)
-            self.cache.dec_lock_ref(req.node)
+            self._release(req)
         del self.reqs[r]
         return {}
+
+    def _release(self, req: Req) -> None:
+        """Unlock a request's matched node (a class with lock receipts replays its receipt)."""
+        self.cache.dec_lock_ref(req.node)
 
     def _a_evict(self, n: int) -> dict:
         return {"evicted": self._evict(n)}

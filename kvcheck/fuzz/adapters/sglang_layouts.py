@@ -238,8 +238,6 @@ SGLANG_FAULTS += (
     _fault("mamba_state_freed_on_insert", "insert", "state dropped on insert",
            "the caller freeing the request's Mamba slot although the tree took it (mamba_exist misread)",
            "tree_slots_live", "After an insert that kept the request's state slot, the caller frees it."),
-)
-SGLANG_FAULTS += (
     _fault("load_back_before_copy", "init_load_back", "load-back served before the copy exists",
            "HiCache serving a host hit before the load stream's event (layer_done_counter) completed",
            "load_back_verified", "The hit is served without waiting for the load-back transfer."),

@@ -253,19 +253,14 @@ class UnifiedAdapter(UnifiedChecks, SglangAdapter):
                                              prev_prefix_len=req.hit)).prefix_len
             self.keys.add(tuple(req.tokens[:n]))
         self._free([s for s in req.slots[n:] if s is not None] + req.spare)   # past the key: the caller's
-        self.cache.dec_lock_ref(req.node, dec_params(self.holds.pop(r).receipt))
+        self._release(req)
         for end in range(ps, n + 1, ps):
             self.twin.add(tuple(req.tokens[:end]))
         del self.reqs[r]
         return {"prefix_len": prefix_len}
 
-    def _a_abort(self, r: str) -> dict:
-        req = self._get(r)
-        if req.state == "running":
-            self._free([s for s in req.slots[req.hit:] if s is not None] + req.spare)
-            self.cache.dec_lock_ref(req.node, dec_params(self.holds.pop(r).receipt))
-        del self.reqs[r]
-        return {}
+    def _release(self, req: Req) -> None:
+        self.cache.dec_lock_ref(req.node, dec_params(self.holds.pop(req.rid).receipt))
 
     def _a_evict(self, n: int) -> dict:
         """Explicit eviction; on FULL+SWA it asks for SWA tokens only (the full side is evicted by
