@@ -229,7 +229,7 @@ class SglangAdapter(ShadowChecks):
     def _evict(self, n: int, swa: int | None = None) -> int:
         """Evict from the tree; the twin forgets exactly what the tree dropped."""
         before = self.tree_prefixes()
-        locked = {path + tuple(int(t) for t in node.key) for node, path in self.tree() if lock_ref(node) > 0}
+        locked = self._locked_prefixes()
         got = self._cache_evict(n, swa)
         gone = before - self.tree_prefixes()
         self.twin -= gone
@@ -238,6 +238,10 @@ class SglangAdapter(ShadowChecks):
                             f"evict({n}) removed a locked node ({len(max(gone & locked, key=len))} tokens deep)")
         self.coverage["state:evicted"] += got > 0
         return got
+
+    def _locked_prefixes(self) -> set[tuple[int, ...]]:
+        """The token prefixes of the nodes a request's lock protects (eviction must keep them)."""
+        return {path + tuple(int(t) for t in node.key) for node, path in self.tree() if lock_ref(node) > 0}
 
     def _alloc(self, n: int) -> list[int] | None:
         """n slots (whole pages), evicting from the tree when the pool is short."""

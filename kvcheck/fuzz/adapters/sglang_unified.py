@@ -193,16 +193,10 @@ class UnifiedAdapter(UnifiedChecks, SglangAdapter):
         """Evict; on the Python core the twin forgets exactly what the tree dropped."""
         if self.core == "rust":
             return self._cache_evict(n, swa)
-        before = self.tree_prefixes()
-        locked = {v.path + v.key for v in self.views() if v.full_lock > 0}
-        got = self._cache_evict(n, swa)
-        gone = before - self.tree_prefixes()
-        self.twin -= gone
-        if gone & locked:
-            raise Violation("bookkeeping", "no_evict_locked",
-                            f"evict({n}) removed a locked node ({len(max(gone & locked, key=len))} tokens deep)")
-        self.coverage["state:evicted"] += got > 0
-        return got
+        return super()._evict(n, swa)
+
+    def _locked_prefixes(self) -> set[tuple[int, ...]]:
+        return {v.path + v.key for v in self.views() if v.full_lock > 0}
 
     # ---- actions -------------------------------------------------------------------------
     def _a_match(self, r: str) -> dict:
