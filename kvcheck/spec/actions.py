@@ -158,6 +158,8 @@ def append(c: Ctx, r: int, j: int) -> Any:
 def slide(c: Ctx, r: int) -> Any:
     """Window slide: each group releases its SWA pages that fell out of its own window."""
     L, q = c.L, c.v.req(r)
+    if len(c.lay.narrowest_lo) == 1:    # no window starts moving within `blocks` (full attention)
+        return False
     step = L.let(c.window_step(q.rpos))
     c.set(("r", r, "rwin"), step)
     # a planted fault: one bound for every group, the narrowest window's (with one finite
