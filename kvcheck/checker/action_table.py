@@ -30,7 +30,7 @@ PROSE: dict[str, tuple[str, str]] = {
     "use": ("bound; lease current (no version changed since lookup)", "running"),
     "use_stale": ("bound; lease stale", "waiting; pins released"),
     "append": ("running at `rpos` = j < `rlen`; block j's objects to rewrite are unreferenced and not in a graph; every pool has room for the new ones (capacity)", "block j's objects written (ready; compressed and indexer entries writing) with the current versions; holder refs; `rpos` = j + 1; block j's hash published"),
-    "slide": ("running, and the window's first block moved", "`rwin` advanced; SWA pages below it released"),
+    "slide": ("running, and some group's window start moved (a later window step at `rpos`)", "`rwin` advanced to the window step of `rpos`; each group's SWA pages below its own window released"),
     "finish": ("running, `rpos` = `rlen`", "idle; every pin released (cached objects stay)"),
     "preempt": ("decided, bound or running", "preempted; pins released"),
     "resume": ("preempted", "waiting (look up again)"),

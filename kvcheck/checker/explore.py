@@ -58,7 +58,7 @@ FAULT_CONFIG = Config(layers=(LayerSpec("csa", window=6, m=12, topk=1),), blocks
 _CONTENT = Config(layers=(LayerSpec("full"),), blocks=2, requests=1, max_version=0, prompts=2,
                   tiers=("device",), capacity={"swa_window": 2}, max_inflight=1, max_active=1)
 # Content on disk: an offloaded copy carries its lineage (dcid); one block, restored only under
-# its own content (14,333 states, exhaustive).
+# its own content (9,923 states, exhaustive).
 _CONTENT_DISK = replace(_CONTENT, blocks=1, tiers=("device", "disk"), reserve=0)
 # alloc = evict: one SWA group whose window covers one block, two pages for three blocks: an
 # append finds the pool full and evicts a page slid out of the window, or fails and preempts.
@@ -67,7 +67,7 @@ _ALLOC = Config(layers=(LayerSpec("swa", window=4),), blocks=3, requests=1, max_
                 max_active=1, alloc="evict")
 # duplicates = allow: two requests recompute block 0 (a second copy), one finishes, the other
 # appends block 1 into the full pool, evicting the unreferenced copy (full attention's one
-# victim). Exhaustive: 285,978 states (a test: -m slow); to depth 12 it reaches append_evict_copy.
+# victim). Exhaustive: 89,178 states (a test: -m slow); to depth 12 it reaches append_evict_copy.
 _DUP = Config(layers=(LayerSpec("full"),), blocks=2, requests=2, max_version=0, tiers=("device",),
               capacity={"swa_window": 2}, max_inflight=1, max_active=2, alloc="evict",
               duplicates="allow")

@@ -38,7 +38,7 @@ def _bound_pins_lease(c: Ctx) -> list[tuple[str, Any]]:
     for r in range(c.cfg.requests):
         q = c.v.req(r)
         out.append((f"request {r}", L.Implies(q.rst == R_BOUND,
-                                              L.And(q.rpos == q.rk, q.rwin == c.retain_lo(q.rk)))))
+                                              L.And(q.rpos == q.rk, q.rwin == c.window_step(q.rk)))))
     return out
 
 
@@ -64,7 +64,8 @@ AUX: dict[str, Aux] = {a.name: a for a in (
     Aux("type_ok", "TypeOK: every slot stays in its declared range (Layout.domains). Assumed by "
         "every induction step, so it must be proved too.", _type_ok),
     Aux("bound_pins_lease", "A bound request is positioned at its lease and pins exactly what a "
-        "resume there reads: rpos == rk and rwin == retain_lo(rk). Without it a CTI has a bound "
+        "resume there reads: rpos == rk and rwin == window_step(rk) (every group's window "
+        "retained from its own start at rk). Without it a CTI has a bound "
         "request whose needed pages have ref 0, so `evict` may take them.", _bound_pins_lease),
     Aux("lease_not_ahead", "A lease never records a version newer than the current one "
         "(rver <= cur_ver, rix <= cur_ix, rabi <= cur_abi, rcmp <= cur_cmp). Without it a CTI "

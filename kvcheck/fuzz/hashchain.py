@@ -104,7 +104,7 @@ class HashChainAdapter:
         self.state = [0] * cfg.blocks          # logical block j's spec lifecycle state
         self.lineage = [0] * cfg.blocks        # the prompt lineage block j's copy holds (bcid)
         self.published: set[int] = set()       # logical blocks whose hash is published (`hashed`)
-        self.req = [{"st": R_IDLE, "n": 0, "k": 0, "pos": 0, "win": 0, "dec": 0, "blocks": [], "p": 0, "t": 0}
+        self.req = [{"st": R_IDLE, "n": 0, "k": 0, "pos": 0, "dec": 0, "blocks": [], "p": 0, "t": 0}
                     for _ in range(cfg.requests)]
         self.clock = 0                         # submit order (the scheduler preempts the newest)
         self.events: list[Any] = []
@@ -201,7 +201,7 @@ class HashChainAdapter:
 
     def _a_submit(self, r: int, n: int, p: int = 0) -> None:
         self.clock += 1
-        self._need(r, R_IDLE).update(st=R_WAITING, n=n, k=0, pos=0, win=0, dec=0, blocks=[], p=p, t=self.clock)
+        self._need(r, R_IDLE).update(st=R_WAITING, n=n, k=0, pos=0, dec=0, blocks=[], p=p, t=self.clock)
 
     def _a_lookup(self, r: int) -> dict[str, Any]:
         q = self._need(r, R_WAITING)
@@ -235,7 +235,7 @@ class HashChainAdapter:
                 q["blocks"] = []
                 raise ActionRejected(f"allocate refused cached block {b}")
             self._take(r, got, i, hit=True)
-        q.update(st=R_BOUND, pos=q["k"], win=q["k"])     # full attention: no window slides
+        q.update(st=R_BOUND, pos=q["k"])
 
     def _a_bind_stale(self, r: int) -> None:
         self._need(r, R_DECIDED)
@@ -330,7 +330,8 @@ class HashChainAdapter:
         position and decision. Kept by this class: `hashed` (published; under the config's
         eviction = tombstone an evicted block's hash stays), the lineage each copy holds and its
         hash names (`bcid`, `bkey`), each request's prompt (`rp`). Constant for a full-attention
-        manager: versions, ABI, alignment, pool, graphs, tiers."""
+        manager: versions, ABI, alignment, pool, graphs, tiers, the window step `rwin` (no finite
+        window: always 0)."""
         lay, s = self.lay, list(self.lay.init())
         content = self.cfg.prompts > 1
         for j in range(self.cfg.blocks):
@@ -342,6 +343,6 @@ class HashChainAdapter:
                 s[lay.b(j, "bcid")] = s[lay.b(j, "bkey")] = self.lineage[j]
         for r, q in enumerate(self.req):
             for f, v in (("rst", q["st"]), ("rlen", q["n"]), ("rk", q["k"]), ("rpos", q["pos"]),
-                         ("rwin", q["win"]), ("rdec", q["dec"])) + ((("rp", q["p"]),) if content else ()):
+                         ("rdec", q["dec"])) + ((("rp", q["p"]),) if content else ()):
                 s[lay.r(r, f)] = v
         return tuple(s)

@@ -215,6 +215,8 @@ class ReferenceSUT:
         self._glob = [lay.g(f) for f in ("cur_ver", "cur_ix", "cur_cmp", "cur_abi", "inflight", "graph",
                                          "gwin", "gpos")]
         cfg, eng = self.cfg, self.engine
+        # the engine keeps each group's window start; the spec one step of the config's table
+        self._step = {t: i for i, t in enumerate(cfg.window_steps())}
         # the configurable semantics' slots: a block's content and hash as prompt lineages (the
         # token prefix it was computed from, named by content.chain), decode's partial blocks
         self._lineage = {content_key(salt_of(cfg, eng.salt, p), t[:(j + 1) * cfg.block_size]): chain(cfg, p, j)
@@ -263,7 +265,7 @@ class ReferenceSUT:
             q = mgr.requests.get(r)
             if q is None:
                 continue
-            vals = (q.st, q.n, q.k, q.pos, q.win, q.dec, q.lease["ver"], q.lease["ix"], q.lease["abi"],
+            vals = (q.st, q.n, q.k, q.pos, self._step.get(q.win, -1), q.dec, q.lease["ver"], q.lease["ix"], q.lease["abi"],
                     q.lease["cmp"])
             for i, v in zip(idx, vals):
                 s[i] = v
@@ -273,7 +275,7 @@ class ReferenceSUT:
                 s[self._rtok[r]] = q.tok
         g = mgr.graph
         vals = (mgr.cur["ver"], mgr.cur["ix"], mgr.cur["cmp"], mgr.cur["abi"], mgr.inflight,
-                int(g is not None), g["win"] if g else 0, g["pos"] if g else 0)
+                int(g is not None), self._step.get(g["win"], -1) if g else 0, g["pos"] if g else 0)
         for i, v in zip(self._glob, vals):
             s[i] = v
         return tuple(s)

@@ -52,15 +52,13 @@ class CacheManager(StructureMixin, SlotsMixin, FunnelMixin, TierMixin):
         self.entries: dict[str, BlockEntry] = {}
         self.requests: dict[int, Request] = {}
         self.inflight = 0
-        self.graph: dict[str, Any] | None = None      # {"win", "pos", "ptrs": {ObjRec: (slot, gen)}}
+        self.graph: dict[str, Any] | None = None      # {"win" (per group), "pos", "ptrs": {ObjRec: (slot, gen)}}
         self.stats = {"lookups": 0, "logical_blocks": 0, "usable_blocks": 0, "decisions": {},
                       "degradations": {}, "transitions": {}}
         self._rs_cache: dict[tuple[int, int], list[tuple[str, int]]] = {}
         self._need_cache: dict[str, list[ObjRec]] = {}
-        self._hold_cache: dict[tuple[str, int], frozenset[ObjRec]] = {}
+        self._hold_cache: dict[tuple[str, tuple[int, ...]], frozenset[ObjRec]] = {}
         self._groups = cfg.groups
-        wins = [g.window for g in cfg.groups if g.window is not None]
-        self._wins = wins
         # the configurable semantics (slots.py): one physical block per position (prompts > 1),
         # blocks written from a partial block (decode), last use per block (LRU allocation)
         self.slots = Slots.make(cfg, self.block_kinds) if cfg.prompts > 1 else None
@@ -95,7 +93,7 @@ class CacheManager(StructureMixin, SlotsMixin, FunnelMixin, TierMixin):
         g = self.graph
         if g is None:
             return False
-        return manager_for(o.kind).holds(o.j, g["win"], g["pos"], self._groups[o.g].window is not None)
+        return manager_for(o.kind).holds(o.j, g["win"][o.g], g["pos"], self._groups[o.g].window is not None)
 
     # ---- requests ----------------------------------------------------------------------------
     def hashes(self, tokens: list[int], n: int, extra: ExtraKeys) -> list[str]:
@@ -110,7 +108,7 @@ class CacheManager(StructureMixin, SlotsMixin, FunnelMixin, TierMixin):
             raise Refused(f"request slot {rid} is busy")
         self.clock += 1
         req = Request(rid, list(tokens), n, self.hashes(tokens, n, extra), extra.cache_salt,
-                      p=p, extra=extra, serial=self.clock)
+                      win=self.window_starts(0), p=p, extra=extra, serial=self.clock)
         self.requests[rid] = req
         return req
 
@@ -160,7 +158,7 @@ class CacheManager(StructureMixin, SlotsMixin, FunnelMixin, TierMixin):
         if self.planted(EF.HASHES_PUBLISHED_EARLY):
             for j in range(req.n):
                 self.entry(req.hashes[j], j).published = True
-        req.st, req.pos, req.win = R_BOUND, req.k, self.retain_lo(req.k)
+        req.st, req.pos, req.win = R_BOUND, req.k, self.window_starts(req.k)
         self.clock += 1
         for j in range(req.k):
             self.last_use[j] = self.clock
@@ -284,11 +282,11 @@ class CacheManager(StructureMixin, SlotsMixin, FunnelMixin, TierMixin):
 
     def slide(self, rid: int) -> None:
         req = self._req(rid, (R_RUNNING,))
-        lo = self.retain_lo(req.pos)
-        if not req.win < lo:
+        starts = self.window_starts(req.pos)
+        if not any(new > old for new, old in zip(starts, req.win)):
             raise Refused("nothing to slide")
-        req.win = lo
-        self._set_pins(req, self.holding(req, lo, req.pos))
+        req.win = starts                    # each group unpins the pages below its own window
+        self._set_pins(req, self.holding(req, starts, req.pos))
 
     def finish(self, rid: int) -> None:
         req = self._req(rid, (R_RUNNING,))

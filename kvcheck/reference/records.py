@@ -70,7 +70,7 @@ class Request:
     st: int = R_WAITING
     k: int = 0
     pos: int = 0
-    win: int = 0
+    win: tuple[int, ...] = ()            # per group: the first block of its window it pins
     dec: int = 0
     lease: dict = field(default_factory=lambda: {"ver": 0, "ix": 0, "abi": 0, "cmp": 0})
     pins: frozenset = frozenset()

@@ -47,8 +47,10 @@ class StructureMixin(_Base):
             return 0
         return max(0, k * self.B - window + 1) // self.B
 
-    def retain_lo(self, k: int) -> int:
-        return min((self.window_lo(w, k) for w in self._wins), default=k)
+    def window_starts(self, k: int) -> tuple[int, ...]:
+        """Per group, the first block of its window a request resumed at k keeps pinned (each
+        group its own window; 0 for full attention)."""
+        return tuple(self.window_lo(g.window, k) for g in self._groups)
 
     def recovery_set(self, g: Group, k: int) -> list[tuple[str, int]]:
         """(kind, block) of every object group g reads to resume at k (memoised: a pure
@@ -90,9 +92,9 @@ class StructureMixin(_Base):
                     out.append(o)
         return out
 
-    def holding(self, req: Request, win: int, pos: int) -> frozenset[ObjRec]:
-        """The objects a holder resumed at `pos` with SWA pins from `win` keeps pinned (cached
-        per prefix, like `needed`)."""
+    def holding(self, req: Request, win: tuple[int, ...], pos: int) -> frozenset[ObjRec]:
+        """The objects a holder resumed at `pos` whose groups keep SWA pins from `win` (per
+        group, `window_starts`) keeps pinned (cached per prefix, like `needed`)."""
         if pos == 0 or pos > len(req.hashes):
             return frozenset(self._holding(req, win, pos))
         key = (req.hashes[pos - 1], win)
@@ -103,11 +105,11 @@ class StructureMixin(_Base):
             got = self._hold_cache[key] = frozenset(self._holding(req, win, pos))
         return got
 
-    def _holding(self, req: Request, win: int, pos: int) -> set[ObjRec]:
+    def _holding(self, req: Request, win: tuple[int, ...], pos: int) -> set[ObjRec]:
         out: set[ObjRec] = set()
         for j in range(min(pos, len(req.hashes))):
             for (g, kind), o in self.entry(req.hashes[j], j).objs.items():
-                if manager_for(kind).holds(j, win, pos, self._groups[g].window is not None):
+                if manager_for(kind).holds(j, win[g], pos, self._groups[g].window is not None):
                     out.add(o)
         return out
 

@@ -109,11 +109,11 @@ def _bind_valid(c: Ctx, r: int) -> Any:
 def bind(c: Ctx, r: int) -> Any:
     """Bind: atomically re-check the decision under the same versions and pin its objects."""
     L, q = c.L, c.v.req(r)
-    lo = L.let(c.retain_lo(q.rk))
+    step = L.let(c.window_step(q.rk))
     c.set(("r", r, "rst"), R_BOUND)
     c.set(("r", r, "rpos"), q.rk)
-    c.set(("r", r, "rwin"), lo)
-    c.pin(lo, q.rk)
+    c.set(("r", r, "rwin"), step)
+    c.pin(step, q.rk)
     if c.cfg.decode:
         c.set(("r", r, "rtok"), 0)      # a partial block's tokens are recomputed from the hit
     return L.And(q.rst == R_DECIDED, c.n_active() < c.cfg.max_active, _bind_valid(c, r))
@@ -156,14 +156,21 @@ def append(c: Ctx, r: int, j: int) -> Any:
 
 @action(per_request)
 def slide(c: Ctx, r: int) -> Any:
-    """Window slide: release the SWA pages that fell out of every window the request needs."""
+    """Window slide: each group releases its SWA pages that fell out of its own window."""
     L, q = c.L, c.v.req(r)
-    lo = L.let(c.retain_lo(q.rpos))
-    c.set(("r", r, "rwin"), lo)
+    if len(c.lay.narrowest_lo) == 1:    # no window starts moving within `blocks` (full attention)
+        return False
+    step = L.let(c.window_step(q.rpos))
+    c.set(("r", r, "rwin"), step)
+    # a planted fault: one bound for every group, the narrowest window's (with one finite
+    # window that is every group's own: the fault exists only where windows differ)
+    one = len(c.cfg.windows) > 1 and c.planted(F.SLIDE_ONE_WINDOW)
     for o in c.lay.objects:
-        if KIND[o.kind].windowed and c.cfg.groups[o.group].window is not None:
-            c.add_ref(o, L.If(L.And(q.rwin <= o.block, o.block < lo, o.block < q.rpos), -1, 0))
-    return L.And(q.rst == R_RUNNING, q.rwin < lo)
+        if KIND[o.kind].windowed and c.lay.window_lo[o.group] is not None:
+            lo = L.Table(step, c.lay.narrowest_lo) if one else c.window_lo(o.group, step)
+            old = c.window_lo(o.group, q.rwin)
+            c.add_ref(o, L.If(L.And(old <= o.block, o.block < lo, o.block < q.rpos), -1, 0))
+    return L.And(q.rst == R_RUNNING, q.rwin < step)
 
 
 @action(per_request)

@@ -204,6 +204,32 @@ class Config:
         lo_tok = max(0, k * self.block_size - window + 1)
         return lo_tok // self.block_size
 
+    @property
+    def windows(self) -> tuple[int, ...]:
+        """The distinct finite sliding windows (swa layers and the SWA branch of hca/csa)."""
+        return tuple(sorted({g.window for g in self.groups if g.window is not None}))
+
+    def window_steps(self) -> tuple[tuple[int, ...], ...]:
+        """The retained windows of a request, as steps: the distinct tuples of every group's
+        first retained block (`window_lo_block`; 0 for full attention) over the positions
+        k = 0..blocks, in order. Each group's first block never decreases with k, so a step
+        never recurs and step i < i' means no group's window starts later. With one finite
+        window the steps are exactly that window's first blocks 0, 1, 2, ... (it moves by at
+        most one block per position): step i is block i. A request keeps one step (state.py
+        `rwin`) and every group its own window start from it."""
+        out: list[tuple[int, ...]] = []
+        groups = self.groups
+        for k in range(self.blocks + 1):
+            t = tuple(self.window_lo_block(g.window, k) for g in groups)
+            if not out or out[-1] != t:
+                out.append(t)
+        return tuple(out)
+
+    def window_step(self, k: int) -> int:
+        """The step of `window_steps` a request resumed at k retains."""
+        t = tuple(self.window_lo_block(g.window, k) for g in self.groups)
+        return self.window_steps().index(t)
+
     def has_compressed(self, g: Group, j: int) -> bool:
         """Does block j complete at least one compressed entry of group g?"""
         b = self.block_size
@@ -298,16 +324,6 @@ class Config:
             raise ConfigError(f"config: tiers lists a tier twice: {list(self.tiers)}")
         if "device" not in self.tiers:
             raise ConfigError("config: tiers must include 'device'")
-
-    def check_single_window(self) -> None:
-        """The spec (not the model) needs one finite window: a request retains one SWA window
-        per position (state.py `rwin`); with different finite windows a narrow group would pin
-        pages below its own window that it may already have evicted. Until the spec tracks a
-        window per group, a spec built from such a config is refused clearly."""
-        windows = sorted({l.window for l in self.layers if l.kind in ("swa", "hca", "csa")})
-        if len(windows) > 1:
-            raise ConfigError(f"config: the spec needs all sliding windows (swa layers and the SWA "
-                              f"branch of hca/csa) to be equal for now, got {windows}")
 
     def check_modelled(self) -> None:
         """The spec's state machine models attention objects only; a recurrent (mamba) layer's

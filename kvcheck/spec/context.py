@@ -50,10 +50,19 @@ class Ctx:
         return self.v.obj(o.group, o.kind, o.block)
 
     def held(self, o: ObjSlot, win: Any, pos: Any) -> Any:
-        """Does a holder resumed at `pos` with SWA pins from `win` hold object o? (Its kind's
-        `held` rule: entries before pos, the tail snapshot at pos, the pages of the window.)"""
-        finite = self.cfg.groups[o.group].window is not None
-        return KIND[o.kind].held(self.L, o.block, win, pos, finite)
+        """Does a holder resumed at `pos` whose retained windows are step `win` (of
+        Config.window_steps) hold object o? (Its kind's `held` rule: entries before pos, the
+        tail snapshot at pos, the pages of its own group's window.)"""
+        finite = self.lay.window_lo[o.group] is not None
+        lo = self.window_lo(o.group, win) if finite and KIND[o.kind].windowed else 0
+        return KIND[o.kind].held(self.L, o.block, lo, pos, finite)
+
+    def window_lo(self, g: int, step: Any) -> Any:
+        """First block of group g's window at window step `step` (g has a finite window). With
+        one finite window the step is that block (the table is the identity: not built)."""
+        table = self.lay.window_lo[g]
+        assert table is not None, f"group {g} has no finite window"
+        return step if table == list(range(len(table))) else self.L.Table(step, table)
 
     def active(self, r: int) -> Any:
         st = self.v.req(r).rst
@@ -66,12 +75,10 @@ class Ctx:
     def gpin(self, o: ObjSlot) -> Any:
         return self.L.And(self.v.graph == 1, self.held(o, self.v.gwin, self.v.gpos))
 
-    def retain_lo(self, kexpr: Any) -> Any:
-        """First block of the SWA pages a request resumed at k keeps (widest finite window)."""
-        wins = [g.window for g in self.cfg.groups if g.window is not None]
-        table = [min((self.cfg.window_lo_block(w, k) for w in wins), default=k)
-                 for k in range(self.cfg.blocks + 1)]
-        return self.L.Table(kexpr, table)
+    def window_step(self, kexpr: Any) -> Any:
+        """The window step (Config.window_steps) a request resumed at k retains: every group
+        keeps its own window's pages, from `window_lo_block(W_g, k)`."""
+        return self.L.Table(kexpr, [self.cfg.window_step(k) for k in range(self.cfg.blocks + 1)])
 
     def lease_current(self, r: int) -> Any:
         q, v = self.v.req(r), self.v

@@ -111,6 +111,14 @@ def _full(*keys: tuple[str, Any]) -> tuple[tuple[str, Any], ...]:
     return (("layers", (LayerSpec("full"),)), *keys)
 
 
+def _two_windows(*keys: tuple[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """Two sliding-window groups of different windows (W=2 and W=4 over blocks of 2 tokens:
+    the narrow window moves first, at position 2, the wide one at 3) and `keys`."""
+    from .config import LayerSpec
+    return (("layers", (LayerSpec("swa", window=2), LayerSpec("swa", window=4))), ("block_size", 2),
+            ("blocks", 3), ("tiers", ("device",)), ("capacity", {"swa_window": 6}), *keys)
+
+
 DECISION_IGNORES_INDEXER_VERSION = _spec(
     "decision_ignores_indexer_version", "funnel:layer2", "indexer stale after restore",
     "DeepSeek-V3.2 sparse indexer state restored with another version (SGLang/vLLM "
@@ -221,13 +229,22 @@ COPY_IGNORES_CAPACITY = _spec(
     "checking that the pool has room for it.",
     _small(("duplicates", "allow"), ("capacity", {"swa_window": 1})))
 
+SLIDE_ONE_WINDOW = _spec(
+    "slide_one_window", "action:slide", "groups with different windows sharing one window bound",
+    "a hybrid manager that frees every sliding-window group's out-of-window pages with one "
+    "window (one retained-window field per request) although the groups' windows differ "
+    "(Gemma-3-like layouts with several local windows)", "refcount_equals_holders",
+    "With groups of different finite windows, `slide` releases every group's SWA pages below the "
+    "narrowest window's start: a wider group's pages still inside its own window lose their pin.",
+    _two_windows())
+
 SPEC_FAULTS: tuple[Fault, ...] = (
     DECISION_IGNORES_INDEXER_VERSION, WINDOW_OFF_BY_ONE, TAIL_JUNCTION_NOT_CHECKED,
     PREFETCH_COUNTED_AS_HIT, EVICTION_IGNORES_PINS, COMPRESSED_VERSION_IGNORED, ABI_IGNORED,
     NO_REVALIDATION_AT_USE, REFCOUNT_DOUBLE_DECREMENT, ADMISSION_IGNORED, SHARED_FREE_LIST,
     GRAPH_PAGES_MIGRATED, STALE_HASH_AFTER_EVICT, HASH_IGNORES_PARENT, STALE_HASH_AFTER_REUSE,
     HASH_MISSING_SALT, DECODE_PUBLISHES_PARTIAL, ALLOC_EVICTS_REFERENCED, COPY_IGNORES_CAPACITY,
-    RESTORE_UNDER_STALE_KEY,
+    RESTORE_UNDER_STALE_KEY, SLIDE_ONE_WINDOW,
 )
 FAULTS: dict[str, Fault] = {f.name: f for f in SPEC_FAULTS}      # the spec's own
 

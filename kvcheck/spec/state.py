@@ -37,6 +37,10 @@ def _blocks(cfg: Config) -> int:
     return cfg.blocks
 
 
+def _window_steps(cfg: Config) -> int:
+    return len(cfg.window_steps()) - 1
+
+
 def _prompt_ids(cfg: Config) -> int:
     return cfg.prompts - 1
 
@@ -88,7 +92,9 @@ REQ_FIELDS = {
     "rlen": Field("blocks of the shared prefix this request covers (its suffix is private)", _blocks),
     "rk": Field("blocks reused by its last lookup (the lease)", _blocks),
     "rpos": Field("blocks computed or reused so far (the resume position)", _blocks),
-    "rwin": Field("first block of its retained SWA window (pins below it were released)", _blocks),
+    "rwin": Field("its retained SWA windows: a step of Config.window_steps, which gives every "
+                  "group's first retained block (pins below them were released); with one "
+                  "finite window, that window's first block", _window_steps),
     "rdec": _enum("decision of its last lookup: none | RECOMPUTE | PARTIAL | PREFETCH | REUSE", DECISIONS),
     "rver": Field("model version at lease time (re-validated at use)", _versions),
     "rix": Field("indexer version at lease time", _versions),
@@ -106,7 +112,8 @@ GLOBAL_FIELDS = {
     "cur_abi": Field("current kernel ABI / layout version", _versions),
     "inflight": Field("transfers in flight (offloads + prefetches)", lambda cfg: cfg.max_inflight),
     "graph": Field("1 while a captured execution graph is live"),
-    "gwin": Field("captured graph's first SWA block", _blocks),
+    "gwin": Field("captured graph's SWA windows (a step of Config.window_steps, as rwin)",
+                  _window_steps),
     "gpos": Field("captured graph's position (pages it references end here)", _blocks),
 }
 FIELDS: dict[str, Field] = {**OBJ_FIELDS, **BLOCK_FIELDS, **REQ_FIELDS, **GLOBAL_FIELDS}
@@ -157,6 +164,11 @@ class Layout:
         for f in on(GLOBAL_FIELDS):
             self._add(("g", f))
         self.size = len(self.names)
+        # per group, its first retained block at each window step (None: full attention)
+        steps = cfg.window_steps()
+        self.window_lo: list[list[int] | None] = [
+            None if g.window is None else [s[g.index] for s in steps] for g in cfg.groups]
+        self.narrowest_lo = [max(s) for s in steps]      # the latest start of any group's window
         self.obj_set = {(o.group, o.kind, o.block) for o in self.objects}
 
     def _add(self, key: tuple) -> None:

@@ -151,7 +151,6 @@ def spec_for(cfg: Config, fault: str | None = None) -> "Spec":
 class Spec:
     def __init__(self, cfg: Config | None = None, fault: str | None = None) -> None:
         self.cfg = cfg or Config()
-        self.cfg.check_single_window()
         self.cfg.check_modelled()
         self.fault = fault
         self.planted = faultlib.planted_spec_fault(fault)      # UnknownFault if not a spec fault

@@ -107,3 +107,16 @@ def test_hypothesis_machine_clean_and_catches_fault():
         run_state_machine_as_test(VllmMachine.for_layout("full+swa", "swa_hit_unchecked"),
                                   settings=settings(cfg, max_examples=200, phases=[Phase.generate]))
     assert e.value.kind == "safety" and e.value.checks == ["hit_sound_swa_window"]
+
+
+def test_one_config_gives_each_window_its_own_ground_truth(tmp_path):
+    """`full+swa+swa` is one spec Config (the spec retains a window per group): each SWA group's
+    hit is judged by its own window, and the planted SWA faults are caught there too."""
+    from kvcheck.fuzz.adapters.vllm_adapter import VllmAdapter
+    ad = VllmAdapter("full+swa+swa", 64)
+    assert [(g.kind, g.window) for g in ad.cfg.groups] == [("full", None), ("swa", 6), ("swa", 11)]
+    # a resume at 16 tokens: full reads every block, W=6 tokens [11, 16), W=11 tokens [6, 16)
+    assert (ad.needed_hit(0, 16), ad.needed_hit(1, 16), ad.needed_hit(2, 16)) == ([0, 1, 2, 3], [2, 3], [1, 2, 3])
+    for fault, expected in (("swa_hit_unchecked", "hit_sound_swa_window"), ("swa_overstrict", "lost_reuse")):
+        r = V.run_campaign("full+swa+swa", budget_s=60, steps=5000, seed=0, fault=fault, out_dir=str(tmp_path / fault))
+        assert r["caught"] and r["findings"][0]["check"] == expected, r["findings"][:2]

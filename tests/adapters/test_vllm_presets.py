@@ -103,10 +103,10 @@ def test_every_layout_config_declares_vllms_semantics() -> None:
     semantics (drop_hash eviction, decode, allocation that evicts), and each semantic's
     invariant names an adapter check that exists."""
     from kvcheck.fuzz.adapters.vllm_layouts import (BOOKKEEPING_CHECKS, SAFETY_CHECKS, SEMANTIC_CHECKS,
-                                                     VLLM_SEMANTICS, layout_configs)
+                                                     VLLM_SEMANTICS, layout_config)
     from kvcheck.spec.config import Config
     for name in [k for k in V.LAYOUTS if k != "generated" and ":" not in k]:
-        for cfg in layout_configs(name).values():
-            assert cfg.semantics() == VLLM_SEMANTICS, name
-            assert Config.from_dict(cfg.to_dict()) == cfg        # a trace's config round-trips
+        cfg = layout_config(name)
+        assert cfg.semantics() == VLLM_SEMANTICS, name
+        assert Config.from_dict(cfg.to_dict()) == cfg        # a trace's config round-trips
     assert set(SEMANTIC_CHECKS.values()) <= set(SAFETY_CHECKS) | set(BOOKKEEPING_CHECKS)

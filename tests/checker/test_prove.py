@@ -66,7 +66,8 @@ SHORTEST = {"no_revalidation_at_use": 5, "shared_free_list": 5, "eviction_ignore
             "decision_ignores_indexer_version": 13, "prefetch_counted_as_hit": 13,
             "compressed_version_ignored": 13, "stale_hash_after_evict": 7, "hash_ignores_parent": 16,
             "stale_hash_after_reuse": 11, "hash_missing_salt": 9, "decode_publishes_partial": 6,
-            "alloc_evicts_referenced": 6, "copy_ignores_capacity": 10, "restore_under_stale_key": 18}
+            "alloc_evicts_referenced": 6, "copy_ignores_capacity": 10, "restore_under_stale_key": 18,
+            "slide_one_window": 7}
 # A fault that breaks an auxiliary invariant before its named one: BMC reports that first (a
 # stale hash is reachable in 11 steps; the unsafe hit it enables in 15, found by the explorer).
 BMC_FIRST = {"stale_hash_after_reuse": "hash_names_content", "decode_publishes_partial": "blocks_whole",

@@ -36,7 +36,7 @@ def test_duplicates_explored_to_the_copy_eviction_inside_allocation() -> None:
 @pytest.mark.slow
 def test_duplicates_explored_exhaustively_and_clean(tmp_path) -> None:
     code, rep = explore.run_explore(explore._DUP, tmp_path, None, seconds=300)
-    assert code == 0 and rep["exhaustive"] and rep["verdict"] == "holds"     # 285,978 states
+    assert code == 0 and rep["exhaustive"] and rep["verdict"] == "holds"     # 89,178 states
 
 
 @pytest.mark.parametrize("cfg", [explore._CONTENT, replace(explore._CONTENT, prompts=1, eviction="drop_hash"),

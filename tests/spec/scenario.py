@@ -31,7 +31,7 @@ class Driver:
         the indexer synced."""
         self.do("submit", r=r, n=n).do("lookup", r=r).do("bind", r=r).do("use", r=r)
         for j in range(self.field("r", r, "rpos"), n):
-            if self.can("slide", r=r):
+            if "slide" in self.spec.actions and self.can("slide", r=r):   # absent: no window moves
                 self.do("slide", r=r)
             self.do("append", r=r, j=j)
         self.settle()

@@ -59,9 +59,17 @@ def test_tail_and_entry_placement() -> None:
     assert cfg.window_lo_block(6, 4) == 2 and cfg.window_lo_block(None, 4) == 0
 
 
-def test_spec_refuses_different_windows_until_it_tracks_one_per_group() -> None:
+def test_window_steps_keep_every_groups_window_start() -> None:
+    """A request's retained windows are one step of a table of every group's window start.
+    With one finite window the step is that window's first block (so rwin reads as before);
+    with several, each group moves on its own; without any, there is one step (nothing slides)."""
     from kvcheck.spec.config import LayerSpec
-    from kvcheck.spec.system import Spec
-    cfg = Config(layers=(LayerSpec("swa", window=3), LayerSpec("csa", window=9, m=4, topk=1)))
-    with pytest.raises(ConfigError, match="sliding windows"):
-        Spec(cfg)
+    cfg = Config()                       # W=6 for swa and the csa/hca branches, full: 0
+    assert [cfg.window_step(k) for k in range(5)] == [cfg.window_lo_block(6, k) for k in range(5)]
+    two = Config(layers=(LayerSpec("swa", window=2), LayerSpec("swa", window=4), LayerSpec("full")),
+                 block_size=2, blocks=3)
+    assert two.windows == (2, 4)
+    assert two.window_steps() == ((0, 0, 0), (1, 0, 0), (2, 1, 0))
+    assert [two.window_step(k) for k in range(4)] == [0, 0, 1, 2]
+    assert Config(layers=(LayerSpec("full"),)).window_steps() == ((0,),)
+    assert Config(layers=(LayerSpec("swa", window=3), LayerSpec("csa", window=9, m=4, topk=1))).windows == (3, 9)

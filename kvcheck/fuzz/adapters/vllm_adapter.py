@@ -23,7 +23,7 @@ from .vllm_checks import ShadowChecks, Violation, _Req
 from .vllm_layouts import (_EAGLE, _LAYOUTS, _MAMBA_FAULTS, _RETENTION, _SWA_FAULTS, ACTIONS, DROP_REF_ON_FREE,
                            EARLY_READER_FORWARD, MAMBA_OLDER_STATE, MAMBA_STATE_FREED,
                            EVICT_KEEPS_HASH, LAYOUTS, RETENTION_DROPS_TAIL, SWA_OVERSTRICT, VOCAB, _make_specs, _vllm,
-                           layout_configs, layout_scale, planted, release_gap)
+                           layout_config, layout_scale, planted, release_gap)
 
 
 class VllmAdapter(ShadowChecks):
@@ -59,8 +59,7 @@ class VllmAdapter(ShadowChecks):
         self.sched_bs = _LAYOUTS[layout][2]
         self.hb, self.max_len = layout_scale(layout)      # hash block, max_model_len
         self.max_tokens = self.max_len * 3 // 4           # requests never grow past this
-        self.cfgs = layout_configs(layout)
-        self.cfg = next(iter(self.cfgs.values()))
+        self.cfg = layout_config(layout)
         self.reset()
 
     # ---- construction ------------------------------------------------------------------

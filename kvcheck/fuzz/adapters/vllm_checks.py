@@ -140,10 +140,9 @@ class ShadowChecks(Bookkeeping):
             obj = "indexer" if kind == "indexer" else "compressed_kv"
             js = needed_objects(self.cfg, sg, L // self.hb)[obj]
             return sorted({j * self.hb // bs for j in js})
-        skind = "full" if kind in ("full", "mla", "mla_indexer") else "swa"
-        cfg = self.cfgs[p] if skind == "swa" else self.cfg
-        sg = next(x for x in cfg.groups if x.kind == skind)
-        js = needed_objects(cfg, sg, L // self.hb)["swa_window"]
+        skind, w = ("full", None) if kind in ("full", "mla", "mla_indexer") else ("swa", p)
+        sg = next(x for x in self.cfg.groups if x.kind == skind and x.window == w)
+        js = needed_objects(self.cfg, sg, L // self.hb)["swa_window"]
         return sorted({j * self.hb // bs for j in js})
 
     @_per_layout

@@ -270,15 +270,17 @@ SEMANTIC_CHECKS = {"published_hash_resident": "hash_map_sound", "hit_full_blocks
                    "toctou_bound_stable": "toctou_bound_stable", "admission_cap": "free_count"}
 
 
-def layout_configs(layout: str) -> dict[int | None, Config]:
-    """The spec Configs whose groups give the ground truth, keyed by sliding window (None when
-    the layout has none), with vLLM's semantics declared (VLLM_SEMANTICS). The spec allows one
-    window per config, so a layout with several windows gets one config per window (full + that
-    swa). Chunked local has no spec kind: it is checked by the adapter's own rule and left out."""
+def layout_config(layout: str) -> Config:
+    """The spec Config whose groups give the layout's ground truth (and which traces carry),
+    with vLLM's semantics declared (VLLM_SEMANTICS): one `full` layer for the full-attention
+    groups, one `swa` layer per distinct sliding window (each group reads its own window: the
+    spec retains a window per group), `mamba` for a Mamba group. Page sizes are keyed by layer
+    kind: the first group's of each kind (the checks map blocks with each vLLM group's own block
+    size). Chunked local has no spec kind: it is checked by the adapter's own rule and left out."""
     if layout.startswith("dsv4"):   # the spec's view: swa + csa (m=4, indexer) + hca (m=16)
         layers = (LayerSpec("swa", window=8), LayerSpec("csa", window=8, m=4, topk=1),
                   LayerSpec("hca", window=8, m=16))
-        return {8: Config(layers=layers, block_size=B, page_tokens={"hca": 16}, **VLLM_SEMANTICS)}
+        return Config(layers=layers, block_size=B, page_tokens={"hca": 16}, **VLLM_SEMANTICS)
     hb = layout_scale(layout)[0]
     full, swas = [], {}
     rec = [LayerSpec("mamba")] if any(k == "mamba" for k, _, _ in _LAYOUTS[layout][1]) else []
@@ -287,22 +289,14 @@ def layout_configs(layout: str) -> dict[int | None, Config]:
             full.append(bs)
         elif kind in ("swa", "swa_mla"):
             swas.setdefault(p, bs)
-    out: dict[int | None, Config] = {}
-    for w in (list(swas) or [None]):
-        # chunked-local-only layouts: a full config stands in (chunked local has no spec kind)
-        layers = [LayerSpec("full")] if full or w is None else []
-        page = {"full": full[0]} if full else {}
-        if w is not None:
-            layers.append(LayerSpec("swa", window=w))
-            page["swa"] = swas[w]
-        page = {k: v for k, v in page.items() if v != hb}
-        out[w] = Config(layers=tuple(layers + rec), block_size=hb, page_tokens=page, **VLLM_SEMANTICS)
-    return out
-
-
-def layout_config(layout: str) -> Config:
-    """The spec Config written into traces (the first of `layout_configs`)."""
-    return next(iter(layout_configs(layout).values()))
+    # chunked-local-only layouts: a full config stands in (chunked local has no spec kind)
+    layers = [LayerSpec("full")] if full or not swas else []
+    layers += [LayerSpec("swa", window=w) for w in swas]
+    page = {"full": full[0]} if full else {}
+    if swas:
+        page["swa"] = next(iter(swas.values()))
+    page = {k: v for k, v in page.items() if v != hb}
+    return Config(layers=tuple(layers + rec), block_size=hb, page_tokens=page, **VLLM_SEMANTICS)
 
 
 def _make_specs(layout: str) -> list:
