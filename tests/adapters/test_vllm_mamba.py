@@ -79,17 +79,27 @@ def test_a_mamba_fault_needs_a_mamba_group():
         VllmAdapter("full+swa", 24, "mamba_state_freed_early")
 
 
-@pytest.mark.parametrize("start, chunk, n_tokens, want", [
-    (0, 10, 13, 8),     # not the prompt's end: ends on a block boundary
-    (2, 10, 13, 2),     # starts mid-block: stops at the next boundary
-    (8, 5, 13, 4),      # the last chunk stops at the last cacheable boundary (12) first
-    (12, 1, 13, 1),     # then the prompt's last token
-    (0, 3, 13, 3),      # under a block: one chunk (the state is simply not cached)
+@pytest.mark.parametrize("start, chunk, want", [
+    (0, 10, 8),         # not the prompt's end: ends on a block boundary
+    (8, 5, 4),          # the last chunk stops at the last cacheable boundary (12) first
+    (12, 1, 1),         # then the prompt's last token
+    (4, 8, 8),          # an aligned chunk stays
 ])
-def test_the_chunk_split_is_the_schedulers(start, chunk, n_tokens, want):
-    groups = [("full", 4, None), ("mamba", 4, None)]
-    assert vllm_mamba.aligned_chunk(groups, start, chunk, n_tokens, n_tokens) == want
-    assert vllm_mamba.aligned_chunk([("full", 4, None)], start, chunk, n_tokens, n_tokens) == chunk
+def test_the_chunk_split_is_the_schedulers(start, chunk, want):
+    """The adapter splits with the installed release's own Scheduler._mamba_block_aligned_split
+    (rows every align-mode release agrees on); a layout without Mamba is not split."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+    ad = VllmAdapter("full+mamba", 40)
+    ad.apply("submit", {"r": "r0", "tokens": list(range(1, 14))})
+    o = ad.reqs["r0"].obj
+    o.num_computed_tokens = start
+    assert vllm_mamba.split(ad, o, 0, chunk) == want
+    assert ad._mamba_split[0] is Scheduler._mamba_block_aligned_split
+    o.num_computed_tokens = 0
+    assert vllm_mamba.split(ad, o, start, chunk) == want       # the same from a hit at `start`
+    plain = VllmAdapter("full", 40)
+    plain.apply("submit", {"r": "r0", "tokens": list(range(1, 14))})
+    assert vllm_mamba.split(plain, plain.reqs["r0"].obj, 0, 3) == 3
 
 
 def test_the_hypothesis_machine_drives_a_mamba_layout_and_catches_a_fault():
