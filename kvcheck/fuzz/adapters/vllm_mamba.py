@@ -197,7 +197,7 @@ def _claim(ad: Any, src: int, dst: int) -> tuple[tuple | None, bool, int]:
     from .vllm_layouts import _vllm
     for rid, req in ad.reqs.items():
         for g in range(len(ad.groups)):
-            if any(b.block_id == dst for b in ad._table(g, rid)):
+            if any(b.block_id == dst for b in ad._table(g, rid)) and hasattr(req, "resumed_at"):
                 return ad._content(req, req.resumed_at), ad.groups[g][0] == MAMBA, g
     ku = _vllm()["ku"]
     key = ad.pool.blocks[dst].block_hash
