@@ -197,9 +197,13 @@ class Bookkeeping:
             keys.update(more or ())
             live = set()
             for key in _key_order(keys) if len(keys) > 1 else keys:
-                if _points_at(cache.get(key), b):    # (the key's other blocks: checked as theirs)
+                val = cache.get(key)
+                if _points_at(val, b):    # (the key's other blocks: checked as theirs)
                     self._check_entry(key, b)
                     live.add(key)
+                elif val is not None:     # the entry moved to another block (vLLM's move_block_hashes)
+                    for other in ([val] if not isinstance(val, dict) else list(val.values())):
+                        self._check_entry(key, other)
             self._bk_keys[b.block_id] = live
             msig[b.block_id] = now
 
@@ -254,12 +258,12 @@ class Bookkeeping:
         # The block must hold the hash's prefix, and the hash must end inside the block
         # (vLLM also registers interior hash-block boundaries of a larger block); a Mamba state
         # block holds the state after exactly the key's tokens.
-        if want is not None and w is not None and (w != want if kind == MAMBA else not (
+        if want is not None and (w is None or (w != want if kind == MAMBA else not (
                 w[0] == want[0] and len(w[1]) >= len(want[1]) > ((len(w[1]) - 1) // bs) * bs
-                and w[1][:len(want[1])] == want[1])):
+                and w[1][:len(want[1])] == want[1]))):
             raise Violation("bookkeeping", "hash_map_sound",
-                            f"a published hash maps to block #{b.block_id}, which now holds other "
-                            "content (stale prefix-cache entry)")
+                            f"a published hash maps to block #{b.block_id}, which now holds "
+                            + ("nothing written" if w is None else "other content (stale prefix-cache entry)"))
         if want is not None and w is not None:
             self._bk_ok[key] = (b, w)
 
