@@ -1,4 +1,4 @@
-# Standalone reproducer of a kvcheck finding on vLLM 0.33.0 (and 0.28.0): layout qwen3-next-fine+mtp
+# Standalone reproducer of a kvcheck finding on vLLM 0.33.0 and 0.28.0: layout qwen3-next-fine+mtp
 # at toy scale: a full-attention group + a Mamba group (mamba_cache_mode="align"), block 8, hash block
 # (prefix_match_unit) 4 (fine-grained hits inside a block), an EAGLE/MTP drafter on the full group.
 # check state_copy_sound: a copy the step runs before its forward (kv_cache_block_copies, applied in
@@ -6,7 +6,9 @@
 # finding: within one scheduler step, request C is admitted first and publishes its full-attention
 # block 0 (tokens 0..7) at schedule time; request D, admitted in the same step, matches that block
 # (EAGLE matches one hash unit past the candidate), but the reconciled hit ends at token 4 inside it
-# because the Mamba state there comes from an older request (B, an earlier step: not refused by the
+# because the Mamba state there comes from an older request (B, an earlier step, whose prefill stopped
+# at its prompt's checkpoint: 0.28 and 0.33 place that checkpoint differently, so B's prompt length is
+# tried from 5 to 9 tokens, each on a fresh manager; not refused by the
 # Mamba same-step rule, which guards only Mamba blocks). D resumes inside the block, so allocate_slots
 # gives D a private copy of C's block 0 (copy-on-write) and queues the copy; the copy runs before the
 # step's forward, which is what writes C's block 0. D's copy holds no KV for tokens 0..3.
@@ -40,17 +42,23 @@ ku.init_none_hash(sha256)
 specs = [kci.FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype=torch.float32),
          kci.MambaSpec(block_size=BS, shapes=((2, 4),), dtypes=(torch.float32,), mamba_cache_mode="align")]
 groups = [kci.KVCacheGroupSpec([f"layer{i}"], s, is_eagle_group=(i == 0)) for i, s in enumerate(specs)]
-cfg = kci.KVCacheConfig(num_blocks=40, kv_cache_tensors=[], kv_cache_groups=groups)
-mgr = KVCacheManager(cfg, max_model_len=64, scheduler_block_size=BS, hash_block_size=HB, use_eagle=True)
-assert mgr.coordinator.enable_partial_hash_hits
 hasher = ku.get_request_block_hasher(HB, sha256)
-sched = SimpleNamespace(cache_config=SimpleNamespace(block_size=BS), block_size=BS, hash_block_size=HB,
-                        use_eagle=True, use_eagle_block_drop=True, num_hash_lookahead_tokens=0,
-                        mamba_partial_cache_hit=True, mamba_has_prefill_checkpoint_blocks=False,
-                        mamba_prefill_checkpoint_alignment=None,
-                        mamba_shared_prefix_checkpoint=getattr(mgr, "mamba_shared_prefix_checkpoint", False),
-                        max_num_scheduled_tokens=2048, scheduler_config=SimpleNamespace(long_prefill_token_threshold=0))
 published = set()            # blocks that got a prefix-cache key in the current scheduler step
+mgr = sched = None
+
+
+def build():
+    global mgr, sched
+    cfg = kci.KVCacheConfig(num_blocks=40, kv_cache_tensors=[], kv_cache_groups=groups)
+    mgr = KVCacheManager(cfg, max_model_len=64, scheduler_block_size=BS, hash_block_size=HB, use_eagle=True)
+    assert mgr.coordinator.enable_partial_hash_hits
+    sched = SimpleNamespace(cache_config=SimpleNamespace(block_size=BS), block_size=BS, hash_block_size=HB,
+                            use_eagle=True, use_eagle_block_drop=True, num_hash_lookahead_tokens=0,
+                            mamba_partial_cache_hit=True, mamba_has_prefill_checkpoint_blocks=False,
+                            mamba_prefill_checkpoint_alignment=None,
+                            mamba_shared_prefix_checkpoint=getattr(mgr, "mamba_shared_prefix_checkpoint", False),
+                            max_num_scheduled_tokens=2048,
+                            scheduler_config=SimpleNamespace(long_prefill_token_threshold=0))
 
 
 def admit(rid, tokens, budget):
@@ -86,9 +94,14 @@ def step(*admissions):
     return bad
 
 
-print("step 1: B computes 4 tokens (its prompt's checkpoint under EAGLE)")
-step(("B", X[:8], 100))
-print("step 2: C is admitted (publishes its block 0), then D, which shares 12 tokens")
-bad = step(("C", X[:24], 8), ("D", X[:12] + [90, 91, 92, 93], 100))
+bad = []
+for nb in range(5, 10):
+    build()
+    print(f"B has {nb} tokens. step 1: B's prefill stops at its prompt's checkpoint")
+    step(("B", X[:nb], 100))
+    print("step 2: C is admitted (publishes its block 0), then D, which shares 12 tokens")
+    bad += step(("C", X[:24], 8), ("D", X[:12] + [90, 91, 92, 93], 100))
+    if bad:
+        break
 print("BUG PRESENT" if bad else "clean: no copy reads a block published in the same step")
 sys.exit(1 if bad else 0)

@@ -252,14 +252,16 @@ class ShadowChecks(Bookkeeping):
             need = set(self.needed_hit(g, hit)) if hit else set()
             kind = self.groups[g][0]
             for i, b in enumerate(lst):
-                end, exact = mamba.block_want(kind, bs, i, hit)
+                end, exact = ((i + 1) * bs, True) if kind != mamba.MAMBA and (i + 1) * bs <= hit \
+                    else mamba.block_want(kind, bs, i, hit)      # (a state, or a block the hit ends in)
                 want = self._content(req, end)
                 if i in need and b.is_null:
                     raise Violation("safety", self._check_kind(g),
                                     f"{self.layout} group {g} ({self.groups[g][0]}): hit of {hit} tokens "
                                     f"for {r}, but block {i} (tokens {i*bs}..{(i+1)*bs-1}) that the resume "
                                     "reads is the null block")
-                if not b.is_null and not mamba.holds(self.written.get(b.block_id), want, exact):
+                w = self.written.get(b.block_id)
+                if not b.is_null and (w != want if exact else not mamba.holds(w, want, exact)):
                     raise Violation("safety", self._check_kind(g),
                                     f"{self.layout} group {g}: hit of {hit} tokens for {r} returns block "
                                     f"#{b.block_id} at index {i} whose content is not the request's "

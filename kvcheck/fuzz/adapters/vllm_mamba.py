@@ -106,6 +106,9 @@ def spec_kwargs(drafter: bool, feats: set[str]) -> dict:
 def manager_kwargs(has_mamba: bool, feats: set[str]) -> dict:
     """KVCacheManager's: shared-prefix checkpoints where the release has them (vLLM narrows the
     flag itself to EAGLE + fine-grained layouts)."""
+    if has_mamba:
+        import vllm.v1.core.sched.scheduler  # noqa: F401  (the split's module: imported here, ~3 s
+        #                                       on some releases, not inside a timed campaign)
     return {"enable_mamba_shared_prefix_checkpoint": True} \
         if has_mamba and "mamba_shared_prefix_checkpoint" in feats else {}
 
@@ -225,6 +228,7 @@ def admitted(ad: Any, req: Any, hit: int) -> None:
     resumes from is checked (check_state_copy)."""
     req.resumed_at = hit
     ad.coverage["state:mamba_partial_hit"] += bool(hit % (mamba_block(ad.groups) or 1))
+    ad.coverage["state:shared_prefix_junction"] += bool(getattr(req.obj, "shared_prefix_boundary", 0))
     take_copies(ad)
     check_state_copy(ad, req, hit)
 
