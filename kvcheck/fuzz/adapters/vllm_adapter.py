@@ -118,7 +118,7 @@ class VllmAdapter(ShadowChecks):
     def _plant(self) -> None:
         f = self.fault
         if any(self.planted(x) for x in _MAMBA_FAULTS):
-            mfaults.plant(self, _vllm()["stm"], f)
+            mfaults.plant(self, _vllm()["stm"])
         if any(self.planted(x) for x in _SWA_FAULTS):
             SWM = _vllm()["stm"].SlidingWindowManager
             extra = 1 if self.planted(SWA_OVERSTRICT) else None

@@ -18,8 +18,8 @@ import random
 from collections import Counter
 from typing import Any
 
-from .vllm_layouts import (_EAGLE, _FILE_LAYOUTS, _LAYOUTS, _MAMBA_FAULTS, _RETENTION, _SCALE, _SWA_FAULTS, LAYOUTS,
-                           _vllm, register_layout)
+from .vllm_layouts import (_EAGLE, _FILE_LAYOUTS, _LAYOUTS, _MAMBA_FAULTS, _MAMBA_FINE_FAULTS, _RETENTION, _SCALE,
+                           _SWA_FAULTS, LAYOUTS, _vllm, register_layout)
 
 _KIND_FEATURE = {"chunked_local": "ChunkedLocalAttentionSpec", "swa_mla": "SlidingWindowMLASpec",
                  "mla_indexer": "SparseCacheRole", "mamba": "MambaSpec.mamba_cache_mode"}
@@ -50,7 +50,7 @@ def sample_definition(seed: int | str, fault: str | None = None) -> dict[str, An
     mamba = "mamba" in picked
     if mamba:                      # align mode: the Mamba block is the scheduler block
         mult = rng.choice([1, 2, 4]) if "mamba_partial_hits" in feats and n > 1 else 1
-        if fault == "mamba_partial_move_uncopied" and "mamba_partial_hits" in feats and n > 1:
+        if any(f.name == fault for f in _MAMBA_FINE_FAULTS) and "mamba_partial_hits" in feats and n > 1:
             mult = rng.choice([2, 4])       # (its site: hits inside a Mamba block)
         sizes = [hb * mult if k == "mamba" else hb * rng.choice([d for d in (1, 2, 4) if mult % d == 0])
                  for k in picked]

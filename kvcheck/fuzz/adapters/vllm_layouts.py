@@ -162,6 +162,7 @@ FAULTS: dict[str, tuple[str, str]] = {f.name: (f.expected, f.doc) for f in VLLM_
 _SWA_FAULTS = (SWA_HIT_UNCHECKED, SWA_OVERSTRICT)      # need a layout with a sliding-window group
 _MAMBA_FAULTS = (MAMBA_OLDER_STATE, MAMBA_STATE_FREED, MAMBA_SAME_STEP,   # need a layout with a mamba
                  MAMBA_MOVE_UNCOPIED, MAMBA_PARTIAL_OFF_BY_ONE)            # group (vllm_mamba_faults.py)
+_MAMBA_FINE_FAULTS = (MAMBA_MOVE_UNCOPIED, MAMBA_PARTIAL_OFF_BY_ONE)      # and hits inside a Mamba block
 
 
 def planted(name: str | None) -> Planted:

@@ -5,31 +5,27 @@ from __future__ import annotations
 
 from typing import Any
 
+from .vllm_layouts import (_MAMBA_FAULTS, _MAMBA_FINE_FAULTS, MAMBA_MOVE_UNCOPIED, MAMBA_OLDER_STATE,
+                           MAMBA_PARTIAL_OFF_BY_ONE, MAMBA_SAME_STEP, MAMBA_STATE_FREED)
 from .vllm_mamba import MAMBA
-
-OLDER_STATE, FREED_EARLY = "mamba_hit_older_state", "mamba_state_freed_early"
-SAME_STEP, MOVE_UNCOPIED = "mamba_same_step_hit", "mamba_partial_move_uncopied"
-OFF_BY_ONE = "mamba_partial_hit_off_by_one"
-NAMES = (OLDER_STATE, FREED_EARLY, SAME_STEP, MOVE_UNCOPIED, OFF_BY_ONE)
-FINE = (MOVE_UNCOPIED, OFF_BY_ONE)          # planted where hits land inside a Mamba block
 
 
 def needs(groups: list, hb: int, fault: str | None) -> str | None:
     """Why this layout cannot carry the Mamba fault (one line), or None."""
-    if fault not in NAMES:
+    if not any(f.name == fault for f in _MAMBA_FAULTS):
         return None
     if not any(k == MAMBA for k, _, _ in groups):
         return f"fault {fault!r} needs a layout with a mamba group"
-    if fault in FINE and all(bs == hb for k, bs, _ in groups if k == MAMBA):
+    if any(f.name == fault for f in _MAMBA_FINE_FAULTS) and all(bs == hb for k, bs, _ in groups if k == MAMBA):
         return (f"fault {fault!r} needs a layout whose Mamba block is larger than its hash block "
                 "(fine-grained hits, e.g. qwen3-next-fine)")
     return None
 
 
-def plant(ad: Any, stm: Any, fault: str) -> None:
-    """Plant `fault` in subclasses of vLLM's own MambaManager."""
+def plant(ad: Any, stm: Any) -> None:
+    """Plant the adapter's Mamba fault (its `planted` probe) in subclasses of vLLM's MambaManager."""
     MM = stm.MambaManager
-    if fault == OLDER_STATE:
+    if ad.planted(MAMBA_OLDER_STATE):
         orig = MM.find_longest_cache_hit.__func__
 
         class OlderState(MM):  # type: ignore[misc, valid-type]
@@ -51,7 +47,7 @@ def plant(ad: Any, stm: Any, fault: str) -> None:
                 return (blocks, hit) if with_len else blocks
 
         _swap(ad, MM, OlderState)
-    elif fault == FREED_EARLY:
+    elif ad.planted(MAMBA_STATE_FREED):
         class FreedEarly(MM):  # type: ignore[misc, valid-type]
             def remove_skipped_blocks(self, request_id, processed, *args, **kw):
                 super().remove_skipped_blocks(request_id, processed, *args, **kw)
@@ -64,7 +60,7 @@ def plant(ad: Any, stm: Any, fault: str) -> None:
                     blocks[-1] = self._null_block
 
         _swap(ad, MM, FreedEarly)
-    elif fault == SAME_STEP:
+    elif ad.planted(MAMBA_SAME_STEP):
         class SameStep(MM):  # type: ignore[misc, valid-type]
             def get_num_blocks_to_allocate(self, *args, **kw):
                 # forget the states this step published: a hit on one is admitted in the step
@@ -74,7 +70,7 @@ def plant(ad: Any, stm: Any, fault: str) -> None:
                 return super().get_num_blocks_to_allocate(*args, **kw)
 
         _swap(ad, MM, SameStep)
-    elif fault == MOVE_UNCOPIED:
+    elif ad.planted(MAMBA_MOVE_UNCOPIED):
         class MoveUncopied(MM):  # type: ignore[misc, valid-type]
             def allocate_new_blocks(self, request_id, *args, **kw):
                 before = len(self._pending_cow_copies)
@@ -91,7 +87,7 @@ def plant(ad: Any, stm: Any, fault: str) -> None:
                 return out
 
         _swap(ad, MM, MoveUncopied)
-    elif fault == OFF_BY_ONE:
+    elif ad.planted(MAMBA_PARTIAL_OFF_BY_ONE):
         orig_fine = MM.find_longest_cache_hit.__func__
 
         class OffByOne(MM):  # type: ignore[misc, valid-type]
