@@ -36,7 +36,7 @@ def test_a_good_layout_parses():
     (lambda d: d.update(groups=[{"kind": "full", "block_size": 4}, {"kind": "mamba", "block_size": 4}],
                         retention_interval=0), "retention_interval"),
     (lambda d: d.update(groups=[{"kind": "full", "block_size": 4}, {"kind": "mamba", "block_size": 4}],
-                        use_eagle=True), "use_eagle"),
+                        use_eagle=True, eagle_groups=[1]), "eagle_groups"),   # no drafter layer is Mamba
     (lambda d: d["groups"][1].update(kind="compressed"), "groups[1].kind"),
     (lambda d: d["groups"][0].update(block_size=6), "groups[0].block_size"),
     (lambda d: d["groups"][0].update(block_size=True), "groups[0].block_size"),

@@ -31,7 +31,6 @@ from .vllm_layouts import RETENTION_DROPS_TAIL
 from .vllm_twin import TwinAdapter, twin_summary, wants_twin
 from .vllm_workloads import WORKLOADS, reuse_profile
 from .vllm_sched import POLICIES, SchedGen
-from .vllm_mamba import MAMBA
 from .vllm_layouts import (_LAYOUTS, ACTIONS, FAULTS, SINGLE_ACTIONS, STEP_ACTIONS, GENERATED, INSTALL_HINT, LAYOUTS, VOCAB,
                            VllmUnavailable, layout_config, layout_scale, supported_layouts, vllm_version,
                            _FILE_LAYOUTS, load_layout_file, register_layout)
@@ -206,7 +205,6 @@ def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = N
             twin = wants_twin(layout, fault) if twin_arg is None else twin_arg
         gen = _Gen(rng, layout_scale(layout)[1])
         stepped = drive == "scheduler" or (drive == "mixed" and episodes % 2 == 1)   # mixed: alternate
-        stepped = stepped and not any(k == MAMBA for k, _, _ in _LAYOUTS[layout][1])   # (not modelled yet)
         if stepped:
             gen = SchedGen(gen, sched_policy)
             scheduler_episodes += 1

@@ -17,11 +17,11 @@ from typing import Any
 from kvcheck.spec.config import Config
 from kvcheck.spec.sut import ActionRejected
 
-from . import vllm_mamba as mamba
+from . import vllm_mamba as mamba, vllm_mamba_faults as mfaults
 from .vllm_timeline import Timeline
 from .vllm_checks import ShadowChecks, Violation, _Req
 from .vllm_layouts import (_EAGLE, _LAYOUTS, _MAMBA_FAULTS, _RETENTION, _SWA_FAULTS, ACTIONS, DROP_REF_ON_FREE,
-                           EARLY_READER_FORWARD, MAMBA_OLDER_STATE, MAMBA_STATE_FREED,
+                           EARLY_READER_FORWARD,
                            EVICT_KEEPS_HASH, LAYOUTS, RETENTION_DROPS_TAIL, SWA_OVERSTRICT, VOCAB, _make_specs, _vllm,
                            layout_config, layout_scale, planted, release_gap)
 
@@ -45,8 +45,8 @@ class VllmAdapter(ShadowChecks):
         groups = _LAYOUTS[layout][1]
         if any(f.name == fault for f in _SWA_FAULTS) and not any(k in ("swa", "swa_mla") for k, _, _ in groups):
             raise ValueError(f"fault {fault!r} needs a layout with a sliding-window group")
-        if any(f.name == fault for f in _MAMBA_FAULTS) and not any(k == mamba.MAMBA for k, _, _ in groups):
-            raise ValueError(f"fault {fault!r} needs a layout with a mamba group")
+        if mfaults.needs(groups, layout_scale(layout)[0], fault):
+            raise ValueError(mfaults.needs(groups, layout_scale(layout)[0], fault))
         if fault == RETENTION_DROPS_TAIL.name and not self.twin_oracle:
             raise ValueError("fault 'retention_drops_tail' is planted and caught by the dense-twin adapter "
                              "(vllm_twin.TwinAdapter) only")
@@ -78,6 +78,8 @@ class VllmAdapter(ShadowChecks):
         sched = {"scheduler_block_size": self.sched_bs} if "scheduler_block_size" in feats else {}
         if drafter is not None:
             sched["use_eagle"] = True
+        sched.update(mamba.manager_kwargs(self.has_mamba, feats))
+        self.drafter, self.retained = drafter is not None, []    # (retained: the step's copies' endpoints)
         self.mgr = V["KVCacheManager"](kcfg, max_model_len=self.max_len, hash_block_size=self.hb, **sched)
         self.pool = self.mgr.block_pool
         self.coord = self.mgr.coordinator
@@ -102,9 +104,11 @@ class VllmAdapter(ShadowChecks):
         as vLLM looks up groups of identical spec together, every group whose spec equals one."""
         if drafter is None:
             return set()
+        # (a Mamba group never takes the drop: its finder never drops, draft models have no Mamba layers)
         if not flagged or not drafter:
-            return set(range(len(self.groups)))
-        return {g for g in range(len(specs)) if any(specs[g] == specs[d] for d in drafter)}
+            return {g for g in range(len(self.groups)) if not mamba.is_mamba(self.groups, g)}
+        return {g for g in range(len(specs)) if any(specs[g] == specs[d] for d in drafter)
+                and not mamba.is_mamba(self.groups, g)}
 
     def retention(self) -> int | None:
         """The layout's prefix_cache_retention_interval (None: dense); the dense twin overrides it."""
@@ -113,7 +117,7 @@ class VllmAdapter(ShadowChecks):
     def _plant(self) -> None:
         f = self.fault
         if any(self.planted(x) for x in _MAMBA_FAULTS):
-            mamba.plant(self, _vllm()["stm"], self.planted(MAMBA_OLDER_STATE), self.planted(MAMBA_STATE_FREED))
+            mfaults.plant(self, _vllm()["stm"])
         if any(self.planted(x) for x in _SWA_FAULTS):
             SWM = _vllm()["stm"].SlidingWindowManager
             extra = 1 if self.planted(SWA_OVERSTRICT) else None
@@ -170,15 +174,16 @@ class VllmAdapter(ShadowChecks):
             raise ActionRejected(f"unknown vLLM adapter action {action!r}")
         n_lost = len(self.lost)
         try:
-            if self.has_mamba and hasattr(self.mgr, "new_step_starts"):
-                self.mgr.new_step_starts()      # each action is one scheduler step
+            if self.has_mamba and not self.timeline.open and hasattr(self.mgr, "new_step_starts"):
+                self.mgr.new_step_starts()      # a step starts (outside begin_step: each action is one)
             obs = fn(**params) or {}
             self.coverage[action] += 1
-            if self.has_mamba:
-                mamba.apply_copies(self)        # queued copies run before the forward
+            mamba.take_copies(self)             # the step's queued copies (run before its forward)
             self._after_step()
-            if not self.timeline.open and self.timeline.sched:   # one request per step: its forward
-                self._forward()
+            if not self.timeline.open and (self.timeline.sched or self.timeline.copies):
+                self._forward()                 # one request per step: its forward
+            if not self.timeline.open:
+                mamba.release_retained(self)    # the step's scheduling is over
         except TypeError as e:
             if "argument" in str(e) and "_a_" in str(e):
                 raise ActionRejected(f"bad parameters for {action}: {e}") from None
@@ -218,7 +223,7 @@ class VllmAdapter(ShadowChecks):
         self.reqs[rid] = _Req(rid, obj, salt, owned=[set() for _ in self.groups])
         return {"r": rid}
 
-    def _a_lookup(self, r: str, chunk: int, la: int = 0) -> dict:
+    def _a_lookup(self, r: str, chunk: int, la: int = 0, mp: int = 0) -> dict:
         req = self._get(r, ("waiting", "preempted"))
         if self.timeline.preempted:
             raise ActionRejected("vLLM admits no waiting request in a step that preempted one")
@@ -242,26 +247,30 @@ class VllmAdapter(ShadowChecks):
             raise Violation("divergence", "hit_exceeds_spec",
                             f"vLLM hit {hit} > spec-usable {usable} for {r} although every needed "
                             "block holds the right content (alignment rule differs?)")
-        chunk = max(1, min(chunk, o.num_tokens - hit))
-        if self.has_mamba:
-            chunk = mamba.aligned_chunk(self.groups, hit, chunk, o.num_tokens, o.num_prompt_tokens)
-        pending = self.timeline.pending_hits(req, blocks) if self.timeline.open and hit else 0
+        chunk = mamba.split(self, o, hit, max(1, min(chunk, o.num_tokens - hit)), mp)
+        if chunk == 0:                    # the scheduler gives it no tokens this step
+            self.coverage["state:mamba_split_empty"] += 1
+            return {**obs, "admitted": False}
+        pending = self.timeline.pending_hits(req, blocks, hit) if self.timeline.open and hit else 0
         new = self.mgr.allocate_slots(o, chunk, hit, blocks, **({"num_lookahead_tokens": la} if la else {}))
         if new is None:
             self.coverage["state:admission_refused"] += 1
+            self.coverage["state:mamba_same_step_refused"] += mamba.same_step(self, blocks)
             obs["admitted"] = False
             return obs
         self._own(req, new)
+        bs = [x[1] for x in self.groups]
         # the admitted table starts with exactly the hit blocks
         for g, lst in enumerate(blocks.blocks):
             table = self._table(g, r)
             # (allocate_slots may already have nulled blocks that fell out of a window)
             if len(table) < len(lst) or any(t.block_id != b.block_id and not t.is_null
-                                            for t, b in zip(table, lst)):
+                                            and not (i == hit // bs[g] and hit % bs[g])   # copy-on-write
+                                            for i, (t, b) in enumerate(zip(table, lst))):
                 raise Violation("bookkeeping", "hit_blocks_bound",
                                 f"group {g}: request {r}'s table does not start with its hit blocks")
         if self.has_mamba:
-            mamba.check_state_copy(self, req, hit)
+            mamba.admitted(self, req, hit)
         o.status = _vllm()["RequestStatus"].RUNNING
         o.num_computed_tokens = hit + chunk
         req.state = "running"
@@ -273,13 +282,15 @@ class VllmAdapter(ShadowChecks):
         obs["admitted"] = True
         return obs
 
-    def _step(self, req: _Req, n: int, tok: int | None, la: int = 0) -> dict:
+    def _step(self, req: _Req, n: int, tok: int | None, la: int = 0, mp: int = 0) -> dict:
         tl, o = self.timeline, req.obj
         if tl.open and (req.rid in tl.sched or tl.admitted):
             raise ActionRejected(f"request {req.rid} cannot be scheduled again in this step (vLLM schedules "
                                  "each request once per step, the running ones before it admits waiting ones)")
-        if self.has_mamba:
-            n = mamba.aligned_chunk(self.groups, o.num_computed_tokens, n, o.num_tokens, o.num_prompt_tokens)
+        n = mamba.split(self, o, 0, n, mp)
+        if n == 0:                        # the scheduler gives it no tokens this step
+            self.coverage["state:mamba_split_empty"] += 1
+            return {"allocated": False}
         new = self.mgr.allocate_slots(req.obj, n, **({"num_lookahead_tokens": la} if la else {}))
         if new is None:
             self.coverage["state:alloc_refused"] += 1
@@ -294,12 +305,12 @@ class VllmAdapter(ShadowChecks):
             self._maybe_sample(req, tok)
         return {"allocated": True}
 
-    def _a_prefill(self, r: str, chunk: int, la: int = 0) -> dict:
+    def _a_prefill(self, r: str, chunk: int, la: int = 0, mp: int = 0) -> dict:
         req = self._get(r, ("running",))
         rem = req.obj.num_tokens - req.obj.num_computed_tokens
         if rem <= 1:
             raise ActionRejected(f"request {r} has no prompt left to prefill")
-        return self._step(req, max(1, min(chunk, rem)), None, la)
+        return self._step(req, max(1, min(chunk, rem)), None, la, mp)
 
     def _a_decode(self, r: str, tok: int, la: int = 0) -> dict:
         req = self._get(r, ("running",))
@@ -366,8 +377,6 @@ class VllmAdapter(ShadowChecks):
             raise ActionRejected(f"{action} runs between scheduler steps, not inside one")
 
     def _a_begin_step(self) -> dict:
-        if self.has_mamba:      # its state copies and same-step hit rule run per action (vllm_mamba.py)
-            raise ActionRejected("scheduler steps of several requests are not modelled with Mamba groups yet")
         self._between_steps("begin_step")
         self.timeline.begin()
         return {}

@@ -21,6 +21,7 @@ from collections import Counter
 from typing import Any
 
 from .vllm_layouts import _vllm
+from .vllm_mamba import MAMBA, retained_counts
 
 # the manager's methods that change a request's blocks (those a release lacks are skipped)
 _REQUEST_METHODS = ("allocate_slots", "free", "remove_skipped_blocks", "pop_blocks_for_free",
@@ -91,7 +92,9 @@ class Bookkeeping:
         dirty, since = set(evicted), {}
         for rid in touched:
             since[rid] = self._bk_update(rid, dirty)
-        if self.pool.get_num_free_blocks() + self._bk_nheld != len(self.pool.blocks) - 1:
+        ret = retained_counts(self)     # references a step's queued copies hold (vllm_mamba.py)
+        if self.pool.get_num_free_blocks() + self._bk_nheld + sum(not self._bk_where.get(b) for b in ret) \
+                != len(self.pool.blocks) - 1:
             self._bk_scan(counted=True)     # something changed that no step announced
             return
         dirty.discard(self.pool.null_block.block_id)
@@ -163,10 +166,10 @@ class Bookkeeping:
         from .vllm_checks import Violation
         pool = self.pool
         blocks = [pool.blocks[i] for i in sorted(ids)]
-        where = self._bk_where
+        where, ret = self._bk_where, retained_counts(self)
         for b in blocks:
             hs = where.get(b.block_id, ())
-            if b.ref_cnt != len(hs):
+            if b.ref_cnt != len(hs) + ret.get(b.block_id, 0):
                 raise Violation("bookkeeping", "refcount_equals_holders",
                                 f"block #{b.block_id}: ref_cnt {b.ref_cnt} but {len(hs)} holder(s) {sorted(hs)}")
             queued = b.prev_free_block is not None or b.next_free_block is not None
@@ -194,9 +197,13 @@ class Bookkeeping:
             keys.update(more or ())
             live = set()
             for key in _key_order(keys) if len(keys) > 1 else keys:
-                if _points_at(cache.get(key), b):    # (the key's other blocks: checked as theirs)
+                val = cache.get(key)
+                if _points_at(val, b):    # (the key's other blocks: checked as theirs)
                     self._check_entry(key, b)
                     live.add(key)
+                elif val is not None:     # the entry moved to another block (vLLM's move_block_hashes)
+                    for other in ([val] if not isinstance(val, dict) else list(val.values())):
+                        self._check_entry(key, other)
             self._bk_keys[b.block_id] = live
             msig[b.block_id] = now
 
@@ -247,15 +254,16 @@ class Bookkeeping:
             return                          # this very content was found sound for this key
         ku = _vllm()["ku"]
         want = self.hash_content.get(bytes(ku.get_block_hash(key)))
-        bs = self.groups[ku.get_group_id(key)][1]
+        kind, bs, _ = self.groups[ku.get_group_id(key)]
         # The block must hold the hash's prefix, and the hash must end inside the block
-        # (vLLM also registers interior hash-block boundaries of a larger block).
-        if want is not None and w is not None and not (
+        # (vLLM also registers interior hash-block boundaries of a larger block); a Mamba state
+        # block holds the state after exactly the key's tokens.
+        if want is not None and (w is None or (w != want if kind == MAMBA else not (
                 w[0] == want[0] and len(w[1]) >= len(want[1]) > ((len(w[1]) - 1) // bs) * bs
-                and w[1][:len(want[1])] == want[1]):
+                and w[1][:len(want[1])] == want[1]))):
             raise Violation("bookkeeping", "hash_map_sound",
-                            f"a published hash maps to block #{b.block_id}, which now holds other "
-                            "content (stale prefix-cache entry)")
+                            f"a published hash maps to block #{b.block_id}, which now holds "
+                            + ("nothing written" if w is None else "other content (stale prefix-cache entry)"))
         if want is not None and w is not None:
             self._bk_ok[key] = (b, w)
 
@@ -279,7 +287,7 @@ class Bookkeeping:
         from .vllm_checks import Violation
         pool = self.pool
         null = pool.null_block
-        holders: Counter = Counter()
+        holders: Counter = Counter(retained_counts(self))   # a step's queued copies hold their endpoints
         where: dict[int, list[tuple[str, int, int]]] = {}
         for g, mgr in enumerate(self.coord.single_type_managers):
             for rid, lst in mgr.req_to_blocks.items():

@@ -196,9 +196,15 @@ class ShadowChecks(Bookkeeping):
         cache = self.pool.cached_block_hash_to_block
         cap = ((req.obj.num_tokens - 1) // self.align) * self.align
         hashed = len(req.obj.block_hashes) * self.hb
+        fine = mamba.partial(self)            # hits inside blocks (0.33's fine-grained lookup)
         for L in range(cap, 0, -self.align):
             ok = not self.tail_needed(L)
             for g in range(len(self.groups)):
+                if fine and self.groups[g][0] in mamba.FINE_KINDS:
+                    ok = mamba.fine_usable(self, req, g, L, g in self.eagle_groups)
+                    if not ok:
+                        break
+                    continue
                 need = self.needed_hit(g, L)
                 if g in self.eagle_groups and self.groups[g][0] != "tail_ring":
                     bs = self.groups[g][1]
@@ -210,7 +216,8 @@ class ShadowChecks(Bookkeeping):
                     h = self._group_hash(req, g, i)
                     blk = cache.get_one_block(ku.make_block_hash_with_group_id(h, g)) if h else None
                     kind, bs, _ = self.groups[g]
-                    if blk is None or self.written.get(blk.block_id) != self._content(req, mamba.want_end(kind, bs, i, L)):
+                    end = L if kind == mamba.MAMBA else (i + 1) * bs    # (whole blocks here: not fine-grained)
+                    if blk is None or self.written.get(blk.block_id) != self._content(req, end):
                         ok = False
                         break
                 if not ok:
@@ -237,19 +244,23 @@ class ShadowChecks(Bookkeeping):
                     raise Violation("safety", "hit_sound_tail",
                                     f"the non-cacheable compressor ring returned {len(lst)} hit blocks")
                 continue
-            if len(lst) != hit // bs:
+            if len(lst) != _cdiv(hit, bs):      # (a fine-grained hit may end inside a block)
                 raise Violation("safety", "hit_length_equal",
                                 f"group {g} ({self.groups[g][0]}) returned {len(lst)} blocks of {bs} "
                                 f"for a {hit}-token hit")
             need = set(self.needed_hit(g, hit)) if hit else set()
+            kind = self.groups[g][0]
             for i, b in enumerate(lst):
-                want = self._content(req, (i + 1) * bs)
+                end, exact = ((i + 1) * bs, True) if kind != mamba.MAMBA and (i + 1) * bs <= hit \
+                    else mamba.block_want(kind, bs, i, hit)      # (a state, or a block the hit ends in)
+                want = self._content(req, end)
                 if i in need and b.is_null:
                     raise Violation("safety", self._check_kind(g),
                                     f"{self.layout} group {g} ({self.groups[g][0]}): hit of {hit} tokens "
                                     f"for {r}, but block {i} (tokens {i*bs}..{(i+1)*bs-1}) that the resume "
                                     "reads is the null block")
-                if not b.is_null and self.written.get(b.block_id) != want:
+                w = self.written.get(b.block_id)
+                if not b.is_null and (w != want if exact else not mamba.holds(w, want, exact)):
                     raise Violation("safety", self._check_kind(g),
                                     f"{self.layout} group {g}: hit of {hit} tokens for {r} returns block "
                                     f"#{b.block_id} at index {i} whose content is not the request's "

@@ -2,7 +2,8 @@
 reaches layouts nobody listed.
 
 Grammar: 1-6 groups, each of a kind the installed release can express (full, mla, swa, swa_mla,
-chunked_local, mla_indexer, mamba (then every block is the hash block, no drafter, no retention); any kind may repeat, identical groups included, as vLLM builds
+chunked_local, mla_indexer, mamba (then the Mamba block is the scheduler block, 1, 2 or 4 hash
+blocks where the release has fine-grained Mamba hits, no retention); any kind may repeat, identical groups included, as vLLM builds
 for n:1 patterns), block sizes of 1, 2 or 4 hash blocks (mixed), a hash block of 4, 8 or 16
 tokens with max_model_len = 16 hash blocks, an EAGLE/MTP drafter (none, the conservative
 "every group" fallback, or one flagged group) and a retention interval None / 0 / N (N a
@@ -17,8 +18,8 @@ import random
 from collections import Counter
 from typing import Any
 
-from .vllm_layouts import (_EAGLE, _FILE_LAYOUTS, _LAYOUTS, _MAMBA_FAULTS, _RETENTION, _SCALE, _SWA_FAULTS, LAYOUTS,
-                           _vllm, register_layout)
+from .vllm_layouts import (_EAGLE, _FILE_LAYOUTS, _LAYOUTS, _MAMBA_FAULTS, _MAMBA_FINE_FAULTS, _RETENTION, _SCALE,
+                           _SWA_FAULTS, LAYOUTS, _vllm, register_layout)
 
 _KIND_FEATURE = {"chunked_local": "ChunkedLocalAttentionSpec", "swa_mla": "SlidingWindowMLASpec",
                  "mla_indexer": "SparseCacheRole", "mamba": "MambaSpec.mamba_cache_mode"}
@@ -47,11 +48,15 @@ def sample_definition(seed: int | str, fault: str | None = None) -> dict[str, An
     if any(f.name == fault for f in _MAMBA_FAULTS) and "mamba" in kinds:
         picked[-1] = "mamba"       # a fault planted in the Mamba manager needs one
     mamba = "mamba" in picked
-    if mamba:
-        sizes = [hb] * n           # align mode: the Mamba block is the hash and scheduler block
-    eagle = "use_eagle" in feats and rng.random() < 0.3 and not mamba
+    if mamba:                      # align mode: the Mamba block is the scheduler block
+        mult = rng.choice([1, 2, 4]) if "mamba_partial_hits" in feats and n > 1 else 1
+        if any(f.name == fault for f in _MAMBA_FINE_FAULTS) and "mamba_partial_hits" in feats and n > 1:
+            mult = rng.choice([2, 4])       # (its site: hits inside a Mamba block)
+        sizes = [hb * mult if k == "mamba" else hb * rng.choice([d for d in (1, 2, 4) if mult % d == 0])
+                 for k in picked]
+    eagle = "use_eagle" in feats and rng.random() < 0.3
     if eagle and "eagle_mixed_block" not in feats:
-        sizes = [sizes[0]] * n     # old releases' EAGLE SWA lookup needs block == alignment
+        sizes = [max(sizes) if mamba else sizes[0]] * n   # old releases' EAGLE SWA lookup: block == alignment
     sched = math.lcm(*sizes)
     sizes = [sched if k == "chunked_local" else bs for k, bs in zip(picked, sizes)]  # vLLM's rule
     groups = []
@@ -71,8 +76,8 @@ def sample_definition(seed: int | str, fault: str | None = None) -> dict[str, An
                          "hash_block_size": hb, "max_model_len": max_len}
     if eagle:
         d["use_eagle"] = True
-        plain = [i for i, g in enumerate(groups) if g["kind"] != "chunked_local"]
-        chunked = len(plain) < len(groups)
+        plain = [i for i, g in enumerate(groups) if g["kind"] not in ("chunked_local", "mamba")]
+        chunked = any(g["kind"] == "chunked_local" for g in groups)
         if plain and "is_eagle_group" in feats and (chunked or rng.random() < 0.5):
             d["eagle_groups"] = [rng.choice(plain)]     # vLLM: no EAGLE drop on chunked local
         elif chunked:

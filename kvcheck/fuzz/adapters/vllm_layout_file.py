@@ -10,7 +10,8 @@
                                                       holding its layers, default none flagged)
 
 Kinds: full, swa, chunked_local, mla, swa_mla, mamba (MambaSpec in align mode: its block is the
-hash block and the scheduler block; no retention interval or drafter with it yet) (the compressed/indexer/compressor-ring groups of
+scheduler block, a multiple of the hash block — larger: hits inside it, vLLM 0.33; one Mamba block
+size; no retention interval with it; a drafter's layers never in it) (the compressed/indexer/compressor-ring groups of
 DeepSeek-V4 have a fixed spec ground truth and come only with the `dsv4` preset). The scheduler
 block is the LCM of the block sizes. Any bad value is
 one line naming the file and the field (ValueError; the CLI exits 2).
@@ -85,10 +86,9 @@ def parse_layout(d: Any, where: str, hash_block: int, max_len: int
             raise bad(f"groups[{i}].block_size", f"vLLM's chunked local attention needs the scheduler "
                       f"block (LCM of the block sizes, {sched}), got {bs}")
     for i, (k, bs, _) in enumerate(groups):
-        if k == "mamba" and not bs == sched == hash_block:
-            raise bad(f"groups[{i}].block_size", f"a mamba group's block must be the hash block {hash_block} "
-                      f"and the scheduler block {sched} (align mode; partial-block Mamba hits are not "
-                      f"modelled), got {bs}")
+        if k == "mamba" and bs != sched:
+            raise bad(f"groups[{i}].block_size", f"a mamba group's block must be the scheduler block {sched} "
+                      f"(the LCM of the block sizes: vLLM aligns every group to the Mamba block), got {bs}")
     if sched > max_len // 2:
         raise bad("groups", f"the scheduler block (LCM of the block sizes) is {sched}, over {max_len // 2}")
     ret = d.get("retention_interval")
@@ -110,8 +110,9 @@ def parse_layout(d: Any, where: str, hash_block: int, max_len: int
     if not isinstance(eg, list) or any(not _int(i) or not 0 <= i < len(groups) for i in eg) \
             or len(set(eg)) != len(eg):
         raise bad("eagle_groups", f"must be a list of distinct group indices in 0..{len(groups) - 1}")
-    if eagle and mamba:
-        raise bad("use_eagle", "a drafter with a mamba group (speculative Mamba blocks) is not modelled yet")
+    if eagle and any(groups[i][0] == "mamba" for i in eg):
+        raise bad("eagle_groups", "a mamba group cannot hold a drafter's layers (vLLM's draft models have "
+                  "no Mamba layers)")
     if eg and not eagle:
         raise bad("eagle_groups", "needs use_eagle: true")
     if eagle and any(k == "chunked_local" and (not eg or i in eg) for i, (k, _, _) in enumerate(groups)):

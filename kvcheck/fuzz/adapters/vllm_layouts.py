@@ -39,6 +39,8 @@ _LAYOUTS: dict[str, tuple[str, list[tuple[str, int, int | None]], int]] = {
                      [("full", 4, None), ("swa", 4, 6), ("swa", 4, 11)], 4),
     "full+mamba": ("full + a Mamba group (MambaSpec, align mode: state cached at block boundaries), "
                    "block 4", [("full", 4, None), ("mamba", 4, None)], 4),
+    "full+mamba-fine": ("full block 8 + a Mamba group block 8, hash block 4: hits inside a Mamba block "
+                        "(fine-grained, copy-on-write; vLLM 0.33)", [("full", 8, None), ("mamba", 8, None)], 8),
     "dsv4": ("DeepSeek-V4-like: SWA-MLA W=8 + CSA compressed MLA (m=4) + its sparse indexer (m=4) "
              "+ HCA compressed MLA (m=16, block 16) + compressor tail ring (not cacheable)",
              [("swa_mla", 4, 8), ("compressed", 4, 4), ("indexer", 4, 4), ("compressed", 16, 16),
@@ -131,16 +133,36 @@ MAMBA_STATE_FREED = _fault(
     "mamba_state_freed_early", "vllm:MambaManager.remove_skipped_blocks", "state block freed before its copy",
     "state_copy_sound", "align mode retires a request's current state block once it is full (as if it "
     "were KV), so the next step has no state to copy from (needs a layout with a mamba group)")
+MAMBA_SAME_STEP = _fault(
+    "mamba_same_step_hit", "vllm:MambaManager.get_num_blocks_to_allocate (cached_blocks_this_step)",
+    "state read before its forward wrote it", "state_copy_sound", "the Mamba manager forgets the states "
+    "published in the open step, so a request is admitted with a hit on a state that only this step's "
+    "forward writes: the step's state copy (before the forward) reads bytes not written yet (needs "
+    "scheduler steps and a mamba group)")
+MAMBA_MOVE_UNCOPIED = _fault(
+    "mamba_partial_move_uncopied", "vllm:MambaManager.allocate_new_blocks (copy-on-write move)",
+    "cache entry without its state", "hash_map_sound", "a running request's partial-tail state entry "
+    "moves to a fresh block before its forward overwrites the state in place, but the copy that fills "
+    "the fresh block is dropped: the entry points at a block without that state (needs a Mamba block "
+    "larger than the hash block: fine-grained hits)")
+MAMBA_PARTIAL_OFF_BY_ONE = _fault(
+    "mamba_partial_hit_off_by_one", "vllm:MambaManager.find_longest_cache_hit (fine-grained)",
+    "stale recurrent state", "hit_sound_recurrent_state", "the fine-grained Mamba lookup reports a hit "
+    "inside a Mamba block one hash block past the boundary whose state it found (off by one): the "
+    "resume reads the state after fewer tokens than its hit (needs fine-grained hits)")
 EARLY_READER_FORWARD = _fault(
     "early_reader_forward", "vllm:Scheduler forward (the step's execution)", "read before write",
     "read_before_write", "the step runs the requests it admitted in a forward of their own before the "
     "running requests' forward (a micro-batched step), so a hit on a block published in the same step "
     "reads it before its writer's forward has written it (vllm_timeline.py)")
 VLLM_FAULTS: tuple[Fault, ...] = (DROP_REF_ON_FREE, SWA_HIT_UNCHECKED, EVICT_KEEPS_HASH, SWA_OVERSTRICT,
-                                  RETENTION_DROPS_TAIL, EARLY_READER_FORWARD, MAMBA_OLDER_STATE, MAMBA_STATE_FREED)
+                                  RETENTION_DROPS_TAIL, EARLY_READER_FORWARD, MAMBA_OLDER_STATE, MAMBA_STATE_FREED,
+                                  MAMBA_SAME_STEP, MAMBA_MOVE_UNCOPIED, MAMBA_PARTIAL_OFF_BY_ONE)
 FAULTS: dict[str, tuple[str, str]] = {f.name: (f.expected, f.doc) for f in VLLM_FAULTS}  # name -> (check, doc)
 _SWA_FAULTS = (SWA_HIT_UNCHECKED, SWA_OVERSTRICT)      # need a layout with a sliding-window group
-_MAMBA_FAULTS = (MAMBA_OLDER_STATE, MAMBA_STATE_FREED)  # need a layout with a mamba group
+_MAMBA_FAULTS = (MAMBA_OLDER_STATE, MAMBA_STATE_FREED, MAMBA_SAME_STEP,   # need a layout with a mamba
+                 MAMBA_MOVE_UNCOPIED, MAMBA_PARTIAL_OFF_BY_ONE)            # group (vllm_mamba_faults.py)
+_MAMBA_FINE_FAULTS = (MAMBA_MOVE_UNCOPIED, MAMBA_PARTIAL_OFF_BY_ONE)      # and hits inside a Mamba block
 
 
 def planted(name: str | None) -> Planted:
@@ -208,7 +230,8 @@ def _vllm() -> dict[str, Any]:
 
 
 _FAULT_SITE = {"swa_hit_unchecked": "swa_contiguous_rule", "swa_overstrict": "swa_contiguous_rule",
-               "retention_drops_tail": "retention_interval"}
+               "retention_drops_tail": "retention_interval", "mamba_partial_move_uncopied": "mamba_partial_hits",
+               "mamba_partial_hit_off_by_one": "mamba_partial_hits"}
 
 
 def release_gap(layout: str, fault: str | None = None) -> str | None:
@@ -217,7 +240,9 @@ def release_gap(layout: str, fault: str | None = None) -> str | None:
     if layout in _REFUSED:
         return f"vLLM {V['version']}: {_REFUSED[layout]}"
     groups = _LAYOUTS[layout][1]
-    gap = layout_gap(V["version"], V["features"], [k for k, _, _ in groups], layout in _RETENTION)
+    hb = layout_scale(layout)[0]
+    gap = layout_gap(V["version"], V["features"], [k for k, _, _ in groups], layout in _RETENTION,
+                     any(k == "mamba" and bs != hb for k, bs, _ in groups))
     if gap is None and layout in _EAGLE and "use_eagle" not in V["features"]:
         gap = f"vLLM {V['version']} cannot express this layout: KVCacheManager has no use_eagle"
     if gap is None and layout in _EAGLE and "is_eagle_group" not in V["features"] \
@@ -300,6 +325,7 @@ def layout_config(layout: str) -> Config:
 
 
 def _make_specs(layout: str) -> list:
+    from .vllm_mamba import spec_kwargs
     V = _vllm()
     torch = V["torch"]
     common = dict(num_kv_heads=1, head_size=8, dtype=torch.float32)
@@ -328,7 +354,7 @@ def _make_specs(layout: str) -> list:
                                              model_version="deepseek_v4", **extra))
         elif kind == "mamba":       # align mode: the state cached at block boundaries
             out.append(V["MambaSpec"](block_size=bs, shapes=((2, 4),), dtypes=(torch.float32,),
-                                      mamba_cache_mode="align"))
+                                      mamba_cache_mode="align", **spec_kwargs(layout in _EAGLE, V["features"])))
         elif kind == "tail_ring":
             out.append(V["CircularBufferSpec"](block_size=bs, num_kv_heads=1, head_size=16,
                                                head_size_v=0, dtype=torch.float32))

@@ -41,21 +41,35 @@ for _n in list(_P):
         _g, _s, _h, _m, (0,))
 _DSV4_MTP = ("dsv4+mtp", "as dsv4, with an MTP drafter (an SWA-MLA layer: joins group 0; use_eagle=True)")
 
-# Mamba / linear-attention hybrids (MambaSpec groups in align mode, no drafter variant yet).
-# vLLM's grouping rule gives Qwen3-Next-80B (48 layers, gated DeltaNet : full 3:1, 36 + 12) one
-# full group + 3 MambaSpec groups of 12 layers, and Nemotron-H-8B (52 layers: 24 Mamba2, 4
-# attention, 24 MLP without cache) one full group + 6 MambaSpec groups of 4. In align mode vLLM
-# makes the attention block the Mamba block (sized from the Mamba state's page, hundreds of
-# tokens for these models): scaled to 64 here, the hash and scheduler block too, so prompts of a
-# few hundred tokens cross several state boundaries.
+# Mamba / linear-attention hybrids (MambaSpec groups in align mode). vLLM's grouping rule gives
+# Qwen3-Next-80B (48 layers, gated DeltaNet : full 3:1, 36 + 12) one full group + 3 MambaSpec
+# groups of 12 layers, and Nemotron-H-8B (52 layers: 24 Mamba2, 4 attention, 24 MLP without
+# cache) one full group + 6 MambaSpec groups of 4. In align mode vLLM makes the attention block
+# the Mamba block (sized from the Mamba state's page, hundreds of tokens for these models):
+# scaled to 64 here, the hash and scheduler block too, so prompts of a few hundred tokens cross
+# several state boundaries. "-fine": CacheConfig.prefix_match_unit = 16 (hits every 16 tokens
+# inside the 64-token Mamba block: vLLM 0.33's fine-grained hits and copy-on-write). "+mtp": the
+# MTP drafter (qwen3_next_mtp.py: a full-attention layer; nemotron_h_mtp.py: attention + MoE
+# layers, no Mamba layer) joins the full group 0 (is_eagle_group, use_eagle), and every MambaSpec
+# reserves num_speculative_blocks = num_speculative_tokens (2) speculative state blocks.
+_QWEN = [("full", 64, None)] + [("mamba", 64, None)] * 3
+_NEMO = [("full", 64, None)] + [("mamba", 64, None)] * 6
+_MTP = "; with an MTP drafter (a full-attention draft layer joins group 0, is_eagle_group; MambaSpec " \
+       "num_speculative_blocks=2; use_eagle=True)"
 _P.update({
     "qwen3-next": ("Qwen3-Next (gated DeltaNet linear attention : full 3:1): full + 3 MambaSpec groups "
                    "(align mode), block 64 (vLLM sizes it from the state page; scaled), max_model_len 512",
-                   [("full", 64, None)] + [("mamba", 64, None)] * 3, 64, 64, 512, None),
+                   _QWEN, 64, 64, 512, None),
     "nemotron-h": ("Nemotron-H (Mamba2 : attention 6:1, MLP layers cache nothing): full + 6 MambaSpec "
-                   "groups (align mode), block 64 (scaled), max_model_len 512",
-                   [("full", 64, None)] + [("mamba", 64, None)] * 6, 64, 64, 512, None),
+                   "groups (align mode), block 64 (scaled), max_model_len 512", _NEMO, 64, 64, 512, None),
+    "qwen3-next-fine": ("Qwen3-Next with prefix_match_unit=16: full + 3 MambaSpec groups, block 64, hash "
+                        "block 16 (hits inside a Mamba block, copy-on-write; vLLM 0.33), max_model_len 512",
+                        _QWEN, 64, 16, 512, None),
 })
+for _n in ("qwen3-next", "nemotron-h", "qwen3-next-fine"):
+    _d, _g, _s, _h, _m, _ = _P[_n]
+    _P[f"{_n}+mtp"] = (_d + _MTP + ("; shared-prefix checkpoints on (vLLM 0.33)" if _h < _s else ""),
+                       _g, _s, _h, _m, (0,))
 REFUSED: dict[str, tuple[str, str]] = {}    # name -> (description, why): listed, never built
 
 

@@ -43,6 +43,13 @@ def release_features(kci: Any, manager_cls: Any, stm: Any, request_cls: Any) -> 
         f.add("is_eagle_group")      # else every group takes the EAGLE drop
     if "MambaSpec" in f and "mamba_cache_mode" in _params(kci.MambaSpec):
         f.add("MambaSpec.mamba_cache_mode")   # align mode: Mamba state cached at block boundaries
+        if "num_speculative_blocks" in _params(kci.MambaSpec):
+            f.add("mamba_speculative_blocks")  # a drafter's speculative state blocks (MTP)
+        if getattr(stm.MambaManager, "supports_fine_grained_hash_lookup", False) \
+                and hasattr(manager_cls, "take_kv_cache_block_copies"):
+            f.add("mamba_partial_hits")       # hash block < Mamba block: hits inside it, CoW copies
+        if "enable_mamba_shared_prefix_checkpoint" in _params(manager_cls.__init__):
+            f.add("mamba_shared_prefix_checkpoint")
     if "drop_eagle_block" in _params(stm.SlidingWindowManager.find_longest_cache_hit):
         f.add("eagle_mixed_block")   # older releases assert block_size == alignment under EAGLE
     if hasattr(stm.SlidingWindowManager, "_contiguous_blocks_for_hit"):
@@ -60,15 +67,20 @@ _KIND_NEEDS = {"chunked_local": "ChunkedLocalAttentionSpec", "swa_mla": "Sliding
                "mamba": "MambaSpec.mamba_cache_mode"}
 
 
-def layout_gap(version: str, features: set[str], kinds: list[str], retention: bool) -> str | None:
-    """Why this release cannot run the layout (one line), or None."""
+def layout_gap(version: str, features: set[str], kinds: list[str], retention: bool,
+               partial_mamba: bool = False) -> str | None:
+    """Why this release cannot run the layout (one line), or None. `partial_mamba`: a Mamba
+    block larger than the hash block (fine-grained hits, 0.33's MambaManager)."""
     lacks = sorted({_KIND_NEEDS[k] for k in kinds if k in _KIND_NEEDS} - features)
+    if partial_mamba and not lacks and "mamba_partial_hits" not in features:
+        lacks.append("MambaManager.supports_fine_grained_hash_lookup")
     if retention and "retention_interval" not in features:
         lacks.append("KVCacheConfig.prefix_cache_retention_interval")
     if not lacks:
         return None
-    why = (" (no align-mode prefix caching of Mamba state)"
-           if "MambaSpec.mamba_cache_mode" in lacks else "")
+    why = (" (no align-mode prefix caching of Mamba state)" if "MambaSpec.mamba_cache_mode" in lacks
+           else " (no Mamba hits inside a Mamba block: its block must be the hash block)"
+           if lacks == ["MambaManager.supports_fine_grained_hash_lookup"] else "")
     return f"vLLM {version} cannot express this layout: it lacks {', '.join(lacks)}{why}"
 
 

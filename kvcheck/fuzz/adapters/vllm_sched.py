@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import vllm_mamba as mamba
+
 POLICIES = ("fcfs", "priority")
 
 
@@ -122,11 +124,17 @@ class SchedGen:
                 st["idx"] += 1
                 continue
             n = min(rem, st["budget"], self.long_prefill or rem)
-            la = self.spec_tokens if ad.eagle_groups else 0
+            la = self._la(ad)
+            mp = self._mp(ad)
+            if mp and rem > 1:
+                n = mamba.split(ad, o, 0, n, mp)  # the Mamba chunk split; none fits: skip it
+                if n == 0:
+                    st["idx"] += 1
+                    continue
             self.last = ("decode" if rem == 1 else "prefill", r, ad.coverage["state:alloc_refused"])
             if rem == 1:
                 return "decode", {"r": r, "tok": self.rng.randrange(self.base.vocab), **({"la": la} if la else {})}
-            return "prefill", {"r": r, "chunk": n, **({"la": la} if la else {})}
+            return "prefill", {"r": r, "chunk": n, **({"la": la} if la else {}), **({"mp": mp} if mp else {})}
         st["phase"] = "done" if st["preempted"] else "waiting"
         return None
 
@@ -148,12 +156,24 @@ class SchedGen:
                 break
             if r in ad.timeline.sched:
                 continue
-            la = self.spec_tokens if ad.eagle_groups else 0
+            la, mp = self._la(ad), self._mp(ad)
             self.last = ("lookup", r, ad.coverage["state:alloc_refused"])
             return "lookup", {"r": r, "chunk": min(st["budget"], self.long_prefill or st["budget"]),
-                              **({"la": la} if la else {})}
+                              **({"la": la} if la else {}), **({"mp": mp} if mp else {})}
         st["phase"] = "done"
         return None
+
+    def _la(self, ad: Any) -> int:
+        """num_lookahead_tokens: the drafter's speculative tokens (a Mamba layout's are fixed:
+        its MambaSpec reserves as many speculative state blocks)."""
+        if not ad.eagle_groups:
+            return 0
+        return mamba.SPEC_TOKENS if ad.has_mamba else self.spec_tokens
+
+    def _mp(self, ad: Any) -> int:
+        """The most tokens the scheduler gives one prefill chunk (what the Mamba split aligns
+        against: min(max_num_batched_tokens, long_prefill_token_threshold)); 0 without Mamba."""
+        return min(self.budget_max, self.long_prefill or self.budget_max) if ad.has_mamba else 0
 
     def _end(self) -> tuple[str, dict]:
         self.step = None

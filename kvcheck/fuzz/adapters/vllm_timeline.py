@@ -9,21 +9,27 @@ timeline of steps and checks every forward's reads against it.
 
 The contract, from vLLM's code (cited in docs/adapters-vllm.md, "Steps and the timeline"):
 a reader in the same forward as the writer is safe, since every attention layer writes the
-whole batch's new KV before it attends (vLLM refuses same-step hits only for Mamba state,
-which exists after the forward: ``MambaManager``, ``cached_blocks_this_step``); a reader in a
-later forward is safe; a copy (copy-on-write of a partial hit) runs before the forward, so it
-copies only what earlier forwards wrote; a write that never runs (its request unscheduled after
-``allocate_slots`` — the PRIORITY scheduler preempting a request it already scheduled in this
-step) leaves a published block without its bytes. A forward's read of bytes that are not
-there is the safety finding ``read_before_write``.
+whole batch's new KV before it attends; a reader in a later forward is safe; a copy
+(copy-on-write of a partial hit, the move of a Mamba partial-tail entry) runs before the
+forward, so it copies only what earlier forwards wrote, and so does the step's Mamba state copy
+(worker ``preprocess_mamba``) — which is why vLLM refuses a hit on a Mamba state published in the
+same step (``MambaManager``, ``cached_blocks_this_step``; vllm_mamba.run_states checks it); a
+write that never runs (its request unscheduled after ``allocate_slots`` — the PRIORITY scheduler
+preempting a request it already scheduled in this step) leaves a published block without its
+bytes. A forward's read of KV bytes that are not there is the safety finding
+``read_before_write``; a copy's source without the bytes it claims, ``state_copy_sound``.
 """
 from __future__ import annotations
 
 from collections import Counter
 from typing import Any
 
+from . import vllm_mamba as mamba
 from .vllm_checks import Violation
 from .vllm_layouts import _cdiv
+
+
+TORN = ("<torn>", ())      # a block whose bytes mix two requests' prefixes: holds no prefix
 
 
 class Timeline:
@@ -37,7 +43,7 @@ class Timeline:
         self.sched: dict[str, list] = {}        # rid -> [lo, hi, tok, admitted] in the open step
         self.ready: dict[int, tuple] = {}       # block id -> (salt, tokens) its bytes hold
         self.verified: dict[str, set] = {}      # rid -> {(g, i, block id)} full blocks proven
-        self.copies: list[tuple[int, int]] = []  # (src, dst) block copies of the open step
+        self.copies: list[tuple] = []           # (src, dst, claim, exact) block copies of the open step
         self.preempted = self.admitted = False  # in the open step (the scheduler's order)
         self.stats: Counter = Counter()
 
@@ -64,23 +70,29 @@ class Timeline:
     def forget(self, rid: str) -> None:
         self.verified.pop(rid, None)
 
-    def copy(self, src: int, dst: int) -> None:
-        """A block copy the step runs before its forward (vLLM's ``kv_cache_block_copies``)."""
-        self.copies.append((src, dst))
+    def copy(self, src: int, dst: int, claim: tuple, exact: bool) -> None:
+        """A block copy the step runs before its forward (vLLM's ``kv_cache_block_copies``): the
+        destination is to receive `claim` (a state exactly, or a KV prefix)."""
+        self.copies.append((src, dst, claim, exact))
 
     def forward(self) -> list[tuple[str, int | None]]:
         """The open step's forward completes: its copies run, then its writes, and every read is
         checked. Returns (rid, sampled token or None) of the requests it ran, in order."""
-        for src, dst in self.copies:
-            if src in self.ready:
-                self.ready[dst] = self.ready[src]
-            else:
-                self.ready.pop(dst, None)
-        items = list(self.sched.items())
+        items, copies = list(self.sched.items()), self.copies
         phases = ([[x for x in items if x[1][3]], [x for x in items if not x[1][3]]] if self.split
                   else [items])
         self.open, self.sched, self.copies = False, {}, []
         self.preempted = self.admitted = False
+        for src, dst, claim, exact in copies:       # _update_states: the queued copies, first
+            if not mamba.holds(self.ready.get(src), claim, exact):
+                raise Violation("safety", "state_copy_sound",
+                                f"{self.ad.layout}: the step copies block #{src} -> #{dst} before its forward, "
+                                "but the source's bytes are " + ("not written yet" if src not in self.ready else
+                                                                 "not what the copy claims") +
+                                " (published at schedule time; its forward had not run)")
+            self.ready[dst] = claim
+        if self.ad.has_mamba:        # preprocess_mamba: the state copies, then the forward's states
+            mamba.run_states(self.ad, self, items)
         for phase in phases:
             for rid, (lo, hi, _, _) in phase:
                 self._write(rid, lo, hi)
@@ -95,18 +107,21 @@ class Timeline:
         req = ad.reqs.get(rid)
         if req is None:
             return
-        for g, (_, bs, _) in enumerate(ad.groups):
+        for g, (kind, bs, _) in enumerate(ad.groups):
+            if kind == mamba.MAMBA:                   # (state blocks: vllm_mamba.run_states)
+                continue
             table = ad._table(g, rid)
             for i in range(lo // bs, min(len(table), _cdiv(hi, bs))):
                 b = table[i]
                 if not b.is_null and b.block_id in req.owned[g]:
-                    self.ready[b.block_id] = ad._content(req, min((i + 1) * bs, hi))
+                    # tokens [lo, hi) go in; what the block holds before lo must be this request's
+                    # own prefix (a copy-on-write block: the copy's), else the block is torn
+                    ok = i * bs >= lo or self.holds(b.block_id, ad._content(req, lo))
+                    self.ready[b.block_id] = ad._content(req, min((i + 1) * bs, hi)) if ok else TORN
 
     def holds(self, bid: int, want: tuple) -> bool:
         """Do block `bid`'s bytes hold the prefix `want` (salt, tokens)?"""
-        r = self.ready.get(bid)
-        n = len(want[1])
-        return r is not None and r[0] == want[0] and len(r[1]) >= n and r[1][:n] == want[1]
+        return mamba.holds(self.ready.get(bid), want, False)
 
     def _check_reads(self, rid: str, lo: int) -> None:
         """The tokens [lo, ...) of `rid` attend to the blocks its next token at lo reads; every
@@ -117,6 +132,8 @@ class Timeline:
             return
         seen = self.verified.setdefault(rid, set())
         for g, (kind, bs, _) in enumerate(ad.groups):
+            if kind == mamba.MAMBA:                   # (checked by vllm_mamba.run_states)
+                continue
             table = ad._table(g, rid)
             for i in ad.needed_running(g, lo):
                 b = table[i] if i < len(table) else None
@@ -135,12 +152,13 @@ class Timeline:
                 if end == (i + 1) * bs:
                     seen.add(key)
 
-    def pending_hits(self, req: Any, blocks: Any) -> int:
+    def pending_hits(self, req: Any, blocks: Any, hit: int) -> int:
         """Hit blocks whose bytes are not there yet (published in the open step): counted."""
         n = 0
         for g, lst in enumerate(blocks.blocks):
-            bs = self.ad.groups[g][1]
+            kind, bs, _ = self.ad.groups[g]
             for i, b in enumerate(lst):
-                if not b.is_null and not self.holds(b.block_id, self.ad._content(req, (i + 1) * bs)):
+                end, exact = mamba.block_want(kind, bs, i, hit)
+                if not b.is_null and not mamba.holds(self.ready.get(b.block_id), self.ad._content(req, end), exact):
                     n += 1
         return n
