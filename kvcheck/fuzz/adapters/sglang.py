@@ -57,6 +57,9 @@ class _Gen(PromptGen):
         r = rng.choice(en[a])
         if a == "decode":
             return a, {"r": r, "tok": rng.randrange(VOCAB)}
+        if a == "chunk":                            # a chunk of whole pages (the scheduler's alignment)
+            ps = ad.lay.page_size
+            return a, {"r": r, "n": ps * rng.randint(1, max(1, 12 // ps))}
         return a, {"r": r}
 
 

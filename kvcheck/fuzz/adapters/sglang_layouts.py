@@ -17,8 +17,10 @@ from kvcheck.spec.faults import Fault
 
 from .sglang_install import CLASSES, SglangUnavailable, load
 
-# The adapter's vocabulary (the trace's action names).
-ACTIONS = ("submit", "match", "decode", "finish", "abort", "evict")
+# The adapter's vocabulary (the trace's action names). `chunk(r, n)`: the scheduler path
+# (sglang_sched.py) — n more prompt tokens prefilled, then SGLang's own cache_unfinished_req /
+# checkpoint; a request admitted by it is finished and aborted by SGLang's own release.
+ACTIONS = ("submit", "match", "chunk", "decode", "finish", "abort", "evict")
 VOCAB = 6              # a small vocabulary: prompts share prefixes often
 MAX_TOKENS = 40
 
@@ -226,6 +228,11 @@ SGLANG_FAULTS = (
     _fault("evict_no_free", "evict", "size accounting",
            "evicted nodes whose KV slots are never returned to the allocator",
            "size_accounting", "evict deletes nodes without freeing their slots."),
+    _fault("unfinished_lock_not_moved", "cache_unfinished_req", "lock references out of balance",
+           "cache_unfinished_req / checkpoint re-inserting a chunk but leaving the request's lock on its old "
+           "node (the new last node unlocked, evictable under the running request)",
+           "lock_ref_equals_holders",
+           "After SGLang publishes a chunk, the lock goes back to the old node; the request names the new one."),
     _fault("core_drops_insert", "insert", "two tree cores disagreeing",
            "UnifiedRadixCache's Rust tree core diverging from the Python one on the same operations",
            "tree_core_differential",
