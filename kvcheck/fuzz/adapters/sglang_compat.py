@@ -54,13 +54,18 @@ def new_cache(cls_name: str, alloc: Any, page_size: int, window: int | None = No
     return cls(**kw)
 
 
+def token_seq(tokens: Any, compact: bool) -> Any:
+    """Token ids as the adapter keys them: an int64 array on *Params releases, else a list. One
+    type everywhere: a paged RadixKey compares slices, and a list slice never equals an array's."""
+    return array("q", tokens) if compact else list(tokens)
+
+
 def new_key(tokens: list[int], compact: bool) -> Any:
-    """A RadixKey where the release has one (its token ids an int64 array on *Params releases),
-    else the token list itself."""
+    """A RadixKey where the release has one (its token ids `token_seq`), else the token list."""
     rk = load().get("RadixKey")
     if rk is None:
         return list(tokens)
-    return rk(array("q", tokens) if compact else list(tokens))
+    return rk(token_seq(tokens, compact))
 
 
 def first(name: str, *mods: str) -> Any:

@@ -27,7 +27,7 @@ from typing import Any
 from kvcheck.spec.sut import ActionRejected
 
 from .sglang_checks import Req, Violation
-from .sglang_compat import alloc_row, free_row, kv_record_api, row_pool, runtime_config, takes
+from .sglang_compat import alloc_row, free_row, kv_record_api, row_pool, runtime_config, takes, token_seq
 from .sglang_layouts import FAULTS, MAX_TOKENS
 
 PENDING = 0     # the token sampled last: in output_ids, its KV not computed yet (0.4.10 drops it)
@@ -62,6 +62,9 @@ class FlatReq:
     mamba_next_track_idx: Any = None
     mamba_branching_seqlen: Any = None
     finished_reason: Any = None
+    finished_len: Any = None
+    session: Any = None
+    to_finish: Any = None
 
     def pop_committed_kv_cache(self) -> int:
         assert not self.kv_committed_freed, "committed KV cache already freed"
@@ -85,6 +88,7 @@ class Sched:
     row: int
     prompt: int
     computed: int
+    inserted: bool = False
 
 
 class SchedMixin:
@@ -122,6 +126,12 @@ class SchedMixin:
     def _relocked(self, r: str, s: Sched) -> None:
         """After SGLang moved a request's lock: the class's own record of it."""
 
+    def _sched_new(self, r: str, sreq: Any) -> None:
+        """SGLang's request for r is built (before its row): a class adds what it carries."""
+
+    def _computed(self, r: str, upto: int) -> None:
+        """A chunk's forward ran up to `upto` (a class with per-request state writes it)."""
+
     # ---- the action ------------------------------------------------------------------------
     def _a_chunk(self, r: str, n: int) -> dict:
         sched = self._sched_state()
@@ -157,6 +167,7 @@ class SchedMixin:
             self._row_write(s, s.computed, new[:k])
             s.computed += k
             self._set_len(s, s.computed)
+            self._computed(r, s.computed)
         if s.computed < s.prompt:
             self._publish(r, s)
         else:
@@ -182,9 +193,10 @@ class SchedMixin:
             sreq.kv.cache_protected_len = hit
             sreq.lock = TreeLock(node, rec.to_dec_params() if hasattr(rec, "to_dec_params") else rec)
         else:
-            sreq = FlatReq(req.rid, prompt, fill_ids=prompt[:computed], last_node=node, cache_protected_len=hit,
-                           swa_uuid_for_lock=rec, is_chunked=1)
+            sreq = FlatReq(req.rid, self._seq(prompt), fill_ids=self._seq(prompt[:computed]), last_node=node,
+                           cache_protected_len=hit, swa_uuid_for_lock=rec, is_chunked=1)
             sreq.prefix_indices = self.torch.tensor(req.slots[:hit], dtype=self.torch.int64)
+        self._sched_new(req.rid, sreq)
         row = alloc_row(self.rows, sreq)
         if row is None:         # no row: as a refused admission (cannot happen with ROWS > requests)
             raise Violation("bookkeeping", "sglang_internal_error", "the ReqToTokenPool has no free row")
@@ -195,6 +207,9 @@ class SchedMixin:
         self._set_len(s, computed)
         self.coverage["state:sched_admitted"] += 1
         return s
+
+    def _seq(self, tokens: list[int]) -> Any:
+        return token_seq(tokens, self.params_api)
 
     def _row_write(self, s: Sched, lo: int, slots: list[int]) -> None:
         if slots:
@@ -209,7 +224,7 @@ class SchedMixin:
             q.extend_end = n
         else:
             q.kv_committed_len = q.kv_allocated_len = n
-            q.fill_ids = list(self.reqs[q.rid].tokens[:n])
+            q.fill_ids = self._seq(self.reqs[q.rid].tokens[:n])
 
     # ---- SGLang's own publishing and release ----------------------------------------------
     def _publish(self, r: str, s: Sched) -> None:
@@ -218,17 +233,33 @@ class SchedMixin:
         old = q.last_node
         if self.kv_api:
             from sglang.srt.mem_cache import common
-            common.checkpoint_kv_cache(q, c)
+            self._sglang_call(lambda: common.checkpoint_kv_cache(q, c))
         elif takes(c.cache_unfinished_req, "chunked"):
-            c.cache_unfinished_req(q, chunked=True)
+            self._sglang_call(lambda: c.cache_unfinished_req(q, chunked=True))
         else:
-            c.cache_unfinished_req(q)
+            self._sglang_call(lambda: c.cache_unfinished_req(q))
         if self.planted(FAULTS["unfinished_lock_not_moved"]):
             self._lock_stays(s, old)
         self._read_back(r, s)
         self._remember(self.reqs[r], s.computed)
         self.coverage["state:chunk_cached"] += 1
         self.coverage["state:lock_moved"] += q.last_node is not old
+
+    def _sglang_call(self, fn: Any) -> None:
+        """Run one of SGLang's scheduler-side calls; what it evicted on its own (a state fork
+        short of slots evicts) leaves the no-eviction twin, and must not have been locked."""
+        if getattr(self, "core", "python") == "rust":
+            fn()
+            return
+        states = getattr(self, "state_prefixes", None)
+        before, s_before = self.tree_prefixes(), set(states()) if states else set()
+        locked = self._locked_prefixes()
+        fn()
+        gone = before - self.tree_prefixes()
+        self.twin -= gone | (s_before - set(states()) if states else set())
+        if gone & locked:
+            raise Violation("bookkeeping", "no_evict_locked", "SGLang's own eviction inside a scheduler call "
+                            f"removed a locked node ({len(max(gone & locked, key=len))} tokens deep)")
 
     def _lock_stays(self, s: Sched, old: Any) -> None:
         """PLANTED FAULT unfinished_lock_not_moved: after the re-insert the lock stays on the old
@@ -270,11 +301,11 @@ class SchedMixin:
         """Every position a resume at `upto` reads is live and holds its prefix: full KV for all
         of [0, upto) (or, all-SWA, the window), SWA KV for the window behind it."""
         comps = self.lay.components
-        free = set(self.free_slots())
+        free, holds = set(self.free_slots()), self._holds()
         lo = max(0, upto - self.lay.window) if comps == ("swa",) else 0
         for p in range(lo, upto):
             sl = req.slots[p]
-            if sl is None or sl in free or self.written.get(sl) != tuple(req.tokens[:p + 1]):
+            if sl is None or sl in free or not holds(sl, tuple(req.tokens[:p + 1])):
                 got = "free" if sl in free else self.written.get(sl)
                 raise Violation("safety", "hit_sound_swa_window" if comps == ("swa",) else "hit_sound_full",
                                 f"{req.rid}: after publishing its chunk, its row reads position {p} from slot {sl}, "
@@ -285,6 +316,10 @@ class SchedMixin:
                 if not self.swa_live(req.slots[p], tuple(req.tokens[:p + 1]), swa_free):
                     raise Violation("safety", "hit_sound_swa_window", f"{req.rid}: after publishing its chunk, the "
                                     f"SWA KV of position {p} (window {self.lay.window}) is not live")
+
+    def _holds(self) -> Any:
+        """How the row check reads what a slot holds: the shadow of what was written there."""
+        return lambda slot, prefix: self.written.get(slot) == prefix
 
     def _remember(self, req: Req, n: int) -> None:
         """The no-eviction twin learns what an insert of tokens[:n] keeps (page-aligned prefixes)."""
@@ -326,17 +361,18 @@ class SchedMixin:
             from sglang.srt.managers import schedule_batch as sb
             from sglang.srt.mem_cache import common
             q.finished_reason = sb.FINISH_LENGTH(length=len(q.output_ids)) if insert else sb.FINISH_ABORT()
-            common.release_kv_cache(q, c, checkpoint=insert)
+            self._sglang_call(lambda: common.release_kv_cache(q, c, checkpoint=insert))
         else:
-            q.output_ids = list(req.tokens[s.prompt:]) + [PENDING]    # the sampled token has no KV yet
-            q.fill_ids = list(req.tokens[:s.computed])
+            q.output_ids = self._seq(req.tokens[s.prompt:] + [PENDING])    # the sampled token has no KV yet
+            q.fill_ids = self._seq(req.tokens[:s.computed])
             q.finished_reason = "length" if insert else "abort"
             if takes(c.cache_finished_req, "is_insert"):
-                c.cache_finished_req(q, is_insert=insert)
+                self._sglang_call(lambda: c.cache_finished_req(q, is_insert=insert))
             else:
-                c.cache_finished_req(q)
+                self._sglang_call(lambda: c.cache_finished_req(q))
                 insert = True       # 0.4.10 caches an aborted request as a finished one
             free_row(self.rows, q, s.row)
+        s.inserted = insert
         if insert:
             self._remember(req, s.computed)
         self._released(r, s)
