@@ -41,8 +41,13 @@ steps, seen = [("submit", {"r": "a", "tokens": A}), ("chunk", {"r": "a", "n": 4}
                ("evict", {"n": 48}), ("chunk", {"r": "a", "n": 4}),
                ("submit", {"r": "c", "tokens": A[:10] + [4]}), ("chunk", {"r": "c", "n": 8}),
                ("abort", {"r": "a"}), ("finish", {"r": "b"}), ("decode", {"r": "c", "tok": 3}), ("finish", {"r": "c"})], []
+from kvcheck.spec.sut import ActionRejected
 for a, p in steps:
-    obs = ad.apply(a, p)
+    try:
+        obs = ad.apply(a, p)
+    except ActionRejected:          # 0.4.10 aborts a request only after its prefill: finish the prompt first
+        ad.apply("chunk", {"r": p["r"], "n": 8})
+        obs = dict(ad.apply(a, p), after_prefill=True)
     v = ad.extra_checks(a, p)
     seen.append({"action": a, "obs": obs, "violation": v,
                  "locks": sorted((len(path) + len(n.key), n.lock_ref) for n, path in ad.tree()),
@@ -121,6 +126,8 @@ def test_chunked_scenario_moves_the_lock_and_shares_the_partial_prefix(py, probe
     res = _probe(py, probe_dir)
     sc = res["scenario"]
     by = sc["steps"]
+    for s in by:
+        s["locks"] = [tuple(x) for x in s["locks"]]      # JSON gives lists
     assert all(s["violation"] is None for s in by), by
     # after each published chunk the lock is on the deepest published node (4, then 8 tokens; lock_ref
     # counts along the path)
@@ -130,9 +137,13 @@ def test_chunked_scenario_moves_the_lock_and_shares_the_partial_prefix(py, probe
     # eviction between chunks: everything in the tree is held, nothing goes; a's third chunk is published
     assert by[5]["obs"]["evicted"] == 0 and by[6]["obs"] == {"computed": 12, "hit": 12}, (by[5], by[6])
     assert max(by[6]["locks"]) == (12, 1), by[6]
-    # c resumes inside a's published prefix; a is aborted mid-prefill (its chunks stay cached, unlocked)
-    assert by[8]["obs"]["hit"] == 10 and by[9]["obs"] == {"inserted": False}, (by[8], by[9])
-    assert (12, 0) in by[9]["locks"], by[9]
+    # c resumes inside a's published prefix; a is aborted mid-prefill, its chunks stay cached, unlocked
+    # (0.4.10 has no is_insert: its scheduler aborts after the prefill and caches the request)
+    assert by[8]["obs"]["hit"] == 10, by[8]
+    if by[9]["obs"].get("after_prefill"):
+        assert by[9]["obs"]["inserted"] and (14, 0) in by[9]["locks"], by[9]
+    else:
+        assert by[9]["obs"] == {"inserted": False} and (12, 0) in by[9]["locks"], by[9]
     # all released: no lock left, every slot in the tree or free
     assert all(n == 0 for _, n in by[-1]["locks"]), by[-1]
     assert by[-1]["free"] + sc["tree_tokens"] == sc["capacity"], (by[-1], sc["tree_tokens"])

@@ -70,7 +70,7 @@ LAYOUTS: dict[str, Layout] = {x.name: x for x in (
            "HiRadixCache, write-through to a host tier (2x), device eviction, load-back; CPU stand-ins "
            "for streams/events, the direct transfer kernel and host registration"),
     Layout("mamba", "MambaRadixCache", ("full", "mamba"), 1, None, 48,
-           "MambaRadixCache, full attention + Mamba state at some nodes (capacity/6 state slots), "
+           "MambaRadixCache, full attention + Mamba state at some nodes (max(12, capacity/6) state slots), "
            "HybridReqToTokenPool + HybridLinearKVPool"),
     # UnifiedRadixCache (sglang_unified*.py): components FULL or FULL+SWA, on the Python tree core,
     # or the Python and Rust cores in lockstep (a differential; TreeCore releases only)
@@ -267,7 +267,8 @@ FAULT_CLASSES = {"match_ignores_tombstones": ("SWARadixCache", "UnifiedRadixCach
 # accepts exactly this finding on exactly these releases.
 KNOWN_FINDINGS = {
     ("UnifiedRadixCache", ("full", "swa")): ("no_evict_locked", ("0.5.11", "0.5.12"), "sgl-project/sglang#29352"),
-    ("SWARadixCache", ("full", "swa")): ("no_evict_locked", ("0.5.7", "0.5.11", "0.5.12"), "sgl-project/sglang#29352"),
+    ("SWARadixCache", ("full", "swa")): ("no_evict_locked", ("0.4.10", "0.5.7", "0.5.11", "0.5.12"),
+                                         "sgl-project/sglang#29352"),
 }
 
 

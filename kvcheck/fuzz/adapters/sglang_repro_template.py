@@ -573,6 +573,11 @@ def check_state():
                 swa_on = not (q["receipt"] and n.swa_uuid == q["receipt"])
             n = n.parent
     full_free, swa_free = free_sets()
+    for rid, q in reqs.items():              # a running request's prefix stays live under its lock
+        for p in range(q["hit"]) if q["state"] == "running" else ():
+            if q["slots"][p] in full_free or written.get(q["slots"][p]) != tuple(q["tokens"][:p + 1]):
+                bugs.append(f"{rid} holds position {p} (slot {q['slots'][p]}), which was freed or overwritten "
+                            "under its lock"); break
     for node, path in nodes:
         got = (lock_ref(node), node.swa_lock_ref) if SWA else (node.lock_ref,)
         want = (holders.get(id(node), 0), swa_holders.get(id(node), 0)) if SWA else (holders.get(id(node), 0),)
