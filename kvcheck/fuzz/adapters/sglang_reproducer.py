@@ -61,4 +61,7 @@ def write_reproducer(trace: Any, trace_path: str) -> dict:
     return {"reproducer": str(out), "reproducer_run": f"python {out}"}
 
 
-from .sglang_repro_template import TEMPLATE as _TEMPLATE  # noqa: E402
+from .sglang_repro_sched import SCHED as _SCHED  # noqa: E402
+from .sglang_repro_template import TEMPLATE as _BASE  # noqa: E402
+
+_TEMPLATE = _BASE.replace("@SCHED@", _SCHED)
