@@ -73,7 +73,7 @@ def admit_sched(q, r):
         rec = q["lockrec"]
         sr.lock = TreeLock(q["node"], rec.to_dec_params() if hasattr(rec, "to_dec_params") else rec)
     else:
-        sr = FlatReq(r, prompt, computed, q["node"], q["hit"], q["receipt"], q["slots"][:q["hit"]])
+        sr = FlatReq(r, prompt, computed, q["node"], q["hit"], q["receipt"] if SWA else None, q["slots"][:q["hit"]])
     a = inspect.signature(rows.alloc).parameters
     row = rows.alloc([sr])[0] if "reqs" in a else rows.alloc(1)[0]
     if not KV_API:

@@ -121,7 +121,9 @@ class SchedMixin:
         return min(rest, -(-self._chunk_limit // ps) * ps)
 
     def _lock_receipt(self, r: str) -> Any:
-        return getattr(self, "last_receipt", None)
+        """What the scheduler keeps of the admission's lock in its request: the IncLockRefResult
+        behind a `TreeLock` (kv records), else nothing for a radix tree without SWA receipts."""
+        return getattr(self, "last_receipt", None) if self.kv_api else None
 
     def _relocked(self, r: str, s: Sched) -> None:
         """After SGLang moved a request's lock: the class's own record of it."""

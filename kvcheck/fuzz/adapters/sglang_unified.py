@@ -255,7 +255,10 @@ class UnifiedAdapter(UnifiedChecks, SglangAdapter):
 
     # ---- the scheduler path (sglang_sched.py): SGLang moves the lock, the holds follow ------
     def _lock_receipt(self, r: str) -> Any:
-        return self.holds[r].receipt
+        """0.5.23 keeps the whole receipt in `req.lock`; 0.5.11-0.5.12's scheduler keeps only its
+        `swa_uuid_for_lock` in the request (`_req_inc_lock_ref`), and so must this one."""
+        rec = self.holds[r].receipt
+        return rec if self.kv_api else rec.swa_uuid_for_lock
 
     def _relocked(self, r: str, s: Any) -> None:
         """The lock SGLang moved: the SWA segment it covers is the one an inc_lock_ref at the new
