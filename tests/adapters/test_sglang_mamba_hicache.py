@@ -90,11 +90,13 @@ def test_mamba_slot_ownership_is_the_releases(tmp_path, monkeypatch):
 
 def test_mamba_state_bytes_are_checked(tmp_path, monkeypatch):
     """A MambaPool whose copy_from copies nothing (the request resumes from a zeroed state) is
-    caught by the byte check of the state at the hit."""
+    caught by a byte check of the state: at the hit, or in the tree, where cache_unfinished_req's
+    fork_from (the scheduler path, copy_from underneath) left the chunk's state uncopied."""
     name = _layout("mamba")
     from sglang.srt.mem_cache.memory_pool import MambaPool
 
     from kvcheck.fuzz.adapters import sglang as sg
     monkeypatch.setattr(MambaPool, "copy_from", lambda self, src, dst: None)
     r = sg.run_campaign(name, budget_s=20, steps=20_000, seed=1, out_dir=str(tmp_path), shrink_s=1)
-    assert r["findings"] and r["findings"][0]["check"] == "hit_sound_mamba_state", r["findings"]
+    assert r["findings"] and r["findings"][0]["check"] in ("hit_sound_mamba_state", "tree_content_matches"), \
+        r["findings"]

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from kvcheck.fuzz.adapters.sglang_layouts import LAYOUTS, known_finding
+
 ROOT = Path(__file__).resolve().parents[2]
 PYTHONS = [p for p in os.environ.get("KVCHECK_SGLANG_PYTHONS", "").split(os.pathsep) if p]
 pytestmark = pytest.mark.skipif(not PYTHONS, reason="set KVCHECK_SGLANG_PYTHONS to side-venv pythons "
@@ -72,6 +74,10 @@ def test_every_layout_of_the_release_runs_clean(py, tmp_path):
                  "--seed", "5", "--json", "--out", str(tmp_path))
         res = json.loads(r.stdout)
         assert res["sglang_version"] == info["sglang_version"]
+        known = known_finding(LAYOUTS[lay], res["sglang_version"]) if lay in LAYOUTS else None
+        if known and res["findings"]:         # a real SGLang bug of this release (KNOWN_FINDINGS)
+            assert [f["check"] for f in res["findings"]] == [known], (lay, res["findings"])
+            continue
         assert res["exit_code"] == 0 and not res["missing_actions"], (lay, res["findings"], r.stderr[-500:])
         assert res["lookups_with_hit"] > 0
 

@@ -57,6 +57,9 @@ class _Gen(PromptGen):
         r = rng.choice(en[a])
         if a == "decode":
             return a, {"r": r, "tok": rng.randrange(VOCAB)}
+        if a == "chunk":                            # a chunk of whole pages (the scheduler's alignment)
+            ps = ad.lay.page_size
+            return a, {"r": r, "n": ps * rng.randint(1, max(1, 12 // ps))}
         return a, {"r": r}
 
 
@@ -147,6 +150,9 @@ def run_campaign(layout: str | Layout, budget_s: float | None = 60, steps: int |
         hits += ad.hits
         coverage.update(ad.coverage)
         episodes += 1
+        if viol is not None and fault is not None and execute(lay, capacity, None, viol.program)[1] is not None:
+            coverage["state:release_bug_without_fault"] += 1   # the clean release fails the same steps:
+            continue                                            # SGLang's own bug, not the planted fault's
         if viol is not None:
             first_fail_s, first_steps = round(time.monotonic() - t0, 2), total
             small = shrink_small(viol, lay, capacity, fault, shrink_s)

@@ -19,6 +19,7 @@ from typing import Any
 from kvcheck.spec.sut import ActionRejected
 
 from .sglang_checks import Req, ShadowChecks, Violation
+from .sglang_sched import SchedMixin
 from .sglang_compat import new_allocator, new_cache, new_key
 from .sglang_steps import expand
 from .sglang_install import load
@@ -33,7 +34,7 @@ def lock_ref(node: Any) -> int:
     return node.full_lock_ref if hasattr(node, "full_lock_ref") else node.lock_ref
 
 
-class SglangAdapter(ShadowChecks):
+class SglangAdapter(SchedMixin, ShadowChecks):
     """An SGLang radix cache behind kvcheck's adapter protocol: reset / apply / observe and
     extra_checks. A planted fault wraps the cache instance's methods (SGLang is not edited)."""
 
@@ -131,7 +132,7 @@ class SglangAdapter(ShadowChecks):
                     out["decode"].append(rid)
                 out["finish"].append(rid)
                 out["abort"].append(rid)
-        return out
+        return self.sched_enabled(out)
 
     def apply(self, action: str, params: dict[str, Any]) -> dict[str, Any]:
         """One action (a compound one: each of its parts), then every check; the first
@@ -151,6 +152,8 @@ class SglangAdapter(ShadowChecks):
 
     def _apply1(self, action: str, params: dict[str, Any]) -> dict[str, Any]:
         fn = getattr(self, f"_a_{action}", None)
+        if action in ("decode", "finish", "abort") and params.get("r") in self._sched_state():
+            fn = getattr(self, f"_s_{action}")       # a scheduler-path request: SGLang's own release
         if fn is None or action not in ACTIONS:
             raise ActionRejected(f"unknown SGLang adapter action {action!r}")
         try:
@@ -283,8 +286,8 @@ class SglangAdapter(ShadowChecks):
                           f"{r}: the no-eviction twin holds a {want}-token prefix, the tree matched {hit}")
             self.lost.append(v)
             raise v
-        self.cache.inc_lock_ref(node)
-        need = len(req.tokens) - hit
+        self.last_receipt = self.cache.inc_lock_ref(node)
+        need = self._need(req, hit)             # all of the prompt, or its first chunk
         new = self._alloc(-(-need // ps) * ps)
         if new is None:
             self.cache.dec_lock_ref(node)
@@ -292,7 +295,7 @@ class SglangAdapter(ShadowChecks):
             return {"hit": hit, "admitted": False}
         req.node, req.hit, req.state = node, hit, "running"
         req.slots, req.spare, req.floor = path + new[:need], new[need:], len(req.tokens)
-        for p in range(hit, len(req.tokens)):
+        for p in range(hit, hit + need):
             self._write(req, p, req.slots[p])
         self.coverage["state:hit" if hit else "state:miss"] += 1
         return {"hit": hit, "admitted": True}
@@ -311,7 +314,7 @@ class SglangAdapter(ShadowChecks):
         slot = req.spare.pop(0)
         req.slots.append(slot)
         self._write(req, len(req.tokens) - 1, slot)
-        if self.lay.components == ("swa",):     # PureSWA: free what left the window behind the floor
+        if self.lay.components == ("swa",) and r not in self.sched:   # PureSWA: free what left the window
             lo, hi = max(req.hit, req.floor), len(req.tokens) - self.lay.window
             dead = [p for p in range(lo, hi) if req.slots[p] is not None]
             self._free([req.slots[p] for p in dead])
@@ -330,8 +333,7 @@ class SglangAdapter(ShadowChecks):
         self._free(req.slots[req.hit:prefix_len])               # duplicates of the tree's
         self._free([s for s in req.slots[n:] if s is not None] + req.spare)   # past the key
         self._release(req)
-        for end in range(ps, n + 1, ps):
-            self.twin.add(tuple(req.tokens[:end]))
+        self._remember(req, n)
         del self.reqs[r]
         return {"prefix_len": prefix_len}
 

@@ -54,13 +54,18 @@ def new_cache(cls_name: str, alloc: Any, page_size: int, window: int | None = No
     return cls(**kw)
 
 
+def token_seq(tokens: Any, compact: bool) -> Any:
+    """Token ids as the adapter keys them: an int64 array on *Params releases, else a list. One
+    type everywhere: a paged RadixKey compares slices, and a list slice never equals an array's."""
+    return array("q", tokens) if compact else list(tokens)
+
+
 def new_key(tokens: list[int], compact: bool) -> Any:
-    """A RadixKey where the release has one (its token ids an int64 array on *Params releases),
-    else the token list itself."""
+    """A RadixKey where the release has one (its token ids `token_seq`), else the token list."""
     rk = load().get("RadixKey")
     if rk is None:
         return list(tokens)
-    return rk(array("q", tokens) if compact else list(tokens))
+    return rk(token_seq(tokens, compact))
 
 
 def first(name: str, *mods: str) -> Any:
@@ -98,3 +103,66 @@ def swa_pools(cap: int, size_swa: int) -> Any:
                          enable_kvcache_transpose=False, device="cpu"))
     return alloc_cls(**kw(alloc_cls.__init__, size=cap, size_swa=size_swa, page_size=1, dtype=torch.float16,
                           device="cpu", kvcache=pool, need_sort=False))
+
+
+# ---- the scheduler's side of a request (sglang_sched.py): its row, its record, its release ----
+def row_pool(size: int, max_len: int) -> Any:
+    """A real ReqToTokenPool on CPU: the rows the scheduler writes a request's slots into (the
+    caches' cache_unfinished_req / checkpoint read and rewrite them)."""
+    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+    return ReqToTokenPool(**kw(ReqToTokenPool.__init__, size=size, max_context_len=max_len, device="cpu",
+                               enable_memory_saver=False))
+
+
+def alloc_row(pool: Any, req: Any) -> int | None:
+    """A row for `req`, as the release's pool hands one out: `alloc(1)` (0.4.10-0.5.7),
+    `alloc(1, [req])` (0.5.7's HybridReqToTokenPool), `alloc([req])` (0.5.12+, which records it
+    on the request itself)."""
+    names = _params(pool.alloc)
+    if "reqs" in names and "need_size" in names:
+        out = pool.alloc(1, [req])
+    elif "reqs" in names:
+        out = pool.alloc([req])
+    else:
+        out = pool.alloc(1)
+    return None if out is None else int(out[0])
+
+
+def free_row(pool: Any, req: Any, idx: int) -> None:
+    """Give a request's row back (0.5.12+ take the request, older releases the index)."""
+    if idx in pool.free_slots:
+        return
+    if "req" in _params(pool.free):
+        pool.free(req)
+    else:
+        pool.free(idx)
+
+
+def kv_record_api() -> bool:
+    """Whether this release keeps a request's KV bookkeeping in a record (`req.kv`, `req.lock`)
+    and publishes through `checkpoint` + `release_kv_cache` (0.5.23) rather than through the
+    cache's `cache_unfinished_req` / `cache_finished_req` on flat request fields."""
+    try:
+        from sglang.srt.mem_cache import common
+    except ImportError:
+        return False
+    return hasattr(common, "checkpoint_kv_cache") and hasattr(common, "release_kv_cache") and \
+        "checkpoint" in _params(common.release_kv_cache)
+
+
+def runtime_config() -> None:
+    """Releases with a runtime context (0.5.23) read the serving and speculative config from it
+    when a request is released; where no server published one, publish SGLang's own test default
+    (`override_server_args`, a dummy ServerArgs) once."""
+    try:
+        from sglang.srt import runtime_context as rc
+    except ImportError:
+        return
+    ctx = getattr(rc, "_CONTEXT", None)
+    if ctx is not None and hasattr(ctx, "override_server_args") and not ctx.is_config_namespace_published("serving"):
+        ctx.override_server_args().install()
+
+
+def takes(fn: Any, name: str) -> bool:
+    """Whether `fn` takes a parameter `name` (e.g. cache_finished_req's `is_insert`, 0.5.1+)."""
+    return name in _params(fn)

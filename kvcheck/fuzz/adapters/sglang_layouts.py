@@ -17,8 +17,10 @@ from kvcheck.spec.faults import Fault
 
 from .sglang_install import CLASSES, SglangUnavailable, load
 
-# The adapter's vocabulary (the trace's action names).
-ACTIONS = ("submit", "match", "decode", "finish", "abort", "evict")
+# The adapter's vocabulary (the trace's action names). `chunk(r, n)`: the scheduler path
+# (sglang_sched.py) — n more prompt tokens prefilled, then SGLang's own cache_unfinished_req /
+# checkpoint; a request admitted by it is finished and aborted by SGLang's own release.
+ACTIONS = ("submit", "match", "chunk", "decode", "finish", "abort", "evict")
 VOCAB = 6              # a small vocabulary: prompts share prefixes often
 MAX_TOKENS = 40
 
@@ -68,7 +70,7 @@ LAYOUTS: dict[str, Layout] = {x.name: x for x in (
            "HiRadixCache, write-through to a host tier (2x), device eviction, load-back; CPU stand-ins "
            "for streams/events, the direct transfer kernel and host registration"),
     Layout("mamba", "MambaRadixCache", ("full", "mamba"), 1, None, 48,
-           "MambaRadixCache, full attention + Mamba state at some nodes (capacity/6 state slots), "
+           "MambaRadixCache, full attention + Mamba state at some nodes (max(12, capacity/6) state slots), "
            "HybridReqToTokenPool + HybridLinearKVPool"),
     # UnifiedRadixCache (sglang_unified*.py): components FULL or FULL+SWA, on the Python tree core,
     # or the Python and Rust cores in lockstep (a differential; TreeCore releases only)
@@ -226,6 +228,11 @@ SGLANG_FAULTS = (
     _fault("evict_no_free", "evict", "size accounting",
            "evicted nodes whose KV slots are never returned to the allocator",
            "size_accounting", "evict deletes nodes without freeing their slots."),
+    _fault("unfinished_lock_not_moved", "cache_unfinished_req", "lock references out of balance",
+           "cache_unfinished_req / checkpoint re-inserting a chunk but leaving the request's lock on its old "
+           "node (the new last node unlocked, evictable under the running request)",
+           "lock_ref_equals_holders",
+           "After SGLang publishes a chunk, the lock goes back to the old node; the request names the new one."),
     _fault("core_drops_insert", "insert", "two tree cores disagreeing",
            "UnifiedRadixCache's Rust tree core diverging from the Python one on the same operations",
            "tree_core_differential",
@@ -260,7 +267,8 @@ FAULT_CLASSES = {"match_ignores_tombstones": ("SWARadixCache", "UnifiedRadixCach
 # accepts exactly this finding on exactly these releases.
 KNOWN_FINDINGS = {
     ("UnifiedRadixCache", ("full", "swa")): ("no_evict_locked", ("0.5.11", "0.5.12"), "sgl-project/sglang#29352"),
-    ("SWARadixCache", ("full", "swa")): ("no_evict_locked", ("0.5.7", "0.5.11", "0.5.12"), "sgl-project/sglang#29352"),
+    ("SWARadixCache", ("full", "swa")): ("no_evict_locked", ("0.4.10", "0.5.7", "0.5.11", "0.5.12"),
+                                         "sgl-project/sglang#29352"),
 }
 
 

@@ -72,12 +72,15 @@ class MambaAdapter(SglangAdapter):
         S = load()
         set_server_args_stand_in()
         self.S, self.torch = S, torch
-        self.mamba_size = max(5, self.capacity // 6)
+        # SGLang sizes max_running_requests = mamba cache size // 3 (MAMBA_CACHE_SIZE_MAX_RUNNING_
+        # REQUESTS_RATIO: a request's own state, the state its lock pins, a fork for its chunk);
+        # the generator runs up to 4 requests, so at least 12 state slots
+        self.mamba_size = max(12, self.capacity // 6)
         shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=2, n_groups=1, num_heads=1,
                                         head_dim=1, state_size=1, conv_kernel=2)
         cp = Mamba2CacheParams(shape=shape, layers=[0],
                                dtype=Mamba2StateDType(conv=torch.float32, temporal=torch.float32))
-        kw: dict[str, Any] = dict(size=8, mamba_size=self.mamba_size, mamba_spec_state_size=self.mamba_size,
+        kw: dict[str, Any] = dict(size=min(8, self.mamba_size), mamba_size=self.mamba_size, mamba_spec_state_size=self.mamba_size,
                                   max_context_len=64, device="cpu", enable_memory_saver=False, cache_params=cp,
                                   enable_mamba_extra_buffer=False)
         if "mamba_layer_ids" in inspect.signature(HybridReqToTokenPool.__init__).parameters:   # 0.5.12
@@ -207,7 +210,7 @@ class MambaAdapter(SglangAdapter):
         self.cache.inc_lock_ref(node)
         locked = node.mamba_value is not None
         ms = self._mamba_alloc()
-        new = None if ms is None else self._alloc(len(req.tokens) - hit)
+        new = None if ms is None else self._alloc(self._need(req, hit))     # all, or the first chunk
         if new is None:
             if ms is not None:
                 self.mpool.free(self.torch.tensor([ms], dtype=self.torch.int64))
@@ -220,11 +223,11 @@ class MambaAdapter(SglangAdapter):
             if not self._state_holds(ms, tuple(req.tokens[:hit])):
                 raise Violation("safety", "hit_sound_mamba_state", f"{r}: the state copied from the hit node is "
                                 f"not the state after its {hit}-token prefix")
-        self._state_write(ms, tuple(req.tokens))        # prefill runs the rest
+        self._state_write(ms, tuple(req.tokens[:hit + len(new)]))        # prefill runs the rest
         self.mslot[r], self.mlocked[r] = ms, locked
         req.node, req.hit, req.state = node, hit, "running"
         req.slots, req.spare, req.floor = path + new, [], len(req.tokens)
-        for p in range(hit, len(req.tokens)):
+        for p in range(hit, hit + len(new)):
             self._write(req, p, req.slots[p])
         self.coverage["state:hit" if hit else "state:miss"] += 1
         return {"hit": hit, "admitted": True}
@@ -372,3 +375,48 @@ class MambaAdapter(SglangAdapter):
     def twin_hit(self, tokens: list[int]) -> int:
         """The longest inserted key (its state at its end) that is a proper prefix of tokens."""
         return max((len(k) for k in self.twin if len(k) < len(tokens) and tuple(tokens[:len(k)]) == k), default=0)
+
+    # ---- the scheduler path (sglang_sched.py): the request's state slot travels with it ---
+    def _sched_new(self, r: str, sreq: Any) -> None:
+        """The row SGLang's HybridReqToTokenPool hands out maps to the state slot the admission took."""
+        sreq.mamba_pool_idx = self.torch.tensor(self.mslot[r], dtype=self.torch.int64)
+
+    def _computed(self, r: str, upto: int) -> None:
+        self._state_write(self.mslot[r], tuple(self.reqs[r].tokens[:upto]))    # the chunk's forward
+
+    def _sglang_call(self, fn: Any) -> None:
+        """cache_unfinished_req forks the request's state into a new slot for the tree
+        (`fork_from` copies the bytes): the shadow follows each copy, as for copy_from."""
+        pool = self.mpool
+        real = pool.fork_from
+
+        def fork_from(src: Any) -> Any:
+            out = real(src)
+            if out is not None:
+                for d, s in zip(out.flatten().tolist(), src.flatten().tolist()):
+                    self.mwritten[int(d)] = self.mwritten.get(int(s))
+            return out
+        held = {rid: self.reqs[rid].node for rid, ok in self.mlocked.items() if ok}
+        pool.fork_from = fork_from
+        try:
+            super()._sglang_call(fn)
+        finally:
+            del pool.fork_from
+        for rid, node in held.items():
+            if node.mamba_value is None:
+                raise Violation("bookkeeping", "no_evict_locked", f"{rid}'s locked node lost its Mamba state "
+                                "inside SGLang's scheduler call")
+
+    def _relocked(self, r: str, s: Any) -> None:
+        """The lock SGLang moved is a mamba lock if the new last node keeps a state."""
+        self.mlocked[r] = s.req.last_node.mamba_value is not None
+
+    def _released(self, r: str, s: Any) -> None:
+        self.mslot.pop(r, None)
+        self.mlocked.pop(r, None)
+        if s.inserted:
+            self.finished.add(tuple(self.reqs[r].tokens))
+
+    def _remember(self, req: Req, n: int) -> None:
+        self.twin.add(tuple(req.tokens[:n]))        # a state kept at the inserted key's end
+

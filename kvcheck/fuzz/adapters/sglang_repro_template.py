@@ -84,21 +84,41 @@ def new_alloc(cls, *args):
     return cls(*args, False) if "need_sort" in inspect.signature(cls.__init__).parameters else cls(*args)
 
 
+def first(name, *mods):                     # classes moved between releases
+    for m in mods:
+        try:
+            return getattr(importlib.import_module(m), name)
+        except (ImportError, AttributeError):
+            pass
+
+
+def kw(fn, **k):                             # the keyword arguments this release's constructor takes
+    ps = inspect.signature(fn).parameters
+    return {a: v for a, v in k.items() if a in ps}
+
+
 if SWA:
-    from sglang.srt.mem_cache.memory_pool import SWAKVPool
+    SWAKVPool = first("SWAKVPool", "sglang.srt.mem_cache.swa_memory_pool", "sglang.srt.mem_cache.memory_pool")
+    SWAAlloc = first("SWATokenToKVPoolAllocator", "sglang.srt.mem_cache.allocator.swa",
+                     "sglang.srt.mem_cache.swa_memory_pool", "sglang.srt.mem_cache.allocator")
     SIZE_SWA = max(2 * WINDOW, CAPACITY // 2)
-    pool = SWAKVPool(size=CAPACITY, size_swa=SIZE_SWA, dtype=torch.float16, head_num=1, head_dim=2,
-                     swa_attention_layer_ids=[0], full_attention_layer_ids=[1], enable_kvcache_transpose=False,
-                     device="cpu")
-    alloc = new_alloc(al.SWATokenToKVPoolAllocator, CAPACITY, SIZE_SWA, torch.float16, "cpu", pool)
+    pool = SWAKVPool(**kw(SWAKVPool.__init__, size=CAPACITY, size_swa=SIZE_SWA, page_size=1, dtype=torch.float16,
+                          head_num=1, head_dim=2, swa_attention_layer_ids=[0], full_attention_layer_ids=[1],
+                          enable_kvcache_transpose=False, device="cpu"))
+    alloc = SWAAlloc(**kw(SWAAlloc.__init__, size=CAPACITY, size_swa=SIZE_SWA, page_size=1, dtype=torch.float16,
+                          device="cpu", kvcache=pool, need_sort=False))
 elif PAGE == 1:
     alloc = new_alloc(al.TokenToKVPoolAllocator, CAPACITY, torch.int64, "cpu", None)
 else:
     alloc = new_alloc(al.PagedTokenToKVPoolAllocator, CAPACITY, PAGE, torch.int64, "cpu", None)
 if "params" in inspect.signature(Cache.__init__).parameters:       # 0.5.6+: CacheInitParams
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-    p = CacheInitParams(disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=alloc, page_size=PAGE)
-    cache = Cache(p, sliding_window_size=WINDOW) if SWA else Cache(p)
+    if SWA and PARAMS_API:                   # 0.5.8+: the window inside CacheInitParams
+        cache = Cache(CacheInitParams(disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=alloc,
+                                      page_size=PAGE, sliding_window_size=WINDOW))
+    else:
+        p = CacheInitParams(disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=alloc, page_size=PAGE)
+        cache = Cache(p, sliding_window_size=WINDOW) if SWA else Cache(p)
 else:
     cache = Cache(req_to_token_pool=None, token_to_kv_pool_allocator=alloc, page_size=PAGE, disable=False,
                   **({"sliding_window_size": WINDOW} if SWA else {}))
@@ -162,11 +182,18 @@ def free(slots):
         alloc.free(torch.tensor(slots, dtype=torch.int64))
 
 
+def swa_evict(full, swa):
+    if PARAMS_API:
+        cache.evict(bpc.EvictParams(num_tokens=full, swa_num_tokens=swa))
+    else:
+        cache.evict(full, swa)
+
+
 def evict(n):
     before = prefixes()
     locked = {path + tuple(int(t) for t in nd.key) for nd, path in tree() if lock_ref(nd) > 0}
-    if SWA:
-        cache.evict(n, n)
+    if SWA:                                  # explicit eviction asks SWA tokens only (tombstones)
+        swa_evict(0, n)
     elif PARAMS_API:
         cache.evict(bpc.EvictParams(num_tokens=n))
     else:
@@ -208,7 +235,7 @@ def allocate(n):
             cache_evict_need = (max(0, n - alloc.full_available_size()), max(0, n - alloc.swa_available_size()))
             before = prefixes()
             locked = {path + tuple(int(t) for t in nd.key) for nd, path in tree() if lock_ref(nd) > 0}
-            cache.evict(*cache_evict_need)
+            swa_evict(*cache_evict_need)
             gone = before - prefixes(); twin.difference_update(gone)
             if gone & locked:
                 bugs.append(f"eviction for {n} slots removed a node a running request has locked")
@@ -218,7 +245,7 @@ def allocate(n):
     return None if out is None else [int(x) for x in out.tolist()]
 
 
-def match(r):
+def match(r, limit=None):
     q = reqs[r]
     toks = q["tokens"][:-1]
     W = getattr(cache, "sliding_window_size", None)
@@ -256,17 +283,29 @@ def match(r):
         bugs.append(f"{r}: every prefix inserted and not evicted gives {want} tokens, the tree matched {hit}")
     if bugs:
         return
-    uuid = cache.inc_lock_ref(node)
-    need = len(q["tokens"]) - hit
+    rec = cache.inc_lock_ref(node)
+    uuid = rec.swa_uuid_for_lock if SWA and PARAMS_API else rec    # SWA: the receipt dec_lock_ref replays
+    need = len(q["tokens"]) - hit            # all of the prompt, or (chunked prefill) its first chunk
+    if limit is not None:
+        need = min(need, -(-limit // PAGE) * PAGE)
     new = allocate(need if SWA else -(-need // PAGE) * PAGE)
     if new is None:
-        cache.dec_lock_ref(node, uuid) if SWA else cache.dec_lock_ref(node)
+        unlock(node, uuid)
         print("  admission refused (pool short after eviction)")
         return
-    q.update(node=node, hit=hit, state="running", receipt=uuid, slots=path + new[:need], spare=new[need:])
-    for p in range(hit, len(q["tokens"])):
+    q.update(node=node, hit=hit, state="running", receipt=uuid, lockrec=rec, slots=path + new[:need], spare=new[need:])
+    for p in range(hit, hit + need):
         write(q, p, q["slots"][p])
     print(f"  admitted: locked the node, slots {q['slots']}")
+
+
+def unlock(node, receipt):
+    if not SWA:
+        cache.dec_lock_ref(node)
+    elif PARAMS_API:
+        cache.dec_lock_ref(node, bpc.DecLockRefParams(swa_uuid_for_lock=receipt))
+    else:
+        cache.dec_lock_ref(node, receipt)
 
 
 def want_present(tokens):
@@ -298,6 +337,11 @@ def decode(r, tok):
         q["spare"] = new
     q["tokens"].append(tok)
     s = q["spare"].pop(0); q["slots"].append(s); write(q, len(q["tokens"]) - 1, s)
+    if q.get("sched"):                       # the scheduler path: the row and lengths follow
+        row_write(q, q["sched"]["computed"], [s]); q["sched"]["computed"] += 1
+        if KV_API:
+            q["sched"]["req"].output_ids.append(tok)
+        set_len(q)
 
 
 def finish(r):
@@ -314,7 +358,7 @@ def finish(r):
             free(q["slots"][q["hit"]:n]); plen = n
         else:                                # SWARadixCache.insert frees its duplicates itself
             plen = int(cache.insert(key(q["tokens"][:n]), vals, q["hit"]))
-        cache.dec_lock_ref(q["node"], q["receipt"])
+        unlock(q["node"], q["receipt"])
     else:
         if declined:
             plen = n
@@ -334,10 +378,10 @@ def abort(r):
     q = reqs.pop(r)
     if q["state"] == "running":
         free(q["slots"][q["hit"]:] + q["spare"])
-        cache.dec_lock_ref(q["node"], q["receipt"]) if SWA else cache.dec_lock_ref(q["node"])
+        unlock(q["node"], q["receipt"])
 
 
-if FAULT == "lock_ref_leak":                 # ==== PLANTED FAULT: a released node keeps one reference
+@SCHED@if FAULT == "lock_ref_leak":                 # ==== PLANTED FAULT: a released node keeps one reference
     _dec_real = cache.dec_lock_ref
     def _dec(node, *rest):
         out = _dec_real(node, *rest)
@@ -364,6 +408,11 @@ def check_state():
                 swa_on = not (q["receipt"] and n.swa_uuid == q["receipt"])
             n = n.parent
     full_free, swa_free = free_sets()
+    for rid, q in reqs.items():              # a running request's prefix stays live under its lock
+        for p in range(q["hit"]) if q["state"] == "running" else ():
+            if q["slots"][p] in full_free or written.get(q["slots"][p]) != tuple(q["tokens"][:p + 1]):
+                bugs.append(f"{rid} holds position {p} (slot {q['slots'][p]}), which was freed or overwritten "
+                            "under its lock"); break
     for node, path in nodes:
         got = (lock_ref(node), node.swa_lock_ref) if SWA else (node.lock_ref,)
         want = (holders.get(id(node), 0), swa_holders.get(id(node), 0)) if SWA else (holders.get(id(node), 0),)
@@ -415,17 +464,26 @@ print(f"SGLang {importlib.metadata.version('sglang')} (finding recorded on {RECO
 for n, (action, p) in enumerate(STEPS):
     print(f"step {n}: {action} {p}")
     r = p.get("r")
-    if action in ("submit", "match") and "tokens" in p:
-        reqs[r] = {"tokens": list(p["tokens"]), "state": "waiting", "spare": [], "slots": [], "hit": 0, "receipt": None}
-    if action == "match" and reqs.get(r, {}).get("state") == "waiting":
+    if action in ("submit", "match", "chunk") and "tokens" in p and r not in reqs:
+        reqs[r] = {"tokens": list(p["tokens"]), "state": "waiting", "spare": [], "slots": [], "hit": 0, "receipt": None,
+                   "sched": None}
+    q = reqs.get(r, {})
+    mid = bool(q.get("sched")) and q["sched"]["computed"] < q["sched"]["prompt"]
+    if action == "match" and q.get("state") == "waiting":
         match(r)
-    elif action == "decode" and reqs.get(r, {}).get("state") == "running":
+    elif action == "chunk" and (q.get("state") == "waiting" or mid):
+        chunk(r, p["n"])
+    elif action == "decode" and q.get("state") == "running" and not mid:
         for t in p.get("toks", [p.get("tok")]):
             decode(r, t)
-    elif action == "finish" and reqs.get(r, {}).get("state") == "running":
-        finish(r)
+    elif action == "finish" and q.get("state") == "running" and not mid:
+        release_sched(r, True) if q.get("sched") else finish(r)
     elif action == "abort" and r in reqs:
-        abort(r)
+        if q.get("sched"):
+            if KV_API or takes(cache.cache_finished_req, "is_insert") or not mid:
+                release_sched(r, False)
+        else:
+            abort(r)
     elif action == "evict":
         evict(p["n"])
     if not bugs:

@@ -4,7 +4,9 @@ A maintainer should not need kvcheck to see a bug. `<trace>.repro.py` imports on
 torch): it builds the trace's cache on its CPU token-to-KV pool allocators, plays the trace's
 operations as the adapter plays SGLang's scheduler (match = `match_prefix` + `inc_lock_ref` +
 allocation with eviction when short; decode; finish = `insert` + the caller's frees +
-`dec_lock_ref`; abort; evict), keeps a plain shadow of what each slot was written for, checks
+`dec_lock_ref`; abort; evict; chunk = the scheduler path: a prompt prefilled in chunks, each
+published by SGLang's own `cache_unfinished_req` / `checkpoint_kv_cache`, such a request released by
+SGLang's own `cache_finished_req` / `release_kv_cache`), keeps a plain shadow of what each slot was written for, checks
 the conditions below after every step, prints each hit, the tree (keys, slots, lock refs,
 tombstones) and the pool, and exits 1 while the bug is present, 0 when it is fixed. A planted
 fault (a kvcheck negative control) is inlined as the thin wrapper kvcheck uses, clearly marked;
@@ -23,7 +25,7 @@ from .sglang_layouts import MAX_TOKENS
 
 CLASSES = ("RadixCache", "SWARadixCache")
 FAULTS = ("lock_ref_leak", "match_overreach", "match_ignores_tombstones", "evict_locked", "drop_insert",
-          "insert_shifted_values", "evict_no_free")
+          "insert_shifted_values", "evict_no_free", "unfinished_lock_not_moved")
 
 
 def reproducer_source(trace: Any, trace_path: str) -> str | None:
@@ -59,4 +61,7 @@ def write_reproducer(trace: Any, trace_path: str) -> dict:
     return {"reproducer": str(out), "reproducer_run": f"python {out}"}
 
 
-from .sglang_repro_template import TEMPLATE as _TEMPLATE  # noqa: E402
+from .sglang_repro_sched import SCHED as _SCHED  # noqa: E402
+from .sglang_repro_template import TEMPLATE as _BASE  # noqa: E402
+
+_TEMPLATE = _BASE.replace("@SCHED@", _SCHED)

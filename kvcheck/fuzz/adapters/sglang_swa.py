@@ -123,7 +123,7 @@ class SwaAdapter(SglangAdapter):
             raise Violation("lost_reuse", "lost_reuse", f"{r}: the tree holds a {usable}-token prefix with a "
                             f"live window behind it, the match returned {hit}")
         uuid = self._lock(node)
-        need = len(req.tokens) - hit
+        need = self._need(req, hit)            # all of the prompt, or its first chunk
         new = self._alloc(need)
         if new is None:
             self._unlock(node, uuid)
@@ -132,7 +132,7 @@ class SwaAdapter(SglangAdapter):
         self.receipt[r] = uuid
         req.node, req.hit, req.state = node, hit, "running"
         req.slots, req.spare, req.floor = path + new, [], len(req.tokens)
-        for p in range(hit, len(req.tokens)):
+        for p in range(hit, hit + need):
             self._write(req, p, req.slots[p])
         self.coverage["state:hit" if hit else "state:miss"] += 1
         n = node
@@ -164,6 +164,16 @@ class SwaAdapter(SglangAdapter):
             self.twin.add(tuple(req.tokens[:end]))
         del self.reqs[r]
         return {"prefix_len": prefix_len}
+
+    # ---- the scheduler path (sglang_sched.py): the lock receipt travels with SGLang's request --
+    def _lock_receipt(self, r: str) -> Any:
+        return self.receipt[r]
+
+    def _relocked(self, r: str, s: Any) -> None:
+        self.receipt[r] = s.req.swa_uuid_for_lock
+
+    def _released(self, r: str, s: Any) -> None:
+        self.receipt.pop(r, None)
 
     def _a_evict(self, n: int) -> dict:
         """Explicit eviction asks for SWA tokens only (full eviction comes from allocation

@@ -210,7 +210,7 @@ class UnifiedAdapter(UnifiedChecks, SglangAdapter):
         hold = self.lock_model(h, hit)
         rec = self.cache.inc_lock_ref(h)
         hold.receipt = rec
-        need = len(req.tokens) - hit
+        need = self._need(req, hit)            # all of the prompt, or its first chunk
         new = self._alloc(-(-need // ps) * ps)
         obs = {"hit": hit, "full_hit": getattr(m, "full_kv_hit_length", None),
                "swa_branch": getattr(m, "swa_branching_seqlen", None)}
@@ -221,7 +221,7 @@ class UnifiedAdapter(UnifiedChecks, SglangAdapter):
         self.holds[r] = hold
         req.node, req.hit, req.state = h, hit, "running"
         req.slots, req.spare, req.floor = path + new[:need], new[need:], len(req.tokens)
-        for p in range(hit, len(req.tokens)):
+        for p in range(hit, hit + need):
             self._write(req, p, req.slots[p])
         self.coverage["state:hit" if hit else "state:miss"] += 1
         if self.swa and self.core == "python":
@@ -252,6 +252,27 @@ class UnifiedAdapter(UnifiedChecks, SglangAdapter):
             self.twin.add(tuple(req.tokens[:end]))
         del self.reqs[r]
         return {"prefix_len": prefix_len}
+
+    # ---- the scheduler path (sglang_sched.py): SGLang moves the lock, the holds follow ------
+    def _lock_receipt(self, r: str) -> Any:
+        """0.5.23 keeps the whole receipt in `req.lock`; 0.5.11-0.5.12's scheduler keeps only its
+        `swa_uuid_for_lock` in the request (`_req_inc_lock_ref`), and so must this one."""
+        rec = self.holds[r].receipt
+        return rec if self.kv_api else rec.swa_uuid_for_lock
+
+    def _relocked(self, r: str, s: Any) -> None:
+        """The lock SGLang moved: the SWA segment it covers is the one an inc_lock_ref at the new
+        node takes (computed on the tree as the re-insert left it), the receipt SGLang keeps."""
+        req = self.reqs[r]
+        hit = len(self.path_slots_of(req.node))
+        hold = self.lock_model(req.node, hit) if hit else Hold(None)
+        hold.receipt = s.req.lock if self.kv_api else s.req.swa_uuid_for_lock
+        self.holds[r] = hold
+        self.keys.add(tuple(req.tokens[:hit]))
+
+    def _released(self, r: str, s: Any) -> None:
+        self.holds.pop(r, None)
+        self.keys.add(tuple(self.reqs[r].tokens[:s.computed // self.lay.page_size * self.lay.page_size]))
 
     def _release(self, req: Req) -> None:
         self.cache.dec_lock_ref(req.node, dec_params(self.holds.pop(req.rid).receipt))
