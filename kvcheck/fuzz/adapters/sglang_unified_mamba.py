@@ -134,6 +134,7 @@ class UnifiedMambaAdapter(MambaStates, UnifiedAdapter):
         hit, h = self._match_m(req.tokens[:-1], sr)
         self._forget_lost_states(before)     # a state slot for the request may evict one
         ms = None if sr.mamba_pool_idx is None else int(sr.mamba_pool_idx)
+        self.coverage["state:cow_slot_from_match"] += ms is not None     # SGLang allocated the request's slot
         src = self.state_slot_at(h)
         if ms is not None and src is not None and sr.mamba_cow_src_index is None:
             self.mwritten[ms] = self.mwritten.get(src, ())    # 0.5.11-0.5.12 copied inside the match
@@ -158,6 +159,7 @@ class UnifiedMambaAdapter(MambaStates, UnifiedAdapter):
             self.coverage["state:admission_refused"] += 1
             return {"hit": hit, "admitted": False}
         if sr.mamba_cow_src_index is not None:   # 0.5.23: the forward's deferred copy-on-write
+            self.coverage["state:cow_deferred_copy"] += 1
             s = int(sr.mamba_cow_src_index.reshape(-1)[0])
             self.mpool.copy_from(sr.mamba_cow_src_index.reshape(-1), self.torch.tensor([ms], dtype=self.torch.int64))
             self.mwritten[ms] = self.mwritten.get(s, ())
