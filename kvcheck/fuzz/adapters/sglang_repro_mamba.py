@@ -153,10 +153,16 @@ class World:
         if f in ("evict_locked", "evict_no_free"):   # ==== PLANTED FAULT around evict
             real_ev = c.evict
             def ev(*a):
-                if f == "evict_no_free":      # deletes nodes without freeing their KV slots
-                    keep = self.alloc.free; self.alloc.free = lambda *x, **k: None
+                if f == "evict_no_free":      # deletes nodes without freeing their KV slots: every free path,
+                    saved = []                # the allocator's and the bound frees components keep (0.5.12)
+                    for o in [self.alloc] + list(c.components.values()):
+                        for nm in {"free"} | {k for k in vars(o) if k.startswith("_free")}:
+                            if callable(getattr(o, nm, None)):
+                                saved.append((o, nm, nm in vars(o), vars(o).get(nm))); setattr(o, nm, lambda *x, **k: None)
                     try: return real_ev(*a)
-                    finally: self.alloc.free = keep
+                    finally:
+                        for o, nm, had, fn in reversed(saved):
+                            setattr(o, nm, fn) if had else delattr(o, nm)
                 out = real_ev(*a)              # evict_locked: also frees and unlinks the deepest locked leaf
                 lk = [n for n, _, _ in self.tree() if n.component_data[CT.FULL].lock_ref > 0 and not n.children]
                 if lk:
@@ -366,7 +372,7 @@ class World:
             try:
                 c.sanity_check()
             except Exception as e:
-                self.bugs.append(f"SGLang's own sanity_check: {str(e)[:200]}")
+                self.bugs.append("SGLang's own sanity_check: " + " | ".join(str(e).splitlines())[:300])
 
 
 def fault_for(core):          # as kvcheck's lockstep plants it: wrappers of the cache's calls on both cores,
