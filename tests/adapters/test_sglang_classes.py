@@ -70,15 +70,15 @@ out = {"version": sg.sglang_version(), "rows": {n: rows[n] for n in NEW}, "clean
 
 def script(path, *args):        # the reproducer in this process (its imports are paid once)
     argv, sys.argv = sys.argv, [path, *args]
-    buf = io.StringIO()
+    buf, code = io.StringIO(), 0
     try:
         with contextlib.redirect_stdout(buf):
             runpy.run_path(path, run_name="__main__")
-        return 0, buf.getvalue()[-300:]
     except SystemExit as e:
-        return int(e.code or 0), buf.getvalue()[-300:]
+        code = int(e.code or 0)
     finally:
         sys.argv = argv
+    return code, (buf.getvalue().strip().splitlines() or [""])[-1][:300]     # its verdict line
 
 
 for lay in [n for n in NEW if rows[n]["supported"]]:

@@ -266,6 +266,15 @@ SGLANG_FAULTS += (    # UnifiedRadixCache FULL+MAMBA (sglang_unified_mamba.py) a
            "(reporting mamba_exist, so the caller frees it)", "lost_reuse",
            "An insert ending at a node whose Mamba state was evicted keeps the tombstone and reports the state "
            "as already there."),
+    _fault("mamba_lock_leak", "dec_lock_ref", "lock references out of balance",
+           "a released request's mamba lock left on its hit node (its state never evictable again)",
+           "lock_ref_equals_holders", "After a release, the hit node keeps one mamba reference nobody holds."),
+    _fault("mamba_evict_locked_state", "evict", "eviction of a locked node",
+           "a Mamba state tombstoned while a running request holds its node's mamba lock",
+           "no_evict_locked", "evict also frees the state of the deepest mamba-locked node (a tombstone under the lock)."),
+    _fault("mamba_state_leaked_on_abort", "abort", "size accounting",
+           "an aborted request's Mamba state slot never returned to the pool",
+           "size_accounting", "Aborting a running request frees its KV but not its state slot."),
     _fault("chunk_reports_hit", "match_prefix", "a hit from a cache that keeps nothing",
            "ChunkCache (prefix caching off) answering a match with another request's KV slots",
            "disabled_cache_no_hit", "match_prefix returns the slots of the last request admitted as a hit."),
@@ -286,7 +295,9 @@ FAULT_CLASSES = {"match_ignores_tombstones": ("SWARadixCache", "UnifiedRadixCach
                  "core_drops_insert": ("UnifiedRadixCache",),
                  "mamba_hit_without_state": ("MambaRadixCache", "UnifiedRadixCache"),
                  "mamba_state_freed_on_insert": ("MambaRadixCache", "UnifiedRadixCache"),
-                 "mamba_state_dropped_on_insert": ("UnifiedRadixCache",),
+                 "mamba_state_dropped_on_insert": ("UnifiedRadixCache",), "mamba_lock_leak": ("UnifiedRadixCache",),
+                 "mamba_evict_locked_state": ("UnifiedRadixCache",),
+                 "mamba_state_leaked_on_abort": ("UnifiedRadixCache",),
                  "chunk_reports_hit": ("ChunkCache",), "chunk_frees_unfinished": ("ChunkCache",),
                  "chunk_double_free": ("ChunkCache",), "chunk_finish_leaks": ("ChunkCache",),
                  "load_back_before_copy": ("HiRadixCache",), "write_through_ack_early": ("HiRadixCache",)}
@@ -325,7 +336,8 @@ def fault_applies(fault: str, lay: Layout) -> bool:
         return fault in CHUNK_GENERIC or lay.cls in FAULT_CLASSES.get(fault, ())
     if fault.startswith("mamba_") and lay.cls == "UnifiedRadixCache" and "mamba" not in lay.components:
         return False            # needs Mamba state
-    if fault in ("mamba_hit_without_state", "mamba_state_dropped_on_insert") and lay.tree_core == "rust":
+    if fault in ("mamba_hit_without_state", "mamba_state_dropped_on_insert", "mamba_lock_leak",
+                 "mamba_evict_locked_state") and lay.tree_core == "rust":
         return False            # these read or wrap Python tree nodes / components
     if fault == "mamba_state_dropped_on_insert" and lay.tree_core == "lockstep":
         return False            # one core's insert result would differ first (tree_core_differential)

@@ -153,6 +153,8 @@ class MambaStates:
         if not done or rng.random() < 0.5:
             return toks
         k = list(rng.choice(done))
+        if rng.random() < 0.2:      # the same prompt again: its insert finds the state there (mamba_exist)
+            return k
         return k + toks[:rng.randint(1, min(len(toks), MAX_TOKENS - 1 - len(k)))]
 
     def twin_hit(self, tokens: list[int]) -> int:

@@ -16,7 +16,8 @@ CHUNK_FAULTS = ("lock_ref_leak", "evict_locked", "chunk_reports_hit", "chunk_fre
                 "chunk_finish_leaks")
 MAMBA_FAULTS = ("lock_ref_leak", "match_overreach", "evict_locked", "drop_insert", "insert_shifted_values",
                 "evict_no_free", "core_drops_insert", "mamba_hit_without_state", "mamba_state_freed_on_insert",
-                "mamba_state_dropped_on_insert")
+                "mamba_state_dropped_on_insert", "mamba_lock_leak", "mamba_evict_locked_state",
+                "mamba_state_leaked_on_abort")
 
 
 def class_template(lay: dict[str, Any], fault: str | None) -> tuple[str, dict[str, str]] | None:

@@ -150,6 +150,23 @@ class World:
                 if n is not None and n is not c.root_node: n.component_data[CT.FULL].lock_ref += 1
                 return out
             c.dec_lock_ref = dec
+        if f == "mamba_lock_leak":            # ==== PLANTED FAULT: a released hit node keeps one mamba reference
+            real_m = c.dec_lock_ref
+            def dec_m(h, *a, **k):
+                out = real_m(h, *a, **k); n = self.node(h)
+                if n is not None and n is not c.root_node: n.component_data[CT.MAMBA].lock_ref += 1
+                return out
+            c.dec_lock_ref = dec_m
+        if f == "mamba_evict_locked_state":   # ==== PLANTED FAULT: evict also tombstones a mamba-locked state
+            real_ms = c.evict
+            def ev_m(*a):
+                out = real_ms(*a)
+                lk = [n for n, _, _ in self.tree() if n.component_data[CT.MAMBA].lock_ref > 0
+                      and n.component_data[CT.MAMBA].value is not None]
+                if lk:
+                    cd = lk[-1].component_data[CT.MAMBA]; self.mslots.free(cd.value.reshape(-1)); cd.value = None
+                return out
+            c.evict = ev_m
         if f in ("evict_locked", "evict_no_free"):   # ==== PLANTED FAULT around evict
             real_ev = c.evict
             def ev(*a):
@@ -250,13 +267,15 @@ class World:
         want = max((len(k) for k in self.twin if len(k) < len(toks) and tuple(toks[:len(k)]) == k), default=0)
         if self.core != "rust" and want > hit:
             self.bugs.append(f"{r}: an inserted, never evicted key gives a {want}-token hit; the tree matched {hit}"); return {}
-        rec = self.cache.inc_lock_ref(h)
         node = self.node(h)
         mnode = node if node is not None and node is not self.cache.root_node and \
             (not self.skips or self.val(node, CT.MAMBA) is not None) else None
+        rec = self.cache.inc_lock_ref(h)
+        q["mnode"] = mnode                    # held from here: the allocations below may evict
         ms = self.mamba_slot() if ms is None else ms
         new = None if ms is None else self.allocate(len(toks) - hit)
         if new is None:
+            q["mnode"] = None
             if ms is not None: self.mslots.free(torch.tensor([ms], dtype=torch.int64))
             self.cache.dec_lock_ref(h, rec.to_dec_params() if hasattr(rec, "to_dec_params") else
                                     bpc.DecLockRefParams(swa_uuid_for_lock=getattr(rec, "swa_uuid_for_lock", None)))
@@ -314,7 +333,8 @@ class World:
     def abort(self, r):
         q = self.reqs.pop(r)
         if q["state"] == "running":
-            self.mslots.free(torch.tensor([q["ms"]], dtype=torch.int64))
+            if self.fault != "mamba_state_leaked_on_abort":   # ==== PLANTED FAULT: the state slot never freed
+                self.mslots.free(torch.tensor([q["ms"]], dtype=torch.int64))
             self.alloc.free(torch.tensor(q["slots"][q["hit"]:], dtype=torch.int64))
             self.unlock(q)
         return {}

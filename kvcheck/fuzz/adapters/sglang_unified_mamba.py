@@ -146,13 +146,15 @@ class UnifiedMambaAdapter(MambaStates, UnifiedAdapter):
             raise Violation("lost_reuse", "lost_reuse", f"{r}: the no-eviction twin holds the state after a "
                             f"{self.twin_hit(req.tokens)}-token prefix, the tree matched {hit}")
         node = self.handle_node(h)
-        rec = self.cache.inc_lock_ref(h)
         locked = node if node is not None and node is not self.root() and \
             (not self.skips_tombstones or self.state_of(node) is not None) else None
+        rec = self.cache.inc_lock_ref(h)
+        self.mlocked[r] = locked                   # held from here: allocation below may evict
         if ms is None:
             ms = self._mamba_alloc()
         new = None if ms is None else self._alloc(len(req.tokens) - hit)
         if new is None:
+            self.mlocked.pop(r)
             if ms is not None:
                 self._mamba_release(ms)
             self.cache.dec_lock_ref(h, dec_params(rec))
@@ -168,7 +170,7 @@ class UnifiedMambaAdapter(MambaStates, UnifiedAdapter):
                             f"{self.mwritten.get(ms)!r:.60}, not the state after its {hit}-token prefix")
         self._state_write(ms, tuple(req.tokens))        # prefill runs the rest
         self.holds[r] = Hold(rec)
-        self.mslot[r], self.mlocked[r] = ms, locked
+        self.mslot[r] = ms
         req.node, req.hit, req.state = h, hit, "running"
         req.slots, req.spare, req.floor = path + new, [], len(req.tokens)
         for p in range(hit, len(req.tokens)):
@@ -210,6 +212,7 @@ class UnifiedMambaAdapter(MambaStates, UnifiedAdapter):
             self.keys.add(tuple(req.tokens))
         if self.planted(FAULTS["mamba_state_freed_on_insert"]) and not exist:
             exist = True        # the caller believes the tree already had a state and frees its slot
+        self.coverage["state:mamba_exist"] += bool(exist)
         if exist:
             self.mslots.free(mv)
         self._release(req)
@@ -220,7 +223,9 @@ class UnifiedMambaAdapter(MambaStates, UnifiedAdapter):
 
     def _a_abort(self, r: str) -> dict:
         if self._get(r).state == "running":
-            self._mamba_release(self.mslot.pop(r))
+            ms = self.mslot.pop(r)
+            if not self.planted(FAULTS["mamba_state_leaked_on_abort"]):
+                self._mamba_release(ms)
             self.mlocked.pop(r)
         return super()._a_abort(r)
 
@@ -300,8 +305,34 @@ class UnifiedMambaAdapter(MambaStates, UnifiedAdapter):
 
     # ---- planted faults --------------------------------------------------------------------
     def _plant(self) -> None:
+        f, c = self.fault, self.cache
+        if f == "mamba_lock_leak":                # the hit node keeps one mamba reference after a release
+            real_dec = c.dec_lock_ref
+
+            def dec(h: Any, *a: Any, **k: Any) -> Any:
+                out = real_dec(h, *a, **k)
+                node = self.handle_node(h)
+                if node is not None and node is not self.root():
+                    node.component_data[self.CT.MAMBA].lock_ref += 1
+                return out
+            c.dec_lock_ref = dec
+            return
+        if f == "mamba_evict_locked_state":       # evict also tombstones a mamba-locked node's state
+            real_evict = c.evict
+
+            def evict(*a: Any, **k: Any) -> Any:
+                out = real_evict(*a, **k)
+                locked = [v.node for v in self.views() if v.node.component_data[self.CT.MAMBA].lock_ref > 0
+                          and self.state_of(v.node) is not None]
+                if locked:
+                    cd = locked[-1].component_data[self.CT.MAMBA]
+                    self.mslots.free(cd.value.reshape(-1))
+                    cd.value = None
+                return out
+            c.evict = evict
+            return
         super()._plant()
-        if self.fault != "mamba_state_dropped_on_insert":
+        if f != "mamba_state_dropped_on_insert":
             return
         comp = self.cache.components[self.CT.MAMBA]
         real = comp.commit_insert_component_data
