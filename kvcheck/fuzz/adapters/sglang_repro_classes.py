@@ -1,5 +1,6 @@
 """Standalone reproducers for the classes whose scripts live outside sglang_repro_template.py:
-ChunkCache (sglang_repro_chunk.py) and UnifiedRadixCache FULL+MAMBA (sglang_repro_mamba.py).
+ChunkCache (sglang_repro_chunk.py) and UnifiedRadixCache FULL+MAMBA (sglang_repro_mamba.py, then
+sglang_repro_mamba_run.py).
 Each is the template's shared prelude (the @NAME@ fields and the CPU stand-ins, taken from
 sglang_repro_template.TEMPLATE up to its end-of-stand-ins marker) followed by the class's body."""
 from __future__ import annotations
@@ -33,6 +34,7 @@ def class_template(lay: dict[str, Any], fault: str | None) -> tuple[str, dict[st
         if fault and fault not in MAMBA_FAULTS:
             return None
         from .sglang_repro_mamba import BODY
+        from .sglang_repro_mamba_run import BODY as RUN
         core = lay.get("tree_core") or "python"
-        return PRELUDE + BODY, {"@CORES@": repr(["python", "rust"] if core == "lockstep" else [core])}
+        return PRELUDE + BODY + RUN, {"@CORES@": repr(["python", "rust"] if core == "lockstep" else [core])}
     return None
