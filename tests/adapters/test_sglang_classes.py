@@ -85,7 +85,8 @@ for lay in [n for n in NEW if rows[n]["supported"]]:
     r = sg.run_campaign(lay, budget_s=120, steps=3000, seed=5, out_dir=out_dir)
     out["clean"][lay] = {k: r[k] for k in ("exit_code", "findings", "missing_actions", "coverage", "steps")}
     for f in [f for f in sg.FAULTS if fault_applies(f, sg.LAYOUTS[lay])]:
-        r = sg.run_campaign(lay, budget_s=20, steps=20000, seed=1, fault=f, out_dir=out_dir, shrink_s=2)
+        # shrink_s generous: the shrinker is bounded by wall clock, and the lockstep is slow on a busy machine
+        r = sg.run_campaign(lay, budget_s=20, steps=20000, seed=1, fault=f, out_dir=out_dir, shrink_s=6)
         row = {"layout": lay, "fault": f, "expected": r["expected_check"], "caught": r["caught"],
                "ttd": r["time_to_failure_s"], "check": r["findings"][0]["check"] if r["findings"] else None}
         if r["findings"]:

@@ -255,8 +255,8 @@ class ChunkAdapter(SglangAdapter):
             self.cache.evict(n)
         freed = set(self.free_slots()) - before
         if freed:
-            raise Violation("bookkeeping", "no_evict_locked", f"evict({n}) freed {len(freed)} slots (e.g. {min(freed)}) "
-                            "that running requests hold: ChunkCache keeps none of its own")
+            raise Violation("bookkeeping", "no_evict_locked", f"evict({n}) freed {len(freed)} slots "
+                            f"(e.g. {min(freed)}) that running requests hold: ChunkCache keeps none of its own")
         return 0
 
     # ---- checks ---------------------------------------------------------------------------
@@ -274,15 +274,16 @@ class ChunkAdapter(SglangAdapter):
                     raise Violation("safety", "request_kv_intact", f"{r} holds position {p} in slot {s}, which is "
                                     f"{'free' if s in free else 'overwritten'} (its row names slot {row[p]})")
         if self.cache.protected_size() != 0:
-            raise Violation("bookkeeping", "lock_ref_equals_holders", f"ChunkCache reports {self.cache.protected_size()} "
-                            "protected tokens; it holds no references")
+            raise Violation("bookkeeping", "lock_ref_equals_holders", "ChunkCache reports "
+                            f"{self.cache.protected_size()} protected tokens; it holds no references")
         if self.cache.evictable_size() != 0:
             raise Violation("bookkeeping", "size_accounting", f"ChunkCache reports {self.cache.evictable_size()} "
                             "evictable tokens; it keeps none")
         run = [r for r, q in self.reqs.items() if q.state == "running"]
+        rows_held = [self.sreq[r].req_pool_idx for r in run]
         for name, owned, pool_free, every in (
                 ("KV", [s for r in run for s in self.reqs[r].slots], self.free_slots(), self.all_slots()),
-                ("req_to_token rows", [self.sreq[r].req_pool_idx for r in run], list(self.rtp.free_slots), self.rows_all)):
+                ("req_to_token rows", rows_held, list(self.rtp.free_slots), self.rows_all)):
             seen = list(owned) + list(pool_free)
             if len(seen) != len(set(seen)) or set(seen) != every:
                 raise Violation("bookkeeping", "size_accounting", f"{name}: {len(owned)} held by running requests + "
