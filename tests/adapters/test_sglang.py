@@ -43,7 +43,7 @@ def test_layout_file_errors_are_one_line(tmp_path):
     with pytest.raises(LayoutError, match="not JSON"):
         load_layout_file(str(bad))
     with pytest.raises(LayoutError, match="not driven"):
-        _layout_from({"name": "x", "class": "ChunkCache"}, "here")
+        _layout_from({"name": "x", "class": "SWAChunkCache"}, "here")
     with pytest.raises(LayoutError, match="cannot read"):
         load_layout_file(str(tmp_path / "missing.json"))
 
@@ -72,7 +72,8 @@ def test_clean_layouts_run_clean_and_cover_every_action(tmp_path):
             continue
         assert r["findings"] == [], (lay, r["findings"])
         assert r["exit_code"] == 0 and r["missing_actions"] == []
-        assert r["lookups_with_hit"] > 0 and r["coverage"].get("state:evicted", 0) > 0
+        if LAYOUTS[lay].cls != "ChunkCache":       # a ChunkCache never hits nor evicts (its contract)
+            assert r["lookups_with_hit"] > 0 and r["coverage"].get("state:evicted", 0) > 0
 
 
 def test_finding_replays_on_the_same_release(tmp_path):

@@ -36,8 +36,9 @@ def _supported_unified() -> list[str]:
 
 def test_unified_layout_fields_are_checked():
     """No SGLang needed: a bad component set, tree core or misplaced field is one clear error."""
-    with pytest.raises(LayoutError, match="FULL\\+MAMBA is not driven"):
-        _layout_from({"name": "m", "class": "UnifiedRadixCache", "components": ["full", "mamba"]}, "here")
+    with pytest.raises(LayoutError, match="driven with components"):
+        _layout_from({"name": "m", "class": "UnifiedRadixCache", "components": ["full", "swa", "mamba"],
+                      "window": 4}, "here")
     with pytest.raises(LayoutError, match="tree_core must be one of"):
         _layout_from({"name": "t", "class": "UnifiedRadixCache", "tree_core": "cuda"}, "here")
     with pytest.raises(LayoutError, match="tree_core is a UnifiedRadixCache field"):

@@ -74,6 +74,14 @@ def make_adapter(lay: Layout, fault: str | None = None, capacity: int | None = N
     if lay.cls == "HiRadixCache":
         from .sglang_hicache import HiCacheAdapter
         return HiCacheAdapter(lay, fault, capacity)
+    if lay.cls == "ChunkCache":
+        from .sglang_chunk import ChunkAdapter
+        return ChunkAdapter(lay, fault, capacity)
+    if lay.cls == "UnifiedRadixCache" and "mamba" in lay.components:
+        from .sglang_unified_mamba import MambaLockstepAdapter, UnifiedMambaAdapter
+        if lay.tree_core == "lockstep":
+            return MambaLockstepAdapter(lay, fault, capacity)     # type: ignore[return-value]
+        return UnifiedMambaAdapter(lay, fault, capacity, core=lay.tree_core or "python")
     if lay.cls == "UnifiedRadixCache":
         from .sglang_unified import UnifiedAdapter
         from .sglang_unified_diff import LockstepAdapter

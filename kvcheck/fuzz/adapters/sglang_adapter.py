@@ -25,8 +25,8 @@ from .sglang_steps import expand
 from .sglang_install import load
 from kvcheck.spec.faults import Planted
 
-from .sglang_layouts import (ACTIONS, FAULT_CLASSES, FAULTS, MAX_TOKENS, Layout, LayoutError, check_supported,
-                             fault_applies, get_layout)
+from .sglang_layouts import (ACTIONS, FAULTS, MAX_TOKENS, Layout, LayoutError, check_supported, fault_applies,
+                             fault_refusal, get_layout)
 
 
 def lock_ref(node: Any) -> int:
@@ -48,7 +48,7 @@ class SglangAdapter(SchedMixin, ShadowChecks):
         if fault is not None and fault not in FAULTS:
             raise LayoutError(f"unknown SGLang fault {fault!r}; known: {', '.join(FAULTS)}")
         if fault is not None and not fault_applies(fault, self.lay):
-            raise LayoutError(f"fault {fault!r} needs a layout of class {', '.join(FAULT_CLASSES[fault])}")
+            raise LayoutError(fault_refusal(fault, self.lay))
         check_supported(self.lay)
         self.fault = fault
         self.planted = Planted(FAULTS.get(fault) if fault else None)   # its sites ask planted(F)

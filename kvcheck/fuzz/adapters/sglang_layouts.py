@@ -26,9 +26,11 @@ MAX_TOKENS = 40
 
 
 DRIVEN = ("RadixCache", "PureSWARadixCache", "SWARadixCache", "MambaRadixCache", "HiRadixCache",
-          "UnifiedRadixCache")
+          "UnifiedRadixCache", "ChunkCache")
 # classes whose components are fixed (the others take [full] or [swa]; UnifiedRadixCache: below)
-CLASS_COMPONENTS = {"SWARadixCache": ("full", "swa"), "MambaRadixCache": ("full", "mamba")}
+CLASS_COMPONENTS = {"SWARadixCache": ("full", "swa"), "MambaRadixCache": ("full", "mamba"),
+                    "ChunkCache": ("full",)}
+UNIFIED_COMPONENTS = (("full",), ("full", "swa"), ("full", "mamba"))
 TREE_CORES = ("python", "rust", "lockstep")   # UnifiedRadixCache: which tree core(s); lockstep = both
 
 
@@ -86,6 +88,16 @@ LAYOUTS: dict[str, Layout] = {x.name: x for x in (
            "UnifiedRadixCache, FULL, page 4, Python and Rust tree cores in lockstep", "lockstep"),
     Layout("unified-swa-lockstep", "UnifiedRadixCache", ("full", "swa"), 1, 4, 96,
            "UnifiedRadixCache, FULL+SWA (W=4), Python and Rust tree cores in lockstep", "lockstep"),
+    # FULL+MAMBA (sglang_unified_mamba.py): HybridReqToTokenPool + HybridLinearKVPool, cow_mamba matches
+    Layout("unified-mamba", "UnifiedRadixCache", ("full", "mamba"), 1, None, 48,
+           "UnifiedRadixCache, FULL+MAMBA (capacity/6 state slots), Python tree, HybridReqToTokenPool + "
+           "HybridLinearKVPool", "python"),
+    Layout("unified-mamba-lockstep", "UnifiedRadixCache", ("full", "mamba"), 1, None, 48,
+           "UnifiedRadixCache, FULL+MAMBA, the Python and Rust tree cores in lockstep", "lockstep"),
+    # ChunkCache (sglang_chunk.py): prefix caching off; chunked prefill through cache_unfinished_req
+    Layout("chunk", "ChunkCache", ("full",), 1, None, 48,
+           "ChunkCache (prefix caching disabled), chunked prefill (cache_unfinished_req), ReqToTokenPool + "
+           "TokenToKVPoolAllocator"),
 )}
 
 
@@ -102,9 +114,11 @@ def _layout_from(d: dict[str, Any], where: str) -> Layout:
         raise LayoutError(f"{where}: class {lay.cls!r} is not driven by this adapter yet "
                           f"({', '.join(DRIVEN)})")
     if lay.cls == "UnifiedRadixCache":
-        if comps not in (("full",), ("full", "swa")):
-            raise LayoutError(f"{where}: UnifiedRadixCache is driven with components [full] or [full, swa] "
-                              f"(FULL+MAMBA is not driven), got {list(comps)}")
+        if comps not in UNIFIED_COMPONENTS:
+            raise LayoutError(f"{where}: UnifiedRadixCache is driven with components [full], [full, swa] or "
+                              f"[full, mamba], got {list(comps)}")
+        if "mamba" in comps and lay.page_size != 1:
+            raise LayoutError(f"{where}: UnifiedRadixCache FULL+MAMBA takes page_size 1 (no Mamba extra buffer)")
         if (lay.tree_core or "python") not in TREE_CORES:
             raise LayoutError(f"{where}: tree_core must be one of {', '.join(TREE_CORES)}, got {lay.tree_core!r}")
         lay = Layout(**{**asdict(lay), "tree_core": lay.tree_core or "python"})
@@ -118,6 +132,8 @@ def _layout_from(d: dict[str, Any], where: str) -> Layout:
             raise LayoutError(f"{where}: {lay.cls} takes components [full] or [swa], got {list(comps)}")
     if "swa" in comps and not lay.window:
         raise LayoutError(f"{where}: an swa component needs a window")
+    if lay.cls == "ChunkCache" and lay.page_size != 1:
+        raise LayoutError(f"{where}: ChunkCache is driven with page_size 1")
     if lay.page_size < 1 or lay.capacity < 4 * lay.page_size:
         raise LayoutError(f"{where}: page_size >= 1 and capacity >= 4 pages")
     return lay
@@ -156,7 +172,10 @@ def check_supported(lay: Layout) -> None:
 
 def _api_gap(lay: Layout) -> str | None:
     """Why the adapter cannot drive this class at the installed release, if it cannot."""
-    S = load()
+    if lay.cls == "UnifiedRadixCache" and "mamba" in lay.components:
+        from .sglang_unified import component_types
+        if not hasattr(component_types(), "MAMBA"):
+            return f"sglang {load()['version']}: UnifiedRadixCache has no MAMBA tree component"
     if lay.cls == "UnifiedRadixCache" and lay.tree_core in ("rust", "lockstep"):
         from .sglang_unified import rust_core_gap
         return rust_core_gap()
@@ -177,10 +196,6 @@ def list_layouts() -> list[dict[str, Any]]:
         ok = isinstance(c, type) and gap is None
         out.append(dict(x.to_dict(), supported=ok,
                         reason=None if ok else (gap or (str(c) if c else f"this release has no {x.cls}"))))
-    if isinstance(found.get("UnifiedRadixCache"), type):
-        out.append({"name": None, "class": "UnifiedRadixCache", "components": ["full", "mamba"], "supported": False,
-                    "reason": "FULL+MAMBA not driven: it needs HybridReqToTokenPool + HybridLinearKVPool, "
-                              "the global server args and Mamba state at the hit node in the checks"})
     driven = {x.cls for x in LAYOUTS.values()}
     for cls in CLASSES:
         if cls in found and cls not in driven:
@@ -252,12 +267,46 @@ SGLANG_FAULTS += (
            "HiCache releasing ongoing_write_through before the write stream's finish event",
            "write_through_acknowledged", "A write-through is acknowledged (unlocked) as soon as it is queued."),
 )
+SGLANG_FAULTS += (    # UnifiedRadixCache FULL+MAMBA (sglang_unified_mamba.py) and ChunkCache (sglang_chunk.py)
+    _fault("mamba_state_dropped_on_insert", "insert", "state dropped on insert",
+           "UnifiedRadixCache's Mamba component not attaching a finished request's state to a tombstoned node "
+           "(reporting mamba_exist, so the caller frees it)", "lost_reuse",
+           "An insert ending at a node whose Mamba state was evicted keeps the tombstone and reports the state "
+           "as already there."),
+    _fault("mamba_lock_leak", "dec_lock_ref", "lock references out of balance",
+           "a released request's mamba lock left on its hit node (its state never evictable again)",
+           "lock_ref_equals_holders", "After a release, the hit node keeps one mamba reference nobody holds."),
+    _fault("mamba_evict_locked_state", "evict", "eviction of a locked node",
+           "a Mamba state tombstoned while a running request holds its node's mamba lock",
+           "no_evict_locked", "evict also frees the state of the deepest mamba-locked node (a tombstone under the lock)."),
+    _fault("mamba_state_leaked_on_abort", "abort", "size accounting",
+           "an aborted request's Mamba state slot never returned to the pool",
+           "size_accounting", "Aborting a running request frees its KV but not its state slot."),
+    _fault("chunk_reports_hit", "match_prefix", "a hit from a cache that keeps nothing",
+           "ChunkCache (prefix caching off) answering a match with another request's KV slots",
+           "disabled_cache_no_hit", "match_prefix returns the slots of the last request admitted as a hit."),
+    _fault("chunk_frees_unfinished", "cache_unfinished_req", "KV freed under a running request",
+           "cache_unfinished_req freeing a chunked request's KV as cache_finished_req does",
+           "request_kv_intact", "cache_unfinished_req frees the chunk's KV slots it hands back as prefix_indices."),
+    _fault("chunk_double_free", "cache_finished_req", "a slot freed twice",
+           "a finished request's KV returned to the allocator twice (cache_finished_req and the scheduler's "
+           "overallocation free both)", "kv_freed_once",
+           "cache_finished_req frees the request's last committed slot a second time."),
+    _fault("chunk_finish_leaks", "cache_finished_req", "size accounting",
+           "a finished request's KV never returned to the allocator (committed length short by one)",
+           "size_accounting", "cache_finished_req frees all but the request's last committed slot."),
+)
 FAULTS = {f.name: f for f in SGLANG_FAULTS}
 # faults that only some classes can express (the rest apply to every driven class)
 FAULT_CLASSES = {"match_ignores_tombstones": ("SWARadixCache", "UnifiedRadixCache"),
                  "core_drops_insert": ("UnifiedRadixCache",),
-                 "mamba_hit_without_state": ("MambaRadixCache",),
-                 "mamba_state_freed_on_insert": ("MambaRadixCache",),
+                 "mamba_hit_without_state": ("MambaRadixCache", "UnifiedRadixCache"),
+                 "mamba_state_freed_on_insert": ("MambaRadixCache", "UnifiedRadixCache"),
+                 "mamba_state_dropped_on_insert": ("UnifiedRadixCache",), "mamba_lock_leak": ("UnifiedRadixCache",),
+                 "mamba_evict_locked_state": ("UnifiedRadixCache",),
+                 "mamba_state_leaked_on_abort": ("UnifiedRadixCache",),
+                 "chunk_reports_hit": ("ChunkCache",), "chunk_frees_unfinished": ("ChunkCache",),
+                 "chunk_double_free": ("ChunkCache",), "chunk_finish_leaks": ("ChunkCache",),
                  "load_back_before_copy": ("HiRadixCache",), "write_through_ack_early": ("HiRadixCache",)}
 
 
@@ -278,7 +327,28 @@ def known_finding(lay: Layout, version: str | None) -> str | None:
     return k[0] if k and version in k[1] else None
 
 
+# the faults a ChunkCache layout takes besides its own (the rest need a tree)
+CHUNK_GENERIC = ("lock_ref_leak", "evict_locked")
+
+
+def fault_refusal(fault: str, lay: Layout) -> str:
+    """One line: why `fault` cannot be planted on `lay`."""
+    if fault in FAULT_CLASSES and lay.cls not in FAULT_CLASSES[fault]:
+        return f"fault {fault!r} needs a layout of class {', '.join(FAULT_CLASSES[fault])}"
+    return f"fault {fault!r} does not apply to layout {lay.name} ({lay.cls} {'+'.join(lay.components)}" \
+           + (f", {lay.tree_core} tree core)" if lay.tree_core else ")")
+
+
 def fault_applies(fault: str, lay: Layout) -> bool:
+    if lay.cls == "ChunkCache":
+        return fault in CHUNK_GENERIC or lay.cls in FAULT_CLASSES.get(fault, ())
+    if fault.startswith("mamba_") and lay.cls == "UnifiedRadixCache" and "mamba" not in lay.components:
+        return False            # needs Mamba state
+    if fault in ("mamba_hit_without_state", "mamba_state_dropped_on_insert", "mamba_lock_leak",
+                 "mamba_evict_locked_state") and lay.tree_core == "rust":
+        return False            # these read or wrap Python tree nodes / components
+    if fault == "mamba_state_dropped_on_insert" and lay.tree_core == "lockstep":
+        return False            # one core's insert result would differ first (tree_core_differential)
     if fault == "match_ignores_tombstones" and lay.components != ("full", "swa"):
         return False            # needs tombstones: full + SWA
     if fault == "core_drops_insert" and lay.tree_core != "lockstep":

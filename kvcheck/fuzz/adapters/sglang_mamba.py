@@ -13,12 +13,12 @@ insert reports `mamba_exist=False`, else the caller's to free.
 """
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from .sglang_adapter import SglangAdapter
 from .sglang_checks import Req, Violation, key_tokens
 from .sglang_layouts import FAULTS
+from .sglang_mamba_state import MambaStates, fingerprint, mamba_pools, set_server_args_stand_in  # noqa: F401
 
 
 def tree_frees_duplicates(params_api: bool) -> bool:
@@ -27,42 +27,14 @@ def tree_frees_duplicates(params_api: bool) -> bool:
     return params_api
 
 
-def fingerprint(prefix: tuple[int, ...]) -> float:
-    """A float32-exact tag of a token prefix: what the adapter writes as 'the state after it'."""
-    return float(hash(prefix) % 16_777_213 + 1)
-
-
-class _ServerArgsStandIn:
-    """KVCHECK_CPU_STUB: the one field of SGLang's global server args the Mamba tree reads
-    (0.5.12: `mamba_cache_chunk_size` in match_prefix); set only where none are set."""
-
-    page_size = 1
-    mamba_cache_chunk_size = 64
-
-
-def set_server_args_stand_in() -> bool:
-    try:
-        from sglang.srt import server_args as sa
-    except Exception:
-        return False
-    if not hasattr(sa, "set_global_server_args_for_scheduler") or getattr(sa, "_global_server_args", None):
-        return False
-    sa.set_global_server_args_for_scheduler(_ServerArgsStandIn())
-    return True
-
-
-class MambaAdapter(SglangAdapter):
+class MambaAdapter(MambaStates, SglangAdapter):
     """SglangAdapter for MambaRadixCache: two pools (KV slots, Mamba state slots), state only
     at some nodes, full and mamba lock references, per-component size accounting."""
 
     def reset(self, cfg: Any = None) -> None:
-        import inspect
         from collections import Counter
 
         import torch
-        os.environ.setdefault("SGLANG_MAMBA_SSM_DTYPE", "float32")
-        from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateDType, Mamba2StateShape
-        from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool, HybridReqToTokenPool
 
         from .sglang_install import cache_class, load
         from .sglang_layouts import LayoutError
@@ -70,28 +42,13 @@ class MambaAdapter(SglangAdapter):
             raise LayoutError(f"layout {self.lay.name}: MambaRadixCache is driven with page_size 1 only "
                               "(SGLang's v1 Mamba tree; paging needs its extra buffer)")
         S = load()
-        set_server_args_stand_in()
         self.S, self.torch = S, torch
         # SGLang sizes max_running_requests = mamba cache size // 3 (MAMBA_CACHE_SIZE_MAX_RUNNING_
         # REQUESTS_RATIO: a request's own state, the state its lock pins, a fork for its chunk);
         # the generator runs up to 4 requests, so at least 12 state slots
-        self.mamba_size = max(12, self.capacity // 6)
-        shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=2, n_groups=1, num_heads=1,
-                                        head_dim=1, state_size=1, conv_kernel=2)
-        cp = Mamba2CacheParams(shape=shape, layers=[0],
-                               dtype=Mamba2StateDType(conv=torch.float32, temporal=torch.float32))
-        kw: dict[str, Any] = dict(size=min(8, self.mamba_size), mamba_size=self.mamba_size, mamba_spec_state_size=self.mamba_size,
-                                  max_context_len=64, device="cpu", enable_memory_saver=False, cache_params=cp,
-                                  enable_mamba_extra_buffer=False)
-        if "mamba_layer_ids" in inspect.signature(HybridReqToTokenPool.__init__).parameters:   # 0.5.12
-            kw["mamba_layer_ids"] = [0]
-        self.rtp = HybridReqToTokenPool(**kw)
-        self.mpool = self.rtp.mamba_pool
-        self.m_all = {int(x) for x in self.mpool.free_slots.tolist()}   # 0..n-1 (0.5.7) or 1..n (0.5.12)
-        kv = HybridLinearKVPool(size=self.capacity, dtype=torch.float16, page_size=1, head_num=1, head_dim=2,
-                                full_attention_layer_ids=[1], enable_kvcache_transpose=False, device="cpu",
-                                mamba_pool=self.mpool)
-        self.alloc = S["allocator"].TokenToKVPoolAllocator(self.capacity, torch.float16, "cpu", kv, False)
+        pools = mamba_pools(self.capacity, 12)       # the shared pools (sglang_mamba_state.py)
+        self.rtp, self.mpool, self.mslots, self.alloc = pools["rtp"], pools["mpool"], pools["mslots"], pools["alloc"]
+        self.mamba_size, self.m_all = pools["size"], pools["every"]
         self.cache = cache_class(self.lay.cls)(S["CacheInitParams"](
             disable=False, req_to_token_pool=self.rtp, token_to_kv_pool_allocator=self.alloc, page_size=1))
         self.params_api = hasattr(S["bpc"], "MatchPrefixParams")
@@ -105,33 +62,6 @@ class MambaAdapter(SglangAdapter):
         self.coverage, self.lost, self.hits, self.next_id = Counter(), [], 0, 0
         self.broken, self._inserts, self._last_node = None, 0, None
         self._plant()
-
-    # ---- state slots and their bytes ------------------------------------------------------
-    def _state_write(self, slot: int, prefix: tuple[int, ...]) -> None:
-        self.mpool.mamba_cache.temporal[:, slot] = fingerprint(prefix)
-        self.mwritten[slot] = prefix
-
-    def _state_holds(self, slot: int, prefix: tuple[int, ...], rows: list | None = None) -> bool:
-        """The slot's bytes (every layer) and its shadow are the state after `prefix`; `rows`:
-        the state tensor read once for a whole check."""
-        if rows is None:
-            rows = self._state_rows()
-        f = fingerprint(prefix)
-        return all(r[slot] == f for r in rows) and self.mwritten.get(slot) == prefix
-
-    def _state_rows(self) -> list:
-        t = self.mpool.mamba_cache.temporal
-        return [t[i].flatten(1)[:, 0].tolist() for i in range(t.shape[0])]
-
-    def mamba_free(self) -> set[int]:
-        return {int(x) for x in self.mpool.free_slots.tolist()}
-
-    def _mamba_alloc(self) -> int | None:
-        out = self.mpool.alloc(1)
-        if out is None:
-            self._evict(0, 1)
-            out = self.mpool.alloc(1)
-        return None if out is None else int(out[0])
 
     # ---- the release's API ----------------------------------------------------------------
     def _match(self, tokens: list[int]) -> tuple[int, Any]:
@@ -181,20 +111,6 @@ class MambaAdapter(SglangAdapter):
             if node.mamba_value is None:
                 raise Violation("bookkeeping", "no_evict_locked", f"{rid}'s locked node lost its Mamba state")
         return got
-
-    def evict_params(self, rng: Any) -> dict:
-        """The generator's evict: full tokens and/or Mamba states."""
-        return {"n": rng.choice([0, rng.randint(1, self.capacity // 2)]), "mamba": rng.randint(0, 3)}
-
-    def continue_prompt(self, rng: Any, toks: list[int]) -> list[int]:
-        """Half the prompts continue a finished request (a chat's next turn): the state is kept
-        only at inserted keys' ends, so only such prompts can hit."""
-        from .sglang_layouts import MAX_TOKENS
-        done = sorted(k for k in self.finished if len(k) < MAX_TOKENS - 2)
-        if not done or rng.random() < 0.5:
-            return toks
-        k = list(rng.choice(done))
-        return k + toks[:rng.randint(1, min(len(toks), MAX_TOKENS - 1 - len(k)))]
 
     # ---- actions -------------------------------------------------------------------------
     def _a_match(self, r: str) -> dict:
@@ -371,10 +287,6 @@ class MambaAdapter(SglangAdapter):
                                 f"{len(every - set(seen))} leaked")
         if self.alloc.available_size() != len(self.free_slots()):
             raise Violation("bookkeeping", "size_accounting", "available_size != free KV slots")
-
-    def twin_hit(self, tokens: list[int]) -> int:
-        """The longest inserted key (its state at its end) that is a proper prefix of tokens."""
-        return max((len(k) for k in self.twin if len(k) < len(tokens) and tuple(tokens[:len(k)]) == k), default=0)
 
     # ---- the scheduler path (sglang_sched.py): the request's state slot travels with it ---
     def _sched_new(self, r: str, sreq: Any) -> None:

@@ -13,8 +13,10 @@ fault (a kvcheck negative control) is inlined as the thin wrapper kvcheck uses, 
 `--clean` leaves it out. On a machine without SGLang's GPU packages it installs the same
 named CPU stand-ins as kvcheck (marked; never used where the real modules exist).
 
-Classes: RadixCache and SWARadixCache (the layouts' classes up to 0.5.23 that the adapter
-drives, any release it drives); PureSWARadixCache findings get the replay command only.
+Classes: RadixCache and SWARadixCache (this module's template), ChunkCache and UnifiedRadixCache
+FULL+MAMBA (sglang_repro_classes.py: the template's prelude and their own bodies), any release the
+adapter drives; PureSWARadixCache and UnifiedRadixCache FULL / FULL+SWA findings get the replay
+command only.
 """
 from __future__ import annotations
 
@@ -31,8 +33,12 @@ FAULTS = ("lock_ref_leak", "match_overreach", "match_ignores_tombstones", "evict
 def reproducer_source(trace: Any, trace_path: str) -> str | None:
     """The script's text, or None when the layout's class has no standalone reproducer."""
     lay = trace.meta.get("layout") or {}
-    if lay.get("class") not in CLASSES or (trace.fault and trace.fault not in FAULTS):
+    other = class_template(lay, trace.fault)         # ChunkCache, UnifiedRadixCache FULL+MAMBA
+    if other is None and (lay.get("class") not in CLASSES or (trace.fault and trace.fault not in FAULTS)):
         return None
+    text, fields = other or (_TEMPLATE, {})
+    for name, value in fields.items():
+        text = text.replace(name, value)
     v = trace.violation or {}
     steps = [[s.action, s.params] for s in trace.steps]
     header = (f"# Standalone reproducer of a kvcheck finding on SGLang {trace.meta.get('sglang_version')}\n"
@@ -41,7 +47,7 @@ def reproducer_source(trace: Any, trace_path: str) -> str | None:
               f"# trace: {trace_path} (kvcheck replay {trace_path} --sut sglang)\n"
               + (f"# PLANTED FAULT {trace.fault!r} (a kvcheck negative control, not SGLang's code): the marked\n"
                  f"# wrappers below; run with --clean to leave them out.\n" if trace.fault else ""))
-    return (header + _TEMPLATE
+    return (header + text
             .replace("@RELEASE@", repr(trace.meta.get("sglang_version")))
             .replace("@CLASS@", repr(lay["class"])).replace("@PAGE@", repr(int(lay.get("page_size", 1))))
             .replace("@WINDOW@", repr(lay.get("window"))).replace("@CAPACITY@", repr(int(trace.meta.get("capacity", 64))))
@@ -61,6 +67,7 @@ def write_reproducer(trace: Any, trace_path: str) -> dict:
     return {"reproducer": str(out), "reproducer_run": f"python {out}"}
 
 
+from .sglang_repro_classes import class_template  # noqa: E402
 from .sglang_repro_sched import SCHED as _SCHED  # noqa: E402
 from .sglang_repro_template import TEMPLATE as _BASE  # noqa: E402
 

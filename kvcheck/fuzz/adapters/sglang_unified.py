@@ -90,26 +90,7 @@ class UnifiedAdapter(UnifiedChecks, SglangAdapter):
             raise SglangUnavailable(rust_core_gap())
         self.swa = "swa" in self.lay.components
         self.W = self.lay.window or 0
-        al, ps, cap = S["allocator"], self.lay.page_size, self.capacity
-        if self.swa:
-            self.size_swa = max(2 * self.W, cap // 2)   # short of SWA: the tree tombstones by itself
-            self.alloc = swa_pools(cap, self.size_swa)
-            comps = (self.CT.FULL, self.CT.SWA)
-        else:
-            if ps == 1:
-                self.alloc = al.TokenToKVPoolAllocator(cap, torch.int64, "cpu", None, False)
-            else:
-                self.alloc = al.PagedTokenToKVPoolAllocator(cap, ps, torch.int64, "cpu", None, False)
-            comps = (self.CT.FULL,)
-        P = S["CacheInitParams"]
-        names = {f.name for f in fields(P)}
-        kw: dict[str, Any] = dict(disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=self.alloc,
-                                  page_size=ps, tree_components=comps)
-        if self.swa:
-            kw["sliding_window_size"] = self.W
-        if "tree_core_backend" in names:
-            kw["tree_core_backend"] = self.core
-        self.cache = cache_class("UnifiedRadixCache")(P(**{k: v for k, v in kw.items() if k in names}))
+        self.cache = self._build()
         if self.tree_cores and type(self.cache.tree_core).__name__ != \
                 {"python": "UnifiedTreeCore", "rust": "RustUnifiedTreeCore"}[self.core]:
             raise SglangUnavailable(f"asked for the {self.core} tree core, SGLang built "
@@ -128,6 +109,32 @@ class UnifiedAdapter(UnifiedChecks, SglangAdapter):
         self.last_obs: dict[str, Any] = {}
         if self._plant_here:
             self._plant()
+
+    def _build(self) -> Any:
+        """The pools (self.alloc) and the cache on them, FULL or FULL+SWA (a subclass builds others)."""
+        S, torch = self.S, self.torch
+        al, ps, cap = S["allocator"], self.lay.page_size, self.capacity
+        if self.swa:
+            self.size_swa = max(2 * self.W, cap // 2)   # short of SWA: the tree tombstones by itself
+            self.alloc = swa_pools(cap, self.size_swa)
+            comps = (self.CT.FULL, self.CT.SWA)
+        else:
+            if ps == 1:
+                self.alloc = al.TokenToKVPoolAllocator(cap, torch.int64, "cpu", None, False)
+            else:
+                self.alloc = al.PagedTokenToKVPoolAllocator(cap, ps, torch.int64, "cpu", None, False)
+            comps = (self.CT.FULL,)
+        return self._new_cache(comps, None, sliding_window_size=self.W if self.swa else None)
+
+    def _new_cache(self, comps: tuple, req_to_token_pool: Any, **extra: Any) -> Any:
+        """UnifiedRadixCache(CacheInitParams(...)) with the fields this release takes, on this core."""
+        P = self.S["CacheInitParams"]
+        names = {f.name for f in fields(P)}
+        kw: dict[str, Any] = dict(disable=False, req_to_token_pool=req_to_token_pool,
+                                  token_to_kv_pool_allocator=self.alloc, page_size=self.lay.page_size,
+                                  tree_components=comps, tree_core_backend=self.core,
+                                  **{k: v for k, v in extra.items() if v is not None})
+        return cache_class("UnifiedRadixCache")(P(**{k: v for k, v in kw.items() if k in names}))
 
     # ---- the release's API ----------------------------------------------------------------
     def handle_node(self, h: Any) -> Any:

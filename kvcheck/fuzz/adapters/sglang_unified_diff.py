@@ -29,12 +29,13 @@ class LockstepAdapter:
 
     name = "sglang"
     actions = frozenset(ACTIONS)
+    side: type = UnifiedAdapter          # the adapter each core runs under (FULL+MAMBA: its subclass)
 
     def __init__(self, layout: str | Layout, fault: str | None = None, capacity: int | None = None) -> None:
         self.lay = get_layout(layout)
         twin_fault = fault if fault in BOTH + ("core_drops_insert",) else None
-        self.py = UnifiedAdapter(self.lay, None if fault == "core_drops_insert" else fault, capacity, core="python")
-        self.rs = UnifiedAdapter(self.lay, twin_fault, capacity, core="rust")
+        self.py = self.side(self.lay, None if fault == "core_drops_insert" else fault, capacity, core="python")
+        self.rs = self.side(self.lay, twin_fault, capacity, core="rust")
         self.fault, self.capacity = fault, self.py.capacity
         self.broken: Violation | None = None
         self.compared = 0
