@@ -24,7 +24,10 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 # layout with a retention interval, caught by the dense twin)
 _FAULT_LAYOUTS = {"swa_hit_unchecked": ("full+swa", "gemma3"), "swa_overstrict": ("full+swa", "gpt-oss"),
                   "drop_ref_on_free": ("full+swa", "deepseek-v3+mtp"), "evict_keeps_hash": ("full+swa", "llama4"),
-                  "retention_drops_tail": ("full+swa-sparse", "mixed_block-sparse")}
+                  "retention_drops_tail": ("full+swa-sparse", "mixed_block-sparse"),
+                  "early_reader_forward": ("full+swa", "gemma3"),
+                  "mamba_hit_older_state": ("full+mamba", "qwen3-next"),
+                  "mamba_state_freed_early": ("full+mamba", "qwen3-next")}
 
 
 def _timed(cls, names, box):

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..models import Act
+from .sglang_layouts import MAX_TOKENS
 
 
 def expand(action: str, params: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -63,8 +64,16 @@ def alternatives(capacity: int):
     """Per step of a program, the steps that could stand there instead (for the shrinker)."""
     def alts(program: list[Act]) -> list[list[Act]]:
         out = []
+        prompts: list[list[int]] = []          # the earlier arrivals' prompts, first seen first
         for x in program:
             a, p, mine = x.action, x.params, []
+            if a == "match" and "tokens" in p:
+                t = list(p["tokens"])
+                # a next turn of an earlier request (its prompt, then this one's last token): the
+                # match then ends on that request's node, which a shorter program may need
+                mine += [Act("match", {"r": p["r"], "tokens": q + t[-1:]}) for q in prompts
+                         if q + t[-1:] != t and len(q) + 1 < MAX_TOKENS]
+                prompts.append(t)
             if a == "decode":
                 t = _toks(p)
                 mine += [Act("decode", {"r": p["r"], "toks": t * 2}), Act("decode", {"r": p["r"], "toks": t[:len(t) // 2]})]

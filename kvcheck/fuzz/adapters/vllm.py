@@ -108,7 +108,7 @@ def _shrink(layout: str, num_blocks: int, fault: str | None, f: Finding, strict:
     exact = run(f.program)
     if exact is not None:
         f = exact
-    return shrink_finding(f, run, lambda g: g.checks == f.checks, seconds, _alternatives, _requests)
+    return shrink_finding(f, run, lambda g: g.checks == f.checks, seconds, _alternatives(num_blocks), _requests)
 
 
 def _requests(prog: list[Act]) -> list[list[int]]:
@@ -123,21 +123,27 @@ def _requests(prog: list[Act]) -> list[list[int]]:
     return list(by.values()) + pairs
 
 
-def _alternatives(prog: list[Act]) -> list[list[Act]]:
+def _alternatives(num_blocks: int):
     """Per step, steps that may stand for it and let more go: a lookup or prefill that takes
     the whole prompt (the following prefills then have nothing left: they go), a shorter
-    prompt."""
-    out: list[list[Act]] = []
-    for x in prog:
-        p = x.params
-        if x.action in ("lookup", "prefill") and p.get("chunk", 0) < 10**6:
-            out.append([Act(x.action, {**p, "chunk": 10**6})])
-        elif x.action == "submit" and len(p.get("tokens", ())) > 2:
-            t = list(p["tokens"])
-            out.append([Act("submit", {**p, "tokens": t[:n]}) for n in sorted({len(t) // 2, len(t) - 1}) if n >= 1])
-        else:
-            out.append([])
-    return out
+    prompt, and an eviction of one cached block (the connector's `evict_blocks`) in place of
+    any step, which can stand for the requests whose allocations pushed that block out."""
+    evictions = [Act("evict_blocks", {"block_ids": [b]}) for b in range(1, num_blocks)]
+
+    def alts(prog: list[Act]) -> list[list[Act]]:
+        out: list[list[Act]] = []
+        for x in prog:
+            p, mine = x.params, []
+            if x.action in ("lookup", "prefill") and p.get("chunk", 0) < 10**6:
+                mine.append(Act(x.action, {**p, "chunk": 10**6}))
+            elif x.action == "submit" and len(p.get("tokens", ())) > 2:
+                t = list(p["tokens"])
+                mine += [Act("submit", {**p, "tokens": t[:n]}) for n in sorted({len(t) // 2, len(t) - 1}) if n >= 1]
+            if x.action != "evict_blocks":
+                mine += evictions
+            out.append(mine)
+        return out
+    return alts
 
 
 def _save(layout: str, num_blocks: int, fault: str | None, seed: int, f: Finding, strict: bool,
