@@ -17,6 +17,16 @@ import time
 from typing import Any, Callable
 
 Program = list[Any]
+WALL_FACTOR = 3        # a backstop for programs that wait rather than compute: wall time <= 3x the budget
+
+
+def budget(seconds: float) -> Callable[[], bool]:
+    """`left()`: whether time is left. Shrinking is budgeted in CPU time of this thread, so a
+    loaded machine (other processes taking the cores) does not cut it short: the result is the
+    same as on an idle one, as long as the wall time stays within WALL_FACTOR x the budget."""
+    cpu_end = time.thread_time() + seconds
+    wall_end = time.monotonic() + WALL_FACTOR * seconds
+    return lambda: time.thread_time() < cpu_end and time.monotonic() < wall_end
 
 
 def size(program: Program) -> tuple[int, int, int]:
@@ -52,7 +62,7 @@ def shrink(program: Program, fails: Callable[[Program], Program | None], seconds
     one-step change and keep it when the failing program it leaves is smaller (`size`), or
     when deleting again gives a shorter program. Returns the smallest failing program found
     within `seconds`. Deterministic but for where the time runs out."""
-    deadline = time.perf_counter() + seconds
+    left = budget(seconds)
     seen: dict[tuple[str, ...], Program | None] = {}
 
     def test(cand: Program) -> Program | None:
@@ -66,10 +76,22 @@ def shrink(program: Program, fails: Callable[[Program], Program | None], seconds
         return seen[key]
 
     def delete(prog: Program) -> Program:
+        """Whole related groups, then chunks; again while either made the program shorter."""
+        while left():
+            n = len(prog)
+            if related is not None:
+                prog = drop_groups(prog)
+            prog = chunks(prog)
+            if related is None or len(prog) == n:
+                break
+        return prog
+
+    def chunks(prog: Program) -> Program:
+        """Delete chunks of steps: halves, quarters, ... single steps."""
         chunk = max(1, len(prog) // 2)
-        while chunk >= 1 and time.perf_counter() < deadline:
+        while chunk >= 1 and left():
             i, changed = 0, False
-            while i < len(prog) and time.perf_counter() < deadline:
+            while i < len(prog) and left():
                 got = test(prog[:i] + prog[i + chunk:])
                 if got is not None:
                     prog, changed = list(got), True
@@ -77,21 +99,23 @@ def shrink(program: Program, fails: Callable[[Program], Program | None], seconds
                     i += chunk
             if not changed:
                 chunk //= 2
-        return drop_groups(prog) if related is not None else prog
+        return prog
 
     def drop_groups(prog: Program) -> Program:
-        """Delete each related group whole (first to last), deleting chunks again after."""
+        """Delete each related group whole, first to last (a request's whole lifecycle goes
+        in one candidate, however its steps interleave with others')."""
         assert related is not None
         k = 0
-        while time.perf_counter() < deadline:
+        while left():
             groups = [sorted(set(g)) for g in related(prog) if 0 < len(set(g)) < len(prog)]
             if k >= len(groups):
-                return prog
+                break
             drop = set(groups[k])
             got = test([x for i, x in enumerate(prog) if i not in drop])
             if got is not None and len(got) < len(prog):
-                return delete(list(got))
-            k += 1
+                prog = list(got)         # the groups are recomputed; k is now the next one
+            else:
+                k += 1
         return prog
 
     def substitute(prog: Program) -> Program:
@@ -99,12 +123,12 @@ def shrink(program: Program, fails: Callable[[Program], Program | None], seconds
         leaves is smaller (then try that position again), or when deleting again after it
         gives a shorter program; after a pass that changed anything, delete again and repeat."""
         assert alternatives is not None
-        while time.perf_counter() < deadline:
+        while left():
             i, changed, alts = 0, False, alternatives(prog)
-            while i < len(prog) and time.perf_counter() < deadline:
+            while i < len(prog) and left():
                 kept = None
                 for x in (alts[i] if i < len(alts) else []):
-                    if time.perf_counter() >= deadline:
+                    if not left():
                         break
                     got = test(prog[:i] + [x] + prog[i + 1:])
                     if got is None:

@@ -9,14 +9,20 @@ check after each part, so what is caught and where does not change):
   match(r, tokens=[...])   = submit(r, tokens); match(r)     (a request's arrival and match)
   decode(r, toks=[...])    = decode(r, tok) for each tok      (a burst of decoded tokens)
 
-`fuse` rewrites a program into them; `alternatives` offers one-step changes (a longer or
-shorter burst, a larger eviction, an eviction in place of a step) to the shared shrinker.
+`fuse` rewrites a program into them; `shrink_steps` shrinks a failing program in that form
+with the shared shrinker, deleting a request's whole lifecycle at once (`requests`) and trying
+the one-step changes `alternatives` offers: a longer or shorter burst, an eviction of 1, 2, 4,
+... tokens in place of any step (standing for the steps whose allocations pushed them out), and
+a request that continues an earlier one's prompt (a next turn, ending its match on that
+request's node).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
+from ..lockstep import Finding
 from ..models import Act
+from ..shrink import shrink_finding
 from .sglang_layouts import MAX_TOKENS
 
 
@@ -62,6 +68,9 @@ def _toks(p: dict[str, Any]) -> list[int]:
 
 def alternatives(capacity: int):
     """Per step of a program, the steps that could stand there instead (for the shrinker)."""
+    sizes = sorted({min(capacity, 1 << k) for k in range(capacity.bit_length() + 1)})
+    evictions = [Act("evict", {"n": n}) for n in sizes]
+
     def alts(program: list[Act]) -> list[list[Act]]:
         out = []
         prompts: list[list[int]] = []          # the earlier arrivals' prompts, first seen first
@@ -69,18 +78,45 @@ def alternatives(capacity: int):
             a, p, mine = x.action, x.params, []
             if a == "match" and "tokens" in p:
                 t = list(p["tokens"])
-                # a next turn of an earlier request (its prompt, then this one's last token): the
-                # match then ends on that request's node, which a shorter program may need
+                # a next turn of an earlier request this one shares a prefix with (its prompt, then
+                # this one's last token): the match then ends on that request's node
                 mine += [Act("match", {"r": p["r"], "tokens": q + t[-1:]}) for q in prompts
-                         if q + t[-1:] != t and len(q) + 1 < MAX_TOKENS]
+                         if q[:1] == t[:1] and q + t[-1:] != t and len(q) + 1 < MAX_TOKENS]
                 prompts.append(t)
             if a == "decode":
                 t = _toks(p)
                 mine += [Act("decode", {"r": p["r"], "toks": t * 2}), Act("decode", {"r": p["r"], "toks": t[:len(t) // 2]})]
-            elif a == "evict":
-                mine.append(Act("evict", {"n": capacity}))
-            if a != "evict":
-                mine.append(Act("evict", {"n": capacity}))
+            # an eviction of 1, 2, 4, ... tokens up to the whole pool, in place of any step (it can
+            # stand for the steps whose allocations pushed those tokens out; on FULL+SWA a partial
+            # SWA eviction is what tombstones some nodes and not others)
+            mine += [e for e in evictions if e != x]
             out.append([m for m in mine if m.params.get("toks", [0])])
         return out
     return alts
+
+
+def requests(program: list[Act]) -> list[list[int]]:
+    """Per request, the indices of its steps (the shrinker deletes a request's whole lifecycle
+    in one candidate: its arrival, decodes, finish or abort, wherever they interleave)."""
+    by: dict[str, list[int]] = {}
+    for i, x in enumerate(program):
+        r = x.params.get("r")
+        if isinstance(r, str):
+            by.setdefault(r, []).append(i)
+    return list(by.values())
+
+
+def shrink_steps(viol: Finding, run: Callable[[list[Act]], Finding | None], capacity: int,
+                 seconds: float) -> Finding:
+    """The shared shrinker on the compound form of a failing program (`fuse`: fewer, larger
+    steps from the start, so every candidate is cheaper and a request's arrival goes in one
+    deletion), with whole request lifecycles (`requests`) and one-step `alternatives`; the
+    result fused again (deletions may leave decodes of one request side by side). Falls back
+    to the generator's own steps when the compound form does not fail the same way."""
+    def same(g: Finding) -> bool:
+        return g.checks == viol.checks
+    g = run(fuse(viol.program))
+    start = g if g is not None and same(g) and len(g.program) <= len(viol.program) else viol
+    small = shrink_finding(start, run, same, seconds, alternatives(capacity), requests)
+    g = run(fuse(small.program))
+    return g if g is not None and same(g) and len(g.program) < len(small.program) else small
