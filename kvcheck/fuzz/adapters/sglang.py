@@ -23,42 +23,52 @@ from .sglang_adapter import SglangAdapter
 from .sglang_reproducer import write_reproducer
 from .sglang_steps import shrink_steps
 from .sglang_install import INSTALL_HINT, SglangUnavailable, sglang_version
-from .sglang_layouts import (ACTIONS, FAULTS, LAYOUTS, SGLANG_FAULTS, VOCAB, Layout, LayoutError, get_layout,
-                             known_finding, layout_config, list_layouts, load_layout_file)
+from .sglang_layouts import (ACTIONS, FAULTS, LAYOUTS, MAX_TOKENS, SGLANG_FAULTS, VOCAB, Layout, LayoutError,
+                             get_layout, known_finding, layout_config, list_layouts, load_layout_file)
 
 __all__ = ["LAYOUTS", "FAULTS", "SGLANG_FAULTS", "ACTIONS", "SglangUnavailable", "SglangAdapter",
            "LayoutError", "run_campaign", "replay", "list_layouts", "load_layout_file", "INSTALL_HINT"]
 
 
 class _Gen(PromptGen):
-    """Seeded generator of actions (swarm testing: each episode draws its own weights)."""
+    """Seeded generator of actions (swarm testing: each episode draws its own weights). On a
+    layout with a sliding window it leans toward what tombstones a path and then crosses it:
+    more evictions, most of them partial (1..window SWA tokens: some nodes tombstoned, not all),
+    and next turns (a finished request's tokens, then more), whose match runs over the
+    finished request's path."""
 
     def __init__(self, rng: random.Random) -> None:
         super().__init__(rng, VOCAB, 30, ACTIONS, ("match", "decode"))
+        self.done: list[list[int]] = []          # finished requests' tokens (what was inserted)
 
     def next(self, ad: SglangAdapter) -> tuple[str, dict]:
         rng = self.rng
         en = ad.enabled()
+        w = ad.lay.window if "swa" in ad.lay.components else None
         cands = {a: self.w[a] for a, rs in en.items() if rs}
         if len(ad.reqs) < 4:
             cands["submit"] = self.w["submit"] * (3 if not ad.reqs else 1)
-        cands["evict"] = self.w["evict"] * 0.2
+        cands["evict"] = self.w["evict"] * (0.5 if w else 0.2)
         a = self.choose(cands)
         if a == "submit":
             toks = self.prompt(30)
             if hasattr(ad, "continue_prompt"):      # a next turn: a finished request's tokens, then more
                 toks = ad.continue_prompt(rng, toks)
+            elif w and self.done and rng.random() < 0.3:
+                k = rng.choice(self.done)
+                toks = k + toks[:rng.randint(1, min(len(toks), MAX_TOKENS - 1 - len(k)))]
             return a, {"r": f"r{ad.next_id}", "tokens": toks}
         if a == "evict":
             if hasattr(ad, "evict_params"):         # an adapter with more than one component to evict
                 return a, ad.evict_params(rng)
-            w = ad.lay.window if "swa" in ad.lay.components else None
-            if w and rng.random() < 0.5:            # a partial SWA eviction: some nodes tombstoned, not all
+            if w and rng.random() < 0.8:
                 return a, {"n": rng.randint(1, w)}
             return a, {"n": rng.randint(1, ad.capacity // 2)}
         r = rng.choice(en[a])
         if a == "decode":
             return a, {"r": r, "tok": rng.randrange(VOCAB)}
+        if a == "finish" and len(ad.reqs[r].tokens) < MAX_TOKENS - 2:
+            self.done.append(list(ad.reqs[r].tokens))
         return a, {"r": r}
 
 
