@@ -147,11 +147,11 @@ def _alternatives(num_blocks: int):
 
 
 def _save(layout: str, num_blocks: int, fault: str | None, seed: int, f: Finding, strict: bool,
-          out_dir: str, tag: str, twin: bool = False, size: dict | None = None) -> dict:
+          out_dir: str, tag: str, twin: bool = False, size: dict | None = None, sched_policy: str = "fcfs") -> dict:
     trace = to_trace(None, f.trail, seed, engine="vllm-fuzz", cfg=layout_config(layout), sut="vllm",
                      finding=f, fault=fault,
                      meta={"vllm_version": vllm_version(), "layout": layout, "num_blocks": num_blocks,
-                           "strict_reuse": strict, **({"dense_twin": True} if twin else {}),
+                           "strict_reuse": strict, "sched_policy": sched_policy, **({"dense_twin": True} if twin else {}),
                            **({"lost_reuse_size": size} if size else {}),
                            **({"layout_file": _FILE_LAYOUTS[layout]} if layout in _FILE_LAYOUTS else {})})
     path = str(trace.save(Path(out_dir) / f"vllm-{_file_safe(layout)}-{tag}-seed{seed}.json"))
@@ -245,7 +245,7 @@ def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = N
                     small = _shrink(layout, num_blocks, fault, lv, True, min(deadline - time.monotonic(), 20), twin)
                     findings.append(_save(layout, num_blocks, fault, ep_seed, small, True, out_dir,
                                           f"{last.check}{len(lost_seen)}", twin,
-                                          _size_of(layout, num_blocks, fault, small, twin)))
+                                          _size_of(layout, num_blocks, fault, small, twin), sched_policy))
             if viol is not None:
                 break
         hits += ad.hits
@@ -260,7 +260,8 @@ def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = N
             strict = viol.kind == "lost_reuse"
             small = _shrink(layout, num_blocks, fault, viol, strict, 30, twin)
             findings.append(_save(layout, num_blocks, fault, ep_seed, small, strict, out_dir, viol.checks[0],
-                                  twin, _size_of(layout, num_blocks, fault, small, twin) if strict else None))
+                                  twin, _size_of(layout, num_blocks, fault, small, twin) if strict else None,
+                                  sched_policy))
             exit_code = FOR_FINDING[viol.kind]
             break
     missing = [a for a in ACTIONS if not coverage.get(a) and (scheduler_episodes or a not in STEP_ACTIONS)]
@@ -307,7 +308,7 @@ def replay(trace: Trace | str | Path) -> dict:
     want = (trace.violation or {}).get("check")
     return {
         "sut": "vllm", "vllm_version": vllm_version(), "layout": layout, "fault": trace.fault,
-        "steps": len(trace.steps),
+        "steps": len(trace.steps), "sched_policy": trace.meta.get("sched_policy", "fcfs"),   # (the steps carry its choices)
         "violation": None if v is None else {k: v[k] for k in ("kind", "check", "message", "step")},
         "expected": want, "reproduced": want == (v["check"] if v else None),
         "lost_reuse": [str(x) for x in ad.lost], "exit_code": code,
