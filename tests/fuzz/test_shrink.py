@@ -76,17 +76,21 @@ def test_budget_counts_cpu_time() -> None:
     assert left() and left()
 
 
-def test_sglang_alternatives_and_request_groups() -> None:
-    from kvcheck.fuzz.adapters.sglang_steps import alternatives, requests
+def test_sglang_alternatives_request_groups_and_parts() -> None:
+    from kvcheck.fuzz.adapters.sglang_steps import alternatives, fuse, requests, unfuse
     prog = [_a("match", r="r0", tokens=[1, 2, 3]), _a("finish", r="r0"),
             _a("match", r="r1", tokens=[1, 5, 6, 7]), _a("match", r="r2", tokens=[4, 4]), _a("finish", r="r1")]
     alts = alternatives(48)(prog)
-    evictions = [x.params["n"] for x in alts[1] if x.action == "evict"]
+    evictions = [x.params["n"] for x in alts[3] if x.action == "evict"]
     assert evictions == [1, 2, 4, 8, 16, 32, 48]             # an eviction of 1, 2, 4, ... the pool
+    assert alts[1] == []                                     # in place of a step that allocates only
     # r1 may become a next turn of r0 (r0's prompt, then r1's last token); r2 shares nothing
     assert _a("match", r="r1", tokens=[1, 2, 3, 7]) in alts[2]
     assert not [x for x in alts[3] if x.action == "match"]
     assert requests(prog) == [[0, 1], [2, 4], [3]]
+    parts = unfuse(prog + [_a("decode", r="r2", toks=[1, 2])])
+    assert [x.action for x in parts[:3]] == ["submit", "match", "finish"] and parts[-1] == _a("decode", r="r2", tok=2)
+    assert fuse(parts) == prog + [_a("decode", r="r2", toks=[1, 2])]
 
 
 def test_vllm_alternatives_offer_one_block_evictions() -> None:

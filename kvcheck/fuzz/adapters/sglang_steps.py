@@ -18,6 +18,7 @@ request's node).
 """
 from __future__ import annotations
 
+import time
 from typing import Any, Callable
 
 from ..lockstep import Finding
@@ -86,10 +87,11 @@ def alternatives(capacity: int):
             if a == "decode":
                 t = _toks(p)
                 mine += [Act("decode", {"r": p["r"], "toks": t * 2}), Act("decode", {"r": p["r"], "toks": t[:len(t) // 2]})]
-            # an eviction of 1, 2, 4, ... tokens up to the whole pool, in place of any step (it can
-            # stand for the steps whose allocations pushed those tokens out; on FULL+SWA a partial
-            # SWA eviction is what tombstones some nodes and not others)
-            mine += [e for e in evictions if e != x]
+            # an eviction of 1, 2, 4, ... tokens up to the whole pool in place of a step that
+            # allocates (it can stand for the allocations that pushed those tokens out; on FULL+SWA
+            # a partial SWA eviction is what tombstones some nodes and not others), or of another size
+            if a in ("match", "decode", "evict"):
+                mine += [e for e in evictions if e != x]
             out.append([m for m in mine if m.params.get("toks", [0])])
         return out
     return alts
@@ -106,17 +108,34 @@ def requests(program: list[Act]) -> list[list[int]]:
     return list(by.values())
 
 
+def unfuse(program: list[Act]) -> list[Act]:
+    """The compound steps back as their parts (each a step of its own)."""
+    return [Act(a, p) for x in program for a, p in expand(x.action, x.params)]
+
+
 def shrink_steps(viol: Finding, run: Callable[[list[Act]], Finding | None], capacity: int,
                  seconds: float) -> Finding:
     """The shared shrinker on the compound form of a failing program (`fuse`: fewer, larger
     steps from the start, so every candidate is cheaper and a request's arrival goes in one
-    deletion), with whole request lifecycles (`requests`) and one-step `alternatives`; the
-    result fused again (deletions may leave decodes of one request side by side). Falls back
-    to the generator's own steps when the compound form does not fail the same way."""
+    deletion), with whole request lifecycles (`requests`) and one-step `alternatives`; then
+    once more on the parts of what is left (a part a compound step cannot lose alone, such as
+    a match the pool refused before the one that admitted the request), fused again. Falls
+    back to the generator's own steps when the compound form does not fail the same way.
+    `seconds` is CPU time of this thread, as the shrinker counts it."""
+    t0 = time.thread_time()
+
     def same(g: Finding) -> bool:
         return g.checks == viol.checks
+
+    def fused(f: Finding) -> Finding:
+        g = run(fuse(f.program))
+        return g if g is not None and same(g) and len(g.program) < len(f.program) else f
     g = run(fuse(viol.program))
     start = g if g is not None and same(g) and len(g.program) <= len(viol.program) else viol
-    small = shrink_finding(start, run, same, seconds, alternatives(capacity), requests)
-    g = run(fuse(small.program))
-    return g if g is not None and same(g) and len(g.program) < len(small.program) else small
+    small = fused(shrink_finding(start, run, same, seconds * 0.9, alternatives(capacity), requests))
+    parts = run(unfuse(small.program))
+    if parts is None or not same(parts):
+        return small
+    rest = max(0.0, seconds - (time.thread_time() - t0))
+    again = fused(shrink_finding(parts, run, same, rest, related=requests))
+    return again if len(again.program) < len(small.program) else small
