@@ -54,11 +54,10 @@ def _atoms(v: Any) -> tuple[int, int]:
 def shrink(program: Program, fails: Callable[[Program], Program | None], seconds: float,
            alternatives: Callable[[Program], list[list[Any]]] | None = None,
            related: Callable[[Program], list[list[int]]] | None = None) -> Program:
-    """Delete chunks of steps (halves, quarters, ... single steps) while `fails(candidate)`
-    still returns a program (the steps that ran up to the failure: it may be shorter than
-    the candidate); with `related` (groups of step indices that only make sense together,
-    e.g. one request's steps, which no contiguous chunk holds), delete each whole group too;
-    then, with `alternatives` (per step, the other steps that could stand there), try each
+    """Delete steps while `fails(candidate)` still returns a program (the steps that ran up to
+    the failure: it may be shorter than the candidate): with `related` (groups of step indices
+    that only make sense together, e.g. one request's steps, which no contiguous chunk holds),
+    each whole group first, then chunks (halves, quarters, ... single steps); then, with `alternatives` (per step, the other steps that could stand there), try each
     one-step change and keep it when the failing program it leaves is smaller (`size`), or
     when deleting again gives a shorter program. Returns the smallest failing program found
     within `seconds`. Deterministic but for where the time runs out."""
