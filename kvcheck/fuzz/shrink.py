@@ -17,7 +17,7 @@ import time
 from typing import Any, Callable
 
 Program = list[Any]
-WALL_FACTOR = 3        # a backstop for programs that wait rather than compute: wall time <= 3x the budget
+WALL_FACTOR = 10       # a backstop for programs that wait rather than compute: wall time <= 10x the budget
 
 
 def budget(seconds: float) -> Callable[[], bool]:
@@ -74,20 +74,21 @@ def shrink(program: Program, fails: Callable[[Program], Program | None], seconds
             seen[key] = None if got is None else list(got)
         return seen[key]
 
-    def delete(prog: Program) -> Program:
-        """Whole related groups, then chunks; again while either made the program shorter."""
+    def delete(prog: Program, largest: int | None = None) -> Program:
+        """Whole related groups, then chunks (at most `largest` steps); again while either
+        made the program shorter."""
         while left():
             n = len(prog)
             if related is not None:
                 prog = drop_groups(prog)
-            prog = chunks(prog)
+            prog = chunks(prog, largest)
             if related is None or len(prog) == n:
                 break
         return prog
 
-    def chunks(prog: Program) -> Program:
+    def chunks(prog: Program, largest: int | None = None) -> Program:
         """Delete chunks of steps: halves, quarters, ... single steps."""
-        chunk = max(1, len(prog) // 2)
+        chunk = max(1, min(len(prog) // 2, largest or len(prog)))
         while chunk >= 1 and left():
             i, changed = 0, False
             while i < len(prog) and left():
@@ -118,12 +119,13 @@ def shrink(program: Program, fails: Callable[[Program], Program | None], seconds
         return prog
 
     def substitute(prog: Program) -> Program:
-        """One-step changes, position by position: keep one when the failing program it
-        leaves is smaller (then try that position again), or when deleting again after it
-        gives a shorter program; after a pass that changed anything, delete again and repeat."""
+        """One-step changes, position by position: keep one when the failing program it leaves
+        is smaller (then try that position again), or when deleting again after it gives a
+        shorter program; after a pass that changed anything, delete again and repeat."""
         assert alternatives is not None
         while left():
-            i, changed, alts = 0, False, alternatives(prog)
+            changed, alts = False, alternatives(prog)
+            i = 0
             while i < len(prog) and left():
                 kept = None
                 for x in (alts[i] if i < len(alts) else []):
@@ -135,7 +137,7 @@ def shrink(program: Program, fails: Callable[[Program], Program | None], seconds
                     if size(got) < size(prog):
                         kept = got
                         break
-                    got = delete(list(got))
+                    got = delete(list(got), 1)      # (the rest was minimal: single steps and groups)
                     if len(got) < len(prog):
                         kept = got
                         break
@@ -144,6 +146,7 @@ def shrink(program: Program, fails: Callable[[Program], Program | None], seconds
                 else:
                     prog, changed = list(kept), True
                     alts = alternatives(prog)
+                    i = min(i, len(prog) - 1)
             if not changed:
                 return prog
             prog = delete(prog)

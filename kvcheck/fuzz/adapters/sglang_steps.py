@@ -74,24 +74,28 @@ def alternatives(capacity: int):
 
     def alts(program: list[Act]) -> list[list[Act]]:
         out = []
-        prompts: list[list[int]] = []          # the earlier arrivals' prompts, first seen first
+        prompts: dict[str, list[int]] = {}     # each request's prompt
+        done: list[list[int]] = []             # the prompts of the requests finished so far
         for x in program:
             a, p, mine = x.action, x.params, []
             if a == "match" and "tokens" in p:
                 t = list(p["tokens"])
-                # a next turn of an earlier request this one shares a prefix with (its prompt, then
-                # this one's last token): the match then ends on that request's node
-                mine += [Act("match", {"r": p["r"], "tokens": q + t[-1:]}) for q in prompts
+                # a next turn of a finished request this one shares a first token with (its
+                # prompt, then this one's last token): the match then ends on that request's node
+                mine += [Act("match", {"r": p["r"], "tokens": q + t[-1:]}) for q in done
                          if q[:1] == t[:1] and q + t[-1:] != t and len(q) + 1 < MAX_TOKENS]
-                prompts.append(t)
+                prompts[p["r"]] = t
             if a == "decode":
                 t = _toks(p)
                 mine += [Act("decode", {"r": p["r"], "toks": t * 2}), Act("decode", {"r": p["r"], "toks": t[:len(t) // 2]})]
             # an eviction of 1, 2, 4, ... tokens up to the whole pool in place of a step that
-            # allocates (it can stand for the allocations that pushed those tokens out; on FULL+SWA
-            # a partial SWA eviction is what tombstones some nodes and not others), or of another size
-            if a in ("match", "decode", "evict"):
+            # allocates, once something is in the tree (it can stand for the allocations that
+            # pushed those tokens out; on FULL+SWA a partial SWA eviction is what tombstones some
+            # nodes and not others), or of another size
+            if a in ("match", "decode", "evict") and done:
                 mine += [e for e in evictions if e != x]
+            if a == "finish" and p.get("r") in prompts:
+                done.append(prompts[p["r"]])
             out.append([m for m in mine if m.params.get("toks", [0])])
         return out
     return alts
