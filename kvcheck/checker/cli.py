@@ -92,6 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--sut vllm: what the requests look like: random (default: three base prompts "
                         "cut at random points) or chat (resends with a few tokens appended or edited, "
                         "siblings diverging anywhere, multi-turn growth, a shared system prompt)")
+    z.add_argument("--sched-policy", metavar="NAME", default=None,
+                   help="--sut vllm: the scheduler's policy in the scheduler-driven episodes: fcfs "
+                        "(default, vLLM's) or priority (the preemption victim is the max by (priority, "
+                        "arrival), possibly a request already scheduled in the step)")
     z.add_argument("--strict-reuse", action="store_true",
                    help="--sut vllm: lost reuse (spec-usable hit > vLLM hit) fails the run (exit 13)")
     ac = add("adapter-check", _lazy("cmd_adapter_check", "cmd_adapter_check"),

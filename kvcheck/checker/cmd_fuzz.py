@@ -51,6 +51,9 @@ def _fuzz_vllm(args: argparse.Namespace) -> int:
         raise UsageError(f"--workload: unknown workload {workload!r}; known: {', '.join(v.WORKLOADS)}")
     if workload != "random" and args.ray is not None:
         raise UsageError("--workload: the Ray shards drive the random workload only (drop --ray or --workload)")
+    policy = sched_policy(args.sched_policy)
+    if policy != "fcfs" and args.ray is not None:
+        raise UsageError("--sched-policy: the Ray shards drive FCFS only (drop --ray or --sched-policy)")
     out = Path(args.out)
     check_writable(out)
     layouts = args.layout.split(",") if args.ray is not None else [args.layout]
@@ -70,7 +73,7 @@ def _fuzz_vllm(args: argparse.Namespace) -> int:
         else:
             res = v.run_campaign(args.layout, budget_s=budget.seconds, steps=budget.steps, seed=args.seed,
                                  strict_reuse=args.strict_reuse, fault=args.fault, out_dir=str(out),
-                                 workload=workload)
+                                 workload=workload, sched_policy=policy)
     except v.VllmUnavailable as e:
         raise UsageError(str(e)) from None
     except ValueError as e:
@@ -86,13 +89,15 @@ def _fuzz_vllm(args: argparse.Namespace) -> int:
            "--seed", str(args.seed)] + (["--strict-reuse"] if args.strict_reuse else []) \
         + (["--fault", args.fault] if args.fault else []) \
         + (["--workload", workload] if workload != "random" else []) \
+        + (["--sched-policy", policy] if policy != "fcfs" else []) \
         + (["--ray", *([args.ray] if args.ray else []), "--workers", str(len(res["ray"]["shards"]) // len(layouts))]
            if args.ray is not None else [])
     res["command"] = kvcheck_command(*cmd)
 
     def text() -> str:
         lines = [f"kvcheck fuzz --sut vllm --layout {args.layout}: exit {code} (vLLM {res.get('vllm_version')})",
-                 f"  {res.get('steps')} steps, seed {args.seed}; rerun: {res['command']}",
+                 f"  {res.get('steps')} steps, seed {args.seed}"
+                 + (f", {policy.upper()} scheduling" if policy != "fcfs" else "") + f"; rerun: {res['command']}",
                  "  actions: " + ", ".join(f"{k} {n}" for k, n in sorted(res.get("coverage", {}).items())
                                            if isinstance(n, int))]
         if "ray" in res:
@@ -106,6 +111,16 @@ def _fuzz_vllm(args: argparse.Namespace) -> int:
 
     emit(args, res, text)
     return code
+
+
+def sched_policy(name: str | None) -> str:
+    """--sched-policy (vLLM's scheduler policy in the scheduler-driven episodes): fcfs or priority."""
+    from ..fuzz.adapters.vllm_sched import POLICIES
+    if name is None:
+        return "fcfs"
+    if name not in POLICIES:
+        raise UsageError(f"--sched-policy: unknown policy {name!r}; known: {', '.join(POLICIES)}")
+    return name
 
 
 def _fuzz_sglang(args: argparse.Namespace) -> int:
@@ -143,6 +158,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     redis = args.redis or os.environ.get("KVCHECK_REDIS") or None
     if getattr(args, "workload", None) is not None and args.sut != "vllm":
         raise UsageError("--workload applies to --sut vllm only")
+    if getattr(args, "sched_policy", None) is not None and args.sut != "vllm":
+        raise UsageError("--sched-policy applies to --sut vllm only")
     if args.sut == "sglang" and (args.ray is not None or args.redis):
         raise UsageError("--ray/--redis apply to the Hypothesis machines (spec, reference, "
                          "MODULE:CLASS) and --ray to --sut vllm, not --sut sglang")

@@ -54,8 +54,9 @@ SYSTEM_KEYS = {"engines": "a list of engine names", "budget": "a budget: steps (
                "expected_faults": "a list of fault names",
                "fault_budget": "a budget: steps (2000) or a duration (30s)",
                "config": "a path to a JSON config (string)", "layouts": "a list of vLLM layout names or files",
-               "model_types": "a list of transformers model types"}
-KIND_ONLY = {"layouts": ("vllm",), "model_types": ("transformers",),
+               "model_types": "a list of transformers model types",
+               "sched_policy": "fcfs or priority: vLLM's scheduler policy in the scheduler-driven episodes"}
+KIND_ONLY = {"layouts": ("vllm",), "model_types": ("transformers",), "sched_policy": ("vllm",),
              "config": ("spec", "reference", "user")}
 _BARE = re.compile(r"[A-Za-z0-9_-]+")
 
@@ -74,6 +75,7 @@ class System:
     config: Path | None = None
     layouts: tuple[str, ...] = ()
     model_types: tuple[str, ...] = ()
+    sched_policy: str = "fcfs"       # vllm: the scheduler's policy (vllm_sched.POLICIES)
     ray: str | bool | None = None    # fuzz as Ray tasks: True (local / RAY_ADDRESS) or an address
     redis: str | None = None
     ray_shards: int = 2
@@ -256,7 +258,9 @@ class _Validator:
                             f"({' or '.join(FAULT_ENGINES[kind])}) in engines")
         for i, f in enumerate(faults):
             self.fault(tab, f"expected_faults[{i}]", kind, name, f)
-        return System(name, kind, tuple(engines), budgets, seeds, tuple(faults), fb, config, layouts, models)
+        policy = self.sched_policy(tab, body["sched_policy"]) if "sched_policy" in body else "fcfs"
+        return System(name, kind, tuple(engines), budgets, seeds, tuple(faults), fb, config, layouts, models,
+                      sched_policy=policy)
 
     def budgets(self, tab: str, kind: str, engines: list[str], body: dict[str, Any]) -> dict[str, Budget]:
         per = body.get("budgets", {})
@@ -308,6 +312,12 @@ class _Validator:
             elif n not in LAYOUTS:
                 raise self.fail(tab, f"layouts[{i}]", f"unknown layout {n!r} (known: {', '.join(LAYOUTS)})")
         return names
+
+    def sched_policy(self, tab: str, v: Any) -> str:
+        from ..fuzz.adapters.vllm_sched import POLICIES
+        if not isinstance(v, str) or v not in POLICIES:
+            raise self.fail(tab, "sched_policy", f"must be one of {', '.join(POLICIES)} (got {v!r})")
+        return v
 
     def models(self, tab: str, body: dict[str, Any]) -> list[str]:
         if "model_types" not in body:

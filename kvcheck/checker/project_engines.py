@@ -214,7 +214,8 @@ def run_vllm(sys: System, layout: str, seed: int, out: Path, fault: str | None =
     from ..fuzz.adapters.vllm_layouts import BOOKKEEPING_CHECKS, SAFETY_CHECKS
     b = sys.fault_budget if fault else sys.budgets["fuzz"]
     try:
-        r = v.run_campaign(layout, budget_s=b.seconds, steps=b.steps, seed=seed, fault=fault, out_dir=str(out))
+        r = v.run_campaign(layout, budget_s=b.seconds, steps=b.steps, seed=seed, fault=fault, out_dir=str(out),
+                           sched_policy=sys.sched_policy)
     except v.VllmUnavailable as e:
         return _skipped(label, "fuzz", str(e))
     except ValueError as e:             # a fault this layout cannot plant (no sliding window)

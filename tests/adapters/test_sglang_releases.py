@@ -36,7 +36,7 @@ lays = [r["name"] for r in sg.list_layouts() if r["supported"]]
 repro = {}                  # the reproducer pair runs once per class (each run imports SGLang)
 for f in sg.FAULTS:
     for lay in [x for x in lays if fault_applies(f, sg.LAYOUTS[x])]:
-        r = sg.run_campaign(lay, budget_s=20, steps=20000, seed=1, fault=f, out_dir=sys.argv[1], shrink_s=2)
+        r = sg.run_campaign(lay, budget_s=20, steps=20000, seed=1, fault=f, out_dir=sys.argv[1], shrink_s=4)
         row = {"fault": f, "layout": lay, "expected": r["expected_check"], "caught": r["caught"],
                "check": r["findings"][0]["check"] if r["findings"] else None}
         if r["findings"]:

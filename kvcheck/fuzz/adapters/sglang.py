@@ -18,41 +18,51 @@ from kvcheck.spec.trace import Trace
 from ...spec.verdict import FOR_FINDING, ExitCode
 from ..lockstep import Act, Finding, FreeModel, Lockstep
 from ..prompts import PromptGen
-from ..shrink import shrink_finding
 from ..traces import replay as replay_on_core, to_trace
 from .sglang_adapter import SglangAdapter
 from .sglang_reproducer import write_reproducer
-from .sglang_steps import alternatives, fuse
+from .sglang_steps import shrink_steps
 from .sglang_install import INSTALL_HINT, SglangUnavailable, sglang_version
-from .sglang_layouts import (ACTIONS, FAULTS, LAYOUTS, SGLANG_FAULTS, VOCAB, Layout, LayoutError, get_layout,
-                             layout_config, list_layouts, load_layout_file)
+from .sglang_layouts import (ACTIONS, FAULTS, LAYOUTS, MAX_TOKENS, SGLANG_FAULTS, VOCAB, Layout, LayoutError,
+                             get_layout, known_finding, layout_config, list_layouts, load_layout_file)
 
 __all__ = ["LAYOUTS", "FAULTS", "SGLANG_FAULTS", "ACTIONS", "SglangUnavailable", "SglangAdapter",
            "LayoutError", "run_campaign", "replay", "list_layouts", "load_layout_file", "INSTALL_HINT"]
 
 
 class _Gen(PromptGen):
-    """Seeded generator of actions (swarm testing: each episode draws its own weights)."""
+    """Seeded generator of actions (swarm testing: each episode draws its own weights). On a
+    layout with a sliding window it leans toward what tombstones a path and then crosses it:
+    more evictions, most of them partial (1..window SWA tokens: some nodes tombstoned, not all),
+    and next turns (a finished request's tokens, then more), whose match runs over the
+    finished request's path."""
 
     def __init__(self, rng: random.Random) -> None:
         super().__init__(rng, VOCAB, 30, ACTIONS, ("match", "decode"))
+        self.done: list[list[int]] = []          # finished requests' tokens (what was inserted)
 
     def next(self, ad: SglangAdapter) -> tuple[str, dict]:
         rng = self.rng
         en = ad.enabled()
+        w = ad.lay.window if "swa" in ad.lay.components else None
         cands = {a: self.w[a] for a, rs in en.items() if rs}
         if len(ad.reqs) < 4:
             cands["submit"] = self.w["submit"] * (3 if not ad.reqs else 1)
-        cands["evict"] = self.w["evict"] * 0.2
+        cands["evict"] = self.w["evict"] * (0.5 if w else 0.2)
         a = self.choose(cands)
         if a == "submit":
             toks = self.prompt(30)
             if hasattr(ad, "continue_prompt"):      # a next turn: a finished request's tokens, then more
                 toks = ad.continue_prompt(rng, toks)
+            elif w and self.done and rng.random() < 0.3:
+                k = rng.choice(self.done)
+                toks = k + toks[:rng.randint(1, min(len(toks), MAX_TOKENS - 1 - len(k)))]
             return a, {"r": f"r{ad.next_id}", "tokens": toks}
         if a == "evict":
             if hasattr(ad, "evict_params"):         # an adapter with more than one component to evict
                 return a, ad.evict_params(rng)
+            if w and rng.random() < 0.8:
+                return a, {"n": rng.randint(1, w)}
             return a, {"n": rng.randint(1, ad.capacity // 2)}
         r = rng.choice(en[a])
         if a == "decode":
@@ -60,6 +70,8 @@ class _Gen(PromptGen):
         if a == "chunk":                            # a chunk of whole pages (the scheduler's alignment)
             ps = ad.lay.page_size
             return a, {"r": r, "n": ps * rng.randint(1, max(1, 12 // ps))}
+        if a == "finish" and len(ad.reqs[r].tokens) < MAX_TOKENS - 2:
+            self.done.append(list(ad.reqs[r].tokens))
         return a, {"r": r}
 
 
@@ -98,21 +110,8 @@ def execute(lay: Layout, capacity: int, fault: str | None, program: list[Act]) -
 
 
 def shrink_small(viol: Finding, lay: Layout, capacity: int, fault: str | None, seconds: float) -> Finding:
-    """The shared shrinker on the generator's steps, then on their compound form (sglang_steps:
-    a request's submit folded into its match, decode bursts) with one-step alternatives."""
-    t0 = time.monotonic()
-
-    def run(prog: list[Act]) -> Finding | None:
-        return execute(lay, capacity, fault, prog)[1]
-
-    def same(g: Finding) -> bool:
-        return g.checks == viol.checks
-    small = shrink_finding(viol, run, same, seconds / 2)
-    g = run(fuse(small.program))
-    if g is None or not same(g) or len(g.program) > len(small.program):
-        return small
-    rest = max(0.0, seconds - (time.monotonic() - t0))
-    return shrink_finding(g, run, same, rest, alternatives(capacity))
+    """The shared shrinker on the compound form of the steps (sglang_steps.shrink_steps)."""
+    return shrink_steps(viol, lambda prog: execute(lay, capacity, fault, prog)[1], capacity, seconds)
 
 
 def _save(lay: Layout, capacity: int, fault: str | None, seed: int, f: Finding, out_dir: str) -> dict:
@@ -138,6 +137,7 @@ def run_campaign(layout: str | Layout, budget_s: float | None = 60, steps: int |
     findings: list[dict] = []
     total = episodes = hits = 0
     exit_code, first_fail_s, first_steps = 0, None, None
+    exp = FAULTS[fault].expected if fault else None
     while time.monotonic() < deadline and (steps is None or total < steps):
         ep_seed = seed * 1_000_003 + episodes
         rng = random.Random(ep_seed)
@@ -170,7 +170,6 @@ def run_campaign(layout: str | Layout, budget_s: float | None = 60, steps: int |
     missing = [a for a in ACTIONS if not coverage.get(a)]
     if exit_code == 0 and missing:
         exit_code = ExitCode.UNDECIDED
-    exp = FAULTS[fault].expected if fault else None
     return {
         "sut": "sglang", "sglang_version": sglang_version(), "layout": lay.name, "class": lay.cls,
         "seed": seed, "fault": fault, "expected_check": exp,

@@ -107,7 +107,7 @@ def _shrink(layout: str, num_blocks: int, fault: str | None, f: Finding, strict:
     exact = run(f.program)
     if exact is not None:
         f = exact
-    return shrink_finding(f, run, lambda g: g.checks == f.checks, seconds, _alternatives, _requests)
+    return shrink_finding(f, run, lambda g: g.checks == f.checks, seconds, _alternatives(num_blocks), _requests)
 
 
 def _requests(prog: list[Act]) -> list[list[int]]:
@@ -122,29 +122,35 @@ def _requests(prog: list[Act]) -> list[list[int]]:
     return list(by.values()) + pairs
 
 
-def _alternatives(prog: list[Act]) -> list[list[Act]]:
+def _alternatives(num_blocks: int):
     """Per step, steps that may stand for it and let more go: a lookup or prefill that takes
     the whole prompt (the following prefills then have nothing left: they go), a shorter
-    prompt."""
-    out: list[list[Act]] = []
-    for x in prog:
-        p = x.params
-        if x.action in ("lookup", "prefill") and p.get("chunk", 0) < 10**6:
-            out.append([Act(x.action, {**p, "chunk": 10**6})])
-        elif x.action == "submit" and len(p.get("tokens", ())) > 2:
-            t = list(p["tokens"])
-            out.append([Act("submit", {**p, "tokens": t[:n]}) for n in sorted({len(t) // 2, len(t) - 1}) if n >= 1])
-        else:
-            out.append([])
-    return out
+    prompt, and an eviction of one cached block (the connector's `evict_blocks`) in place of
+    any step, which can stand for the requests whose allocations pushed that block out."""
+    evictions = [Act("evict_blocks", {"block_ids": [b]}) for b in range(1, num_blocks)]
+
+    def alts(prog: list[Act]) -> list[list[Act]]:
+        out: list[list[Act]] = []
+        for x in prog:
+            p, mine = x.params, []
+            if x.action in ("lookup", "prefill") and p.get("chunk", 0) < 10**6:
+                mine.append(Act(x.action, {**p, "chunk": 10**6}))
+            elif x.action == "submit" and len(p.get("tokens", ())) > 2:
+                t = list(p["tokens"])
+                mine += [Act("submit", {**p, "tokens": t[:n]}) for n in sorted({len(t) // 2, len(t) - 1}) if n >= 1]
+            if x.action != "evict_blocks":
+                mine += evictions
+            out.append(mine)
+        return out
+    return alts
 
 
 def _save(layout: str, num_blocks: int, fault: str | None, seed: int, f: Finding, strict: bool,
-          out_dir: str, tag: str, twin: bool = False, size: dict | None = None) -> dict:
+          out_dir: str, tag: str, twin: bool = False, size: dict | None = None, sched_policy: str = "fcfs") -> dict:
     trace = to_trace(None, f.trail, seed, engine="vllm-fuzz", cfg=layout_config(layout), sut="vllm",
                      finding=f, fault=fault,
                      meta={"vllm_version": vllm_version(), "layout": layout, "num_blocks": num_blocks,
-                           "strict_reuse": strict, **({"dense_twin": True} if twin else {}),
+                           "strict_reuse": strict, "sched_policy": sched_policy, **({"dense_twin": True} if twin else {}),
                            **({"lost_reuse_size": size} if size else {}),
                            **({"layout_file": _FILE_LAYOUTS[layout]} if layout in _FILE_LAYOUTS else {})})
     path = str(trace.save(Path(out_dir) / f"vllm-{_file_safe(layout)}-{tag}-seed{seed}.json"))
@@ -237,7 +243,7 @@ def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = N
                     small = _shrink(layout, num_blocks, fault, lv, True, min(deadline - time.monotonic(), 20), twin)
                     findings.append(_save(layout, num_blocks, fault, ep_seed, small, True, out_dir,
                                           f"{last.check}{len(lost_seen)}", twin,
-                                          _size_of(layout, num_blocks, fault, small, twin)))
+                                          _size_of(layout, num_blocks, fault, small, twin), sched_policy))
             if viol is not None:
                 break
         hits += ad.hits
@@ -252,7 +258,8 @@ def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = N
             strict = viol.kind == "lost_reuse"
             small = _shrink(layout, num_blocks, fault, viol, strict, 30, twin)
             findings.append(_save(layout, num_blocks, fault, ep_seed, small, strict, out_dir, viol.checks[0],
-                                  twin, _size_of(layout, num_blocks, fault, small, twin) if strict else None))
+                                  twin, _size_of(layout, num_blocks, fault, small, twin) if strict else None,
+                                  sched_policy))
             exit_code = FOR_FINDING[viol.kind]
             break
     missing = [a for a in ACTIONS if not coverage.get(a) and (scheduler_episodes or a not in STEP_ACTIONS)]
@@ -299,7 +306,7 @@ def replay(trace: Trace | str | Path) -> dict:
     want = (trace.violation or {}).get("check")
     return {
         "sut": "vllm", "vllm_version": vllm_version(), "layout": layout, "fault": trace.fault,
-        "steps": len(trace.steps),
+        "steps": len(trace.steps), "sched_policy": trace.meta.get("sched_policy", "fcfs"),   # (the steps carry its choices)
         "violation": None if v is None else {k: v[k] for k in ("kind", "check", "message", "step")},
         "expected": want, "reproduced": want == (v["check"] if v else None),
         "lost_reuse": [str(x) for x in ad.lost], "exit_code": code,
