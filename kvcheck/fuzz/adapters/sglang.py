@@ -24,7 +24,7 @@ from .sglang_reproducer import write_reproducer
 from .sglang_steps import shrink_steps
 from .sglang_install import INSTALL_HINT, SglangUnavailable, sglang_version
 from .sglang_layouts import (ACTIONS, FAULTS, LAYOUTS, MAX_TOKENS, SGLANG_FAULTS, VOCAB, Layout, LayoutError,
-                             get_layout, known_finding, layout_config, list_layouts, load_layout_file)
+                             get_layout, layout_config, list_layouts, load_layout_file)
 
 __all__ = ["LAYOUTS", "FAULTS", "SGLANG_FAULTS", "ACTIONS", "SglangUnavailable", "SglangAdapter",
            "LayoutError", "run_campaign", "replay", "list_layouts", "load_layout_file", "INSTALL_HINT"]
