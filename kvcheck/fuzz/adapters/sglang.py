@@ -21,6 +21,7 @@ from ..prompts import PromptGen
 from ..shrink import shrink_finding
 from ..traces import replay as replay_on_core, to_trace
 from .sglang_adapter import SglangAdapter
+from .sglang_incremental import FULL_SCAN_EVERY
 from .sglang_reproducer import write_reproducer
 from .sglang_steps import alternatives, fuse
 from .sglang_install import INSTALL_HINT, SglangUnavailable, sglang_version
@@ -94,6 +95,10 @@ def shrink_small(viol: Finding, lay: Layout, capacity: int, fault: str | None, s
     def run(prog: list[Act]) -> Finding | None:
         return execute(lay, capacity, fault, prog)[1]
 
+    exact = run(viol.program)       # re-located in the exact mode (a full scan after every step):
+    if exact is not None:           # where a violation the incremental check saw late happened
+        viol = exact
+
     def same(g: Finding) -> bool:
         return g.checks == viol.checks
     small = shrink_finding(viol, run, same, seconds / 2)
@@ -115,8 +120,10 @@ def _save(lay: Layout, capacity: int, fault: str | None, seed: int, f: Finding, 
 
 
 def run_campaign(layout: str | Layout, budget_s: float | None = 60, steps: int | None = None, seed: int = 0,
-                 fault: str | None = None, out_dir: str = "kvcheck-report", shrink_s: float = 30) -> dict:
-    """Fuzz one layout until the budget (seconds and/or steps) is spent or a check breaks."""
+                 fault: str | None = None, out_dir: str = "kvcheck-report", shrink_s: float = 30,
+                 full_scan_every: int = FULL_SCAN_EVERY) -> dict:
+    """Fuzz one layout until the budget (seconds and/or steps) is spent or a check breaks. The
+    checks run incrementally with a full scan every `full_scan_every` steps (1: every step)."""
     lay = get_layout(layout)
     make_adapter(lay, fault)          # validate layout/fault/release early (and import SGLang)
     t0 = time.monotonic()
@@ -133,6 +140,7 @@ def run_campaign(layout: str | Layout, budget_s: float | None = 60, steps: int |
         gen = _Gen(rng)
         capacity = rng.choice([1, 2, 3]) * lay.capacity // 2 // lay.page_size * lay.page_size
         ad = make_adapter(lay, fault, capacity)
+        ad.full_scan_every = full_scan_every
         core = Lockstep(FreeModel(), ad)
         viol: Finding | None = None
         for _ in range(rng.randint(20, 120)):
@@ -151,7 +159,7 @@ def run_campaign(layout: str | Layout, budget_s: float | None = 60, steps: int |
             first_fail_s, first_steps = round(time.monotonic() - t0, 2), total
             small = shrink_small(viol, lay, capacity, fault, shrink_s)
             findings.append(_save(lay, capacity, fault, ep_seed, small, out_dir))
-            exit_code = FOR_FINDING.get(viol.kind, ExitCode.INVARIANT)
+            exit_code = FOR_FINDING.get(small.kind, ExitCode.INVARIANT)
             break
     missing = [a for a in ACTIONS if not coverage.get(a)]
     if exit_code == 0 and missing:
