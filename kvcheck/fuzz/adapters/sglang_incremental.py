@@ -162,11 +162,12 @@ class Incremental:
                 return
 
     def conv(self, obj: Any, fn: Callable[[Any], Any]) -> Any:
-        """fn(obj) (None for None), kept while obj is the same object (incremental mode only)."""
+        """fn(obj) (None for None), kept while obj is the same object (incremental mode, inside
+        the checks only: what an action judges by, it converts afresh)."""
         if obj is None:
             return None
         st = self._inc_state()
-        if st is None:
+        if st is None or not st.checking:
             return fn(obj)
         e = st.conv.get(id(obj))
         if e is not None and e[0] is obj:
@@ -183,7 +184,7 @@ class Incremental:
     def prefix_of(self, path: tuple, key: Any, tokens: Callable[[Any], tuple]) -> tuple:
         """path + the key's tokens; the same tuple object while path and key are the same."""
         st = self._inc_state()
-        if st is None:
+        if st is None or not st.checking:
             return path + tokens(key)
         k = (id(path), id(key))
         e = st.pref.get(k)
