@@ -240,6 +240,10 @@ class Incremental:
         """What the lock references' holders depend on: the running requests and their nodes."""
         return tuple((rid, id(r.node), r.hit) for rid, r in self.reqs.items() if r.state == "running")
 
+    def own_sig(self) -> Any:
+        """How many slots each running request owns (the pools' accounting reads them)."""
+        return tuple((rid, len(r.slots), len(r.spare)) for rid, r in self.reqs.items() if r.state == "running")
+
     def check_all(self) -> None:
         """After every step: the full scan (exact mode; the first check of a cache; after a
         violation) or the incremental check, and every `full_scan_every` steps the full scan
@@ -252,7 +256,7 @@ class Incremental:
         st.steps += 1
         st.checking = True
         try:
-            snap, rs = self.snapshot(), self.req_sig()
+            snap, rs = self.snapshot(), (self.req_sig(), self.own_sig())
             if st.full or st.snap is None:
                 inc = self._full_scan(st)
             else:
@@ -281,8 +285,8 @@ class Incremental:
         same = st.touched is False
         if not same:
             st.sane = False
-        inc = Inc(dirty, st.sigs, st.reqs, same, rs == st.req_sig)
-        if inc.reqs_same and not any(dirty.values()):
+        inc = Inc(dirty, st.sigs, st.reqs, same, st.req_sig is not None and rs[0] == st.req_sig[0])
+        if inc.reqs_same and rs == st.req_sig and not any(dirty.values()):
             inc.reqs_new = st.reqs      # nothing the checks read changed: as at the last check
             self.coverage["state:check_unchanged"] += 1
             return inc
