@@ -5,8 +5,9 @@ Each python named in KVCHECK_SGLANG_PYTHONS (os.pathsep-separated; side venvs bu
 SGLang: a short `kvcheck fuzz --sut sglang` per layout that release has runs clean with every
 action exercised; every planted fault is caught by its expected check on every layout it
 applies to, shrunk to at most 10 steps, and replays; the standalone reproducer (SGLang only)
-of `evict_locked` exits 1 with the fault and 0 without it (once per class); a layout the
-release lacks is one line, exit 2, no traceback.
+of `evict_locked` exits 1 with the fault and 0 without it (once per class); the incremental
+checks report what the exact mode reports on every planted fault (test_sglang_incremental.py);
+a layout the release lacks is one line, exit 2, no traceback.
 
 SGLang's import chain is most of the cost (0.5.23: ~13 s of CPU per process), so each
 interpreter runs everything in one driver process (the `kvcheck` command line called
@@ -80,6 +81,12 @@ for f in sg.FAULTS:
         out["faults"].append(row)
 procs = [(row, [subprocess.Popen([sys.executable, row["reproducer"], *a], stdout=subprocess.DEVNULL,
                                  stderr=subprocess.DEVNULL) for a in ([], ["--clean"])]) for _, row in repro]
+# the incremental checks report what the exact mode reports, on every planted fault (SGLang is imported)
+import pytest
+o, e = io.StringIO(), io.StringIO()
+with contextlib.redirect_stdout(o), contextlib.redirect_stderr(e):
+    code = pytest.main(["-q", "-p", "no:cacheprovider", "tests/adapters/test_sglang_incremental.py"])
+out["modes"] = {"code": int(code), "summary": (o.getvalue().strip().splitlines() or [""])[-1]}
 for row, ps in procs:
     row["repro_exit"] = [p.wait(timeout=300) for p in ps]
 print(json.dumps(out))
@@ -131,6 +138,13 @@ def test_planted_faults_caught_shrunk_replayed_and_reproduced(py):
         if "repro_exit" in row:
             assert row["repro_exit"] == [1, 0], (res["version"], row)
     assert any("repro_exit" in row for row in res["faults"]), res
+
+
+@pytest.mark.parametrize("py", PYTHONS)
+def test_incremental_checks_report_what_the_exact_mode_reports(py):
+    """tests/adapters/test_sglang_incremental.py on this release (in its driver)."""
+    m = _results(py)["modes"]
+    assert m["code"] == 0 and " passed" in m["summary"] and "failed" not in m["summary"], m
 
 
 @pytest.mark.parametrize("py", PYTHONS)

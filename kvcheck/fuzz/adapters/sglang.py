@@ -122,8 +122,10 @@ def _save(lay: Layout, capacity: int, fault: str | None, seed: int, f: Finding, 
 def run_campaign(layout: str | Layout, budget_s: float | None = 60, steps: int | None = None, seed: int = 0,
                  fault: str | None = None, out_dir: str = "kvcheck-report", shrink_s: float = 30,
                  full_scan_every: int = FULL_SCAN_EVERY) -> dict:
-    """Fuzz one layout until the budget (seconds and/or steps) is spent or a check breaks. The
-    checks run incrementally with a full scan every `full_scan_every` steps (1: every step)."""
+    """Fuzz one layout until the budget (seconds and/or steps) is spent or a check breaks. Where
+    the class's incremental check pays (`incremental_pays`: UnifiedRadixCache) the checks run
+    incrementally with a full scan every `full_scan_every` steps; else, and with 1, the full
+    scan after every step."""
     lay = get_layout(layout)
     make_adapter(lay, fault)          # validate layout/fault/release early (and import SGLang)
     t0 = time.monotonic()
@@ -140,7 +142,7 @@ def run_campaign(layout: str | Layout, budget_s: float | None = 60, steps: int |
         gen = _Gen(rng)
         capacity = rng.choice([1, 2, 3]) * lay.capacity // 2 // lay.page_size * lay.page_size
         ad = make_adapter(lay, fault, capacity)
-        ad.full_scan_every = full_scan_every
+        ad.full_scan_every = full_scan_every if ad.incremental_pays else 1
         core = Lockstep(FreeModel(), ad)
         viol: Finding | None = None
         for _ in range(rng.randint(20, 120)):

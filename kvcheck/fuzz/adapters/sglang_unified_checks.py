@@ -40,6 +40,8 @@ def _toks(key: Any) -> tuple[int, ...]:
 class UnifiedChecks(ShadowChecks):
     """Mixed into UnifiedAdapter (needs cache, alloc, lay, reqs, holds, written(_swa), twin, CT)."""
 
+    incremental_pays = True         # (measured: sglang_incremental.Incremental)
+
     # ---- views of the Python tree --------------------------------------------------------
     def _view(self, node: Any, path: tuple[int, ...]) -> NodeView:
         cd = node.component_data

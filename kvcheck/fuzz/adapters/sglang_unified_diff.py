@@ -44,6 +44,8 @@ class LockstepAdapter:
         self.compared = 0
         self._memo: dict[str, tuple] = {}       # core -> (its cache calls so far, written, contents, answers)
 
+    incremental_pays = True         # (the cores' answers along every key: asked again only when needed)
+
     @property
     def full_scan_every(self) -> int:
         return self.py.full_scan_every
