@@ -1,7 +1,9 @@
 """The text of an SGLang reproducer script (sglang_reproducer.py fills in the @NAME@ fields):
 its prelude, the CPU stand-ins (sglang_repro_stubs.py), then the driver: the cache on its
-allocator, the caller's side of each operation, the conditions after every step."""
+allocator, how it reads the tree and the pools (sglang_repro_views.py), the caller's side of
+each operation, the conditions after every step."""
 from .sglang_repro_stubs import STAND_INS
+from .sglang_repro_views import VIEWS
 
 _PRELUDE = r'''# Needs only SGLang (the caches run on CPU, no model, no GPU). Exit 1: the bug is present;
 # exit 0: fixed (or not this release). Prints every step, each hit, the tree and the pool.
@@ -15,7 +17,7 @@ FAULT = None if "--clean" in sys.argv else @FAULT@
 
 '''
 
-_DRIVER = r'''
+_DRIVER_HEAD = r'''
 import importlib.metadata
 import sglang.srt.mem_cache.allocator as al
 from sglang.srt.mem_cache import base_prefix_cache as bpc
@@ -64,46 +66,9 @@ def lock_ref(n):
 reqs, written, written_swa, twin, bugs, inserts = {}, {}, {}, set(), [], [0]
 
 
-def tree():
-    out, stack = [], [(root, ())]
-    while stack:
-        node, path = stack.pop()
-        for ch in node.children.values():
-            out.append((ch, path))
-            stack.append((ch, path + tuple(int(t) for t in ch.key)))
-    return out
+'''
 
-
-def swa_of(s):
-    return int(alloc.full_to_swa_index_mapping[s])
-
-
-def free_sets():
-    def fr(a):
-        return {int(x) for t in (a.free_pages, getattr(a, "release_pages", None)) if t is not None for x in t.tolist()}
-    if SWA:
-        return fr(alloc.full_attn_allocator), fr(alloc.swa_attn_allocator)
-    pages = alloc.get_all_free_pages().tolist() if PAGE > 1 and hasattr(alloc, "get_all_free_pages") else sorted(fr(alloc))
-    return ({p * PAGE + i for p in pages for i in range(PAGE)} if PAGE > 1 else set(pages)), set()
-
-
-def path_slots(node):
-    parts = []
-    while node is not root:
-        parts.append([int(v) for v in node.value.tolist()]); node = node.parent
-    return [v for part in reversed(parts) for v in part]
-
-
-def prefixes():
-    out = set()
-    for node, path in tree():
-        full = path + tuple(int(t) for t in node.key)
-        for end in range((len(path) // PAGE + 1) * PAGE, len(full) + 1, PAGE):
-            out.add(full[:end])
-    return out
-
-
-def free(slots):
+_DRIVER_TAIL = r'''def free(slots):
     if slots:
         alloc.free(torch.tensor(slots, dtype=torch.int64))
 
@@ -385,4 +350,4 @@ print("OK: every condition holds on every step (fixed, or not this release)")
 sys.exit(0)
 '''
 
-TEMPLATE = _PRELUDE + STAND_INS + _DRIVER
+TEMPLATE = _PRELUDE + STAND_INS + _DRIVER_HEAD + VIEWS + _DRIVER_TAIL
