@@ -2,15 +2,22 @@
 detection (and shrunk length) of each planted fault. Prints JSON. Run with the Python of an
 SGLang side venv (scripts/install-sglang.sh VERSION DIR):
 
-    PYTHONPATH=. DIR/bin/python benchmarks/sglang.py [--steps N] [--seeds K] [--layouts a,b]
+    PYTHONPATH=. DIR/bin/python benchmarks/sglang.py [--steps N] [--seeds K] [--layouts a,b] [--no-faults]
+
+Throughput is the median over `--seeds` campaigns (seeds 11, 12, ...) of steps per second of
+the process's CPU time (`time.process_time()`: the machine may be shared) and, beside it, of
+wall time. Campaigns check as `run_campaign` does (incremental checks, a full scan every
+`FULL_SCAN_EVERY` steps); `--exact` checks with the full scan after every step.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
+import time
 
 # run as a script, this file's folder comes first on sys.path and its name would shadow SGLang's
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -22,6 +29,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=20_000, help="steps per throughput run")
     ap.add_argument("--seeds", type=int, default=3, help="seeds per planted fault")
     ap.add_argument("--layouts", default="", help="comma-separated layouts (default: every supported one)")
+    ap.add_argument("--no-faults", action="store_true", help="throughput only")
+    ap.add_argument("--exact", action="store_true", help="the full scan after every step (shrinking's mode)")
     a = ap.parse_args()
     from benchmarks._common import fault_row
     from kvcheck.fuzz.adapters import sglang as sg
@@ -38,11 +47,19 @@ def main() -> int:
     out: dict = {"sglang_version": sg.sglang_version(), "throughput": {}, "faults": {}}
     with tempfile.TemporaryDirectory() as d:
         for lay in layouts:
-            r = sg.run_campaign(lay, budget_s=None, steps=a.steps, seed=11, out_dir=d)
-            out["throughput"][lay] = {"steps": r["steps"], "elapsed_s": r["elapsed_s"],
-                                      "ops_per_s": round(r["steps"] / max(r["elapsed_s"], 1e-9)),
-                                      "findings": len(r["findings"])}
-        for f in sg.FAULTS:
+            cpu, wall, found = [], [], 0
+            for k in range(max(1, a.seeds)):
+                c0, w0 = time.process_time(), time.perf_counter()
+                r = sg.run_campaign(lay, budget_s=None, steps=a.steps, seed=11 + k, out_dir=d,
+                                    **({"full_scan_every": 1} if a.exact else {}))
+                cpu.append(r["steps"] / max(time.process_time() - c0, 1e-9))
+                wall.append(r["steps"] / max(time.perf_counter() - w0, 1e-9))
+                found += len(r["findings"])
+            out["throughput"][lay] = {"steps": a.steps, "seeds": max(1, a.seeds),
+                                      "ops_per_s_cpu": round(statistics.median(cpu)),
+                                      "ops_per_s_wall": round(statistics.median(wall)),
+                                      "per_seed_cpu": [round(x) for x in cpu], "findings": found}
+        for f in [] if a.no_faults else sg.FAULTS:
             for lay in [x for x in layouts if fault_applies(f, sg.LAYOUTS[x])]:
                 out["faults"][f"{f}@{lay}"] = fault_row(
                     lambda seed: sg.run_campaign(lay, budget_s=10, seed=seed, fault=f, out_dir=d, shrink_s=5),

@@ -2,12 +2,19 @@
 
 Each python named in KVCHECK_SGLANG_PYTHONS (os.pathsep-separated; side venvs built by
 `PYTHON=.venv/bin/python scripts/install-sglang.sh VERSION DIR`) runs kvcheck against its own
-SGLang in subprocesses: a short `kvcheck fuzz --sut sglang` per layout that release has runs
-clean with every action exercised; every planted fault is caught by its expected check on every
-layout it applies to, shrunk to at most 10 steps, and replays; the standalone reproducer (SGLang
-only) of `evict_locked` exits 1 with the fault and 0 without it (once per class: each run
-imports SGLang); a layout the release lacks is one line, exit 2.
-Without the variable the tests skip (saying how to enable them).
+SGLang: a short `kvcheck fuzz --sut sglang` per layout that release has runs clean with every
+action exercised; every planted fault is caught by its expected check on every layout it
+applies to, shrunk to at most 10 steps, and replays; the standalone reproducer (SGLang only)
+of `evict_locked` exits 1 with the fault and 0 without it (once per class); the incremental
+checks report what the exact mode reports on every planted fault (test_sglang_incremental.py);
+a layout the release lacks is one line, exit 2, no traceback.
+
+SGLang's import chain is most of the cost (0.5.23: ~13 s of CPU per process), so each
+interpreter runs everything in one driver process (the `kvcheck` command line called
+in-process: `kvcheck.checker.cli.main`, the same parser, error handling and exit codes as
+the console script), the drivers of all interpreters run at once, and so do the reproducers
+of a release (each is its own process: they import only SGLang). Without the variable the
+tests skip (saying how to enable them).
 """
 from __future__ import annotations
 
@@ -15,6 +22,7 @@ import functools
 import json
 import os
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -26,67 +34,109 @@ PYTHONS = [p for p in os.environ.get("KVCHECK_SGLANG_PYTHONS", "").split(os.path
 pytestmark = pytest.mark.skipif(not PYTHONS, reason="set KVCHECK_SGLANG_PYTHONS to side-venv pythons "
                                 "(scripts/install-sglang.sh VERSION DIR) to test SGLang releases")
 
-# one process per interpreter for every planted fault (SGLang's import chain takes seconds)
-_FAULTS = r"""
-import json, subprocess, sys
+# one process per interpreter (SGLang's import chain takes seconds): what each test reads
+_DRIVER = r"""
+import contextlib, io, json, subprocess, sys, traceback
+from kvcheck.checker.cli import main
 from kvcheck.fuzz.adapters import sglang as sg
 from kvcheck.fuzz.adapters.sglang_layouts import fault_applies
-out = {"version": sg.sglang_version(), "faults": []}
-lays = [r["name"] for r in sg.list_layouts() if r["supported"]]
-repro = {}                  # the reproducer pair runs once per class (each run imports SGLang)
+out_dir = sys.argv[1]
+
+
+def cli(*argv):
+    '''`kvcheck ARGV` in this process: (exit code, stdout, stderr); a traceback is on stderr.'''
+    o, e = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(o), contextlib.redirect_stderr(e):
+            code = main(list(argv))
+    except BaseException:
+        return -1, o.getvalue(), e.getvalue() + traceback.format_exc()
+    return code, o.getvalue(), e.getvalue()
+
+
+out = {"version": sg.sglang_version(), "clean": {}, "faults": []}
+code, o, e = cli("fuzz", "--sut", "sglang", "--list-layouts", "--json")
+out["list"] = {"code": code, "stderr": e[-800:]}
+out["info"] = info = json.loads(o)
+ok = [x["name"] for x in info["layouts"] if x["supported"]]
+for lay in ok:                 # each class runs clean briefly, through the command line
+    code, o, e = cli("fuzz", "--sut", "sglang", "--layout", lay, "--budget", "3000", "--seed", "5", "--json",
+                     "--out", out_dir)
+    out["clean"][lay] = {"code": code, "res": json.loads(o) if o.strip() else None, "stderr": e[-500:]}
+missing = [x["name"] for x in info["layouts"] if x["name"] and not x["supported"]]
+if missing:                    # a class this release lacks: one line, exit 2
+    code, o, e = cli("fuzz", "--sut", "sglang", "--layout", missing[0], "--budget", "10", "--out", out_dir)
+    out["missing"] = {"layout": missing[0], "code": code, "stderr": e}
+repro = []                     # the reproducer pair, once per class: run at once, below
 for f in sg.FAULTS:
-    for lay in [x for x in lays if fault_applies(f, sg.LAYOUTS[x])]:
-        r = sg.run_campaign(lay, budget_s=20, steps=20000, seed=1, fault=f, out_dir=sys.argv[1], shrink_s=4)
+    for lay in [x for x in ok if fault_applies(f, sg.LAYOUTS[x])]:
+        r = sg.run_campaign(lay, budget_s=20, steps=20000, seed=1, fault=f, out_dir=out_dir, shrink_s=4)
         row = {"fault": f, "layout": lay, "expected": r["expected_check"], "caught": r["caught"],
                "check": r["findings"][0]["check"] if r["findings"] else None}
         if r["findings"]:
             x = r["findings"][0]
             row.update(steps=x["steps"], replayed=sg.replay(x["trace"])["reproduced"],
                        reproducer=x.get("reproducer"))
-            if x.get("reproducer") and f == "evict_locked" and not repro.get(sg.LAYOUTS[lay].cls):
-                repro[sg.LAYOUTS[lay].cls] = True
-                row["repro_exit"] = [subprocess.run([sys.executable, x["reproducer"], *a], capture_output=True,
-                                                    timeout=120).returncode for a in ([], ["--clean"])]
+            cls = sg.LAYOUTS[lay].cls
+            if x.get("reproducer") and f == "evict_locked" and cls not in [c for c, _ in repro]:
+                repro.append((cls, row))
         out["faults"].append(row)
+procs = [(row, [subprocess.Popen([sys.executable, row["reproducer"], *a], stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL) for a in ([], ["--clean"])]) for _, row in repro]
+# the incremental checks report what the exact mode reports, on every planted fault (SGLang is imported)
+import pytest
+o, e = io.StringIO(), io.StringIO()
+with contextlib.redirect_stdout(o), contextlib.redirect_stderr(e):
+    code = pytest.main(["-q", "-p", "no:cacheprovider", "tests/adapters/test_sglang_incremental.py"])
+out["modes"] = {"code": int(code), "summary": (o.getvalue().strip().splitlines() or [""])[-1]}
+for row, ps in procs:
+    row["repro_exit"] = [p.wait(timeout=300) for p in ps]
 print(json.dumps(out))
 """
 
 
-def _run(py: str, *argv: str) -> subprocess.CompletedProcess:
+@functools.lru_cache(maxsize=None)
+def _started() -> dict:
+    """Every interpreter's driver, started at once (the first test to ask starts them all)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([py, *argv], capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
+    out = {}
+    for py in PYTHONS:
+        d = tempfile.mkdtemp(prefix="kvcheck-sglang-release-")
+        out[py] = subprocess.Popen([py, "-c", _DRIVER, d], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True, env=env, cwd=ROOT)
+    return out
 
 
-@functools.lru_cache(maxsize=None)     # one SGLang import per interpreter, not one per test
-def _layouts(py: str) -> dict:
-    r = _run(py, "-m", "kvcheck", "fuzz", "--sut", "sglang", "--list-layouts", "--json")
-    assert r.returncode == 0, r.stderr[-800:]
-    return json.loads(r.stdout)
+@functools.lru_cache(maxsize=None)
+def _results(py: str) -> dict:
+    p = _started()[py]
+    stdout, stderr = p.communicate(timeout=1500)
+    assert p.returncode == 0, stderr[-1500:]
+    return json.loads(stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("py", PYTHONS)
-def test_every_layout_of_the_release_runs_clean(py, tmp_path):
-    info = _layouts(py)
+def test_every_layout_of_the_release_runs_clean(py):
+    res = _results(py)
+    info = res["info"]
+    assert res["list"]["code"] == 0, res["list"]
     ok = [x["name"] for x in info["layouts"] if x["supported"]]
     assert "radix" in ok and ("swa" in ok or "pure_swa" in ok), info
-    for lay in ok:
-        r = _run(py, "-m", "kvcheck", "fuzz", "--sut", "sglang", "--layout", lay, "--budget", "3000",
-                 "--seed", "5", "--json", "--out", str(tmp_path))
-        res = json.loads(r.stdout)
-        assert res["sglang_version"] == info["sglang_version"]
-        known = known_finding(LAYOUTS[lay], res["sglang_version"]) if lay in LAYOUTS else None
-        if known and res["findings"]:         # a real SGLang bug of this release (KNOWN_FINDINGS)
-            assert [f["check"] for f in res["findings"]] == [known], (lay, res["findings"])
+    assert set(res["clean"]) == set(ok)
+    for lay, run in res["clean"].items():
+        r = run["res"]
+        assert r is not None and r["sglang_version"] == info["sglang_version"], (lay, run)
+        known = known_finding(LAYOUTS[lay], r["sglang_version"]) if lay in LAYOUTS else None
+        if known and r["findings"]:           # a real SGLang bug of this release (KNOWN_FINDINGS)
+            assert [f["check"] for f in r["findings"]] == [known], (lay, r["findings"])
             continue
-        assert res["exit_code"] == 0 and not res["missing_actions"], (lay, res["findings"], r.stderr[-500:])
-        assert res["lookups_with_hit"] > 0 or res["class"] == "ChunkCache", (lay, res["coverage"])  # it never hits
+        assert run["code"] == 0 and r["exit_code"] == 0 and not r["missing_actions"], (lay, r["findings"], run)
+        assert r["lookups_with_hit"] > 0 or r["class"] == "ChunkCache", (lay, r["coverage"])  # it never hits
 
 
 @pytest.mark.parametrize("py", PYTHONS)
-def test_planted_faults_caught_shrunk_replayed_and_reproduced(py, tmp_path):
-    r = _run(py, "-c", _FAULTS, str(tmp_path))
-    assert r.returncode == 0, r.stderr[-1500:]
-    res = json.loads(r.stdout.strip().splitlines()[-1])
+def test_planted_faults_caught_shrunk_replayed_and_reproduced(py):
+    res = _results(py)
     assert {row["fault"] for row in res["faults"]} >= {"lock_ref_leak", "evict_locked", "drop_insert"}
     for row in res["faults"]:
         assert row["caught"] and row["check"] == row["expected"], (res["version"], row)
@@ -97,12 +147,17 @@ def test_planted_faults_caught_shrunk_replayed_and_reproduced(py, tmp_path):
 
 
 @pytest.mark.parametrize("py", PYTHONS)
-def test_a_class_the_release_lacks_is_one_line_exit_2(py, tmp_path):
-    info = _layouts(py)
-    missing = [x["name"] for x in info["layouts"] if x["name"] and not x["supported"]]
-    assert missing, info              # no release has both SWARadixCache (<=0.5.15) and pure_swa (>=0.5.12) driven
-    r = _run(py, "-m", "kvcheck", "fuzz", "--sut", "sglang", "--layout", missing[0], "--budget", "10",
-             "--out", str(tmp_path))
-    assert r.returncode == 2 and "Traceback" not in r.stderr
-    line = r.stderr.strip().splitlines()[-1]
-    assert info["sglang_version"] in line, line
+def test_incremental_checks_report_what_the_exact_mode_reports(py):
+    """tests/adapters/test_sglang_incremental.py on this release (in its driver)."""
+    m = _results(py)["modes"]
+    assert m["code"] == 0 and " passed" in m["summary"] and "failed" not in m["summary"], m
+
+
+@pytest.mark.parametrize("py", PYTHONS)
+def test_a_class_the_release_lacks_is_one_line_exit_2(py):
+    res = _results(py)
+    m = res.get("missing")
+    assert m, res["info"]         # no release has both SWARadixCache (<=0.5.15) and pure_swa (>=0.5.12) driven
+    assert m["code"] == 2 and "Traceback" not in m["stderr"], m
+    lines = m["stderr"].strip().splitlines()
+    assert len(lines) == 1 and res["info"]["sglang_version"] in lines[0], m

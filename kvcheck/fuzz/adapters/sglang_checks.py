@@ -3,12 +3,16 @@
 The adapter keeps its own shadow of what each KV slot holds (the token prefix it was written
 for), who holds which lock, and a no-eviction twin of every prefix it inserted (less what the
 tree reported evicting); the checks compare SGLang's tree and allocator with them. None of the
-checks trusts SGLang's own counters: each is recomputed from the tree.
+checks trusts SGLang's own counters: each is recomputed from the tree. Campaigns run them
+incrementally (sglang_incremental.py: only what a step changed, a full scan every N steps);
+shrinking and replay run the full scan after every step.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+from .sglang_incremental import Incremental
 
 
 class Violation(Exception):
@@ -35,7 +39,25 @@ def key_tokens(node: Any) -> list[int]:
     return [int(t) for t in node.key]
 
 
-class ShadowChecks:
+def tokens_of(key: Any) -> tuple[int, ...]:
+    return tuple(int(t) for t in key)
+
+
+def slots_of(value: Any) -> list[int]:
+    """A node's values (a tensor of slot indices) as ints."""
+    return value.tolist() if hasattr(value, "tolist") else [int(v) for v in value]
+
+
+def ints(parts: list) -> list[int]:
+    """The slots of several index tensors (None: absent), in order."""
+    out: list[int] = []
+    for p in parts:
+        if p is not None:
+            out += p.tolist()
+    return out
+
+
+class ShadowChecks(Incremental):
     """Mixed into the adapter: needs self.cache, self.alloc, self.lay, self.reqs,
     self.written (slot -> token prefix), self.twin (set of inserted prefixes)."""
 
@@ -47,14 +69,18 @@ class ShadowChecks:
             node, path = stack.pop()
             for child in node.children.values():
                 out.append((child, path))
-                stack.append((child, path + tuple(key_tokens(child))))
+                stack.append((child, self.prefix_of(path, child.key, tokens_of)))
         return out
+
+    def vals(self, node: Any) -> list[int]:
+        """A node's slots (kept while its value tensor is the same object; do not modify)."""
+        return self.conv(node.value, slots_of)
 
     def tree_prefixes(self) -> set[tuple[int, ...]]:
         """The page-aligned prefixes the tree holds."""
         ps, out = self.lay.page_size, set()
         for node, path in self.tree():
-            full = path + tuple(key_tokens(node))
+            full = self.prefix_of(path, node.key, tokens_of)
             for end in range((len(path) // ps + 1) * ps, len(full) + 1, ps):
                 out.add(full[:end])
         return out
@@ -63,10 +89,13 @@ class ShadowChecks:
         a, ps = self.alloc, self.lay.page_size
         parts = [a.free_pages, getattr(a, "release_pages", None)]     # release_pages: 0.4.9+
         if ps == 1:
-            return [int(x) for p in parts if p is not None for x in p.tolist()]
-        pages = (a.get_all_free_pages().tolist() if hasattr(a, "get_all_free_pages") else
-                 [int(x) for p in parts if p is not None for x in p.tolist()])
+            return ints(parts)
+        pages = a.get_all_free_pages().tolist() if hasattr(a, "get_all_free_pages") else ints(parts)
         return [p * ps + i for p in pages for i in range(ps)]
+
+    def snapshot(self) -> dict[str, list]:
+        """What dirties a slot between two checks: its free state, the prefix written to it."""
+        return {"full": [frozenset(self.free_slots()), dict(self.written)]}
 
     def all_slots(self) -> set[int]:
         ps = self.lay.page_size
@@ -93,18 +122,21 @@ class ShadowChecks:
                 raise Violation("safety", name, f"{req.rid}: hit {hit} reads position {p} from slot "
                                 f"{s}, which holds {got!r:.60} instead of its prefix")
 
-    def check_all(self) -> None:
-        """After every step, in the leading order: locks, tree content, sizes, sanity."""
-        nodes = self.tree()
-        self._locks(nodes)
-        self._content(nodes)
-        self._sizes(nodes)
+    def check_state(self, inc: Any = None) -> None:
+        """After every step, in the leading order: locks, tree content, sizes, sanity
+        (`inc`: the incremental check's memo, None: the full scan)."""
+        nodes = self.walk(inc, self.tree)
+        if inc is None or not inc.reqs_same:
+            self._locks(nodes)
+        self._content(nodes, inc)
+        self._sizes(nodes, inc)
         fn = getattr(self.cache, "sanity_check", None)
-        if fn is not None:
+        if fn is not None and self.sanity_due(inc):
             try:
                 fn()
             except AssertionError as e:
                 raise Violation("bookkeeping", "tree_sanity_check", f"sanity_check failed: {e}") from None
+            self.sanity_passed(inc)
 
     def _locks(self, nodes: list) -> None:
         """lock_ref = holders through the node; a holder's path is still in the tree."""
@@ -126,12 +158,14 @@ class ShadowChecks:
                                 f"node at depth {len(path)} (+{len(node.key)} tokens) has lock_ref "
                                 f"{node.lock_ref}, holders {want.get(id(node), 0)}")
 
-    def _content(self, nodes: list) -> None:
+    def _content(self, nodes: list, inc: Any = None) -> None:
         """Content shadow: every tree slot is live and holds the prefix of its position."""
         free = set(self.free_slots())
         for node, path in nodes:
-            toks = path + tuple(key_tokens(node))
-            vals = [int(v) for v in node.value.tolist()]
+            vals = self.vals(node)
+            if inc is not None and inc.clean(node, (id(path), id(node.key), id(node.value)), full=vals):
+                continue
+            toks = self.prefix_of(path, node.key, tokens_of)
             if len(vals) != len(node.key):
                 raise Violation("bookkeeping", "tree_content_matches",
                                 f"node at depth {len(path)}: {len(node.key)} tokens, {len(vals)} slots")
@@ -145,16 +179,16 @@ class ShadowChecks:
                                     f"tree position {p} is in slot {s}, which holds "
                                     f"{self.written.get(s)!r:.60} instead of {toks[:p + 1]!r:.60}")
 
-    def _sizes(self, nodes: list) -> None:
+    def _sizes(self, nodes: list, inc: Any = None) -> None:
         """evictable + protected = tree tokens; tree + requests' own + free = capacity, disjoint."""
         c = self.cache
-        total = sum(len(n.key) for n, _ in nodes)
-        prot = sum(len(n.key) for n, _ in nodes if n.lock_ref > 0)
-        if (c.evictable_size(), c.protected_size()) != (total - prot, prot):
+        total = sum(len(self.vals(n)) for n, _ in nodes)
+        prot = sum(len(self.vals(n)) for n, _ in nodes if n.lock_ref > 0)
+        if (inc is None or not inc.same) and (c.evictable_size(), c.protected_size()) != (total - prot, prot):
             raise Violation("bookkeeping", "size_accounting",
                             f"evictable {c.evictable_size()} / protected {c.protected_size()}, the tree "
                             f"has {total - prot} / {prot}")
-        owned: list[int] = [int(v) for n, _ in nodes for v in n.value.tolist()]
+        owned: list[int] = [v for n, _ in nodes for v in self.vals(n)]
         for r in self.reqs.values():
             if r.state == "running":
                 owned += [s for s in r.slots[r.hit:] if s is not None] + r.spare

@@ -10,6 +10,7 @@ constructor arguments it takes, lock receipts.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 from array import array
@@ -18,11 +19,12 @@ from typing import Any
 from .sglang_install import SglangUnavailable, cache_class, load, sglang_version
 
 
-def _params(fn: Any) -> set[str]:
+@functools.lru_cache(maxsize=None)          # (read once per constructor: every episode builds)
+def _params(fn: Any) -> frozenset[str]:
     try:
-        return set(inspect.signature(fn).parameters)
+        return frozenset(inspect.signature(fn).parameters)
     except (TypeError, ValueError):
-        return set()
+        return frozenset()
 
 
 def new_allocator(cls: Any, *args: Any) -> Any:
@@ -80,7 +82,7 @@ def first(name: str, *mods: str) -> Any:
 
 def kw(fn: Any, **kwargs: Any) -> dict[str, Any]:
     """The keyword arguments `fn` accepts (constructors changed between releases)."""
-    names = set(inspect.signature(fn).parameters)
+    names = _params(fn)
     return {k: v for k, v in kwargs.items() if k in names}
 
 

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from .sglang_adapter import SglangAdapter
-from .sglang_checks import Req, Violation, key_tokens
+from .sglang_checks import Req, Violation, ints, slots_of, tokens_of
 from .sglang_layouts import FAULTS
 from .sglang_mamba import fingerprint
 
@@ -160,7 +160,9 @@ class HiCacheAdapter(SglangAdapter):
         S = load()
         install_hicache_stand_ins()
         import logging        # a refused load-back is an expected outcome here, not a warning to print
-        logging.getLogger("sglang.srt.mem_cache.hiradix_cache").setLevel(logging.ERROR)
+        log = logging.getLogger("sglang.srt.mem_cache.hiradix_cache")
+        if log.level != logging.ERROR:          # (setLevel clears every logger's cache: once)
+            log.setLevel(logging.ERROR)
         CPU_DEVICE.streams.clear()
         self.S, self.torch = S, torch
         self.params_api = hasattr(S["bpc"], "MatchPrefixParams")     # 0.5.12: *Params objects
@@ -276,14 +278,19 @@ class HiCacheAdapter(SglangAdapter):
         return out
 
     # ---- checks ---------------------------------------------------------------------------
-    def tree_prefixes(self) -> set[tuple[int, ...]]:
+    def tree_prefixes(self, nodes: list | None = None) -> set[tuple[int, ...]]:
         """Prefixes the tree holds on device or host."""
-        out = set()
-        for node, path in self.tree():
-            full = path + tuple(key_tokens(node))
-            for end in range(len(path) + 1, len(full) + 1):
-                out.add(full[:end])
+        out: set[tuple[int, ...]] = set()
+        for node, path in self.tree() if nodes is None else nodes:
+            full = self.prefix_of(path, node.key, tokens_of)
+            out.update(self.conv(full, lambda f, n=len(path): [f[:end] for end in range(n + 1, len(f) + 1)]))
         return out
+
+    def snapshot(self) -> dict[str, list]:
+        """What dirties a slot: device (free, prefix written, bytes), host (free, bytes)."""
+        self._snap()
+        return {"dev": [frozenset(self.free_slots()), dict(self.written), *self._dev],
+                "host": [frozenset(ints([self.host.free_slots])), *self._hst]}
 
     def path_slots(self, node: Any) -> list[int]:
         vals = []
@@ -292,10 +299,11 @@ class HiCacheAdapter(SglangAdapter):
             node = node.parent
         return [v for part in reversed(vals) for v in part]
 
-    def check_all(self) -> None:
-        c, nodes = self.cache, self.tree()
-        self._snap()
-        now = self.tree_prefixes()              # what the tree dropped (host eviction) is not lost reuse
+    def check_state(self, inc: Any = None) -> None:
+        c, nodes = self.cache, self.walk(inc, self.tree)
+        if inc is None:
+            self._snap()                        # (the incremental check's snapshot read them)
+        now = self.tree_prefixes(nodes)         # what the tree dropped (host eviction) is not lost reuse
         self.twin -= self._held - now
         self._held = now
         holders: dict[int, int] = {}
@@ -311,18 +319,28 @@ class HiCacheAdapter(SglangAdapter):
                 n = n.parent
         pending = any(s.queue for s in CPU_DEVICE.streams)      # a load whose bytes are still in flight
         loading = {id(a) for x in c.ongoing_load_back.values() for a in self._ancestors(x)} if pending else set()
-        dev_free, host_free = set(self.free_slots()), {int(x) for x in self.host.free_slots.tolist()}
+        dev_free, host_free = set(self.free_slots()), set(ints([self.host.free_slots]))
         dev_owned, host_owned, total, prot = [], [], 0, 0
         for node, path in nodes:
             if node.lock_ref != holders.get(id(node), 0):
                 raise Violation("bookkeeping", "lock_ref_equals_holders", f"node at depth {len(path)} has lock_ref "
                                 f"{node.lock_ref}, holders (requests + in-flight transfers) {holders.get(id(node), 0)}")
-            toks = path + tuple(key_tokens(node))
+            dv, hv = self.conv(node.value, slots_of), self.conv(node.host_value, slots_of)
+            acked = node.id not in c.ongoing_write_through
+            if inc is not None and inc.clean(node, (id(path), id(node.key), id(node.value), id(node.host_value), acked,
+                                                    id(node) in loading), dev=dv, host=hv):
+                if dv is not None:          # as at the last check, and no slot of it changed
+                    prot += len(dv) if node.lock_ref else 0
+                    total += len(dv)
+                    dev_owned += dv
+                host_owned += hv or ()
+                continue
+            toks = self.prefix_of(path, node.key, tokens_of)
             if node.value is not None:
                 if node.lock_ref:
-                    prot += len(node.value)
-                total += len(node.value)
-                for i, s in enumerate(int(v) for v in node.value.tolist()):
+                    prot += len(dv)
+                total += len(dv)
+                for i, s in enumerate(dv):
                     dev_owned.append(s)
                     p = len(path) + i
                     if s in dev_free:
@@ -333,9 +351,7 @@ class HiCacheAdapter(SglangAdapter):
             elif node.host_value is None:
                 raise Violation("bookkeeping", "no_evict_locked", f"node at depth {len(path)} is on neither tier")
             if node.host_value is not None:
-                hv = [int(v) for v in node.host_value.tolist()]
                 host_owned += hv
-                acked = node.id not in c.ongoing_write_through
                 for i, s in enumerate(hv):
                     if s in host_free:
                         raise Violation("bookkeeping", "write_through_acknowledged", f"node at depth {len(path)}: "

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from .sglang_adapter import SglangAdapter
-from .sglang_checks import Req, Violation, key_tokens
+from .sglang_checks import Req, Violation, key_tokens, slots_of, tokens_of
 from .sglang_layouts import FAULTS
 from .sglang_mamba_state import MambaStates, fingerprint, mamba_pools, set_server_args_stand_in  # noqa: F401
 
@@ -211,18 +211,28 @@ class MambaAdapter(MambaStates, SglangAdapter):
             raise Violation("safety", "hit_sound_mamba_state", f"{req.rid}: hit {hit} resumes from state slot {s}, "
                             f"which holds {self.mwritten.get(s)!r:.60} (free: {s in self.mamba_free()})")
 
-    def check_all(self) -> None:
-        nodes = self.tree()
-        self._mamba_locks(nodes)
-        self._content(nodes)
-        self._mamba_content(nodes)
-        self._mamba_sizes(nodes)
-        if any(r.state == "running" for r in self.reqs.values()):
+    def snapshot(self) -> dict[str, list]:
+        """What dirties a slot: KV (free, prefix written), state (free, prefix, bytes)."""
+        return {"full": [frozenset(self.free_slots()), dict(self.written)],
+                "mamba": [frozenset(self.mamba_free()), dict(self.mwritten), *self._state_rows()]}
+
+    def req_sig(self) -> Any:
+        return super().req_sig(), tuple(sorted(self.mlocked.items())), tuple(sorted(self.mslot.items()))
+
+    def check_state(self, inc: Any = None) -> None:
+        nodes = self.walk(inc, self.tree)
+        if inc is None or not inc.reqs_same:
+            self._mamba_locks(nodes)
+        self._content(nodes, inc)
+        self._mamba_content(nodes, inc)
+        self._mamba_sizes(nodes, inc)
+        if any(r.state == "running" for r in self.reqs.values()) or not self.sanity_due(inc):
             return                  # SGLang's sanity_check asserts an idle tree (no locks)
         try:
             self.cache.sanity_check()
         except Exception as e:      # it raises a plain Exception
             raise Violation("bookkeeping", "tree_sanity_check", f"sanity_check failed: {e}") from None
+        self.sanity_passed(inc)
 
     def _mamba_locks(self, nodes: list) -> None:
         """full_lock_ref = holders through the node; mamba_lock_ref = holders locked at it
@@ -247,7 +257,7 @@ class MambaAdapter(MambaStates, SglangAdapter):
                 raise Violation("bookkeeping", "lock_ref_equals_holders", f"node at depth {len(path)}: "
                                 f"(full, mamba) lock_ref {got}, holders {want}")
 
-    def _mamba_content(self, nodes: list) -> None:
+    def _mamba_content(self, nodes: list, inc: Any = None) -> None:
         """Every state slot in the tree is allocated and holds the state after its node's prefix."""
         free, rows = self.mamba_free(), self._state_rows()
         for node, path in nodes:
@@ -255,7 +265,10 @@ class MambaAdapter(MambaStates, SglangAdapter):
                 if not node.children:
                     raise Violation("bookkeeping", "tree_sanity_check", f"a leaf at depth {len(path)} is a tombstone")
                 continue
-            s, want = int(node.mamba_value[0]), path + tuple(key_tokens(node))
+            s = self.conv(node.mamba_value, slots_of)[0]
+            if inc is not None and inc.clean(node, (id(path), id(node.key), id(node.mamba_value)), "mamba", mamba=[s]):
+                continue
+            want = self.prefix_of(path, node.key, tokens_of)
             if s in free:
                 raise Violation("bookkeeping", "tree_slots_live", f"node at depth {len(path)} keeps state slot {s}, "
                                 "which the Mamba pool has free")
@@ -263,21 +276,21 @@ class MambaAdapter(MambaStates, SglangAdapter):
                 raise Violation("bookkeeping", "tree_content_matches", f"node at depth {len(path)}: state slot {s} "
                                 f"holds the state after {self.mwritten.get(s)!r:.60}, not after its prefix")
 
-    def _mamba_sizes(self, nodes: list) -> None:
+    def _mamba_sizes(self, nodes: list, inc: Any = None) -> None:
         """Per component: evictable + protected = the tree's; tree + requests' own + free =
         capacity, disjoint (full: KV slots; mamba: state slots)."""
         c = self.cache
-        total = sum(len(n.value) for n, _ in nodes)
-        prot = sum(len(n.value) for n, _ in nodes if n.full_lock_ref > 0)
+        total = sum(len(self.vals(n)) for n, _ in nodes)
+        prot = sum(len(self.vals(n)) for n, _ in nodes if n.full_lock_ref > 0)
         states = [n for n, _ in nodes if n.mamba_value is not None]
         mprot = sum(1 for n in states if n.mamba_lock_ref > 0)
         got = (c.full_evictable_size(), c.full_protected_size(), c.mamba_evictable_size(), c.mamba_protected_size())
-        if got != (total - prot, prot, len(states) - mprot, mprot):
+        if (inc is None or not inc.same) and got != (total - prot, prot, len(states) - mprot, mprot):
             raise Violation("bookkeeping", "size_accounting", f"full evictable/protected {got[0]}/{got[1]}, mamba "
                             f"{got[2]}/{got[3]}; the tree has {total - prot}/{prot}, {len(states) - mprot}/{mprot}")
         run = [r for r in self.reqs.values() if r.state == "running"]
-        full_owned = [int(v) for n, _ in nodes for v in n.value.tolist()] + [s for r in run for s in r.slots[r.hit:]]
-        m_owned = [int(n.mamba_value[0]) for n in states] + [self.mslot[r.rid] for r in run]
+        full_owned = [v for n, _ in nodes for v in self.vals(n)] + [s for r in run for s in r.slots[r.hit:]]
+        m_owned = [self.conv(n.mamba_value, slots_of)[0] for n in states] + [self.mslot[r.rid] for r in run]
         for name, owned, free, every in (("full", full_owned, self.free_slots(), self.all_slots()),
                                          ("mamba", m_owned, sorted(self.mamba_free()), self.m_all)):
             seen = owned + list(free)

@@ -1,6 +1,11 @@
-"""The text of an SGLang reproducer script (sglang_reproducer.py fills in the @NAME@ fields)."""
+"""The text of an SGLang reproducer script (sglang_reproducer.py fills in the @NAME@ fields):
+its prelude, the CPU stand-ins (sglang_repro_stubs.py), then the driver: the cache on its
+allocator, how it reads the tree and the pools (sglang_repro_views.py), the caller's side of
+each operation, the conditions after every step."""
+from .sglang_repro_stubs import STAND_INS
+from .sglang_repro_views import VIEWS
 
-TEMPLATE = r'''# Needs only SGLang (the caches run on CPU, no model, no GPU). Exit 1: the bug is present;
+_PRELUDE = r'''# Needs only SGLang (the caches run on CPU, no model, no GPU). Exit 1: the bug is present;
 # exit 0: fixed (or not this release). Prints every step, each hit, the tree and the pool.
 import importlib.abc, importlib.machinery, importlib.util, inspect, os, sys, types
 from array import array
@@ -10,66 +15,9 @@ MAX_TOKENS, CHECK, STEPS = @MAX_TOKENS@, @CHECK@, @STEPS@
 FAULT = None if "--clean" in sys.argv else @FAULT@
 
 
-# ---- CPU stand-ins (KVCHECK_CPU_STUB), only for modules this machine lacks: SGLang's import
-# ---- chain reaches GPU-only packages the caches never call. Unused on a GPU install.
-class _Any:
-    def __init__(self, *a, **k): pass
-    def __call__(self, *a, **k): return _Any()
-    def __getattr__(self, n):
-        if n.startswith("__"): raise AttributeError(n)
-        return _Any()
+'''
 
-
-class _Stub(types.ModuleType):
-    __path__ = []
-    def __getattr__(self, n):
-        if n.startswith("__"): raise AttributeError(n)
-        if n.endswith("Config"):
-            from transformers import PretrainedConfig
-            c = type(n, (PretrainedConfig,), {"model_type": "stub_" + n.lower()}); setattr(self, n, c); return c
-        return _Any()
-
-
-class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def __init__(self, exact, roots): self.exact, self.roots = exact, roots
-    def find_spec(self, name, path, target=None):
-        if name in self.exact or name.split(".")[0] in self.roots:
-            return importlib.machinery.ModuleSpec(name, self, is_package=True)
-    def create_module(self, spec): return _Stub(spec.name)
-    def exec_module(self, m):
-        m.KVCHECK_CPU_STUB = True
-        if m.__name__ == "torchvision": m.__version__ = "0.0.0+cpu.stub"
-
-
-def _missing(mod):
-    try: return importlib.util.find_spec(mod) is None
-    except (ImportError, ValueError): return True
-
-
-exact, roots = (), tuple(m for m in ("sgl_kernel",) if _missing(m))
-try:
-    import torchvision  # noqa: F401
-except Exception:       # absent, or a CUDA build over a CPU torch
-    sys.modules.pop("torchvision", None)
-    root = importlib.util.find_spec("sglang").submodule_search_locations[0]
-    src = open(os.path.join(root, "srt/utils/common.py")).read() if os.path.exists(os.path.join(root, "srt/utils/common.py")) else ""
-    if any(l.startswith(("import torchvision", "from torchvision")) for l in src.splitlines()):
-        roots += ("torchvision",)
-    else:
-        exact = ("sglang.srt.multimodal.internvl_utils", "sglang.srt.configs.deepseek_ocr")
-if exact or roots:
-    sys.meta_path.insert(0, _Finder(exact, roots))
-os.environ.setdefault("SGLANG_DISABLE_REQUEST_LOGGING", "1")
-import warnings; warnings.simplefilter("ignore")
-import torch
-try:
-    from transformers import AutoConfig
-    _reg = AutoConfig.register      # some releases register names newer transformers has
-    AutoConfig.register = staticmethod(lambda t, c, exist_ok=False: _reg(t, c, exist_ok=True))
-except Exception:
-    pass
-# ---- end of CPU stand-ins
-
+_DRIVER_HEAD = r'''
 import importlib.metadata
 import sglang.srt.mem_cache.allocator as al
 from sglang.srt.mem_cache import base_prefix_cache as bpc
@@ -138,46 +86,9 @@ def lock_ref(n):
 reqs, written, written_swa, twin, bugs, inserts = {}, {}, {}, set(), [], [0]
 
 
-def tree():
-    out, stack = [], [(root, ())]
-    while stack:
-        node, path = stack.pop()
-        for ch in node.children.values():
-            out.append((ch, path))
-            stack.append((ch, path + tuple(int(t) for t in ch.key)))
-    return out
+'''
 
-
-def swa_of(s):
-    return int(alloc.full_to_swa_index_mapping[s])
-
-
-def free_sets():
-    def fr(a):
-        return {int(x) for t in (a.free_pages, getattr(a, "release_pages", None)) if t is not None for x in t.tolist()}
-    if SWA:
-        return fr(alloc.full_attn_allocator), fr(alloc.swa_attn_allocator)
-    pages = alloc.get_all_free_pages().tolist() if PAGE > 1 and hasattr(alloc, "get_all_free_pages") else sorted(fr(alloc))
-    return ({p * PAGE + i for p in pages for i in range(PAGE)} if PAGE > 1 else set(pages)), set()
-
-
-def path_slots(node):
-    parts = []
-    while node is not root:
-        parts.append([int(v) for v in node.value.tolist()]); node = node.parent
-    return [v for part in reversed(parts) for v in part]
-
-
-def prefixes():
-    out = set()
-    for node, path in tree():
-        full = path + tuple(int(t) for t in node.key)
-        for end in range((len(path) // PAGE + 1) * PAGE, len(full) + 1, PAGE):
-            out.add(full[:end])
-    return out
-
-
-def free(slots):
+_DRIVER_TAIL = r'''def free(slots):
     if slots:
         alloc.free(torch.tensor(slots, dtype=torch.int64))
 
@@ -496,3 +407,5 @@ show()
 print("OK: every condition holds on every step (fixed, or not this release)")
 sys.exit(0)
 '''
+
+TEMPLATE = _PRELUDE + STAND_INS + _DRIVER_HEAD + VIEWS + _DRIVER_TAIL

@@ -17,7 +17,7 @@ import sys
 from typing import Any
 
 from .sglang_adapter import SglangAdapter
-from .sglang_checks import Req, Violation
+from .sglang_checks import Req, Violation, ints
 from .sglang_layouts import FAULTS
 
 
@@ -236,19 +236,24 @@ class SwaAdapter(SglangAdapter):
 
     def _free_sets(self) -> tuple[set[int], set[int]]:
         def free(a: Any) -> set[int]:
-            return {int(x) for t in (a.free_pages, a.release_pages) if t is not None for x in t.tolist()}
+            return set(ints([a.free_pages, a.release_pages]))
         return free(self.alloc.full_attn_allocator), free(self.alloc.swa_attn_allocator)
+
+    def snapshot(self) -> dict[str, list]:
+        full_free, swa_free = self._free_sets()
+        return {"full": [frozenset(full_free), dict(self.written)], "swa": [frozenset(swa_free), dict(self.written_swa)]}
 
     def free_slots(self) -> list[int]:
         return sorted(self._free_sets()[0])
 
-    def check_all(self) -> None:
-        nodes = self.tree()
-        self._swa_locks(nodes)
-        self._held_full_live()
-        self._content(nodes)
-        self._swa_sizes(nodes)
-        if any(r.state == "running" for r in self.reqs.values()):
+    def check_state(self, inc: Any = None) -> None:
+        nodes = self.walk(inc, self.tree)
+        if inc is None or not inc.reqs_same:
+            self._swa_locks(nodes)
+        self._held_full_live(inc)
+        self._content(nodes, inc)
+        self._swa_sizes(nodes, inc)
+        if any(r.state == "running" for r in self.reqs.values()) or not self.sanity_due(inc):
             return                  # SGLang's sanity_check assumes an idle scheduler (no locks)
         try:
             self.cache.sanity_check()
@@ -257,12 +262,16 @@ class SwaAdapter(SglangAdapter):
                 self.coverage[KNOWN_WALLCLOCK] += 1     # a known release behaviour (module doc)
                 return
             raise Violation("bookkeeping", "tree_sanity_check", f"sanity_check failed: {e}") from None
+        self.sanity_passed(inc)
 
-    def _held_full_live(self) -> None:
+    def _held_full_live(self, inc: Any = None) -> None:
         """A running request's full KV of [0, hit) stays allocated and unchanged while it holds the
         lock (its req_to_token row reads those slots), whatever happens to the tree's SWA side."""
         full_free, _ = self._free_sets()
         for r in self.reqs.values():
+            if r.state == "running" and inc is not None and \
+                    inc.req_clean(r.rid, (id(r.node), r.hit), full=r.slots[:r.hit]):
+                continue
             for p in range(r.hit) if r.state == "running" else ():
                 s = r.slots[p]
                 if s in full_free or self.written.get(s) != tuple(r.tokens[:p + 1]):
@@ -298,19 +307,19 @@ class SwaAdapter(SglangAdapter):
                 raise Violation("bookkeeping", "no_evict_locked", f"node at depth {len(path)} is tombstoned while "
                                 f"SWA-locked by {node.swa_lock_ref}")
 
-    def _swa_sizes(self, nodes: list) -> None:
+    def _swa_sizes(self, nodes: list, inc: Any = None) -> None:
         c = self.cache
-        full_tree = sum(len(n.value) for n, _ in nodes)
-        swa_tree = sum(len(n.value) for n, _ in nodes if not n.swa_tombstone)
-        if c.full_evictable_size() + c.full_protected_size() != full_tree or \
-                c.swa_evictable_size() + c.swa_protected_size() != swa_tree:
+        full_tree = sum(len(self.vals(n)) for n, _ in nodes)
+        swa_tree = sum(len(self.vals(n)) for n, _ in nodes if not n.swa_tombstone)
+        if (inc is None or not inc.same) and (c.full_evictable_size() + c.full_protected_size() != full_tree or
+                                              c.swa_evictable_size() + c.swa_protected_size() != swa_tree):
             raise Violation("bookkeeping", "size_accounting",
                             f"full {c.full_evictable_size()}+{c.full_protected_size()} (tree {full_tree}), "
                             f"swa {c.swa_evictable_size()}+{c.swa_protected_size()} (tree {swa_tree})")
         own = [s for r in self.reqs.values() if r.state == "running" for s in r.slots[r.hit:]]
-        full_owned = [int(v) for n, _ in nodes for v in n.value.tolist()] + own
-        swa_owned = [self.swa_of(int(v)) for n, _ in nodes if not n.swa_tombstone for v in n.value.tolist()] + \
-            [self.swa_of(s) for s in own]
+        full_owned = [v for n, _ in nodes for v in self.vals(n)] + own
+        m = self.alloc.full_to_swa_index_mapping.tolist()
+        swa_owned = [m[v] for n, _ in nodes if not n.swa_tombstone for v in self.vals(n)] + [m[s] for s in own]
         full_free, swa_free = self._free_sets()
         for name, owned, free, size in (("full", full_owned, full_free, self.capacity),
                                         ("swa", swa_owned, swa_free, self.size_swa)):

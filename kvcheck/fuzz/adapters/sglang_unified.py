@@ -81,7 +81,8 @@ class UnifiedAdapter(UnifiedChecks, SglangAdapter):
         import torch
         S = load()
         self.S, self.torch, self.CT = S, torch, component_types()
-        logging.getLogger("sglang").setLevel(logging.CRITICAL)
+        if logging.getLogger("sglang").level != logging.CRITICAL:   # (setLevel clears every logger's cache)
+            logging.getLogger("sglang").setLevel(logging.CRITICAL)
         self.tree_cores = has_tree_cores()
         # 0.5.12's SWA lock walk skips tombstones (listing them in the receipt); 0.5.11 asserts
         # there are none, TreeCore releases count them

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from .sglang_checks import Req, ShadowChecks, Violation
+from .sglang_checks import Req, ShadowChecks, Violation, ints
 
 
 class NodeView(NamedTuple):
@@ -30,19 +30,26 @@ class _Ranges:
 
 
 def _ints(t: Any) -> list[int] | None:
-    return None if t is None else [int(v) for v in (t.tolist() if hasattr(t, "tolist") else t)]
+    return None if t is None else (t.tolist() if hasattr(t, "tolist") else [int(v) for v in t])
+
+
+def _toks(key: Any) -> tuple[int, ...]:
+    return tuple(int(t) for t in key.token_ids)
 
 
 class UnifiedChecks(ShadowChecks):
     """Mixed into UnifiedAdapter (needs cache, alloc, lay, reqs, holds, written(_swa), twin, CT)."""
+
+    incremental_pays = True         # (measured: sglang_incremental.Incremental)
 
     # ---- views of the Python tree --------------------------------------------------------
     def _view(self, node: Any, path: tuple[int, ...]) -> NodeView:
         cd = node.component_data
         F = cd[self.CT.FULL]
         S = cd[self.CT.SWA] if self.swa else None
-        return NodeView(node, path, tuple(int(t) for t in node.key.token_ids), _ints(F.value),
-                        _ints(S.value) if S is not None else None, F.lock_ref, S.lock_ref if S is not None else 0)
+        return NodeView(node, path, self.conv(node.key, _toks), self.conv(F.value, _ints),
+                        self.conv(S.value, _ints) if S is not None else None, F.lock_ref,
+                        S.lock_ref if S is not None else 0)
 
     def views(self) -> list[NodeView]:
         out, stack = [], [(self.root(), ())]
@@ -51,8 +58,14 @@ class UnifiedChecks(ShadowChecks):
             for ch in node.children.values():
                 v = self._view(ch, path)
                 out.append(v)
-                stack.append((ch, path + v.key))
+                stack.append((ch, self.prefix_of(path, ch.key, _toks)))
         return out
+
+    def sig(self, v: NodeView) -> tuple:
+        """What a node's content checks read, as object identities (the incremental check's)."""
+        cd = v.node.component_data
+        return (id(v.path), id(v.node.key), id(cd[self.CT.FULL].value),
+                id(cd[self.CT.SWA].value) if self.swa else 0)
 
     def path_views(self, h: Any) -> list[NodeView]:
         """Root-first views of the nodes on the path to the node behind handle h."""
@@ -66,7 +79,7 @@ class UnifiedChecks(ShadowChecks):
         for n in reversed(chain):
             v = self._view(n, path)
             out.append(v)
-            path += v.key
+            path = self.prefix_of(path, n.key, _toks)
         return out
 
     def tree_prefixes(self) -> set[tuple[int, ...]]:
@@ -83,19 +96,30 @@ class UnifiedChecks(ShadowChecks):
     def swa_of(self, slot: int) -> int:
         return int(self.alloc.full_to_swa_index_mapping[slot])
 
+    def swa_map(self) -> list[int]:
+        """The full -> SWA slot mapping now (read once per check)."""
+        return self.alloc.full_to_swa_index_mapping.tolist() if self.swa else []
+
     def _free_sets(self) -> tuple[set[int], set[int]]:
         if not self.swa:
             return set(ShadowChecks.free_slots(self)), set()
 
         def free(a: Any) -> set[int]:
-            return {int(x) for t in (a.free_pages, a.release_pages) if t is not None for x in t.tolist()}
+            return set(ints([a.free_pages, a.release_pages]))
         return free(self.alloc.full_attn_allocator), free(self.alloc.swa_attn_allocator)
 
     def free_slots(self) -> list[int]:
         return sorted(self._free_sets()[0])
 
-    def swa_live(self, slot: int, prefix: tuple[int, ...], swa_free: set[int]) -> bool:
-        s = self.swa_of(slot)
+    def snapshot(self) -> dict[str, list]:
+        full_free, swa_free = self._free_sets()
+        if not self.swa:
+            return {"full": [frozenset(full_free), dict(self.written)]}
+        return {"full": [frozenset(full_free), dict(self.written), self.swa_map()],
+                "swa": [frozenset(swa_free), dict(self.written_swa)]}
+
+    def swa_live(self, slot: int, prefix: tuple[int, ...], swa_free: set[int], m: list[int] | None = None) -> bool:
+        s = self.swa_of(slot) if m is None else m[slot]
         return s > 0 and s not in swa_free and self.written_swa.get(s) == prefix
 
     # ---- hit safety and reuse ------------------------------------------------------------
@@ -109,8 +133,9 @@ class UnifiedChecks(ShadowChecks):
             if path[p] in full_free or self.written.get(path[p]) != tuple(req.tokens[:p + 1]):
                 raise Violation("safety", "hit_sound_full", f"{req.rid}: hit {hit} reads full KV of position "
                                 f"{p} from slot {path[p]}, which does not hold its prefix")
+        m = self.swa_map()
         for p in range(max(0, hit - self.W), hit) if self.swa else ():
-            if not self.swa_live(path[p], tuple(req.tokens[:p + 1]), swa_free):
+            if not self.swa_live(path[p], tuple(req.tokens[:p + 1]), swa_free, m):
                 raise Violation("safety", "hit_sound_swa_window", f"{req.rid}: hit {hit} needs SWA KV of "
                                 f"position {p} (window {self.W}), which is not live")
 
@@ -137,7 +162,7 @@ class UnifiedChecks(ShadowChecks):
         while p < len(q):
             nxt = None
             for c in node.children.values():
-                k = tuple(int(t) for t in c.key.token_ids)
+                k = self.conv(c.key, _toks)
                 if k[:1] == tuple(q[p:p + 1]) and c.component_data[self.CT.FULL].value is not None:
                     nxt = (c, k)
                     break
@@ -147,7 +172,7 @@ class UnifiedChecks(ShadowChecks):
             m = 0
             while m < len(k) and p + m < len(q) and k[m] == q[p + m]:
                 m += 1
-            slots += _ints(c.component_data[self.CT.FULL].value)[:m]
+            slots += self.conv(c.component_data[self.CT.FULL].value, _ints)[:m]
             p += m
             if m < len(k):
                 break
@@ -156,9 +181,11 @@ class UnifiedChecks(ShadowChecks):
         if not self.swa:
             return present, present
         _, swa_free = self._free_sets()
+        m = self.swa_map()
+        live = [self.swa_live(slots[i], tuple(tokens[:i + 1]), swa_free, m) for i in range(present)]
         best = 0
         for L in range(1, present + 1):
-            if all(self.swa_live(slots[i], tuple(tokens[:i + 1]), swa_free) for i in range(max(0, L - self.W), L)):
+            if all(live[max(0, L - self.W):L]):
                 best = L
         return best, present
 
@@ -188,61 +215,72 @@ class UnifiedChecks(ShadowChecks):
             hold.seg_lo = 0
         path = [s for v in pv for s in (v.full or [])]
         _, swa_free = self._free_sets()
-        reqtok = pv[-1].path + pv[-1].key
-        hold.live = [p for p in range(hold.seg_lo, hit) if self.swa_live(path[p], reqtok[:p + 1], swa_free)]
+        reqtok, m = pv[-1].path + pv[-1].key, self.swa_map()
+        hold.live = [p for p in range(hold.seg_lo, hit) if self.swa_live(path[p], reqtok[:p + 1], swa_free, m)]
         return hold
 
-    def _locks(self, views: list[NodeView]) -> None:
+    def _locks(self, views: list[NodeView], inc: Any = None) -> None:
         full: dict[int, int] = {}
         swa: dict[int, int] = {}
         full_free, swa_free = self._free_sets()
+        m = self.swa_map()
+        locks = inc is None or not inc.reqs_same     # (else: the tree and its holders are as they were)
         for r in self.reqs.values():
             if r.state != "running":
                 continue
             hold = self.holds[r.rid]
-            for v in self.path_views(r.node) if r.hit else ():
+            for v in self.path_views(r.node) if r.hit and locks else ():
                 full[id(v.node)] = full.get(id(v.node), 0) + 1
                 lo, hi = len(v.path), len(v.path) + len(v.key)
                 if self.swa and lo >= hold.seg_lo and not any(a <= lo and hi <= b for a, b in hold.skipped):
                     swa[id(v.node)] = swa.get(id(v.node), 0) + 1
-            self._held_live(r, hold, full_free, swa_free)
+            self._held_live(r, hold, full_free, swa_free, m, inc)
         self.coverage["state:swa_locked_nodes_checked"] += sum(1 for v in views if v.swa_lock > 0)
-        for v in views:
+        for v in views if locks else ():
             got, want = (v.full_lock, v.swa_lock), (full.get(id(v.node), 0), swa.get(id(v.node), 0))
             if got != want:
                 raise Violation("bookkeeping", "lock_ref_equals_holders", f"node at depth {len(v.path)} "
                                 f"(+{len(v.key)} tokens): (full, swa) lock_ref {got}, holders {want}")
 
-    def _held_live(self, r: Req, hold: Any, full_free: set[int], swa_free: set[int]) -> None:
+    def _held_live(self, r: Req, hold: Any, full_free: set[int], swa_free: set[int], m: list[int],
+                   inc: Any = None) -> None:
         """A running request's prefix stays live while it holds the lock: full KV of [0, hit), and
         the SWA positions that were live in its locked window when it locked."""
+        if inc is not None and inc.req_clean(r.rid, (id(r.node), r.hit, id(hold)), full=r.slots[:r.hit],
+                                             swa=[m[r.slots[p]] for p in hold.live]):
+            return
         for p in range(r.hit):
             s = r.slots[p]
             if s in full_free or self.written.get(s) != tuple(r.tokens[:p + 1]):
                 raise Violation("bookkeeping", "no_evict_locked", f"{r.rid} holds position {p} (slot {s}), "
                                 "which was freed or overwritten under its lock")
         for p in hold.live:
-            if not self.swa_live(r.slots[p], tuple(r.tokens[:p + 1]), swa_free):
+            if not self.swa_live(r.slots[p], tuple(r.tokens[:p + 1]), swa_free, m):
                 raise Violation("bookkeeping", "no_evict_locked", f"{r.rid}: SWA KV of position {p}, live "
                                 "and in its locked window when it locked, was evicted under the lock")
 
     # ---- after every step ----------------------------------------------------------------
-    def check_all(self) -> None:
+    def check_state(self, inc: Any = None) -> None:
         if self.core == "rust":
-            self._rust_checks()
+            self._rust_checks(inc)
         else:
-            views = self.views()
-            self._locks(views)
-            self._u_content(views)
-            self._u_sizes(views)
-        if not any(r.state == "running" for r in self.reqs.values()):   # it assumes an idle scheduler
+            views = self.walk(inc, self.views)
+            self._locks(views, inc)
+            self._u_content(views, inc)
+            self._u_sizes(views, inc)
+        # it assumes an idle scheduler
+        if not any(r.state == "running" for r in self.reqs.values()) and self.sanity_due(inc):
             try:
                 self.cache.sanity_check()
             except Exception as e:
                 raise Violation("bookkeeping", "tree_sanity_check", f"sanity_check failed: {str(e)[:300]}") from None
+            self.sanity_passed(inc)
 
-    def _u_content(self, views: list[NodeView]) -> None:
+    def _u_content(self, views: list[NodeView], inc: Any = None) -> None:
         full_free, swa_free = self._free_sets()
+        m = self.swa_map()
+        if inc is not None:                  # the nodes a step changed, or whose slots it changed
+            views = [v for v in views if not inc.clean(v.node, self.sig(v), full=v.full, swa=v.swa)]
         for live_pass in (False, True):      # content first: a shifted value is reported as such
             for v in views:
                 toks = v.path + v.key
@@ -259,7 +297,7 @@ class UnifiedChecks(ShadowChecks):
                                     f"node at depth {len(v.path)}: {len(v.key)} tokens, {len(v.full)} slots")
                 for i, s in enumerate(v.swa or []):
                     p, full_slot = len(v.path) + i, v.full[i] if v.full else None
-                    if not live_pass and (full_slot is None or self.swa_of(full_slot) != s
+                    if not live_pass and (full_slot is None or m[full_slot] != s
                                           or self.written_swa.get(s) != toks[:p + 1]):
                         raise Violation("bookkeeping", "tree_content_matches", f"tree position {p}: SWA slot {s} "
                                         f"is not the full slot's ({full_slot}) or does not hold its prefix")
@@ -280,11 +318,12 @@ class UnifiedChecks(ShadowChecks):
             raise Violation("bookkeeping", "size_accounting", f"{name}: {len(owned)} owned + {len(free)} free of "
                             f"{len(every)}: {len(seen) - len(set(seen))} counted twice, {len(every - set(seen))} leaked")
 
-    def _u_sizes(self, views: list[NodeView]) -> None:
+    def _u_sizes(self, views: list[NodeView], inc: Any = None) -> None:
         c = self.cache
+        tree = inc is None or not inc.same       # (else: the tree and SGLang's counters are as they were)
         live = [v for v in views if v.full is not None]
         tot, prot = sum(len(v.full) for v in live), sum(len(v.full) for v in live if v.full_lock > 0)
-        if (c.full_evictable_size(), c.full_protected_size()) != (tot - prot, prot):
+        if tree and (c.full_evictable_size(), c.full_protected_size()) != (tot - prot, prot):
             raise Violation("bookkeeping", "size_accounting", f"full evictable {c.full_evictable_size()} / "
                             f"protected {c.full_protected_size()}, the tree has {tot - prot} / {prot}")
         full_free, swa_free = self._free_sets()
@@ -298,19 +337,21 @@ class UnifiedChecks(ShadowChecks):
             return
         sv = [v for v in views if v.swa is not None]
         stot, sprot = sum(len(v.swa) for v in sv), sum(len(v.swa) for v in sv if v.swa_lock > 0)
-        if (c.swa_evictable_size(), c.swa_protected_size()) != (stot - sprot, sprot):
+        if tree and (c.swa_evictable_size(), c.swa_protected_size()) != (stot - sprot, sprot):
             raise Violation("bookkeeping", "size_accounting", f"swa evictable {c.swa_evictable_size()} / "
                             f"protected {c.swa_protected_size()}, the tree has {stot - sprot} / {sprot}")
-        self._pool("swa", [s for v in sv for s in v.swa] + [self.swa_of(s) for s in self._own()], swa_free,
+        m = self.swa_map()
+        self._pool("swa", [s for v in sv for s in v.swa] + [m[s] for s in self._own()], swa_free,
                    set(range(1, self.size_swa + 1)))
 
-    def _rust_checks(self) -> None:
+    def _rust_checks(self, inc: Any = None) -> None:
         """What the Rust core exposes: holders' prefixes live, sizes against the flattened tree, pools."""
         c = self.cache
         full_free, swa_free = self._free_sets()
+        m = self.swa_map()
         for r in self.reqs.values():
             if r.state == "running":
-                self._held_live(r, self.holds[r.rid], full_free, swa_free)
+                self._held_live(r, self.holds[r.rid], full_free, swa_free, m, inc)
         vals = _ints(c.all_values_flatten())
         tot, aux = c.total_size()
         if c.full_evictable_size() + c.full_protected_size() != len(vals) or tot != len(vals):

@@ -8,6 +8,10 @@ through each side's shadow to the token prefixes they hold), and, along every ke
 inserted, the read-only full-KV match and the SWA tombstone ranges. Any difference is a
 finding (`tree_core_differential`). The Python side runs every node-level check; the Rust
 side runs those its production interface allows (sglang_unified_checks._rust_checks).
+
+In a campaign (incremental checks, sglang_incremental.py) a core's answers along the keys and
+its tree contents are asked again only when a step called that core's cache (or wrote the
+shadow), and all of them every `full_scan_every` steps; shrinking and replay ask every step.
 """
 from __future__ import annotations
 
@@ -39,6 +43,17 @@ class LockstepAdapter:
         self.fault, self.capacity = fault, self.py.capacity
         self.broken: Violation | None = None
         self.compared = 0
+        self._memo: dict[str, tuple] = {}       # core -> (its cache calls so far, written, contents, answers)
+
+    incremental_pays = True         # (the cores' answers along every key: asked again only when needed)
+
+    @property
+    def full_scan_every(self) -> int:
+        return self.py.full_scan_every
+
+    @full_scan_every.setter
+    def full_scan_every(self, n: int) -> None:      # each core's own checks: incremental or exact
+        self.py.full_scan_every = self.rs.full_scan_every = n
 
     # the generator and the drivers read the primary's state
     reqs = property(lambda self: self.py.reqs)
@@ -91,24 +106,45 @@ class LockstepAdapter:
         self._diff("request states", {r: q.state for r, q in self.py.reqs.items()},
                    {r: q.state for r, q in self.rs.reqs.items()})
         P, R = self.py, self.rs
-        for name in ("full_evictable_size", "full_protected_size", "total_size") + \
-                (("swa_evictable_size", "swa_protected_size") if P.swa else ()):
-            self._diff(name, getattr(P.cache, name)(), getattr(R.cache, name)())
-        fa, sa = (P._free_sets(), R._free_sets())
-        self._diff("free slots (full, swa)", (len(fa[0]), len(fa[1])), (len(sa[0]), len(sa[1])))
-        self._diff("tree contents (the prefixes its full values hold)", self._contents(P), self._contents(R))
-        for key in sorted(P.keys | R.keys):
-            k = P._key(list(key))
-            mp, mr = P.cache.tree_core.match_full_device_prefix(k), R.cache.tree_core.match_full_device_prefix(k)
-            self._diff(f"full-KV match along a {len(key)}-token key (length, pinned)", (mp[0], mp[2]), (mr[0], mr[2]))
+        with P.checking(), R.checking():            # (the comparison's own calls are no step's)
+            for name in ("full_evictable_size", "full_protected_size", "total_size") + \
+                    (("swa_evictable_size", "swa_protected_size") if P.swa else ()):
+                self._diff(name, getattr(P.cache, name)(), getattr(R.cache, name)())
+            fa, sa = (P._free_sets(), R._free_sets())
+            self._diff("free slots (full, swa)", (len(fa[0]), len(fa[1])), (len(sa[0]), len(sa[1])))
+            keys = sorted(P.keys | R.keys)
+            cp, ap = self._asked("python", P, keys)
+            cr, ar = self._asked("rust", R, keys)
+        self._diff("tree contents (the prefixes its full values hold)", cp, cr)
+        for key in keys:
+            (mp, tp), (mr, tr) = ap[key], ar[key]
+            self._diff(f"full-KV match along a {len(key)}-token key (length, pinned)", mp, mr)
             if P.swa:
-                self._diff(f"SWA tombstones along a {len(key)}-token key",
-                           P.cache.tree_core.swa_tombstone_ranges(k, 0, len(key)),
-                           R.cache.tree_core.swa_tombstone_ranges(P._key(list(key)), 0, len(key)))
+                self._diff(f"SWA tombstones along a {len(key)}-token key", tp, tr)
+
+    def _asked(self, core: str, ad: UnifiedAdapter, keys: list) -> tuple[list, dict]:
+        """A core's tree contents and its answers along the keys: asked afresh, or (incremental
+        mode) kept from the last step while no step called its cache and the shadow is as it was."""
+        ep, every = ad.epoch(), ad.full_scan_every
+        old = self._memo.get(core)
+        keep = ep is not None and old is not None and old[0] == ep and self.compared % every != 0
+        written = dict(ad.written) if ep is not None else None
+        contents = old[2] if keep and old[1] == written else self._contents(ad)
+        answers = {}
+        for key in keys:
+            a = old[3].get(key) if keep else None
+            if a is None:
+                mp = ad.cache.tree_core.match_full_device_prefix(ad._key(list(key)))
+                a = answers[key] = ((mp[0], mp[2]), ad.cache.tree_core.swa_tombstone_ranges(
+                    ad._key(list(key)), 0, len(key)) if ad.swa else None)
+            answers[key] = a
+        if ep is not None:
+            self._memo[core] = (ep, written, contents, answers)
+        return contents, answers
 
     @staticmethod
     def _contents(ad: UnifiedAdapter) -> list:
-        vals = [int(v) for v in ad.cache.all_values_flatten().tolist()]
+        vals = ad.cache.all_values_flatten().tolist()
         return sorted(ad.written.get(s, ()) for s in vals)
 
 
