@@ -91,7 +91,7 @@ def execute(layout: str, num_blocks: int, fault: str | None, program: list[Act],
     ad = _adapter(layout, num_blocks, fault, strict, twin)
     known.install(ad, vllm_version())
     f = Lockstep(FreeModel(), ad).run(program)
-    if f is not None and (name := known.of_finding(ad, f)):
+    if f is not None and (name := known.of_finding(ad, f, vllm_version())):
         f.checks = [f"known:{name}"]     # (so the shrinker never trades a finding for a known defect)
     return ad, f
 
@@ -218,6 +218,7 @@ def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = N
         per_req = max(16, layout_scale(layout)[1] // min(bs for _, bs, _ in _LAYOUTS[layout][1]))
         num_blocks = rng.choice([10, 14, 20, 32]) * max(2, len(_LAYOUTS[layout][1])) // 2 * per_req // 16
         ad = _adapter(layout, num_blocks, fault, strict_reuse, twin)
+        ad.sched_policy = sched_policy          # (a known defect of the PRIORITY policy: vllm_known.py)
         _incremental(ad)
         known.install(ad, vllm_version())     # known vLLM defects are counted, not reported (vllm_known.py)
         core = Lockstep(FreeModel(), ad)
@@ -231,7 +232,7 @@ def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = N
                 core.step(Act(*gen.next(ad)))
             except Finding as f:
                 viol = f
-            if viol is not None and (name := known.of_finding(ad, viol)):
+            if viol is not None and (name := known.of_finding(ad, viol, vllm_version())):
                 coverage[f"known:{name}"] += 1
                 viol = None
                 break                           # the episode's manager carries the defect: the next one

@@ -37,7 +37,8 @@ class Known:
     upstream: str                 # public issue / PR, or "none found"
     repro: str                    # standalone reproducer under docs/repro/
     applies: Callable[[Any], bool]              # does the layout reach the defect's code?
-    fixed: Callable[[Any, Callable, Any, int], tuple]   # (ad, find, hashes, max) -> (blocks, hit)
+    fixed: Callable[[Any, Callable, Any, int], tuple] | None = None   # (ad, find, hashes, max) -> (blocks, hit)
+    message: str = ""             # no `fixed`: the finding's message must match this regex
 
 
 def _ver(v: str) -> tuple[int, ...]:
@@ -200,6 +201,13 @@ def _swa_eagle_mixed(ad: Any) -> bool:
                                for g, (k, bs, _) in enumerate(ad.groups))
 
 
+def _mamba_drafter(ad: Any, fine: bool = False) -> bool:
+    return ad.drafter and any(k == "mamba" and (bs > ad.hb or not fine) for k, bs, _ in ad.groups)
+
+
+# A defect outside the lookup (a chunk split, a step's copies, the scheduler's preemption) has
+# no lookup to rerun: it is matched by its signature (check, layout, release range and the
+# finding's message), each signature checked against the defect's standalone reproducer.
 KNOWN: tuple[Known, ...] = (
     Known("second_full_group_truncation", "hit_length_equal", "0.18.1", "0.28.0", "none found (fixed in 0.33.0)",
           "docs/repro/traces/vllm-gen_2000016-hit_length_equal-seed2000016.json", _two_full, _truncate_all),
@@ -211,6 +219,15 @@ KNOWN: tuple[Known, ...] = (
           "docs/repro/vllm_eagle_redrop_32802.py", lambda ad: ad.drafter and _hybrid(ad), _drop_once),
     Known("eagle_margin_capped", "lost_reuse", "0.14.1", "0.28.0", "none found (fixed in 0.33.0)",
           "docs/repro/vllm_eagle_margin_capped.py", lambda ad: ad.drafter and _hybrid(ad), _margin_to_hashed),
+    Known("mamba_eagle_unaligned_chunk", "hash_map_sound", "0.18.1", "0.23.0",
+          "vllm-project/vllm#43559, fixed by PR #51113", "docs/repro/vllm_mamba_eagle_unaligned_chunk.py",
+          _mamba_drafter, message=r"stale prefix-cache entry"),
+    Known("fine_cow_same_step", "state_copy_sound", "0.28.0", "0.33.0", "none found (new)",
+          "docs/repro/vllm_fine_cow_same_step.py", lambda ad: _mamba_drafter(ad, fine=True),
+          message=r"source's bytes are not written yet \(published at schedule time"),
+    Known("priority_preempt_unwritten", "read_before_write", "0.14.1", "0.33.0",
+          "vllm-project/vllm PR #43569 (open)", "docs/repro/vllm_priority_preempt_unwritten.py",
+          lambda ad: getattr(ad, "sched_policy", "fcfs") == "priority", message=r""),
 )
 
 
@@ -225,7 +242,7 @@ def active(ad: Any, version: str) -> list[Known]:
 def install(ad: Any, version: str) -> None:
     """Run every active defect's fixed lookup beside each lookup of the campaign's manager
     (same state, before the admission changes it); `recognise` reads the results."""
-    ks = active(ad, version)
+    ks = [k for k in active(ad, version) if k.fixed is not None]
     ad.known_last = None
     if not ks:
         return
@@ -302,11 +319,13 @@ def explain_trace(path: str) -> dict:
             n_lost = len(ad.lost)
             obs = ad.apply(s.action, dict(s.params))
             got = ad.broken.check if ad.broken else next((v.check for v in ad.lost[n_lost:]), None)
+            msg = ad.broken.message if ad.broken else ""
             ad.broken = None
             if got == check and i == at:
                 found = i
                 act = SimpleNamespace(action=s.action, params=s.params)
-                name = recognise(ad, check, act, obs.get("usable"))
+                name = recognise(ad, check, act, obs.get("usable")) \
+                    or by_signature(ad, V.vllm_version(), check, msg)
                 break
         return {"trace": path, "vllm_version": V.vllm_version(), "check": check, "step": at,
                 "reproduced": found is not None, "known": name,
@@ -315,9 +334,17 @@ def explain_trace(path: str) -> dict:
         STRICT = strict
 
 
-def of_finding(ad: Any, f: Any) -> str | None:
+def by_signature(ad: Any, version: str, check: str, message: str) -> str | None:
+    """The known defect outside the lookup whose signature a finding of `check` matches."""
+    for k in active(ad, version):
+        if k.fixed is None and k.check == check and re.search(k.message, message):
+            return k.name
+    return None
+
+
+def of_finding(ad: Any, f: Any, version: str) -> str | None:
     """The known defect behind a finding the core raised (its last step), if any."""
-    if not f.program:
+    if not f.program or not f.checks:
         return None
     usable = ad.lost[-1].size.get("usable") if f.kind == "lost_reuse" and ad.lost and ad.lost[-1].size else None
-    return recognise(ad, f.checks[0], f.program[-1], usable)
+    return recognise(ad, f.checks[0], f.program[-1], usable) or by_signature(ad, version, f.checks[0], f.message)
