@@ -186,3 +186,40 @@ def test_profile_shape():
     assert set(p) == {"full+swa-sparse", "full+swa-sparse (dense twin)"}
     assert [d for d, _ in p["full+swa-sparse"]] == list(range(33))
     assert set(reuse_profile("full")) == {"full"}
+
+
+_EAGLE_SPARSE = {"groups": [{"kind": "mla", "block_size": 16}, {"kind": "swa", "block_size": 16, "window": 7}],
+                 "hash_block_size": 16, "max_model_len": 256, "use_eagle": True, "retention_interval": 0}
+
+
+def test_eagle_replay_boundary_is_one_block_lower(tmp_path):
+    """Found by the 0.33.0 release campaign (an oracle bug, fixed): with a drafter vLLM's
+    replay boundaries are the resend's and the extension's minus one scheduler block
+    (kv_cache_coordinator.replay_boundaries), and a hit there must prove the block above. The
+    oracle promised r1's 17-token prompt a hit of 16 (no EAGLE), which not even the dense twin
+    can give: trace vllm-gen_1000038-lost_reuse_retention2-seed1000038.json, 4 steps."""
+    name = register_layout(_EAGLE_SPARSE, str(tmp_path / "gen_1000038.json"), prefix="gen")
+    toks = [35, 8, 6, 19, 22, 14, 11, 36, 4, 5, 9, 23, 20, 34, 26, 35, 1]
+    ad = TwinAdapter(name, 14)
+    for act, p in [("submit", {"r": "r1", "tokens": toks}), ("lookup", {"r": "r1", "chunk": 16, "la": 2}),
+                   ("preempt", {"r": "r1"}), ("lookup", {"r": "r1", "chunk": 16, "la": 2})]:
+        obs = ad.apply(act, p)
+    assert obs["hit"] == 0 and not _retention_lost(ad)
+
+
+def test_eagle_promise_still_catches_the_retention_fault(tmp_path):
+    """The EAGLE-aware promise still holds vLLM to the boundary it documents: a 40-token prompt
+    (block 16) keeps boundary 16 and its resend hits 16; with the planted fault the tail is
+    dropped and the twin oracle reports it."""
+    name = register_layout(_EAGLE_SPARSE, str(tmp_path / "eagle_sparse.json"), prefix="gen")
+    prompt = list(range(40))
+    for fault, want in ((None, 16), ("retention_drops_tail", 0)):
+        ad = TwinAdapter(name, 32, fault)
+        _serve(ad, "a", prompt)
+        ad.apply("finish", {"r": "a"})
+        assert _serve(ad, "b", list(prompt))["hit"] == want
+        lost = _retention_lost(ad)
+        if fault is None:
+            assert not lost
+        else:
+            assert len(lost) == 1 and lost[0].size["promised"] == 16 and "EAGLE replay boundary" in lost[0].message

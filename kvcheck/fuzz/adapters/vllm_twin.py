@@ -160,7 +160,12 @@ class TwinAdapter(VllmAdapter):
                     self.promises.pop(key, None)
 
     def _boundaries(self, req: _Req) -> list[tuple[int, str]]:
-        """(boundary, why) the policy keeps for this request, as far as it has computed."""
+        """(boundary, why) the policy keeps for this request, as far as it has computed, each
+        floored to the hit alignment. With a drafter the reachable points are one scheduler
+        block lower than without (``replay_boundaries``: the resend's and the extension's
+        boundary minus a block; a junction also one SWA block lower, kv_cache_coordinator.py:
+        65-87, single_type_kv_cache_manager.py:511-520): a hit there matches the block above
+        and drops it. A boundary only some sliding-window groups keep is promised by none."""
         o, a = req.obj, self.align
         c = o.num_computed_tokens
         out: list[tuple[int, str]] = []
@@ -168,10 +173,19 @@ class TwinAdapter(VllmAdapter):
             return [(b, "dense") for b in range(a, c + 1, a)]
         if self.interval > 0:
             out += [(b // a * a, f"every {self.interval} tokens") for b in range(self.interval, c + 1, self.interval)]
-        out.append(((o.num_prompt_tokens - 1) // a * a, f"replay boundary of {req.rid}'s prompt"))
+        P, sb = o.num_prompt_tokens, self.sched_bs
+        if self.drafter:
+            resend, ext = (P - 1) // sb * sb, P // sb * sb
+            out += [((x - sb) // a * a, f"EAGLE replay boundary of {req.rid}'s prompt") for x in {resend, ext}]
+        else:
+            out.append(((P - 1) // a * a, f"replay boundary of {req.rid}'s prompt"))
         j = getattr(o, "shared_prefix_boundary", 0) or 0
         if j:
             out.append((j // a * a, f"junction {j} pinned at {req.rid}'s lookup"))
+            swa = [(g, bs) for g, (kind, bs, _) in enumerate(self.groups) if kind in SWA_KINDS]
+            if all(g in self.eagle_groups for g, _ in swa) and len({bs for _, bs in swa}) == 1:
+                jb = j - swa[0][1]            # every SWA group keeps it (else some do not: no promise)
+                out.append((jb // a * a, f"junction {j} pinned at {req.rid}'s lookup, one block lower (EAGLE)"))
         return [(b, why) for b, why in out if 0 < b <= c]
 
     def _record_promises(self) -> None:
@@ -192,14 +206,17 @@ class TwinAdapter(VllmAdapter):
                         self.by_block.setdefault(bid, set()).add(key)
 
     def _tail(self, req: _Req, b: int) -> list[tuple[int, int, int]] | None:
-        """(group, block id, index) of the blocks each SWA group keeps for a hit at b."""
+        """(group, block id, index) of the blocks each SWA group keeps for a hit at b: the
+        ``cdiv(W - 1, block)`` blocks before b, and for a group that takes the EAGLE drop the
+        block above b too (``reachable_block_mask``: ``need`` + 1 blocks, shifted by one)."""
         out = []
         for g, (kind, bs, w) in enumerate(self.groups):
             if kind not in SWA_KINDS:
                 continue
             table = self._table(g, req.rid)
-            end = b // bs
-            for i in range(max(0, end - _cdiv(w - 1, bs)), end):
+            shift = 1 if g in self.eagle_groups else 0
+            end = b // bs + shift
+            for i in range(max(0, end - _cdiv(w - 1, bs) - shift), end):
                 if i >= len(table) or table[i].is_null or table[i].block_id in self.unpublished:
                     return None               # never held that tail, or the connector evicted it
                 out.append((g, table[i].block_id, i))
@@ -223,7 +240,8 @@ class TwinAdapter(VllmAdapter):
         for g, (kind, bs, _) in enumerate(self.groups):
             if kind in SWA_KINDS:
                 continue
-            for i in self.needed_hit(g, b):
+            peek = [b // bs] if g in self.eagle_groups else []     # the EAGLE drop's proof block
+            for i in [*self.needed_hit(g, b), *peek]:
                 h = self._group_hash(req, g, i)
                 blk = cache.get_one_block(ku.make_block_hash_with_group_id(h, g)) if h else None
                 if blk is None or self.written.get(blk.block_id) != self._content(req, (i + 1) * bs):

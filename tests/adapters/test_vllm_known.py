@@ -1,0 +1,65 @@
+"""Known vLLM defects (vllm_known.py): a finding that matches one is counted as known:NAME,
+one that does not is reported, and KVCHECK_VLLM_STRICT=1 reports every finding."""
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from kvcheck.fuzz.adapters import vllm as V                      # noqa: E402
+from kvcheck.fuzz.adapters import vllm_known as K                # noqa: E402
+from kvcheck.fuzz.lockstep import Act                            # noqa: E402
+from kvcheck.spec.trace import Trace                             # noqa: E402
+
+COW = "docs/repro/traces/vllm_fine_cow_same_step.json"          # the same-step copy-on-write (new)
+TRUNC = "docs/repro/traces/vllm-gen_2000016-hit_length_equal-seed2000016.json"
+
+
+def _program(path: str) -> tuple[Trace, list[Act]]:
+    t = Trace.load(path)
+    return t, [Act(s.action, dict(s.params)) for s in t.steps]
+
+
+def _in_range(name: str) -> bool:
+    k = next(k for k in K.KNOWN if k.name == name)
+    return K._ver(k.first) <= K._ver(V.vllm_version()) <= K._ver(k.last)
+
+
+def test_every_entry_names_its_release_range_check_and_evidence():
+    for k in K.KNOWN:
+        assert K._ver(k.first) <= K._ver(k.last) and k.check and k.upstream and k.repro
+        assert k.fixed is not None or k.message is not None      # a fix to rerun, or a signature
+
+
+def test_a_matched_finding_is_counted_known_and_strict_mode_reports_it(monkeypatch):
+    if not _in_range("fine_cow_same_step"):
+        pytest.skip("the same-step copy-on-write is in 0.28.0 and 0.33.0")
+    t, prog = _program(COW)
+    ad, f = V.execute(t.meta["layout"], int(t.meta["num_blocks"]), None, prog)
+    assert f is not None and f.checks == ["known:fine_cow_same_step"]
+    assert K.explain_trace(COW)["known"] == "fine_cow_same_step"
+    monkeypatch.setattr(K, "STRICT", True)
+    ad, f = V.execute(t.meta["layout"], int(t.meta["num_blocks"]), None, prog)
+    assert f is not None and f.checks == ["state_copy_sound"]
+
+
+def test_an_unmatched_finding_is_reported():
+    """The same trace with a planted fault: no known defect is active, the finding stands; a
+    message that is not the defect's signature matches nothing."""
+    t, prog = _program(COW)
+    ad = V._adapter(t.meta["layout"], int(t.meta["num_blocks"]), "mamba_same_step_hit", False, False)
+    assert K.active(ad, V.vllm_version()) == []
+    clean = V._adapter(t.meta["layout"], int(t.meta["num_blocks"]), None, False, False)
+    assert K.by_signature(clean, V.vllm_version(), "state_copy_sound", "some other cause") is None
+    assert K.by_signature(clean, V.vllm_version(), "hash_map_sound",
+                          "the source's bytes are not written yet (published at schedule time") is None
+
+
+def test_the_second_full_group_truncation_is_known_only_where_it_exists():
+    """Fixed in 0.33.0: there the trace does not reproduce and nothing is recognised; on 0.18.1
+    to 0.28.0 the counterfactual lookup (every full group truncated) explains it."""
+    e = K.explain_trace(TRUNC)
+    if _in_range("second_full_group_truncation"):
+        assert e["reproduced"] and e["known"] == "second_full_group_truncation"
+    else:
+        assert not e["reproduced"] and e["known"] is None
