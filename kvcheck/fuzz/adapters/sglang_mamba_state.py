@@ -140,6 +140,28 @@ class MambaStates:
     def _mamba_release(self, slot: int) -> None:
         self.mslots.free(self.torch.tensor([slot], dtype=self.torch.int64))
 
+    def following_state_copies(self, fn: Any) -> None:
+        """Run one of SGLang's calls with the state shadow following every copy it makes between
+        state slots (the checks then read the bytes against it): SGLang copies a state with the
+        pool's `copy_from` (0.5.23's checkpoint fork: a slot from the allocator, then copy_from),
+        which `fork_from` calls too (0.5.7-0.5.15: a new slot and the copy)."""
+        pool = self.mpool
+        had, real = "copy_from" in vars(pool), pool.copy_from
+
+        def copy_from(src_index: Any, dst_index: Any) -> Any:
+            out = real(src_index, dst_index)
+            for d, s in zip(dst_index.flatten().tolist(), src_index.flatten().tolist()):
+                self.mwritten[int(d)] = self.mwritten.get(int(s))
+            return out
+        pool.copy_from = copy_from
+        try:
+            fn()
+        finally:
+            if had:
+                pool.copy_from = real
+            else:
+                del pool.copy_from
+
     # ---- the generator's hooks and the twin -----------------------------------------------
     def evict_params(self, rng: Any) -> dict:
         """The generator's evict: full tokens and/or Mamba states."""
