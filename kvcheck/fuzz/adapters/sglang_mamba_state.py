@@ -16,9 +16,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .sglang_compat import kw
+from .sglang_compat import MAMBA_CHUNK, kw
 
-CHUNK = 64          # the Mamba cache chunk size the server args stand-in reports (SGLang's FLA default)
+CHUNK = MAMBA_CHUNK     # the Mamba cache chunk size the server args stand-in reports
 
 
 def fingerprint(prefix: tuple[int, ...]) -> float:
@@ -52,10 +52,14 @@ def set_server_args_stand_in() -> bool:
         rc = None
     if rc is not None and hasattr(rc, "get_context"):
         try:
-            rc.get_server_args()
-            return False
+            cur = rc.get_server_args()
         except ValueError:                    # "Global server args is not set yet!"
-            pass
+            cur = None
+        if cur is not None:                   # a dummy model's (ours, or SGLang's test default): its
+            if cur.model_path in ("dummy", "kvcheck-cpu-stand-in") and \
+                    "_mamba_cache_chunk_size" not in vars(cur):   # HF config would be downloaded
+                cur._mamba_cache_chunk_size = CHUNK
+            return False
         # an unresolved ServerArgs (resolving it would load the model's HF config) with the chunk
         # size pre-seeded, as SGLang's own test fixtures do for a dummy model
         args = sa.ServerArgs(model_path="kvcheck-cpu-stand-in", device="cpu")

@@ -90,8 +90,9 @@ class UnifiedMambaAdapter(UnifiedMambaChecks, MambaStates, UnifiedAdapter):
         gone = set(before) - set(self.state_prefixes())
         self.twin -= gone
         self.coverage["state:mamba_evicted"] += bool(gone)
-        for rid, node in self.mlocked.items():
-            if node is not None and self.state_of(node) is None:
+        had = {id(n) for n in before.values()}     # a tombstone may be locked (0.5.23 counts it): only a
+        for rid, node in self.mlocked.items():      # state that was there may not go
+            if node is not None and id(node) in had and self.state_of(node) is None:
                 raise Violation("bookkeeping", "no_evict_locked", f"{rid}'s mamba-locked node lost its state")
 
     # ---- the release's API ----------------------------------------------------------------
@@ -247,6 +248,15 @@ class UnifiedMambaAdapter(UnifiedMambaChecks, MambaStates, UnifiedAdapter):
     # slot for the tree (a slot from the allocator + `copy_from`, or `fork_from`), free the fork when the
     # tree already had a state there (`mamba_exist`), and move the lock; a finished request's own slot is
     # donated to the tree (or freed when it had one); an aborted request's slot is freed by SGLang.
+    _publishing = False      # SGLang is publishing a chunk (mamba_state_dropped_on_insert: finished requests only)
+
+    def _publish(self, r: str, s: Any) -> None:
+        self._publishing = True
+        try:
+            super()._publish(r, s)
+        finally:
+            self._publishing = False
+
     def _sched_new(self, r: str, sreq: Any) -> None:
         """SGLang's request carries the state slot the admission took, so the row SGLang's
         HybridReqToTokenPool hands out maps to it (else alloc takes a second slot for it)."""
@@ -318,6 +328,8 @@ class UnifiedMambaAdapter(UnifiedMambaChecks, MambaStates, UnifiedAdapter):
         def commit(*a: Any, **k: Any) -> Any:
             args = sig.bind(*a, **k).arguments
             node = args["node"]
+            if self._publishing:                      # a chunk's forked state: not a finished request's
+                return real(*a, **k)
             if not args["is_new_leaf"] and node.component_data[self.CT.MAMBA].value is None:
                 args["result"].mamba_exist = True     # the tombstone keeps no state; the caller frees its slot
                 return None
