@@ -4,8 +4,8 @@ between chunks, and such requests released by SGLang's own cache_finished_req / 
 
 Each python named in KVCHECK_SGLANG_PYTHONS (side venvs built by scripts/install-sglang.sh) runs
 one subprocess (SGLang's import chain takes seconds) that plays a hand-written chunked scenario,
-plants `unfinished_lock_not_moved` on every layout of the release it applies to (not ChunkCache), runs a short clean campaign per
-layout and models the wrong slot ownership once; the tests judge its JSON. Without the variable
+plants `unfinished_lock_not_moved` on every layout of the release it applies to (ChunkCache has no
+lock to move), runs a short clean campaign per layout and models the wrong slot ownership once; the tests judge its JSON. Without the variable
 they skip, saying how to enable them; the first two tests need no SGLang.
 """
 from __future__ import annotations
