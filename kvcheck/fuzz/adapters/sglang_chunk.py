@@ -6,19 +6,23 @@ calls are no-ops, `evict` frees nothing, `cache_unfinished_req` hands a chunked 
 KV back as `prefix_indices`, and `cache_finished_req` frees a finished request's committed KV (and
 on 0.4.10-0.5.7 its req_to_token row; 0.5.12's `release_kv_cache` frees the row after it). The
 adapter plays the scheduler on real pools (a `ReqToTokenPool` and a `TokenToKVPoolAllocator` on
-CPU): a request is admitted with a row and its prompt's slots, prefilled in chunks of
-`CHUNK_TOKENS` with `cache_unfinished_req` after each but the last (0.4.10-0.5.7 then free the
-row and give the next chunk a new one, writing `prefix_indices` back into it; 0.5.12 keeps the
-row), decoded a token at a time, and released through `release_kv_cache` where the release has
-it (0.5.7+), else `cache_finished_req` as 0.4.10's scheduler calls it. The request is SGLang's
-own `Req` where it imports on CPU (0.5.7+); 0.4.10's does not (its chain needs a torch API 2.13
-dropped), so there a stand-in carries the fields ChunkCache reads.
+CPU). Admission (`match`, or a request's first `chunk`) is here: match_prefix, a row, the lock
+calls, the KV of the prompt or of its first chunk. Everything after it is the scheduler path that
+every class shares (sglang_sched.py), with ChunkCache's hooks: each later `chunk(r, n)` (other
+requests may act in between, as in SGLang's scheduler) computes n more tokens, then SGLang's
+`cache_unfinished_req` publishes the chunk (it hands the request's own KV back as prefix_indices;
+0.4.10-0.5.7's scheduler then frees the row and writes them into a new one for the next chunk,
+0.5.12 keeps the row); decode appends a token to the row; finish and abort are SGLang's
+`release_kv_cache` where the release has it (0.5.7+), else `cache_finished_req` as 0.4.10's
+scheduler calls it. The request is SGLang's own `Req` where it imports on CPU (0.5.7+); 0.4.10's
+does not (its chain needs a torch API 2.13 dropped), so there the scheduler path's `FlatReq` (the
+fields the flat-API caches read) stands in.
 
 Checks after every step: `disabled_cache_no_hit` (a match reports no reusable prefix),
 `request_kv_intact` (every running request's slots are allocated, hold its prefix, its
-req_to_token row and `prefix_indices` name them), `kv_freed_once` (no slot freed while free),
-`no_evict_locked` (evict freed nothing: all KV belongs to running requests),
-`lock_ref_equals_holders` (the lock calls change nothing: delta 0, protected size 0) and
+req_to_token row and, after `cache_unfinished_req`, its `prefix_indices` name them), `kv_freed_once`
+(no slot freed while free), `no_evict_locked` (evict freed nothing: all KV belongs to running
+requests), `lock_ref_equals_holders` (the lock calls change nothing: delta 0, protected size 0) and
 `size_accounting` (running requests' slots + free = capacity, disjoint; rows likewise).
 """
 from __future__ import annotations
@@ -27,28 +31,15 @@ import inspect
 from collections import Counter
 from typing import Any
 
-from kvcheck.spec.sut import ActionRejected
-
 from .sglang_adapter import SglangAdapter
 from .sglang_checks import Req, Violation
-from .sglang_compat import kw, new_allocator
+from .sglang_compat import alloc_row, free_row, kw, new_allocator
 from .sglang_install import cache_class, load
 from .sglang_layouts import MAX_TOKENS
 from .sglang_mamba_state import set_server_args_stand_in
+from .sglang_sched_req import ROWS, FlatReq, Sched
 
-CHUNK_TOKENS = 8       # the chunked prefill size: prompts up to MAX_TOKENS run in up to 5 chunks
-ROWS = 8               # req_to_token rows (the generator keeps at most 4 requests)
-
-
-class ChunkReqStandIn:
-    """KVCHECK_CPU_STUB: the scheduler's Req as 0.4.10's ChunkCache reads it (SGLang's own Req does
-    not import there on CPU)."""
-
-    def __init__(self, rid: str, tokens: list[int]) -> None:
-        self.rid, self.origin_input_ids, self.output_ids = rid, list(tokens), []
-        self.fill_ids: list[int] = []
-        self.req_pool_idx: Any = None
-        self.prefix_indices: Any = None
+CHUNK_TOKENS = 12      # CacheInitParams.chunked_prefill_size: the largest chunk the generator draws
 
 
 def _delta(res: Any) -> int:
@@ -58,6 +49,8 @@ def _delta(res: Any) -> int:
 
 class ChunkAdapter(SglangAdapter):
     """SglangAdapter for ChunkCache: no tree, the requests own every KV slot."""
+
+    row_check = "request_kv_intact"     # a chunk's row reading a freed or overwritten slot
 
     def reset(self, cfg: Any = None) -> None:
         import torch
@@ -78,7 +71,6 @@ class ChunkAdapter(SglangAdapter):
             self.cache = cls(**kw(cls.__init__, req_to_token_pool=self.rtp, token_to_kv_pool_allocator=self.alloc,
                                   page_size=1))
         self.params_api = hasattr(S["bpc"], "MatchPrefixParams")
-        self.rows_by_req = "reqs" in inspect.signature(self.rtp.alloc).parameters   # 0.5.12: rows kept per Req
         try:
             from sglang.srt.mem_cache.common import release_kv_cache
             self.release_kv_cache: Any = release_kv_cache
@@ -86,7 +78,6 @@ class ChunkAdapter(SglangAdapter):
             self.release_kv_cache = None
         self.req_cls = _sglang_req()
         self.reqs: dict[str, Req] = {}
-        self.sreq: dict[str, Any] = {}            # running request -> the Req SGLang's cache sees
         self.written: dict[int, tuple[int, ...]] = {}
         self.twin: set[tuple[int, ...]] = set()
         self.coverage: Counter = Counter()
@@ -96,6 +87,7 @@ class ChunkAdapter(SglangAdapter):
         self.double: list[str] = []               # double frees seen by the free observer
         self.last_admitted: list[int] = []
         self.coverage["state:sglang_req" if self.req_cls else "state:req_stand_in"] += 1
+        self._sched_state()                       # every admitted request is on the scheduler path
         self._observe_frees()
         self._plant()
 
@@ -112,36 +104,18 @@ class ChunkAdapter(SglangAdapter):
             return real(idx)
         self.alloc.free = free
 
-    # ---- SGLang's request and the row pool ------------------------------------------------
+    # ---- SGLang's request ------------------------------------------------------------------
     def _new_req(self, r: str, tokens: list[int]) -> Any:
-        if self.req_cls is None:
-            return ChunkReqStandIn(r, tokens)
+        if self.req_cls is None:                  # KVCHECK_CPU_STUB: 0.4.10's Req does not import on CPU
+            return FlatReq(r, list(tokens))
         Req_, SamplingParams = self.req_cls
         return Req_(r, "", list(tokens), SamplingParams())
 
-    def _alloc_row(self, sreq: Any) -> int | None:
-        if self.rows_by_req:
-            out = self.rtp.alloc([sreq])
-            return None if out is None else sreq.req_pool_idx
-        out = self.rtp.alloc(1)
-        if out is None:
-            return None
-        sreq.req_pool_idx = out[0]
-        return out[0]
-
-    def _free_row(self, sreq: Any) -> None:
-        if self.rows_by_req:
-            self.rtp.free(sreq)
-        else:
-            self.rtp.free(sreq.req_pool_idx)
-            sreq.req_pool_idx = None
-
-    def _write_row(self, sreq: Any, lo: int, vals: Any) -> None:
-        t = vals if hasattr(vals, "dtype") else self.torch.tensor(vals, dtype=self.torch.int32)
-        self.rtp.write((sreq.req_pool_idx, slice(lo, lo + len(t))), t.to(self.rtp.req_to_token.dtype))
-
-    # ---- actions -------------------------------------------------------------------------
+    # ---- actions: admission here; chunks, decode and release on the scheduler path --------
     def _a_match(self, r: str) -> dict:
+        """match_prefix (no hit, no node), a row, `inc_lock_ref`, the KV of the whole prompt or (the
+        `chunk` action) of its first chunk. Every admitted request is a scheduler-path request
+        (sglang_sched.py): its later chunks, decode and release are the scheduler's, on SGLang's calls."""
         req = self._get(r, "waiting")
         toks = req.tokens
         key = self._key(toks[:-1])
@@ -152,99 +126,78 @@ class ChunkAdapter(SglangAdapter):
             raise Violation("safety", "disabled_cache_no_hit", f"{r}: ChunkCache (prefix caching off) matched {hit} "
                             f"tokens (slots {[int(x) for x in m.device_indices.tolist()][:8]}): it keeps no KV "
                             "between requests, so these slots are not this prompt's")
-        sreq = self._new_req(r, toks)
-        if self._alloc_row(sreq) is None:
+        sched, sreq = self._sched_state(), self._new_req(r, toks)
+        row = alloc_row(self.rtp, sreq)
+        if row is None:
             self.coverage["state:admission_refused"] += 1
             return {"hit": 0, "admitted": False}
+        sreq.req_pool_idx = row
         self._lock_call("inc_lock_ref", m.last_device_node)
-        slots = self._alloc(len(toks))
+        need = self._need(req, 0)                  # the whole prompt, or its first chunk
+        slots = self._alloc(need)
         if slots is None:
-            self._free_row(sreq)
+            free_row(self.rtp, sreq, row)
             self._lock_call("dec_lock_ref", m.last_device_node)
             self.coverage["state:admission_refused"] += 1
             return {"hit": 0, "admitted": False}
         req.node, req.hit, req.state, req.slots, req.spare, req.floor = None, 0, "running", slots, [], len(toks)
-        self.sreq[r] = sreq
-        pre = 0
-        for end in range(CHUNK_TOKENS, len(toks) + CHUNK_TOKENS, CHUNK_TOKENS):
-            end = min(end, len(toks))
-            self._write_row(sreq, pre, slots[pre:end])
-            for p in range(pre, end):
-                self._write(req, p, slots[p])
-            sreq.fill_ids = toks[:end]
-            sreq.kv_committed_len = sreq.kv_allocated_len = end
-            if end < len(toks):
-                self._chunked(r, sreq, slots[:end])
-            pre = end
-        sreq.output_ids = [0]                     # the first sampled token (its KV is the next decode's)
+        for p in range(need):
+            self._write(req, p, slots[p])
+        sched[r] = Sched(sreq, row, len(toks), need)
+        self._row_write(sched[r], 0, slots)
+        self._set_len(sched[r], need)
         self.last_admitted = slots
         self.coverage["state:miss"] += 1
         return {"hit": 0, "admitted": True}
 
-    def _chunked(self, r: str, sreq: Any, held: list[int]) -> None:
-        """A chunk ends: cache_unfinished_req hands the request its KV back as prefix_indices; the
-        scheduler of 0.4.10-0.5.7 then frees the row and the next chunk writes them into a new one."""
-        self.cache.cache_unfinished_req(sreq, **kw(self.cache.cache_unfinished_req, chunked=True))
-        got, free = [int(x) for x in sreq.prefix_indices.tolist()], set(self.free_slots())
-        if any(s in free for s in held):
+    # ---- the scheduler path's hooks (sglang_sched.py) --------------------------------------
+    def _sched_admit(self, req: Req) -> Sched:
+        """SGLang's request and its row exist from the admission (`_a_match`)."""
+        self.coverage["state:sched_admitted"] += 1
+        return self.sched[req.rid]
+
+    def _sglang_call(self, fn: Any) -> None:
+        fn()                                       # no tree: nothing SGLang could evict inside
+
+    def _protected_len(self, q: Any) -> int:
+        return 0                                   # the request owns all its KV; the cache protects none
+
+    def _remember(self, req: Req, n: int) -> None:
+        """ChunkCache keeps nothing: no twin (lost reuse does not apply)."""
+
+    def _between_chunks(self, r: str, s: Sched) -> None:
+        """`cache_unfinished_req` hands the request its own KV back as prefix_indices: exactly the slots
+        it computed, none freed; then 0.4.10-0.5.7's scheduler moves it to a new row (`_next_chunk_row`)."""
+        held = self.reqs[r].slots[:s.computed]
+        got, free = [int(x) for x in s.req.prefix_indices.tolist()], set(self.free_slots())
+        if any(x in free for x in held):
             raise Violation("safety", "request_kv_intact", f"{r}: after cache_unfinished_req slot "
-                            f"{next(s for s in held if s in free)} of its KV is free while it runs")
+                            f"{next(x for x in held if x in free)} of its KV is free while it runs")
         if got != held:
             raise Violation("safety", "request_kv_intact", f"{r}: cache_unfinished_req gave prefix_indices "
                             f"{got[:8]}..., the request's KV is in {held[:8]}...")
         self.coverage["state:chunked"] += 1
-        if not self.rows_by_req:
-            self._free_row(sreq)
-            if self._alloc_row(sreq) is None:
-                raise Violation("bookkeeping", "size_accounting", f"{r}: no req_to_token row for the next chunk "
-                                "right after its own was freed")
-            self._write_row(sreq, 0, sreq.prefix_indices)
+        if self.row_per_chunk():
+            self._next_chunk_row(s)
+
+    def _release_call(self, r: str, s: Sched, insert: bool) -> bool:
+        """The scheduler's release of a finished or aborted request: `release_kv_cache` (0.5.7+:
+        cache_finished_req, the overallocated tail, on 0.5.12 the row), else `cache_finished_req`
+        as 0.4.10's scheduler calls it (it frees the row itself); then `dec_lock_ref`."""
+        if self.release_kv_cache is None:
+            insert = super()._release_call(r, s, insert)
+        else:
+            self._finished_fields(r, s, insert)
+            self.release_kv_cache(s.req, self.cache, **kw(self.release_kv_cache, is_insert=insert))
+            free_row(self.rtp, s.req, s.row)      # 0.5.7's cache_finished_req and 0.5.12's release freed it
+        self._lock_call("dec_lock_ref", None)
+        return insert
 
     def _lock_call(self, name: str, node: Any) -> None:
         d = _delta(getattr(self.cache, name)(node))
         if d:
             raise Violation("bookkeeping", "lock_ref_equals_holders", f"ChunkCache.{name} reported delta {d}: it "
                             "keeps no references (every KV slot is its request's)")
-
-    def _a_decode(self, r: str, tok: int) -> dict:
-        req = self._get(r, "running")
-        if len(req.tokens) >= MAX_TOKENS:
-            raise ActionRejected(f"request {r} is at {MAX_TOKENS} tokens")
-        new = self._alloc(1)
-        if new is None:
-            self.coverage["state:decode_refused"] += 1
-            return {"allocated": False}
-        sreq = self.sreq[r]
-        self._write_row(sreq, len(req.tokens), new)
-        req.tokens.append(tok)
-        req.slots.append(new[0])
-        self._write(req, len(req.tokens) - 1, new[0])
-        sreq.output_ids = req.tokens[req.floor:] + [0]
-        sreq.kv_committed_len = sreq.kv_allocated_len = len(req.tokens)
-        return {"allocated": True}
-
-    def _a_finish(self, r: str) -> dict:
-        req = self._get(r, "running")
-        self._release(req)
-        del self.reqs[r]
-        return {"freed": len(req.slots)}
-
-    def _a_abort(self, r: str) -> dict:
-        req = self._get(r)
-        if req.state == "running":
-            self._release(req)
-        del self.reqs[r]
-        return {}
-
-    def _release(self, req: Req) -> None:
-        """The scheduler's release of a finished or aborted request: release_kv_cache (0.5.7+:
-        cache_finished_req, then the overallocated tail and the row) or cache_finished_req (0.4.10)."""
-        sreq = self.sreq.pop(req.rid)
-        if self.release_kv_cache is not None:
-            self.release_kv_cache(sreq, self.cache)
-        else:
-            self.cache.cache_finished_req(sreq)
-        self._lock_call("dec_lock_ref", None)
 
     def _evict(self, n: int, swa: int | None = None) -> int:
         """ChunkCache.evict must free nothing: every KV slot belongs to a running request."""
@@ -268,7 +221,7 @@ class ChunkAdapter(SglangAdapter):
         for r, req in self.reqs.items():
             if req.state != "running":
                 continue
-            row = [int(x) for x in rows[self.sreq[r].req_pool_idx, :len(req.slots)].tolist()]
+            row = [int(x) for x in rows[self.sched[r].row, :len(req.slots)].tolist()]
             for p, s in enumerate(req.slots):
                 if s in free or self.written.get(s) != tuple(req.tokens[:p + 1]) or row[p] != s:
                     raise Violation("safety", "request_kv_intact", f"{r} holds position {p} in slot {s}, which is "
@@ -280,7 +233,7 @@ class ChunkAdapter(SglangAdapter):
             raise Violation("bookkeeping", "size_accounting", f"ChunkCache reports {self.cache.evictable_size()} "
                             "evictable tokens; it keeps none")
         run = [r for r, q in self.reqs.items() if q.state == "running"]
-        rows_held = [self.sreq[r].req_pool_idx for r in run]
+        rows_held = [self.sched[r].row for r in run]
         for name, owned, pool_free, every in (
                 ("KV", [s for r in run for s in self.reqs[r].slots], self.free_slots(), self.all_slots()),
                 ("req_to_token rows", rows_held, list(self.rtp.free_slots), self.rows_all)):

@@ -152,17 +152,22 @@ def kv_record_api() -> bool:
         "checkpoint" in _params(common.release_kv_cache)
 
 
+MAMBA_CHUNK = 64    # the Mamba cache chunk size our server args report (SGLang's FLA default)
+
+
 def runtime_config() -> None:
     """Releases with a runtime context (0.5.23) read the serving and speculative config from it
     when a request is released; where no server published one, publish SGLang's own test default
-    (`override_server_args`, a dummy ServerArgs) once."""
+    (`override_server_args`, a dummy ServerArgs) once, with the Mamba chunk size seeded as SGLang's
+    fixtures seed it: else the first Mamba component built reads it from the dummy model's HF
+    config (a download; an OSError offline)."""
     try:
         from sglang.srt import runtime_context as rc
     except ImportError:
         return
     ctx = getattr(rc, "_CONTEXT", None)
     if ctx is not None and hasattr(ctx, "override_server_args") and not ctx.is_config_namespace_published("serving"):
-        ctx.override_server_args().install()
+        ctx.override_server_args(_mamba_cache_chunk_size=MAMBA_CHUNK).install()
 
 
 def takes(fn: Any, name: str) -> bool:

@@ -16,9 +16,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .sglang_compat import kw
+from .sglang_compat import MAMBA_CHUNK, kw
 
-CHUNK = 64          # the Mamba cache chunk size the server args stand-in reports (SGLang's FLA default)
+CHUNK = MAMBA_CHUNK     # the Mamba cache chunk size the server args stand-in reports
 
 
 def fingerprint(prefix: tuple[int, ...]) -> float:
@@ -52,10 +52,14 @@ def set_server_args_stand_in() -> bool:
         rc = None
     if rc is not None and hasattr(rc, "get_context"):
         try:
-            rc.get_server_args()
-            return False
+            cur = rc.get_server_args()
         except ValueError:                    # "Global server args is not set yet!"
-            pass
+            cur = None
+        if cur is not None:                   # a dummy model's (ours, or SGLang's test default): its
+            if cur.model_path in ("dummy", "kvcheck-cpu-stand-in") and \
+                    "_mamba_cache_chunk_size" not in vars(cur):   # HF config would be downloaded
+                cur._mamba_cache_chunk_size = CHUNK
+            return False
         # an unresolved ServerArgs (resolving it would load the model's HF config) with the chunk
         # size pre-seeded, as SGLang's own test fixtures do for a dummy model
         args = sa.ServerArgs(model_path="kvcheck-cpu-stand-in", device="cpu")
@@ -139,6 +143,28 @@ class MambaStates:
 
     def _mamba_release(self, slot: int) -> None:
         self.mslots.free(self.torch.tensor([slot], dtype=self.torch.int64))
+
+    def following_state_copies(self, fn: Any) -> None:
+        """Run one of SGLang's calls with the state shadow following every copy it makes between
+        state slots (the checks then read the bytes against it): SGLang copies a state with the
+        pool's `copy_from` (0.5.23's checkpoint fork: a slot from the allocator, then copy_from),
+        which `fork_from` calls too (0.5.7-0.5.15: a new slot and the copy)."""
+        pool = self.mpool
+        had, real = "copy_from" in vars(pool), pool.copy_from
+
+        def copy_from(src_index: Any, dst_index: Any) -> Any:
+            out = real(src_index, dst_index)
+            for d, s in zip(dst_index.flatten().tolist(), src_index.flatten().tolist()):
+                self.mwritten[int(d)] = self.mwritten.get(int(s))
+            return out
+        pool.copy_from = copy_from
+        try:
+            fn()
+        finally:
+            if had:
+                pool.copy_from = real
+            else:
+                del pool.copy_from
 
     # ---- the generator's hooks and the twin -----------------------------------------------
     def evict_params(self, rng: Any) -> dict:

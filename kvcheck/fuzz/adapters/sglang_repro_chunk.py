@@ -1,6 +1,9 @@
 """The ChunkCache part of an SGLang reproducer script (sglang_repro_classes.py puts it after the
 shared prelude of sglang_repro_template.py and fills in the @NAME@ fields). It plays the trace as
-sglang_chunk.py plays SGLang's scheduler, with SGLang's classes only."""
+sglang_chunk.py and the scheduler path (sglang_sched.py) play SGLang's scheduler, with SGLang's
+classes only: admission (`match`, or a request's first `chunk`), each later `chunk` published by
+cache_unfinished_req (a new row per chunk on 0.4.10-0.5.7), decode into the row, and SGLang's own
+release (release_kv_cache, or 0.4.10's cache_finished_req)."""
 
 BODY = r'''
 import importlib.metadata, inspect
@@ -12,7 +15,7 @@ from sglang.srt.mem_cache.chunk_cache import ChunkCache
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 from sglang.srt import server_args as sa
 
-CHUNK_TOKENS, ROWS = @CHUNK@, @ROWS@
+CHUNK_TOKENS, ROWS = @CHUNK@, @ROWS@       # CacheInitParams.chunked_prefill_size; request rows
 
 
 def kw(fn, **k):
@@ -51,9 +54,9 @@ except Exception:             # 0.4.10 on CPU: a stand-in with the fields ChunkC
     class _Req:
         def __init__(self, rid, tokens):
             self.rid, self.origin_input_ids, self.output_ids, self.fill_ids = rid, list(tokens), [], []
-            self.req_pool_idx = self.prefix_indices = None
+            self.req_pool_idx = self.prefix_indices = self.finished_reason = None
 PARAMS_API = hasattr(bpc, "MatchPrefixParams")
-ROWS_BY_REQ = "reqs" in inspect.signature(rtp.alloc).parameters
+ROW_PER_CHUNK = "need_size" in inspect.signature(rtp.alloc).parameters   # 0.4.10-0.5.7: a new row per chunk
 RK = getattr(rc, "RadixKey", None)
 
 
@@ -149,7 +152,7 @@ def allocate(n):
 
 
 def alloc_row(sreq):
-    if ROWS_BY_REQ:
+    if not ROW_PER_CHUNK:                    # 0.5.12+: rows per request (recorded on it)
         return None if rtp.alloc([sreq]) is None else sreq.req_pool_idx
     out = rtp.alloc(1)
     if out is not None:
@@ -158,7 +161,9 @@ def alloc_row(sreq):
 
 
 def free_row(sreq):
-    if ROWS_BY_REQ:
+    if sreq.req_pool_idx is None or sreq.req_pool_idx in rtp.free_slots:
+        return                               # the release already gave it back
+    if not ROW_PER_CHUNK:
         rtp.free(sreq)
     else:
         rtp.free(sreq.req_pool_idx); sreq.req_pool_idx = None
@@ -166,10 +171,18 @@ def free_row(sreq):
 
 def write_row(sreq, lo, vals):
     t = vals if hasattr(vals, "dtype") else torch.tensor(vals, dtype=torch.int32)
-    rtp.write((sreq.req_pool_idx, slice(lo, lo + len(t))), t.to(rtp.req_to_token.dtype))
+    if len(t):
+        rtp.write((sreq.req_pool_idx, slice(lo, lo + len(t))), t.to(rtp.req_to_token.dtype))
 
 
-def match(r):
+def set_len(q):                              # what is computed, in the request's fields
+    sreq, n = q["sreq"], q["computed"]
+    sreq.kv_committed_len = sreq.kv_allocated_len = n
+    sreq.fill_ids = q["tokens"][:n]
+
+
+def match(r, limit=None):
+    """Admission: match_prefix (no hit), a row, inc_lock_ref, the KV of the prompt or of its first chunk."""
     q = reqs[r]
     toks = q["tokens"]
     m = cache.match_prefix(bpc.MatchPrefixParams(key=key(toks[:-1]))) if PARAMS_API else cache.match_prefix(key=key(toks[:-1]))
@@ -180,30 +193,51 @@ def match(r):
     if alloc_row(sreq) is None:
         print("  admission refused (no row)"); return
     lock_call("inc_lock_ref", m.last_device_node)
-    slots = allocate(len(toks))
+    need = len(toks) if limit is None else min(len(toks), limit)
+    slots = allocate(need)
     if slots is None:
         free_row(sreq); lock_call("dec_lock_ref", m.last_device_node); print("  admission refused (pool short)"); return
-    q.update(state="running", slots=slots, sreq=sreq, floor=len(toks))
-    pre = 0
-    for end in range(CHUNK_TOKENS, len(toks) + CHUNK_TOKENS, CHUNK_TOKENS):
-        end = min(end, len(toks))
-        write_row(sreq, pre, slots[pre:end])
-        for p in range(pre, end):
-            written[slots[p]] = tuple(toks[:p + 1])
-        sreq.fill_ids = toks[:end]; sreq.kv_committed_len = sreq.kv_allocated_len = end
-        if end < len(toks):                  # a chunk ends: the request keeps its KV as prefix_indices
-            cache.cache_unfinished_req(sreq, **kw(cache.cache_unfinished_req, chunked=True))
-            got = [int(x) for x in sreq.prefix_indices.tolist()]
-            print(f"  chunk [0, {end}): cache_unfinished_req -> prefix_indices {got}")
-            if any(s in free_set() for s in slots[:end]) or got != slots[:end]:
-                bugs.append(f"{r}: after cache_unfinished_req its KV {slots[:end]} is freed or not its prefix_indices {got}")
-                return
-            if not ROWS_BY_REQ:              # 0.4.10-0.5.7: a new row for the next chunk
-                free_row(sreq); alloc_row(sreq); write_row(sreq, 0, sreq.prefix_indices)
-        pre = end
-    sreq.output_ids = [0]
+    q.update(state="running", slots=slots, sreq=sreq, prompt=len(toks), computed=need)
+    for p in range(need):
+        written[slots[p]] = tuple(toks[:p + 1])
+    write_row(sreq, 0, slots); set_len(q)
     last_admitted[:] = slots
-    print(f"  admitted: row {sreq.req_pool_idx}, slots {slots}")
+    print(f"  admitted: row {sreq.req_pool_idx}, {need} of {len(toks)} tokens computed in slots {slots}")
+
+
+def publish(r):
+    """The scheduler after a chunk: cache_unfinished_req hands the request its KV back as prefix_indices;
+    0.4.10-0.5.7's scheduler then frees the row and writes them into a new one for the next chunk."""
+    q = reqs[r]
+    sreq, n = q["sreq"], q["computed"]
+    cache.cache_unfinished_req(sreq, **kw(cache.cache_unfinished_req, chunked=True))
+    got = [int(x) for x in sreq.prefix_indices.tolist()]
+    print(f"  chunk [0, {n}): cache_unfinished_req -> prefix_indices {got}")
+    if any(s in free_set() for s in q["slots"][:n]) or got != q["slots"][:n]:
+        bugs.append(f"{r}: after cache_unfinished_req its KV {q['slots'][:n]} is freed or not its prefix_indices {got}")
+        return
+    if ROW_PER_CHUNK:
+        free_row(sreq); alloc_row(sreq); write_row(sreq, 0, sreq.prefix_indices)
+        print(f"  the scheduler moves it to row {sreq.req_pool_idx} for its next chunk")
+
+
+def chunk(r, n):
+    q = reqs[r]
+    if q["state"] == "waiting":
+        match(r, limit=n)
+        if q["state"] != "running":
+            return
+    else:
+        k = min(q["prompt"] - q["computed"], n)
+        new = allocate(k)
+        if new is None:
+            print("  chunk refused (pool short)"); return
+        for i, s in enumerate(new):
+            written[s] = tuple(q["tokens"][:q["computed"] + i + 1])
+        write_row(q["sreq"], q["computed"], new)
+        q["slots"] += new; q["computed"] += k; set_len(q)
+    if q["computed"] < q["prompt"]:
+        publish(r)
 
 
 def decode(r, tok):
@@ -213,17 +247,25 @@ def decode(r, tok):
     new = allocate(1)
     if new is None:
         print("  decode refused (pool short)"); return
-    sreq = q["sreq"]
-    write_row(sreq, len(q["tokens"]), new)
+    write_row(q["sreq"], q["computed"], new)
     q["tokens"].append(tok); q["slots"].append(new[0]); written[new[0]] = tuple(q["tokens"])
-    sreq.output_ids = q["tokens"][q["floor"]:] + [0]
-    sreq.kv_committed_len = sreq.kv_allocated_len = len(q["tokens"])
+    q["computed"] += 1; set_len(q)
 
 
-def release(r):
+def release(r, insert):
+    """SGLang's release of a finished or aborted request: release_kv_cache (0.5.7+) or cache_finished_req
+    (0.4.10, which frees the row itself), then dec_lock_ref."""
     q = reqs[r]
     if q["state"] == "running":
-        release_kv_cache(q["sreq"], cache) if release_kv_cache is not None else cache.cache_finished_req(q["sreq"])
+        sreq = q["sreq"]
+        sreq.output_ids = q["tokens"][q["prompt"]:] + [0]     # the last sampled token: its KV not computed yet
+        sreq.fill_ids = q["tokens"][:q["computed"]]
+        sreq.finished_reason = "length" if insert else "abort"
+        if release_kv_cache is not None:
+            release_kv_cache(sreq, cache, **kw(release_kv_cache, is_insert=insert))
+        else:
+            cache.cache_finished_req(sreq)
+        free_row(sreq)
         lock_call("dec_lock_ref", None)
         print(f"  released {len(q['slots'])} slots")
     del reqs[r]
@@ -250,19 +292,26 @@ def check_state():
 
 
 print(f"SGLang {importlib.metadata.version('sglang')} (finding recorded on {RECORDED_RELEASE}); ChunkCache, "
-      f"{CAPACITY} slots, chunks of {CHUNK_TOKENS}; fault {FAULT}")
+      f"{CAPACITY} slots, chunked prefill as the steps say; fault {FAULT}")
 for n, (action, p) in enumerate(STEPS):
     print(f"step {n}: {action} {p}")
     r = p.get("r")
-    if action in ("submit", "match") and "tokens" in p:
+    if action in ("submit", "match", "chunk") and "tokens" in p and r not in reqs:
         reqs[r] = {"tokens": list(p["tokens"]), "state": "waiting"}
-    if action == "match" and reqs.get(r, {}).get("state") == "waiting":
+    q = reqs.get(r, {})
+    mid = q.get("state") == "running" and q["computed"] < q["prompt"]
+    if action == "match" and q.get("state") == "waiting":
         match(r)
-    elif action == "decode" and reqs.get(r, {}).get("state") == "running":
+    elif action == "chunk" and (q.get("state") == "waiting" or mid):
+        chunk(r, p["n"])
+    elif action == "decode" and q.get("state") == "running" and not mid:
         for t in p.get("toks", [p.get("tok")]):
             decode(r, t)
-    elif action in ("finish", "abort") and r in reqs:
-        release(r)
+    elif action == "finish" and q.get("state") == "running" and not mid:
+        release(r, True)
+    elif action == "abort" and r in reqs and not (mid and "is_insert" not in
+                                                   inspect.signature(cache.cache_finished_req).parameters):
+        release(r, False)                    # 0.4.10 aborts a request only after its prefill
     elif action == "evict":
         evict(p["n"])
     if not bugs:

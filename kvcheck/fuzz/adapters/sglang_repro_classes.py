@@ -38,3 +38,14 @@ def class_template(lay: dict[str, Any], fault: str | None) -> tuple[str, dict[st
         core = lay.get("tree_core") or "python"
         return PRELUDE + BODY + RUN, {"@CORES@": repr(["python", "rust"] if core == "lockstep" else [core])}
     return None
+
+
+def script_gap(lay: dict[str, Any], actions: set[str]) -> str | None:
+    """Why a trace on this layout gets no script although its class has one, or None. The FULL+MAMBA
+    script does not play the scheduler path yet (SGLang's checkpoint forks the request's state and
+    moves its mamba lock; the script's state shadow would have to follow those copies): a script
+    that skipped a trace's `chunk` steps would report the bug fixed, so such a trace gets none."""
+    if lay.get("class") == "UnifiedRadixCache" and "mamba" in (lay.get("components") or ()) and "chunk" in actions:
+        return "the FULL+MAMBA script does not play chunked prefill (`chunk`) yet"
+    return None
+

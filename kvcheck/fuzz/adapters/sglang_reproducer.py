@@ -33,6 +33,8 @@ FAULTS = ("lock_ref_leak", "match_overreach", "match_ignores_tombstones", "evict
 def reproducer_source(trace: Any, trace_path: str) -> str | None:
     """The script's text, or None when the layout's class has no standalone reproducer."""
     lay = trace.meta.get("layout") or {}
+    if script_gap(lay, {s.action for s in trace.steps}):
+        return None
     other = class_template(lay, trace.fault)         # ChunkCache, UnifiedRadixCache FULL+MAMBA
     if other is None and (lay.get("class") not in CLASSES or (trace.fault and trace.fault not in FAULTS)):
         return None
@@ -59,15 +61,15 @@ def write_reproducer(trace: Any, trace_path: str) -> dict:
     """Write `<trace>.repro.py` next to the trace; the finding's fields that say where."""
     src = reproducer_source(trace, trace_path)
     if src is None:
-        cls = (trace.meta.get("layout") or {}).get("class")
-        return {"reproducer": None, "reproducer_note": f"no standalone reproducer for {cls}: replay with "
-                                                       f"`kvcheck replay {trace_path} --sut sglang`"}
+        lay = trace.meta.get("layout") or {}
+        why = script_gap(lay, {s.action for s in trace.steps}) or f"no standalone reproducer for {lay.get('class')}"
+        return {"reproducer": None, "reproducer_note": f"{why}: replay with `kvcheck replay {trace_path} --sut sglang`"}
     out = Path(trace_path).with_suffix(".repro.py")
     out.write_text(src)
     return {"reproducer": str(out), "reproducer_run": f"python {out}"}
 
 
-from .sglang_repro_classes import class_template  # noqa: E402
+from .sglang_repro_classes import class_template, script_gap  # noqa: E402
 from .sglang_repro_sched import SCHED as _SCHED  # noqa: E402
 from .sglang_repro_template import TEMPLATE as _BASE  # noqa: E402
 

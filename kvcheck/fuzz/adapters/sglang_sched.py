@@ -21,7 +21,6 @@ pools must account for every slot (a duplicate not freed, or freed twice, shows 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from kvcheck.spec.sut import ActionRejected
@@ -29,74 +28,19 @@ from kvcheck.spec.sut import ActionRejected
 from .sglang_checks import Req, Violation
 from .sglang_compat import alloc_row, free_row, kv_record_api, row_pool, runtime_config, takes, token_seq
 from .sglang_layouts import FAULTS, MAX_TOKENS
-
-PENDING = 0     # the token sampled last: in output_ids, its KV not computed yet (0.4.10 drops it)
-ROWS = 8        # request rows (the generator keeps at most four requests)
-
-
-@dataclass
-class FlatReq:
-    """The fields of SGLang's `Req` that 0.4.10-0.5.12's caches read in cache_unfinished_req /
-    cache_finished_req (RadixCache, SWARadixCache, MambaRadixCache, UnifiedRadixCache)."""
-    rid: str
-    origin_input_ids: list[int]
-    output_ids: list[int] = field(default_factory=list)
-    fill_ids: list[int] = field(default_factory=list)
-    prefix_indices: Any = None
-    req_pool_idx: int | None = None
-    last_node: Any = None
-    cache_protected_len: int = 0
-    extra_key: Any = None
-    priority: int = 0
-    is_chunked: int = 0
-    kv_committed_len: int = 0
-    kv_allocated_len: int = 0
-    kv_committed_freed: bool = False
-    kv_overallocated_freed: bool = False
-    swa_uuid_for_lock: Any = None
-    swa_prefix_lock_released: bool = False
-    swa_evicted_seqlen: int = 0
-    mamba_pool_idx: Any = None
-    mamba_last_track_seqlen: Any = None
-    mamba_ping_pong_track_buffer: Any = None
-    mamba_next_track_idx: Any = None
-    mamba_branching_seqlen: Any = None
-    finished_reason: Any = None
-    finished_len: Any = None
-    session: Any = None
-    to_finish: Any = None
-
-    def pop_committed_kv_cache(self) -> int:
-        assert not self.kv_committed_freed, "committed KV cache already freed"
-        self.kv_committed_freed = True
-        return self.kv_committed_len
-
-    def pop_overallocated_kv_cache(self) -> tuple[int, int]:
-        assert not self.kv_overallocated_freed, "overallocated KV cache already freed"
-        self.kv_overallocated_freed = True
-        return self.kv_committed_len, self.kv_allocated_len
-
-    def finished(self) -> bool:
-        return self.finished_reason is not None
-
-
-@dataclass
-class Sched:
-    """A request on the scheduler path: SGLang's request object, its row, the prompt length,
-    and how many of its tokens are computed (< prompt length: mid-prefill)."""
-    req: Any
-    row: int
-    prompt: int
-    computed: int
-    inserted: bool = False
+from .sglang_sched_req import PENDING, ROWS, FlatReq, Sched  # noqa: F401 (FlatReq: the API)
 
 
 class SchedMixin:
     """Mixed into SglangAdapter: the `chunk` action and SGLang's own caching of such requests.
-    Per class, `_lock_receipt(r)` gives the receipt of the lock the admission took and
-    `_relocked(r, s)` reads back the one SGLang moved (SWA receipts, Unified holds)."""
+    A class adapts it through hooks, each documented where it is defined: `_sched_admit` (SGLang's
+    request and row), `_sched_new`, `_lock_receipt`, `_computed` (a chunk's forward), `_sglang_call`
+    (what SGLang does inside its call), `_between_chunks` (the scheduler's step after publishing),
+    `_protected_len`, `_relocked` (the lock SGLang moved), `_holds`, `row_check`, `_remember` (the
+    twin), `_release_call` (SGLang's release) and `_released`."""
 
     _chunk_limit: int | None = None
+    row_check: str | None = None    # the check a bad row after publishing breaks (None: hit_sound_full / _swa_window)
 
     # ---- state, rebuilt with every cache -------------------------------------------------
     def _sched_state(self) -> dict[str, Sched]:
@@ -242,6 +186,7 @@ class SchedMixin:
             self._sglang_call(lambda: c.cache_unfinished_req(q))
         if self.planted(FAULTS["unfinished_lock_not_moved"]):
             self._lock_stays(s, old)
+        self._between_chunks(r, s)
         self._read_back(r, s)
         self._remember(self.reqs[r], s.computed)
         self.coverage["state:chunk_cached"] += 1
@@ -290,14 +235,41 @@ class SchedMixin:
         req.node = q.last_node
         row = [int(x) for x in self.rows.req_to_token[s.row, :s.computed].tolist()]
         req.slots = row + req.slots[s.computed:]
-        if self.kv_api:
-            req.hit = q.kv.cache_protected_len
-        elif "cache_protected_len" in type(self.cache).cache_unfinished_req.__code__.co_names:
-            req.hit = q.cache_protected_len
-        else:
-            req.hit = len(q.prefix_indices)
+        req.hit = self._protected_len(q)
         self._relocked(r, s)
         self._check_row(req, s.computed)
+
+    def _protected_len(self, q: Any) -> int:
+        """The part of a published request's row the tree owns (its own part starts there): SGLang's
+        `cache_protected_len` where the release tracks it, else the prefix indices (0.4.10)."""
+        if self.kv_api:
+            return q.kv.cache_protected_len
+        if "cache_protected_len" in type(self.cache).cache_unfinished_req.__code__.co_names:
+            return q.cache_protected_len
+        return len(q.prefix_indices)
+
+    def _between_chunks(self, r: str, s: Sched) -> None:
+        """The scheduler's own step after publishing a chunk, before the next one (a class whose
+        release's scheduler moves the request to a new row does it here: `_next_chunk_row`)."""
+
+    def _next_chunk_row(self, s: Sched) -> None:
+        """0.4.10-0.5.7's scheduler after `cache_unfinished_req`: the chunked request's row is freed,
+        and the next chunk gets a new one with `prefix_indices` written back into it
+        (`prepare_for_extend`); 0.5.12+ keep the row (`alloc(reqs)` records it on the request)."""
+        q = s.req
+        free_row(self.rows, q, s.row)
+        row = alloc_row(self.rows, q)
+        if row is None:
+            raise Violation("bookkeeping", "size_accounting", f"{q.rid}: no req_to_token row for its next chunk "
+                            "right after its own was freed")
+        q.req_pool_idx = s.row = row
+        self._row_write(s, 0, [int(x) for x in q.prefix_indices.tolist()])
+        self.coverage["state:new_row_per_chunk"] += 1
+
+    def row_per_chunk(self) -> bool:
+        """Whether this release's scheduler gives a chunked request a new row per chunk: its pool
+        hands out rows by count (`alloc(need_size)`, 0.4.10-0.5.7), not per request (0.5.12+)."""
+        return not self.kv_api and takes(self.rows.alloc, "need_size")
 
     def _check_row(self, req: Req, upto: int) -> None:
         """Every position a resume at `upto` reads is live and holds its prefix: full KV for all
@@ -309,7 +281,8 @@ class SchedMixin:
             sl = req.slots[p]
             if sl is None or sl in free or not holds(sl, tuple(req.tokens[:p + 1])):
                 got = "free" if sl in free else self.written.get(sl)
-                raise Violation("safety", "hit_sound_swa_window" if comps == ("swa",) else "hit_sound_full",
+                raise Violation("safety", self.row_check or ("hit_sound_swa_window" if comps == ("swa",)
+                                                             else "hit_sound_full"),
                                 f"{req.rid}: after publishing its chunk, its row reads position {p} from slot {sl}, "
                                 f"which holds {got!r:.60} instead of its prefix")
         if "swa" in comps and comps != ("swa",) and hasattr(self, "swa_live"):
@@ -358,22 +331,8 @@ class SchedMixin:
 
     def _release_sched(self, r: str, s: Sched, insert: bool) -> dict:
         """SGLang's own release: insert (or not), free the request's own slots, unlock."""
-        req, q, c = self.reqs[r], s.req, self.cache
-        if self.kv_api:
-            from sglang.srt.managers import schedule_batch as sb
-            from sglang.srt.mem_cache import common
-            q.finished_reason = sb.FINISH_LENGTH(length=len(q.output_ids)) if insert else sb.FINISH_ABORT()
-            self._sglang_call(lambda: common.release_kv_cache(q, c, checkpoint=insert))
-        else:
-            q.output_ids = self._seq(req.tokens[s.prompt:] + [PENDING])    # the sampled token has no KV yet
-            q.fill_ids = self._seq(req.tokens[:s.computed])
-            q.finished_reason = "length" if insert else "abort"
-            if takes(c.cache_finished_req, "is_insert"):
-                self._sglang_call(lambda: c.cache_finished_req(q, is_insert=insert))
-            else:
-                self._sglang_call(lambda: c.cache_finished_req(q))
-                insert = True       # 0.4.10 caches an aborted request as a finished one
-            free_row(self.rows, q, s.row)
+        req = self.reqs[r]
+        insert = self._release_call(r, s, insert)
         s.inserted = insert
         if insert:
             self._remember(req, s.computed)
@@ -381,6 +340,32 @@ class SchedMixin:
         del self.reqs[r], self.sched[r]
         self.coverage["state:sched_released"] += 1
         return {"inserted": insert}
+
+    def _release_call(self, r: str, s: Sched, insert: bool) -> bool:
+        """SGLang's call that releases a finished (insert) or aborted request, as the release's
+        scheduler makes it; whether the request was cached (0.4.10 caches an aborted one)."""
+        q, c = s.req, self.cache
+        if self.kv_api:
+            from sglang.srt.managers import schedule_batch as sb
+            from sglang.srt.mem_cache import common
+            q.finished_reason = sb.FINISH_LENGTH(length=len(q.output_ids)) if insert else sb.FINISH_ABORT()
+            self._sglang_call(lambda: common.release_kv_cache(q, c, checkpoint=insert))
+            return insert
+        self._finished_fields(r, s, insert)
+        if takes(c.cache_finished_req, "is_insert"):
+            self._sglang_call(lambda: c.cache_finished_req(q, is_insert=insert))
+        else:
+            self._sglang_call(lambda: c.cache_finished_req(q))
+            insert = True       # 0.4.10 caches an aborted request as a finished one
+        free_row(self.rows, q, s.row)
+        return insert
+
+    def _finished_fields(self, r: str, s: Sched, insert: bool) -> None:
+        """A flat request's fields as the scheduler leaves them when it finishes or aborts it."""
+        req, q = self.reqs[r], s.req
+        q.output_ids = self._seq(req.tokens[s.prompt:] + [PENDING])    # the sampled token has no KV yet
+        q.fill_ids = self._seq(req.tokens[:s.computed])
+        q.finished_reason = "length" if insert else "abort"
 
     def _released(self, r: str, s: Sched) -> None:
         """The class's own records of a released request (receipts, holds) are dropped."""

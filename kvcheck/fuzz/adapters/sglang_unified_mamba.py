@@ -23,15 +23,14 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from kvcheck.spec.objects import RECURRENT_STATE
-
 from .sglang_adapter import SglangAdapter
-from .sglang_checks import Violation
+from .sglang_checks import Req, Violation
 from .sglang_compat import dec_params
-from .sglang_layouts import FAULTS, layout_config
+from .sglang_layouts import FAULTS
 from .sglang_mamba_state import MambaStates, mamba_pools
 from .sglang_unified import Hold, UnifiedAdapter
 from .sglang_unified_diff import LockstepAdapter
+from .sglang_unified_mamba_checks import UnifiedMambaChecks
 
 
 class MambaReqStandIn:
@@ -50,7 +49,7 @@ class MambaReqStandIn:
     holds_mamba = property(lambda self: self.mamba_pool_idx is not None)
 
 
-class UnifiedMambaAdapter(MambaStates, UnifiedAdapter):
+class UnifiedMambaAdapter(UnifiedMambaChecks, MambaStates, UnifiedAdapter):
     """UnifiedAdapter for FULL+MAMBA on one tree core (`core`: python | rust)."""
 
     def reset(self, cfg: Any = None) -> None:
@@ -66,7 +65,9 @@ class UnifiedMambaAdapter(MambaStates, UnifiedAdapter):
         if self.lay.page_size != 1:
             raise LayoutError(f"layout {self.lay.name}: FULL+MAMBA is driven with page_size 1 only (without "
                               "the Mamba extra buffer SGLang caches only sequence-end states, page 1)")
-        pools = mamba_pools(self.capacity)
+        # as MambaRadixCache's: SGLang runs at most (state slots / 3) requests (a request's own state,
+        # the state its lock pins, the fork a chunk's checkpoint takes); the generator runs up to 4
+        pools = mamba_pools(self.capacity, 12)
         self.rtp, self.mpool, self.mslots, self.alloc = pools["rtp"], pools["mpool"], pools["mslots"], pools["alloc"]
         self.mamba_size, self.m_all = pools["size"], pools["every"]
         return self._new_cache((self.CT.FULL, self.CT.MAMBA), self.rtp, enable_mamba_extra_buffer=False)
@@ -89,8 +90,9 @@ class UnifiedMambaAdapter(MambaStates, UnifiedAdapter):
         gone = set(before) - set(self.state_prefixes())
         self.twin -= gone
         self.coverage["state:mamba_evicted"] += bool(gone)
-        for rid, node in self.mlocked.items():
-            if node is not None and self.state_of(node) is None:
+        had = {id(n) for n in before.values()}     # a tombstone may be locked (0.5.23 counts it): only a
+        for rid, node in self.mlocked.items():      # state that was there may not go
+            if node is not None and id(node) in had and self.state_of(node) is None:
                 raise Violation("bookkeeping", "no_evict_locked", f"{rid}'s mamba-locked node lost its state")
 
     # ---- the release's API ----------------------------------------------------------------
@@ -145,14 +147,13 @@ class UnifiedMambaAdapter(MambaStates, UnifiedAdapter):
         if self.core == "python" and self.twin_hit(req.tokens) > hit:
             raise Violation("lost_reuse", "lost_reuse", f"{r}: the no-eviction twin holds the state after a "
                             f"{self.twin_hit(req.tokens)}-token prefix, the tree matched {hit}")
-        node = self.handle_node(h)
-        locked = node if node is not None and node is not self.root() and \
-            (not self.skips_tombstones or self.state_of(node) is not None) else None
+        locked = self._mamba_lock_node(h)
         rec = self.cache.inc_lock_ref(h)
         self.mlocked[r] = locked                   # held from here: allocation below may evict
         if ms is None:
             ms = self._mamba_alloc()
-        new = None if ms is None else self._alloc(len(req.tokens) - hit)
+        need = self._need(req, hit)                # all of the prompt, or its first chunk
+        new = None if ms is None else self._alloc(need)
         if new is None:
             self.mlocked.pop(r)
             if ms is not None:
@@ -168,15 +169,24 @@ class UnifiedMambaAdapter(MambaStates, UnifiedAdapter):
         if hit and not self._state_holds(ms, tuple(req.tokens[:hit])):
             raise Violation("safety", "hit_sound_mamba_state", f"{r}: the state copied into its slot {ms} is "
                             f"{self.mwritten.get(ms)!r:.60}, not the state after its {hit}-token prefix")
-        self._state_write(ms, tuple(req.tokens))        # prefill runs the rest
+        self._state_write(ms, tuple(req.tokens[:hit + need]))      # prefill runs the rest (or a chunk)
         self.holds[r] = Hold(rec)
         self.mslot[r] = ms
         req.node, req.hit, req.state = h, hit, "running"
         req.slots, req.spare, req.floor = path + new, [], len(req.tokens)
-        for p in range(hit, len(req.tokens)):
+        for p in range(hit, hit + need):
             self._write(req, p, req.slots[p])
         self.coverage["state:hit" if hit else "state:miss"] += 1
         return {"hit": hit, "admitted": True}
+
+    def _mamba_lock_node(self, h: Any, skipped: tuple = ()) -> Any:
+        """The node a lock at handle h takes a mamba reference on: the hit node itself (0.5.23 counts a
+        tombstone, 0.5.11-0.5.12 skip it), unless the receipt skipped the component; None on the Rust
+        core (no nodes) and at the root."""
+        node = self.handle_node(h)
+        if node is None or node is self.root() or self.CT.MAMBA in skipped:
+            return None
+        return node if not self.skips_tombstones or self.state_of(node) is not None else None
 
     def state_slot_at(self, h: Any) -> int | None:
         """The state slot of the node behind handle h (the Rust core: its component value)."""
@@ -233,75 +243,52 @@ class UnifiedMambaAdapter(MambaStates, UnifiedAdapter):
         self._evict(n, mamba)
         return {"evicted": self.last_obs.get("evicted")}
 
-    # ---- checks ---------------------------------------------------------------------------
-    def check_hit(self, req: Any, hit: int, path: list[int]) -> None:
-        """Full KV for all of [0, hit) (UnifiedChecks), and the recurrent state the resume reads
-        (spec: RECURRENT_STATE.needed): a live state slot at the hit node holding exactly it."""
-        super().check_hit(req, hit, path)
-        for j in RECURRENT_STATE.needed(layout_config(self.lay), 0, hit):
-            want = tuple(req.tokens[:j + 1])
-            s = self.state_slot_at(self._last_node)
-            if s is None:
-                raise Violation("safety", "hit_sound_mamba_state", f"{req.rid}: hit {hit} ends at a node with no "
-                                "Mamba state (a tombstone): the resume has no recurrent state")
-            if s in self.mamba_free() or not self._state_holds(s, want):
-                raise Violation("safety", "hit_sound_mamba_state", f"{req.rid}: hit {hit} resumes from state slot "
-                                f"{s}, which holds {self.mwritten.get(s)!r:.60} (free: {s in self.mamba_free()})")
+    # ---- the scheduler path (sglang_sched.py): SGLang's own checkpoint and release ----------
+    # 0.5.23 `checkpoint_kv_cache` / 0.5.12 `cache_unfinished_req` fork the request's state into a new
+    # slot for the tree (a slot from the allocator + `copy_from`, or `fork_from`), free the fork when the
+    # tree already had a state there (`mamba_exist`), and move the lock; a finished request's own slot is
+    # donated to the tree (or freed when it had one); an aborted request's slot is freed by SGLang.
+    _publishing = False      # SGLang is publishing a chunk (mamba_state_dropped_on_insert: finished requests only)
 
-    def check_all(self) -> None:
-        if self.core == "python":
-            self._m_checks(self.views())
-        else:
-            self._m_rust_checks()
-        super().check_all()
+    def _publish(self, r: str, s: Any) -> None:
+        self._publishing = True
+        try:
+            super()._publish(r, s)
+        finally:
+            self._publishing = False
 
-    def _m_checks(self, views: list) -> None:
-        """Mamba lock refs = holders locked at the node; every state slot in the tree live and
-        holding its node's state; per-component sizes; the state pool's accounting."""
-        want: dict[int, int] = {}
-        for node in self.mlocked.values():
-            if node is not None:
-                want[id(node)] = want.get(id(node), 0) + 1
-        free, rows = self.mamba_free(), self._state_rows()
-        states, prot = [], 0
-        for v in views:
-            cd = v.node.component_data[self.CT.MAMBA]
-            if cd.lock_ref != want.get(id(v.node), 0):
-                raise Violation("bookkeeping", "lock_ref_equals_holders", f"node at depth {len(v.path)}: mamba "
-                                f"lock_ref {cd.lock_ref}, holders {want.get(id(v.node), 0)}")
-            s = self.state_of(v.node)
-            if s is None:
-                continue
-            states.append(s)
-            prot += cd.lock_ref > 0
-            if not self._state_holds(s, v.path + v.key, rows):
-                raise Violation("bookkeeping", "tree_content_matches", f"node at depth {len(v.path)}: state slot "
-                                f"{s} holds the state after {self.mwritten.get(s)!r:.60}, not after its prefix")
-            if s in free:
-                raise Violation("bookkeeping", "tree_slots_live", f"node at depth {len(v.path)} keeps state "
-                                f"slot {s}, which the Mamba pool has free")
-        c = self.cache
-        if (c.mamba_evictable_size(), c.mamba_protected_size()) != (len(states) - prot, prot):
-            raise Violation("bookkeeping", "size_accounting", f"mamba evictable {c.mamba_evictable_size()} / "
-                            f"protected {c.mamba_protected_size()}, the tree has {len(states) - prot} / {prot}")
-        self._pool("mamba", states + list(self.mslot.values()), free, self.m_all)
+    def _sched_new(self, r: str, sreq: Any) -> None:
+        """SGLang's request carries the state slot the admission took, so the row SGLang's
+        HybridReqToTokenPool hands out maps to it (else alloc takes a second slot for it)."""
+        (sreq.kv if self.kv_api else sreq).mamba_pool_idx = self.torch.tensor(self.mslot[r], dtype=self.torch.int64)
 
-    def _m_rust_checks(self) -> None:
-        """What the Rust core exposes of the Mamba side: the flattened state slots (live, each
-        holding some inserted prefix's state), their count against the sizes, the state pool."""
-        c = self.cache
-        vals = [int(x) for x in c.all_mamba_values_flatten().reshape(-1).tolist()]
-        free, rows = self.mamba_free(), self._state_rows()
-        if c.mamba_evictable_size() + c.mamba_protected_size() != len(vals):
-            raise Violation("bookkeeping", "size_accounting", f"mamba evictable {c.mamba_evictable_size()} + "
-                            f"protected {c.mamba_protected_size()}, the tree's states {len(vals)}")
-        for s in vals:
-            if s in free:
-                raise Violation("bookkeeping", "tree_slots_live", f"the tree keeps state slot {s}, which is free")
-            if self.mwritten.get(s) not in self.keys or not self._state_holds(s, self.mwritten[s], rows):
-                raise Violation("bookkeeping", "tree_content_matches", f"the tree's state slot {s} holds "
-                                f"{self.mwritten.get(s)!r:.60}, no inserted key's state")
-        self._pool("mamba", vals + list(self.mslot.values()), free, self.m_all)
+    def _computed(self, r: str, upto: int) -> None:
+        self._state_write(self.mslot[r], tuple(self.reqs[r].tokens[:upto]))    # the chunk's forward
+
+    def _sglang_call(self, fn: Any) -> None:
+        """SGLang's call with the state shadow following its copies; the twin forgets the states it
+        dropped, and no mamba-locked node may lose its state inside it."""
+        before = self.state_prefixes()
+        self.following_state_copies(lambda: UnifiedAdapter._sglang_call(self, fn))
+        self._forget_lost_states(before)
+
+    def _relocked(self, r: str, s: Any) -> None:
+        """The full lock and holds as UnifiedAdapter reads them; the mamba reference is on the new last
+        node (where the checkpoint put the forked state), unless the receipt skipped the component."""
+        super()._relocked(r, s)
+        lock = getattr(s.req, "lock", None)
+        skipped = tuple(getattr(getattr(lock, "receipt", None), "skipped_lock_components", ()) or ())
+        self.mlocked[r] = self._mamba_lock_node(self.reqs[r].node, skipped)
+
+    def _remember(self, req: Req, n: int) -> None:
+        self.twin.add(tuple(req.tokens[:n]))        # a state kept at the inserted key's end
+
+    def _released(self, r: str, s: Any) -> None:
+        super()._released(r, s)
+        self.mslot.pop(r, None)
+        self.mlocked.pop(r, None)
+        if s.inserted:
+            self.finished.add(tuple(self.reqs[r].tokens))
 
     # ---- planted faults --------------------------------------------------------------------
     def _plant(self) -> None:
@@ -341,6 +328,8 @@ class UnifiedMambaAdapter(MambaStates, UnifiedAdapter):
         def commit(*a: Any, **k: Any) -> Any:
             args = sig.bind(*a, **k).arguments
             node = args["node"]
+            if self._publishing:                      # a chunk's forked state: not a finished request's
+                return real(*a, **k)
             if not args["is_new_leaf"] and node.component_data[self.CT.MAMBA].value is None:
                 args["result"].mamba_exist = True     # the tombstone keeps no state; the caller frees its slot
                 return None

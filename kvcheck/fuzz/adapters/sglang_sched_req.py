@@ -1,0 +1,67 @@
+"""The scheduler's side of a request on SGLang's scheduler path (sglang_sched.py): the fields of
+SGLang's `Req` that 0.4.10-0.5.12's caches read (`FlatReq`, where SGLang's own `Req` keeps no `kv`
+record or does not import on CPU) and what the adapter keeps of such a request (`Sched`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+PENDING = 0     # the token sampled last: in output_ids, its KV not computed yet (0.4.10 drops it)
+ROWS = 8        # request rows (the generator keeps at most four requests)
+
+
+@dataclass
+class FlatReq:
+    """The fields of SGLang's `Req` that 0.4.10-0.5.12's caches read in cache_unfinished_req /
+    cache_finished_req (RadixCache, SWARadixCache, MambaRadixCache, UnifiedRadixCache)."""
+    rid: str
+    origin_input_ids: list[int]
+    output_ids: list[int] = field(default_factory=list)
+    fill_ids: list[int] = field(default_factory=list)
+    prefix_indices: Any = None
+    req_pool_idx: int | None = None
+    last_node: Any = None
+    cache_protected_len: int = 0
+    extra_key: Any = None
+    priority: int = 0
+    is_chunked: int = 0
+    kv_committed_len: int = 0
+    kv_allocated_len: int = 0
+    kv_committed_freed: bool = False
+    kv_overallocated_freed: bool = False
+    swa_uuid_for_lock: Any = None
+    swa_prefix_lock_released: bool = False
+    swa_evicted_seqlen: int = 0
+    mamba_pool_idx: Any = None
+    mamba_last_track_seqlen: Any = None
+    mamba_ping_pong_track_buffer: Any = None
+    mamba_next_track_idx: Any = None
+    mamba_branching_seqlen: Any = None
+    finished_reason: Any = None
+    finished_len: Any = None
+    session: Any = None
+    to_finish: Any = None
+
+    def pop_committed_kv_cache(self) -> int:
+        assert not self.kv_committed_freed, "committed KV cache already freed"
+        self.kv_committed_freed = True
+        return self.kv_committed_len
+
+    def pop_overallocated_kv_cache(self) -> tuple[int, int]:
+        assert not self.kv_overallocated_freed, "overallocated KV cache already freed"
+        self.kv_overallocated_freed = True
+        return self.kv_committed_len, self.kv_allocated_len
+
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+
+@dataclass
+class Sched:
+    """A request on the scheduler path: SGLang's request object, its row, the prompt length,
+    and how many of its tokens are computed (< prompt length: mid-prefill)."""
+    req: Any
+    row: int
+    prompt: int
+    computed: int
+    inserted: bool = False
