@@ -15,21 +15,11 @@ import pytest
 
 from kvcheck.fuzz.adapters.sglang_layouts import FAULTS, LAYOUTS, fault_applies, known_finding
 
+from test_sglang import _sglang, _supported  # noqa: F401  (the release or a skip; tests/adapters is on sys.path)
+
 NEVER = 10 ** 9         # incremental, no periodic full scan: what the incremental check sees alone
 
 
-def _sglang():
-    from kvcheck.fuzz.adapters.sglang_install import SglangUnavailable, load
-    try:
-        return load()
-    except SglangUnavailable as e:
-        pytest.skip(str(e))
-
-
-def _supported() -> list[str]:
-    _sglang()
-    from kvcheck.fuzz.adapters.sglang_layouts import list_layouts
-    return [r["name"] for r in list_layouts() if r["supported"]]
 
 
 def _program(lay, fault, seed):

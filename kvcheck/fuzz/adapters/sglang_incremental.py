@@ -61,24 +61,17 @@ class Inc:
 
     def clean(self, node: Any, sig: tuple, tag: str = "", **slots: Any) -> bool:
         """The node is as at the last check and none of its slots (per pool) changed state."""
-        if self.fresh(node, sig, tag):
-            return False
-        d = self.dirty
-        for pool, s in slots.items():
-            if s and not d.get(pool, _EMPTY).isdisjoint(s):
-                return False
-        return True
+        return not self.fresh(node, sig, tag) and self._slots_clean(slots)
 
     def req_clean(self, rid: str, sig: tuple, **slots: Any) -> bool:
         """A running request's held prefix: as at the last check, and none of its slots changed."""
         self.reqs_new[rid] = sig
-        if self.reqs_old.get(rid) != sig:
-            return False
+        return self.reqs_old.get(rid) == sig and self._slots_clean(slots)
+
+    def _slots_clean(self, slots: dict[str, Any]) -> bool:
+        """None of these slots (per pool) changed state since the last check."""
         d = self.dirty
-        for pool, s in slots.items():
-            if s and not d.get(pool, _EMPTY).isdisjoint(s):
-                return False
-        return True
+        return all(not s or d.get(pool, _EMPTY).isdisjoint(s) for pool, s in slots.items())
 
 
 _EMPTY: frozenset = frozenset()
