@@ -247,7 +247,8 @@ def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = N
                 coverage[f"known:{name}"] += 1
             elif len(ad.lost) > n_lost:
                 lost_total += 1
-                if first_lost_s is None:
+                first = first_lost_s is None
+                if first:
                     first_lost_s = round(time.monotonic() - t0, 2)
                 last = ad.lost[-1]
                 key = f"{last.check}:{last.message.split(': ')[0]}"      # per check and layout (gen:SEED, file:NAME)
@@ -255,6 +256,11 @@ def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = N
                     lost_seen.add(key)
                     lv = core.stamp(Finding("lost_reuse", [last.check], last.message))
                     small = _shrink(layout, num_blocks, fault, lv, True, min(deadline - time.monotonic(), 20), twin)
+                    if small.checks[0].startswith("known:"):      # shrunk, it is a known defect's
+                        coverage[small.checks[0]] += 1
+                        lost_total -= 1
+                        first_lost_s = None if first else first_lost_s
+                        continue
                     findings.append(_save(layout, num_blocks, fault, ep_seed, small, True, out_dir,
                                           f"{last.check}{len(lost_seen)}", twin,
                                           _size_of(layout, num_blocks, fault, small, twin), sched_policy))
@@ -268,9 +274,13 @@ def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = N
         if generated and not any(f["layout"] == layout for f in findings) and viol is None:
             gen_layouts.forget(layout)
         if viol is not None:
-            first_fail_s = round(time.monotonic() - t0, 2)
+            at = round(time.monotonic() - t0, 2)
             strict = viol.kind == "lost_reuse"
             small = _shrink(layout, num_blocks, fault, viol, strict, 30, twin)
+            if small.checks[0].startswith("known:"):              # shrunk, it is a known defect's:
+                coverage[small.checks[0]] += 1                    # counted, and the campaign goes on
+                continue
+            first_fail_s = at
             findings.append(_save(layout, num_blocks, fault, ep_seed, small, strict, out_dir, viol.checks[0],
                                   twin, _size_of(layout, num_blocks, fault, small, twin) if strict else None,
                                   sched_policy))
