@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .sglang_layouts import ACTIONS
 from .sglang_repro_template import TEMPLATE
 
 MARKER = "# ---- end of CPU stand-ins"
@@ -42,6 +43,8 @@ def class_template(lay: dict[str, Any], fault: str | None) -> tuple[str, dict[st
 
 
 def script_gap(lay: dict[str, Any], actions: set[str]) -> str | None:
-    """Why a trace on this layout gets no script although its class has one, or None (every class
-    with a script plays every action the adapter drives it with, `chunk` included)."""
-    return None
+    """Why a trace on this layout gets no script although its class has one, or None: a script that
+    skipped a step it cannot play could report the bug fixed, so such a trace gets none (every
+    script plays every action the adapter drives now, `chunk` on FULL+MAMBA included)."""
+    extra = sorted(actions - set(ACTIONS))
+    return f"the {lay.get('class')} script does not play {', '.join(extra)}" if extra else None

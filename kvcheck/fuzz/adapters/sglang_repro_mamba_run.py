@@ -71,6 +71,10 @@ def fault_for(core):          # as kvcheck's lockstep plants it: wrappers of the
 worlds = [World(core, fault_for(core)) for core in CORES]
 print(f"SGLang {importlib.metadata.version('sglang')} (finding recorded on {RECORDED_RELEASE}); UnifiedRadixCache "
       f"FULL+MAMBA on the {' + '.join(CORES)} tree core(s), {CAPACITY} slots; fault {FAULT}")
+PLAYS = ("submit", "match", "chunk", "decode", "finish", "abort", "evict")
+if {a for a, _ in STEPS} - set(PLAYS):        # a step skipped could make a present bug look fixed
+    print(f"CANNOT PLAY: steps {sorted({a for a, _ in STEPS} - set(PLAYS))}; replay the trace with kvcheck")
+    sys.exit(2)
 for n, (action, p) in enumerate(STEPS):
     print(f"step {n}: {action} {p}")
     r, outs = p.get("r"), []
