@@ -52,6 +52,17 @@ def test_layout_rules_without_sglang():
     assert "needs a layout of class ChunkCache" in fault_refusal("chunk_double_free", LAYOUTS["radix"])
 
 
+def test_every_action_has_a_script_and_an_unplayable_step_gets_none():
+    """FULL+MAMBA traces with chunk steps get a script now; a step no script plays gets a note instead
+    (a script skipping it could call a present bug fixed)."""
+    from kvcheck.fuzz.adapters.sglang_layouts import ACTIONS
+    from kvcheck.fuzz.adapters.sglang_repro_classes import script_gap
+    for name in ("unified-mamba", "unified-mamba-lockstep", "chunk"):
+        assert script_gap({"class": LAYOUTS[name].cls, "components": list(LAYOUTS[name].components)}, set(ACTIONS)) is None
+    assert "does not play teleport" in script_gap({"class": "UnifiedRadixCache", "components": ["full", "mamba"]},
+                                                  {"chunk", "teleport"})
+
+
 def test_every_new_check_has_a_fault():
     """Each check these classes add is the expected check of a planted fault in the one table."""
     new_checks = {"disabled_cache_no_hit", "request_kv_intact", "kv_freed_once", "hit_sound_mamba_state"}

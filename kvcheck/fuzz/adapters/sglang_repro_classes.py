@@ -1,12 +1,13 @@
 """Standalone reproducers for the classes whose scripts live outside sglang_repro_template.py:
-ChunkCache (sglang_repro_chunk.py) and UnifiedRadixCache FULL+MAMBA (sglang_repro_mamba.py, then
-sglang_repro_mamba_run.py).
+ChunkCache (sglang_repro_chunk.py) and UnifiedRadixCache FULL+MAMBA (sglang_repro_mamba.py,
+sglang_repro_mamba_sched.py, then sglang_repro_mamba_run.py).
 Each is the template's shared prelude (the @NAME@ fields and the CPU stand-ins, taken from
 sglang_repro_template.TEMPLATE up to its end-of-stand-ins marker) followed by the class's body."""
 from __future__ import annotations
 
 from typing import Any
 
+from .sglang_layouts import ACTIONS
 from .sglang_repro_template import TEMPLATE
 
 MARKER = "# ---- end of CPU stand-ins"
@@ -18,7 +19,7 @@ CHUNK_FAULTS = ("lock_ref_leak", "evict_locked", "chunk_reports_hit", "chunk_fre
 MAMBA_FAULTS = ("lock_ref_leak", "match_overreach", "evict_locked", "drop_insert", "insert_shifted_values",
                 "evict_no_free", "core_drops_insert", "mamba_hit_without_state", "mamba_state_freed_on_insert",
                 "mamba_state_dropped_on_insert", "mamba_lock_leak", "mamba_evict_locked_state",
-                "mamba_state_leaked_on_abort")
+                "mamba_state_leaked_on_abort", "unfinished_lock_not_moved")
 
 
 def class_template(lay: dict[str, Any], fault: str | None) -> tuple[str, dict[str, str]] | None:
@@ -35,17 +36,15 @@ def class_template(lay: dict[str, Any], fault: str | None) -> tuple[str, dict[st
             return None
         from .sglang_repro_mamba import BODY
         from .sglang_repro_mamba_run import BODY as RUN
+        from .sglang_repro_mamba_sched import BODY as SCHED
         core = lay.get("tree_core") or "python"
-        return PRELUDE + BODY + RUN, {"@CORES@": repr(["python", "rust"] if core == "lockstep" else [core])}
+        return PRELUDE + BODY + SCHED + RUN, {"@CORES@": repr(["python", "rust"] if core == "lockstep" else [core])}
     return None
 
 
 def script_gap(lay: dict[str, Any], actions: set[str]) -> str | None:
-    """Why a trace on this layout gets no script although its class has one, or None. The FULL+MAMBA
-    script does not play the scheduler path yet (SGLang's checkpoint forks the request's state and
-    moves its mamba lock; the script's state shadow would have to follow those copies): a script
-    that skipped a trace's `chunk` steps would report the bug fixed, so such a trace gets none."""
-    if lay.get("class") == "UnifiedRadixCache" and "mamba" in (lay.get("components") or ()) and "chunk" in actions:
-        return "the FULL+MAMBA script does not play chunked prefill (`chunk`) yet"
-    return None
-
+    """Why a trace on this layout gets no script although its class has one, or None: a script that
+    skipped a step it cannot play could report the bug fixed, so such a trace gets none (every
+    script plays every action the adapter drives now, `chunk` on FULL+MAMBA included)."""
+    extra = sorted(actions - set(ACTIONS))
+    return f"the {lay.get('class')} script does not play {', '.join(extra)}" if extra else None

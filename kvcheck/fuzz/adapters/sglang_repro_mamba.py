@@ -59,12 +59,12 @@ class World:
 
     def __init__(self, core, fault):
         self.core, self.fault, self.bugs, self.reqs, self.written, self.mwritten = core, fault, [], {}, {}, {}
-        self.twin, self.inserts = set(), 0
-        self.msize = max(5, CAPACITY // 6)
+        self.twin, self.inserts, self.publishing = set(), 0, False
+        self.msize = max(12, CAPACITY // 6)       # as kvcheck's pools: a chunk's checkpoint forks a state
         shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=2, n_groups=1, num_heads=1, head_dim=1,
                                         state_size=1, conv_kernel=2)
         cp = Mamba2CacheParams(shape=shape, layers=[0], dtype=Mamba2StateDType(conv=torch.float32, temporal=torch.float32))
-        self.rtp = HybridReqToTokenPool(**kw(HybridReqToTokenPool.__init__, size=8, mamba_size=self.msize,
+        self.rtp = HybridReqToTokenPool(**kw(HybridReqToTokenPool.__init__, size=min(8, self.msize), mamba_size=self.msize,
                                              mamba_spec_state_size=self.msize, max_context_len=64, device="cpu",
                                              enable_memory_saver=False, cache_params=cp, mamba_layer_ids=[0],
                                              enable_mamba_extra_buffer=False))
@@ -191,6 +191,8 @@ class World:
             comp = c.components[CT.MAMBA]; real_c = comp.commit_insert_component_data; sig = inspect.signature(real_c)
             def commit(*a, **k):
                 b = sig.bind(*a, **k).arguments
+                if self.publishing:           # a chunk's forked state, not a finished request's
+                    return real_c(*a, **k)
                 if not b["is_new_leaf"] and b["node"].component_data[CT.MAMBA].value is None:
                     b["result"].mamba_exist = True; return None
                 return real_c(*a, **k)
@@ -198,22 +200,26 @@ class World:
 
     # ---- the scheduler's side ---------------------------------------------------------------
     def evict(self, n, m):
-        (full0, st0), locked = self.prefixes(), self.locked()
+        snap = self.snap()
         r = self.cache.evict(bpc.EvictParams(num_tokens=n, mamba_num=m))
-        self.forget(full0, st0, locked)
+        self.forget(*snap)
         return (r.num_tokens_evicted, r.mamba_num_evicted)
 
     def locked(self):
         return set() if self.core == "rust" else \
             {path + k for n, path, k in self.tree() if n.component_data[CT.FULL].lock_ref > 0}
 
-    def forget(self, full0, st0, locked):
+    def snap(self):           # what forget() compares against: prefixes, locked ones, nodes with a state
+        had = set() if self.core == "rust" else {id(n) for n, _, _ in self.tree() if self.val(n, CT.MAMBA) is not None}
+        return self.prefixes() + (self.locked(), had)
+
+    def forget(self, full0, st0, locked, had):
         full1, st1 = self.prefixes()
         self.twin -= (full0 - full1) | (st0 - st1)
         if (full0 - full1) & locked:
             self.bugs.append("an eviction removed a node a running request has locked")
-        for rid, q in self.reqs.items():
-            if q.get("mnode") is not None and self.val(q["mnode"], CT.MAMBA) is None:
+        for rid, q in self.reqs.items():       # a state that was there may not go (a locked tombstone may stay one)
+            if q.get("mnode") is not None and id(q["mnode"]) in had and self.val(q["mnode"], CT.MAMBA) is None:
                 self.bugs.append(f"{rid}'s mamba-locked node lost its state")
 
     def allocate(self, n):
@@ -238,12 +244,12 @@ class World:
             if nxt is None: return self.handle(n), p
             n, p = nxt, p + len(nxt.key)
 
-    def match(self, r):
+    def match(self, r, limit=None):          # limit: a chunk's admission computes that many tokens
         q, sr = self.reqs[r], ReqStandIn()
         toks = q["tokens"]
-        (full0, st0), locked = self.prefixes(), self.locked()
+        snap = self.snap()
         m = self.cache.match_prefix(bpc.MatchPrefixParams(key=RadixKey(array("q", toks[:-1])), cow_mamba=True, req=sr))
-        self.forget(full0, st0, locked)
+        self.forget(*snap)
         hit = m.device_prefix_len if hasattr(m, "device_prefix_len") else len(m.device_indices)
         h = m.last_device_node
         if self.fault == "mamba_hit_without_state":   # ==== PLANTED FAULT: the deepest matched node, state or not
@@ -273,7 +279,8 @@ class World:
         rec = self.cache.inc_lock_ref(h)
         q["mnode"] = mnode                    # held from here: the allocations below may evict
         ms = self.mamba_slot() if ms is None else ms
-        new = None if ms is None else self.allocate(len(toks) - hit)
+        need = len(toks) - hit if limit is None else min(len(toks) - hit, limit)
+        new = None if ms is None else self.allocate(need)
         if new is None:
             q["mnode"] = None
             if ms is not None: self.mslots.free(torch.tensor([ms], dtype=torch.int64))
@@ -287,9 +294,9 @@ class World:
         if hit and not self.holds(ms, tuple(toks[:hit])):
             self.bugs.append(f"{r}: the state copied into its slot {ms} is not the state after its {hit}-token prefix")
             return {}
-        self.state_write(ms, tuple(toks))
+        self.state_write(ms, tuple(toks[:hit + need]))    # prefill runs the rest (or a chunk)
         q.update(state="running", h=h, hit=hit, rec=rec, ms=ms, mnode=mnode, slots=path + new)
-        for p in range(hit, len(toks)):
+        for p in range(hit, hit + need):
             self.written[q["slots"][p]] = tuple(toks[:p + 1])
         return {"hit": hit, "admitted": True}
 

@@ -71,6 +71,10 @@ def fault_for(core):          # as kvcheck's lockstep plants it: wrappers of the
 worlds = [World(core, fault_for(core)) for core in CORES]
 print(f"SGLang {importlib.metadata.version('sglang')} (finding recorded on {RECORDED_RELEASE}); UnifiedRadixCache "
       f"FULL+MAMBA on the {' + '.join(CORES)} tree core(s), {CAPACITY} slots; fault {FAULT}")
+PLAYS = ("submit", "match", "chunk", "decode", "finish", "abort", "evict")
+if {a for a, _ in STEPS} - set(PLAYS):        # a step skipped could make a present bug look fixed
+    print(f"CANNOT PLAY: steps {sorted({a for a, _ in STEPS} - set(PLAYS))}; replay the trace with kvcheck")
+    sys.exit(2)
 for n, (action, p) in enumerate(STEPS):
     print(f"step {n}: {action} {p}")
     r, outs = p.get("r"), []
@@ -78,14 +82,18 @@ for n, (action, p) in enumerate(STEPS):
         if action in ("submit", "match") and "tokens" in p:
             w.reqs[r] = {"tokens": list(p["tokens"]), "state": "waiting"}
         q = w.reqs.get(r, {})
+        s = q.get("sched")                   # a request admitted by a chunk: the scheduler path
+        mid = s is not None and s["computed"] < s["prompt"]
         if action == "match" and q.get("state") == "waiting":
             outs.append(w.match(r))
-        elif action == "decode" and q.get("state") == "running":
-            outs.append([w.decode(r, t) for t in p.get("toks", [p.get("tok")])])
-        elif action == "finish" and q.get("state") == "running":
-            outs.append(w.finish(r))
-        elif action == "abort" and r in w.reqs:
-            outs.append(w.abort(r))
+        elif action == "chunk" and (q.get("state") == "waiting" or mid):
+            outs.append(w.chunk(r, p["n"]))
+        elif action == "decode" and q.get("state") == "running" and not mid:
+            outs.append([(w.sched_decode if s else w.decode)(r, t) for t in p.get("toks", [p.get("tok")])])
+        elif action == "finish" and q.get("state") == "running" and not mid:
+            outs.append(w.release_sched(r, True) if s else w.finish(r))
+        elif action == "abort" and r in w.reqs and (not mid or can_abort_mid_prefill(w.cache)):
+            outs.append(w.release_sched(r, False) if s else w.abort(r))
         elif action == "evict":
             outs.append(w.evict(p["n"], p.get("mamba", 0)))
         if not w.bugs:

@@ -1,26 +1,23 @@
-"""The scheduler-path part of an SGLang reproducer script (sglang_reproducer.py puts it into
-sglang_repro_template.TEMPLATE at @SCHED@): chunked prefill published by SGLang's own
+"""The scheduler-path part of an SGLang reproducer script: chunked prefill published by SGLang's own
 cache_unfinished_req / checkpoint_kv_cache, and such a request released by SGLang's own
 cache_finished_req / release_kv_cache, on SGLang's Req (0.5.23) or the fields it reads (<= 0.5.12).
+SCHED_API is what every class's script shares (the request SGLang sees, its row, the calls); SCHED
+(SCHED_API and the RadixCache / SWARadixCache part) goes into sglang_repro_template.TEMPLATE at
+@SCHED@; the UnifiedRadixCache FULL+MAMBA script takes SCHED_API (sglang_repro_mamba_sched.py).
 """
 
-SCHED = r'''# ---- the scheduler path: chunked prefill; SGLang's own cache_unfinished_req / checkpoint, and its own
+SCHED_API = r'''# ---- the scheduler path: chunked prefill; SGLang's own cache_unfinished_req / checkpoint, and its own
 # ---- cache_finished_req / release_kv_cache for such a request (on SGLang's Req, or its fields)
-from sglang.srt.mem_cache import memory_pool as _mp
 try:
     from sglang.srt.mem_cache import common as _common
 except ImportError:
     _common = None
 KV_API = _common is not None and hasattr(_common, "checkpoint_kv_cache") and \
     "checkpoint" in inspect.signature(_common.release_kv_cache).parameters     # 0.5.23: req.kv records
-_rp = inspect.signature(_mp.ReqToTokenPool.__init__).parameters
-rows = _mp.ReqToTokenPool(**{k: v for k, v in dict(size=8, max_context_len=MAX_TOKENS + 8, device="cpu",
-                                                   enable_memory_saver=False).items() if k in _rp})
-cache.req_to_token_pool = rows
 if KV_API:
     from sglang.srt import runtime_context as _rc
-    if not _rc._CONTEXT.is_config_namespace_published("serving"):
-        _rc._CONTEXT.override_server_args().install()      # SGLang's test default config
+    if not _rc._CONTEXT.is_config_namespace_published("serving"):     # SGLang's test default config,
+        _rc._CONTEXT.override_server_args(_mamba_cache_chunk_size=64).install()   # the Mamba chunk seeded
 
 
 def seq(tokens):
@@ -40,6 +37,8 @@ class FlatReq:          # the fields of SGLang's Req that cache_unfinished_req /
         self.kv_committed_len = self.kv_allocated_len = computed
         self.kv_committed_freed = self.kv_overallocated_freed = False
         self.swa_uuid_for_lock, self.swa_prefix_lock_released, self.swa_evicted_seqlen = receipt, False, 0
+        self.mamba_pool_idx = self.mamba_last_track_seqlen = self.mamba_ping_pong_track_buffer = None
+        self.mamba_next_track_idx = self.mamba_branching_seqlen = None
         self.finished_reason = self.finished_len = None
     def pop_committed_kv_cache(self):
         assert not self.kv_committed_freed; self.kv_committed_freed = True; return self.kv_committed_len
@@ -49,12 +48,87 @@ class FlatReq:          # the fields of SGLang's Req that cache_unfinished_req /
         return self.finished_reason is not None
 
 
-def set_len(q):
-    s, n = q["sched"], q["sched"]["computed"]
+def sched_req(r, prompt, computed, node, hit, rec, receipt, prefix):
+    """SGLang's request as the scheduler has it after the match and the first chunk's allocation."""
     if KV_API:
-        s["req"].kv.kv_committed_len = s["req"].kv.kv_allocated_len = n; s["req"].extend_end = n
+        from sglang.srt.managers.schedule_batch import Req
+        from sglang.srt.mem_cache.base_prefix_cache import TreeLock
+        from sglang.srt.sampling.sampling_params import SamplingParams
+        sr = Req(r, "", array("q", prompt), SamplingParams(max_new_tokens=MAX_TOKENS))
+        sr.refresh_fill_ids(); sr.prefix_len, sr.last_node = hit, node; sr.kv.cache_protected_len = hit
+        sr.lock = TreeLock(node, rec.to_dec_params() if hasattr(rec, "to_dec_params") else rec)
+        return sr
+    return FlatReq(r, prompt, computed, node, hit, receipt, prefix)
+
+
+def sched_row(pool, sr):
+    """A row of `pool` for SGLang's request, as the release's pool hands it out: alloc(1) (<= 0.5.7),
+    alloc(1, [req]) (0.5.7's HybridReqToTokenPool), alloc([req]) (0.5.12+, recorded on the request)."""
+    a = inspect.signature(pool.alloc).parameters
+    if "reqs" in a:
+        row = int((pool.alloc(1, [sr]) if "need_size" in a else pool.alloc([sr]))[0])
     else:
-        s["req"].kv_committed_len = s["req"].kv_allocated_len = n; s["req"].fill_ids = seq(q["tokens"][:n])
+        row = int(pool.alloc(1)[0])
+    if not KV_API:
+        sr.req_pool_idx = row
+    return row
+
+
+def sched_len(sr, tokens, n):       # the computed length, in the release's fields
+    if KV_API:
+        sr.kv.kv_committed_len = sr.kv.kv_allocated_len = n; sr.extend_end = n
+    else:
+        sr.kv_committed_len = sr.kv_allocated_len = n; sr.fill_ids = seq(tokens[:n])
+
+
+def publish_call(cache, sr):        # the scheduler's call after a chunk that leaves the prompt unfinished
+    if KV_API:
+        return lambda: _common.checkpoint_kv_cache(sr, cache)
+    if takes(cache.cache_unfinished_req, "chunked"):
+        return lambda: cache.cache_unfinished_req(sr, chunked=True)
+    return lambda: cache.cache_unfinished_req(sr)
+
+
+def protected_len(cache, sr):       # the part of a published request's row the tree owns
+    if KV_API:
+        return sr.kv.cache_protected_len
+    if "cache_protected_len" in type(cache).cache_unfinished_req.__code__.co_names:
+        return sr.cache_protected_len
+    return len(sr.prefix_indices)
+
+
+def can_abort_mid_prefill(cache):   # 0.4.10 has no is_insert: an abort only after the prefill
+    return KV_API or takes(cache.cache_finished_req, "is_insert")
+
+
+def release_call(cache, sr, tokens, prompt, computed, insert):
+    """(SGLang's release of a finished (insert) or aborted request, whether it caches it)."""
+    if KV_API:
+        from sglang.srt.managers import schedule_batch as sb
+        sr.finished_reason = sb.FINISH_LENGTH(length=len(sr.output_ids)) if insert else sb.FINISH_ABORT()
+        return (lambda: _common.release_kv_cache(sr, cache, checkpoint=insert)), insert
+    sr.output_ids = seq(tokens[prompt:] + [0]); sr.fill_ids = seq(tokens[:computed])   # the sampled token: no KV
+    sr.finished_reason = "length" if insert else "abort"
+    if takes(cache.cache_finished_req, "is_insert"):
+        return (lambda: cache.cache_finished_req(sr, is_insert=insert)), insert
+    return (lambda: cache.cache_finished_req(sr)), True      # 0.4.10 caches an aborted request too
+
+
+def free_row(pool, sr, row):        # the flat API's scheduler frees the request's row itself
+    if not KV_API and row not in pool.free_slots:
+        pool.free(sr) if "req" in inspect.signature(pool.free).parameters else pool.free(row)
+
+
+'''
+SCHED = SCHED_API + r'''from sglang.srt.mem_cache import memory_pool as _mp
+_rp = inspect.signature(_mp.ReqToTokenPool.__init__).parameters
+rows = _mp.ReqToTokenPool(**{k: v for k, v in dict(size=8, max_context_len=MAX_TOKENS + 8, device="cpu",
+                                                   enable_memory_saver=False).items() if k in _rp})
+cache.req_to_token_pool = rows
+
+
+def set_len(q):
+    sched_len(q["sched"]["req"], q["tokens"], q["sched"]["computed"])
 
 
 def row_write(q, lo, slots):
@@ -64,21 +138,9 @@ def row_write(q, lo, slots):
 
 def admit_sched(q, r):
     prompt, computed = list(q["tokens"]), len(q["slots"])
-    if KV_API:
-        from sglang.srt.managers.schedule_batch import Req
-        from sglang.srt.mem_cache.base_prefix_cache import TreeLock
-        from sglang.srt.sampling.sampling_params import SamplingParams
-        sr = Req(r, "", array("q", prompt), SamplingParams(max_new_tokens=MAX_TOKENS))
-        sr.refresh_fill_ids(); sr.prefix_len, sr.last_node = q["hit"], q["node"]; sr.kv.cache_protected_len = q["hit"]
-        rec = q["lockrec"]
-        sr.lock = TreeLock(q["node"], rec.to_dec_params() if hasattr(rec, "to_dec_params") else rec)
-    else:
-        sr = FlatReq(r, prompt, computed, q["node"], q["hit"], q["receipt"] if SWA else None, q["slots"][:q["hit"]])
-    a = inspect.signature(rows.alloc).parameters
-    row = rows.alloc([sr])[0] if "reqs" in a else rows.alloc(1)[0]
-    if not KV_API:
-        sr.req_pool_idx = row
-    q["sched"] = {"req": sr, "row": row, "prompt": len(prompt), "computed": computed}
+    sr = sched_req(r, prompt, computed, q["node"], q["hit"], q.get("lockrec"), q["receipt"] if SWA else None,
+                   q["slots"][:q["hit"]])
+    q["sched"] = {"req": sr, "row": sched_row(rows, sr), "prompt": len(prompt), "computed": computed}
     row_write(q, 0, q["slots"][:computed]); set_len(q)
 
 
@@ -94,12 +156,7 @@ def sglang_call(fn):             # SGLang may evict on its own inside: the twin 
 def publish(q, r):
     s, sr = q["sched"], q["sched"]["req"]
     old = sr.last_node
-    if KV_API:
-        sglang_call(lambda: _common.checkpoint_kv_cache(sr, cache))
-    elif takes(cache.cache_unfinished_req, "chunked"):
-        sglang_call(lambda: cache.cache_unfinished_req(sr, chunked=True))
-    else:
-        sglang_call(lambda: cache.cache_unfinished_req(sr))
+    sglang_call(publish_call(cache, sr))
     if FAULT == "unfinished_lock_not_moved" and sr.last_node is not old:   # ==== PLANTED FAULT: the lock
         if KV_API:                                                          # stays on the old node
             cache.unlock(sr.lock); cache.lock(old)
@@ -108,12 +165,7 @@ def publish(q, r):
             unlock(sr.last_node, sr.swa_uuid_for_lock)
     q["node"], n = sr.last_node, s["computed"]
     q["slots"] = [int(x) for x in rows.req_to_token[s["row"], :n].tolist()] + q["slots"][n:]
-    if KV_API:
-        q["hit"] = sr.kv.cache_protected_len
-    elif "cache_protected_len" in type(cache).cache_unfinished_req.__code__.co_names:
-        q["hit"] = sr.cache_protected_len
-    else:
-        q["hit"] = len(sr.prefix_indices)
+    q["hit"] = protected_len(cache, sr)
     if SWA:
         q["receipt"] = sr.swa_uuid_for_lock
     full_free, swa_free = free_sets()
@@ -150,19 +202,9 @@ def chunk(r, n):
 def release_sched(r, insert):
     q = reqs.pop(r)
     s, sr = q["sched"], q["sched"]["req"]
-    if KV_API:
-        from sglang.srt.managers import schedule_batch as sb
-        sr.finished_reason = sb.FINISH_LENGTH(length=len(sr.output_ids)) if insert else sb.FINISH_ABORT()
-        sglang_call(lambda: _common.release_kv_cache(sr, cache, checkpoint=insert))
-    else:
-        sr.output_ids = seq(q["tokens"][s["prompt"]:] + [0]); sr.fill_ids = seq(q["tokens"][:s["computed"]])
-        sr.finished_reason = "length" if insert else "abort"
-        if takes(cache.cache_finished_req, "is_insert"):
-            sglang_call(lambda: cache.cache_finished_req(sr, is_insert=insert))
-        else:
-            sglang_call(lambda: cache.cache_finished_req(sr)); insert = True
-        if s["row"] not in rows.free_slots:
-            rows.free(sr) if "req" in inspect.signature(rows.free).parameters else rows.free(s["row"])
+    fn, insert = release_call(cache, sr, q["tokens"], s["prompt"], s["computed"], insert)
+    sglang_call(fn)
+    free_row(rows, sr, s["row"])
     if insert:
         for end in range(PAGE, s["computed"] // PAGE * PAGE + 1, PAGE):
             twin.add(tuple(q["tokens"][:end]))
