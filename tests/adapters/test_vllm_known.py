@@ -74,7 +74,7 @@ def test_a_finding_that_shrinks_to_a_known_defect_is_counted_not_reported(monkey
     from kvcheck.fuzz.lockstep import Finding
     seen = []
 
-    def shrink(layout, num_blocks, fault, f, strict, seconds, twin=False):
+    def shrink(layout, num_blocks, fault, f, strict, seconds, twin=False, sched_policy="fcfs"):
         seen.append(f.checks[0])
         g = Finding(f.kind, ["known:stand_in"], f.message)
         g.program = list(f.program)

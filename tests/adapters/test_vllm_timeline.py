@@ -14,8 +14,9 @@ from kvcheck.spec.sut import ActionRejected  # noqa: E402
 A, B = list(range(1, 21)), [30, 31, 32, 33]      # 20 and 4 tokens, block 4 (layout "full")
 
 
-def _run(program, layout="full", num_blocks=6, fault=None):
+def _run(program, layout="full", num_blocks=6, fault=None, sched_policy="fcfs"):
     ad = VllmAdapter(layout, num_blocks, fault)
+    ad.sched_policy = sched_policy
     core = Lockstep(FreeModel(), ad)
     for a, p in program:
         core.step(Act(a, p))
@@ -39,7 +40,7 @@ def test_priority_preemption_of_a_scheduled_request_reads_unwritten_blocks():
         ("preempt", {"r": "A"}), ("decode", {"r": "B", "tok": 5}), ("forward", {}),
         ("finish", {"r": "B"}),
         ("begin_step", {}), ("lookup", {"r": "A", "chunk": 8})]
-    ad = _run(prog)
+    ad = _run(prog, sched_policy="priority")
     assert ad.coverage["state:alloc_refused"] == 1 and ad.coverage["state:preempt_scheduled"] == 1
     assert ad.reqs["A"].obj.num_computed_tokens == 20 and ad.coverage["state:hit"] == 1
     with pytest.raises(Finding) as e:
@@ -139,7 +140,7 @@ def _script(path, capsys):
     return code, capsys.readouterr().out
 
 
-def test_priority_finding_has_a_standalone_reproducer(tmp_path, capsys):
+def test_priority_finding_has_a_standalone_reproducer(tmp_path, capsys, monkeypatch):
     """The PRIORITY finding's script (vLLM only) exits 1; the same steps with the victim not yet
     scheduled when it is preempted (FCFS's case) exit 0."""
 
@@ -150,9 +151,11 @@ def test_priority_finding_has_a_standalone_reproducer(tmp_path, capsys):
         ("begin_step", {}), ("prefill", {"r": "A", "chunk": 8}), ("decode", {"r": "B", "tok": 5}),
         ("preempt", {"r": "A"}), ("decode", {"r": "B", "tok": 5}), ("forward", {}), ("finish", {"r": "B"}),
         ("begin_step", {}), ("lookup", {"r": "A", "chunk": 8}), ("forward", {})]
-    _, f = execute("full", 6, None, [Act(a, p) for a, p in prog])
+    from kvcheck.fuzz.adapters import vllm_known
+    monkeypatch.setattr(vllm_known, "STRICT", True)     # the finding itself, not its known:NAME count
+    _, f = execute("full", 6, None, [Act(a, p) for a, p in prog], sched_policy="priority")
     assert f is not None and f.checks == ["read_before_write"]
-    info = _save("full", 6, None, 0, f, False, str(tmp_path), "rbw")
+    info = _save("full", 6, None, 0, f, False, str(tmp_path), "rbw", sched_policy="priority")
     capsys.readouterr()
     code, out = _script(info["reproducer"], capsys)
     assert code == 1 and "never written" in out, out

@@ -80,15 +80,18 @@ class _Gen(PromptGen):
 DRIVES = ("mixed", "single", "scheduler")
 
 
-def _adapter(layout: str, num_blocks: int, fault: str | None, strict: bool, twin: bool) -> VllmAdapter:
-    return (TwinAdapter if twin else VllmAdapter)(layout, num_blocks, fault, strict)
+def _adapter(layout: str, num_blocks: int, fault: str | None, strict: bool, twin: bool,
+             sched_policy: str = "fcfs") -> VllmAdapter:
+    ad = (TwinAdapter if twin else VllmAdapter)(layout, num_blocks, fault, strict)
+    ad.sched_policy = sched_policy          # (what a preemption may take back: vllm_adapter._a_preempt)
+    return ad
 
 
 def execute(layout: str, num_blocks: int, fault: str | None, program: list[Act],
-            strict: bool = False, twin: bool = False) -> tuple[VllmAdapter, Finding | None]:
+            strict: bool = False, twin: bool = False, sched_policy: str = "fcfs") -> tuple[VllmAdapter, Finding | None]:
     """Run steps on a fresh manager (with its dense twin if `twin`), on the core; a step vLLM
     refuses (possible after shrinking) is skipped. Returns the adapter and the finding, if any."""
-    ad = _adapter(layout, num_blocks, fault, strict, twin)
+    ad = _adapter(layout, num_blocks, fault, strict, twin, sched_policy)
     known.install(ad, vllm_version())
     f = Lockstep(FreeModel(), ad).run(program)
     if f is not None and (name := known.of_finding(ad, f, vllm_version())):
@@ -105,10 +108,10 @@ def _incremental(ad: VllmAdapter) -> None:
 
 
 def _shrink(layout: str, num_blocks: int, fault: str | None, f: Finding, strict: bool,
-            seconds: float, twin: bool = False) -> Finding:
+            seconds: float, twin: bool = False, sched_policy: str = "fcfs") -> Finding:
     """The one shrinker, while the same check still fails. The finding is first re-located in
     the exact mode: a violation the incremental check saw late is reported where it happened."""
-    run = lambda prog: execute(layout, num_blocks, fault, prog, strict, twin)[1]   # noqa: E731
+    run = lambda prog: execute(layout, num_blocks, fault, prog, strict, twin, sched_policy)[1]   # noqa: E731
     exact = run(f.program)
     if exact is not None:
         f = exact
@@ -223,8 +226,7 @@ def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = N
             gen = WORKLOADS[workload](gen)
         per_req = max(16, layout_scale(layout)[1] // min(bs for _, bs, _ in _LAYOUTS[layout][1]))
         num_blocks = rng.choice([10, 14, 20, 32]) * max(2, len(_LAYOUTS[layout][1])) // 2 * per_req // 16
-        ad = _adapter(layout, num_blocks, fault, strict_reuse, twin)
-        ad.sched_policy = sched_policy          # (a known defect of the PRIORITY policy: vllm_known.py)
+        ad = _adapter(layout, num_blocks, fault, strict_reuse, twin, sched_policy)
         _incremental(ad)
         known.install(ad, vllm_version())     # known vLLM defects are counted, not reported (vllm_known.py)
         core = Lockstep(FreeModel(), ad)
@@ -255,7 +257,8 @@ def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = N
                 if not strict_reuse and key not in lost_seen and len(lost_seen) < 3:
                     lost_seen.add(key)
                     lv = core.stamp(Finding("lost_reuse", [last.check], last.message))
-                    small = _shrink(layout, num_blocks, fault, lv, True, min(deadline - time.monotonic(), 20), twin)
+                    small = _shrink(layout, num_blocks, fault, lv, True, min(deadline - time.monotonic(), 20), twin,
+                                    sched_policy)
                     if small.checks[0].startswith("known:"):      # shrunk, it is a known defect's
                         coverage[small.checks[0]] += 1
                         lost_total -= 1
@@ -263,7 +266,7 @@ def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = N
                         continue
                     findings.append(_save(layout, num_blocks, fault, ep_seed, small, True, out_dir,
                                           f"{last.check}{len(lost_seen)}", twin,
-                                          _size_of(layout, num_blocks, fault, small, twin), sched_policy))
+                                          _size_of(layout, num_blocks, fault, small, twin, sched_policy), sched_policy))
             if viol is not None:
                 break
         hits += ad.hits
@@ -276,13 +279,13 @@ def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = N
         if viol is not None:
             at = round(time.monotonic() - t0, 2)
             strict = viol.kind == "lost_reuse"
-            small = _shrink(layout, num_blocks, fault, viol, strict, 30, twin)
+            small = _shrink(layout, num_blocks, fault, viol, strict, 30, twin, sched_policy)
             if small.checks[0].startswith("known:"):              # shrunk, it is a known defect's:
                 coverage[small.checks[0]] += 1                    # counted, and the campaign goes on
                 continue
             first_fail_s = at
             findings.append(_save(layout, num_blocks, fault, ep_seed, small, strict, out_dir, viol.checks[0],
-                                  twin, _size_of(layout, num_blocks, fault, small, twin) if strict else None,
+                                  twin, _size_of(layout, num_blocks, fault, small, twin, sched_policy) if strict else None,
                                   sched_policy))
             exit_code = FOR_FINDING[viol.kind]
             break
@@ -306,10 +309,11 @@ def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = N
     }
 
 
-def _size_of(layout: str, num_blocks: int, fault: str | None, f: Finding, twin: bool) -> dict | None:
+def _size_of(layout: str, num_blocks: int, fault: str | None, f: Finding, twin: bool,
+             sched_policy: str = "fcfs") -> dict | None:
     """The size (tokens lost, share of the prompt) of a shrunk lost-reuse finding: its program
     is run once more and the last lost reuse measured (the map-based check records none)."""
-    ad, _ = execute(layout, num_blocks, fault, f.program, True, twin)
+    ad, _ = execute(layout, num_blocks, fault, f.program, True, twin, sched_policy)
     return getattr(ad.lost[-1], "size", None) if ad.lost else None
 
 
@@ -324,13 +328,14 @@ def replay(trace: Trace | str | Path) -> dict:
     if layout not in LAYOUTS:
         raise ValueError(f"trace has no known vLLM layout in meta.layout (got {layout!r})")
     ad = _adapter(layout, int(trace.meta.get("num_blocks", 24)), trace.fault,
-                  bool(trace.meta.get("strict_reuse")), bool(trace.meta.get("dense_twin")))
+                  bool(trace.meta.get("strict_reuse")), bool(trace.meta.get("dense_twin")),
+                  trace.meta.get("sched_policy", "fcfs"))
     code, out = replay_on_core(trace, ad, FreeModel())
     v = out.get("violation")
     want = (trace.violation or {}).get("check")
     return {
         "sut": "vllm", "vllm_version": vllm_version(), "layout": layout, "fault": trace.fault,
-        "steps": len(trace.steps), "sched_policy": trace.meta.get("sched_policy", "fcfs"),   # (the steps carry its choices)
+        "steps": len(trace.steps), "sched_policy": trace.meta.get("sched_policy", "fcfs"),
         "violation": None if v is None else {k: v[k] for k in ("kind", "check", "message", "step")},
         "expected": want, "reproduced": want == (v["check"] if v else None),
         "lost_reuse": [str(x) for x in ad.lost], "exit_code": code,

@@ -33,6 +33,7 @@ class VllmAdapter(ShadowChecks):
     name = "vllm"
     actions = frozenset(ACTIONS)
     twin_oracle = False          # TwinAdapter: plants and catches the retention fault
+    sched_policy = "fcfs"        # "priority": a request scheduled in the open step may be preempted
 
     def __init__(self, layout: str, num_blocks: int = 24, fault: str | None = None,
                  strict: bool = False) -> None:
@@ -337,6 +338,9 @@ class VllmAdapter(ShadowChecks):
         tl = self.timeline
         if tl.open and tl.admitted:
             raise ActionRejected("vLLM preempts only in its running loop, before it admits waiting requests")
+        if tl.open and r in tl.sched and self.sched_policy != "priority":
+            raise ActionRejected("vLLM's FCFS policy never preempts a request it scheduled in this step "
+                                 "(its victims come from the end of the running queue; PRIORITY's may not)")
         if tl.open and tl.unschedule(r):     # the PRIORITY policy's victim was scheduled in this step
             self.coverage["state:preempt_scheduled"] += 1
         self.timeline.forget(r)

@@ -311,7 +311,8 @@ def explain_trace(path: str) -> dict:
         layout = V.register_layout(t.meta["layout_file"], where, prefix=kind)
     strict, STRICT = STRICT, False
     try:
-        ad = V._adapter(layout, int(t.meta.get("num_blocks", 24)), t.fault, False, bool(t.meta.get("dense_twin")))
+        ad = V._adapter(layout, int(t.meta.get("num_blocks", 24)), t.fault, False, bool(t.meta.get("dense_twin")),
+                        t.meta.get("sched_policy", "fcfs"))
         install(ad, V.vllm_version())
         check, at = t.violation["check"], t.violation["step"]
         found, name = None, None
