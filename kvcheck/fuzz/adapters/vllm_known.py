@@ -210,7 +210,7 @@ def _mamba_drafter(ad: Any, fine: bool = False) -> bool:
 # finding's message), each signature checked against the defect's standalone reproducer.
 KNOWN: tuple[Known, ...] = (
     Known("second_full_group_truncation", "hit_length_equal", "0.18.1", "0.28.0", "none found (fixed in 0.33.0)",
-          "docs/repro/traces/vllm-gen_2000016-hit_length_equal-seed2000016.json", _two_full, _truncate_all),
+          "docs/repro/vllm_second_full_group_truncation.py", _two_full, _truncate_all),
     Known("swa_eagle_realign", "lost_reuse", "0.23.0", "0.33.0", "none found",
           "docs/repro/vllm_swa_eagle_realign.py", _swa_eagle_mixed, _realign),
     Known("unitary_eagle_margin", "lost_reuse", "0.14.1", "0.33.0", "none found",
