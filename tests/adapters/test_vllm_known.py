@@ -2,6 +2,8 @@
 one that does not is reported, and KVCHECK_VLLM_STRICT=1 reports every finding."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("vllm")
@@ -28,6 +30,7 @@ def _in_range(name: str) -> bool:
 def test_every_entry_names_its_release_range_check_and_evidence():
     for k in K.KNOWN:
         assert K._ver(k.first) <= K._ver(k.last) and k.check and k.upstream and k.repro
+        assert (Path(__file__).resolve().parents[2] / k.repro).is_file(), k.repro   # a reproducer in the repo
         assert k.fixed is not None or k.message is not None      # a fix to rerun, or a signature
 
 
