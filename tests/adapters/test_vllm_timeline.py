@@ -145,8 +145,6 @@ def test_priority_finding_has_a_standalone_reproducer(tmp_path, capsys, monkeypa
     scheduled when it is preempted (FCFS's case) exit 0."""
 
     from kvcheck.fuzz.adapters.vllm import _save, execute
-    from kvcheck.fuzz.adapters.vllm_reproducer import write_reproducer
-    from kvcheck.spec.trace import Trace
     prog = _two_running() + [
         ("begin_step", {}), ("prefill", {"r": "A", "chunk": 8}), ("decode", {"r": "B", "tok": 5}),
         ("preempt", {"r": "A"}), ("decode", {"r": "B", "tok": 5}), ("forward", {}), ("finish", {"r": "B"}),
@@ -159,12 +157,12 @@ def test_priority_finding_has_a_standalone_reproducer(tmp_path, capsys, monkeypa
     capsys.readouterr()
     code, out = _script(info["reproducer"], capsys)
     assert code == 1 and "never written" in out, out
-    data = json.loads(open(info["trace"]).read())
-    steps = data["steps"]
-    i = next(k for k, s in enumerate(steps) if s["action"] == "preempt")
+    src = open(info["reproducer"]).read()
+    line = next(x for x in src.splitlines() if x.startswith("STEPS = "))
+    steps = eval(line[len("STEPS = "):])                       # noqa: S307 (the script's own repr)
+    i = next(k for k, s in enumerate(steps) if s[0] == "preempt")
     del steps[i + 1], steps[i - 2]      # A not scheduled in that step when it is preempted (FCFS)
-    ctrl = tmp_path / "ctrl.json"
-    ctrl.write_text(json.dumps(data))
-    out = write_reproducer(Trace.load(ctrl), str(ctrl))
-    code, text = _script(out["reproducer"], capsys)
+    ctrl = tmp_path / "ctrl.py"
+    ctrl.write_text(src.replace(line, f"STEPS = {steps!r}"))
+    code, text = _script(str(ctrl), capsys)
     assert code == 0, text

@@ -317,16 +317,22 @@ def _size_of(layout: str, num_blocks: int, fault: str | None, f: Finding, twin: 
     return getattr(ad.lost[-1], "size", None) if ad.lost else None
 
 
-def replay(trace: Trace | str | Path) -> dict:
-    """Replay a vLLM trace on the one replay; report whether it reproduces its recorded violation."""
-    if not isinstance(trace, Trace):
-        trace = Trace.load(trace)
+def _resolve_layout(trace: Trace) -> str:
+    """The trace's layout, registered again from its meta when a file or the generator made it."""
     layout = trace.meta.get("layout")
     if isinstance(layout, str) and layout.split(":")[0] in ("file", "gen") and "layout_file" in trace.meta:
         kind, _, where = layout.partition(":")
         layout = register_layout(trace.meta["layout_file"], where, prefix=kind)
     if layout not in LAYOUTS:
         raise ValueError(f"trace has no known vLLM layout in meta.layout (got {layout!r})")
+    return layout
+
+
+def replay(trace: Trace | str | Path) -> dict:
+    """Replay a vLLM trace on the one replay; report whether it reproduces its recorded violation."""
+    if not isinstance(trace, Trace):
+        trace = Trace.load(trace)
+    layout = _resolve_layout(trace)
     ad = _adapter(layout, int(trace.meta.get("num_blocks", 24)), trace.fault,
                   bool(trace.meta.get("strict_reuse")), bool(trace.meta.get("dense_twin")),
                   trace.meta.get("sched_policy", "fcfs"))

@@ -34,6 +34,8 @@ class VllmAdapter(ShadowChecks):
     actions = frozenset(ACTIONS)
     twin_oracle = False          # TwinAdapter: plants and catches the retention fault
     sched_policy = "fcfs"        # "priority": a request scheduled in the open step may be preempted
+    last_n: int | None = None    # the tokens the last lookup/prefill/decode scheduled (the split's)
+    last_hit: int | None = None  # the last lookup's hit (a reproducer records both, even past a check)
 
     def __init__(self, layout: str, num_blocks: int = 24, fault: str | None = None,
                  strict: bool = False) -> None:
@@ -81,6 +83,8 @@ class VllmAdapter(ShadowChecks):
             sched["use_eagle"] = True
         sched.update(mamba.manager_kwargs(self.has_mamba, feats))
         self.drafter, self.retained = drafter is not None, []    # (retained: the step's copies' endpoints)
+        self.build_args = {"config": extra, "manager": {"max_model_len": self.max_len, "hash_block_size": self.hb,
+                                                         **sched}}     # (what a reproducer rebuilds)
         self.mgr = V["KVCacheManager"](kcfg, max_model_len=self.max_len, hash_block_size=self.hb, **sched)
         self.pool = self.mgr.block_pool
         self.coord = self.mgr.coordinator
@@ -231,6 +235,7 @@ class VllmAdapter(ShadowChecks):
         o = req.obj
         usable = self.spec_usable(req)
         blocks, hit, *junction = self.mgr.get_computed_blocks(o)   # the junction: newer releases
+        self.last_hit = hit
         if junction:
             o.shared_prefix_boundary = junction[0]      # as the scheduler does
         self.hits += hit > 0
@@ -249,6 +254,7 @@ class VllmAdapter(ShadowChecks):
                             f"vLLM hit {hit} > spec-usable {usable} for {r} although every needed "
                             "block holds the right content (alignment rule differs?)")
         chunk = mamba.split(self, o, hit, max(1, min(chunk, o.num_tokens - hit)), mp)
+        obs["n"] = self.last_n = chunk    # (the tokens scheduled: a reproducer replays this count)
         if chunk == 0:                    # the scheduler gives it no tokens this step
             self.coverage["state:mamba_split_empty"] += 1
             return {**obs, "admitted": False}
@@ -288,14 +294,14 @@ class VllmAdapter(ShadowChecks):
         if tl.open and (req.rid in tl.sched or tl.admitted):
             raise ActionRejected(f"request {req.rid} cannot be scheduled again in this step (vLLM schedules "
                                  "each request once per step, the running ones before it admits waiting ones)")
-        n = mamba.split(self, o, 0, n, mp)
+        n = self.last_n = mamba.split(self, o, 0, n, mp)
         if n == 0:                        # the scheduler gives it no tokens this step
             self.coverage["state:mamba_split_empty"] += 1
-            return {"allocated": False}
+            return {"allocated": False, "n": 0}
         new = self.mgr.allocate_slots(req.obj, n, **({"num_lookahead_tokens": la} if la else {}))
         if new is None:
             self.coverage["state:alloc_refused"] += 1
-            return {"allocated": False}
+            return {"allocated": False, "n": n}
         self._own(req, new)
         if self.has_mamba:
             mamba.check_state_copy(self, req, o.num_computed_tokens)
@@ -304,7 +310,7 @@ class VllmAdapter(ShadowChecks):
         tl.scheduled(req.rid, lo, lo + n, tok)
         if not tl.open:
             self._maybe_sample(req, tok)
-        return {"allocated": True}
+        return {"allocated": True, "n": n}
 
     def _a_prefill(self, r: str, chunk: int, la: int = 0, mp: int = 0) -> dict:
         req = self._get(r, ("running",))

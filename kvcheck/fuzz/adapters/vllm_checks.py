@@ -192,39 +192,43 @@ class ShadowChecks(Bookkeeping):
         group present in the prefix-cache map with the right content. A group that takes the
         EAGLE drop also needs the block just past the hit (its drafter recomputes that block's
         hidden states, so the hit must be proven one block longer, within the hashed prompt)."""
-        ku = _vllm()["ku"]
-        cache = self.pool.cached_block_hash_to_block
         cap = ((req.obj.num_tokens - 1) // self.align) * self.align
-        hashed = len(req.obj.block_hashes) * self.hb
-        fine = mamba.partial(self)            # hits inside blocks (0.33's fine-grained lookup)
         for L in range(cap, 0, -self.align):
-            ok = not self.tail_needed(L)
-            for g in range(len(self.groups)):
-                if fine and self.groups[g][0] in mamba.FINE_KINDS:
-                    ok = mamba.fine_usable(self, req, g, L, g in self.eagle_groups)
-                    if not ok:
-                        break
-                    continue
-                need = self.needed_hit(g, L)
-                if g in self.eagle_groups and self.groups[g][0] != "tail_ring":
-                    bs = self.groups[g][1]
-                    if L + bs > hashed:
-                        ok = False
-                        break
-                    need = [*need, L // bs]
-                for i in need:
-                    h = self._group_hash(req, g, i)
-                    blk = cache.get_one_block(ku.make_block_hash_with_group_id(h, g)) if h else None
-                    kind, bs, _ = self.groups[g]
-                    end = L if kind == mamba.MAMBA else (i + 1) * bs    # (whole blocks here: not fine-grained)
-                    if blk is None or self.written.get(blk.block_id) != self._content(req, end):
-                        ok = False
-                        break
-                if not ok:
-                    break
-            if ok:
+            if self.usable_at(req, L) is not None:
                 return L
         return 0
+
+    def usable_at(self, req: _Req, L: int) -> list[tuple] | None:
+        """The prefix-cache entries that make a hit at L usable (the witness a reproducer shows:
+        ("block", g, i) = group g's block i under its own key, ("entry", g, end) = the entry keyed
+        at `end` tokens of a fine-grained group), or None when L is not usable."""
+        ku = _vllm()["ku"]
+        cache = self.pool.cached_block_hash_to_block
+        hashed = len(req.obj.block_hashes) * self.hb
+        fine = mamba.partial(self)            # hits inside blocks (0.33's fine-grained lookup)
+        if self.tail_needed(L):
+            return None
+        witness: list[tuple] = []
+        for g in range(len(self.groups)):
+            if fine and self.groups[g][0] in mamba.FINE_KINDS:
+                if not mamba.fine_usable(self, req, g, L, g in self.eagle_groups, witness):
+                    return None
+                continue
+            need = self.needed_hit(g, L)
+            if g in self.eagle_groups and self.groups[g][0] != "tail_ring":
+                bs = self.groups[g][1]
+                if L + bs > hashed:
+                    return None
+                need = [*need, L // bs]
+            kind, bs, _ = self.groups[g]
+            for i in need:
+                h = self._group_hash(req, g, i)
+                blk = cache.get_one_block(ku.make_block_hash_with_group_id(h, g)) if h else None
+                end = L if kind == mamba.MAMBA else (i + 1) * bs    # (whole blocks here: not fine-grained)
+                if blk is None or self.written.get(blk.block_id) != self._content(req, end):
+                    return None
+                witness.append(("block", g, i))
+        return witness
 
     # ---- checks ----------------------------------------------------------------------------
     def _check_hit(self, req: _Req, blocks: Any, hit: int) -> None:

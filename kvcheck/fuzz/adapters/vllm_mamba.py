@@ -62,12 +62,12 @@ def holds(w: Any, want: tuple, exact: bool) -> bool:
 FINE_KINDS = ("full", "mla", "mla_indexer", MAMBA)    # vLLM's fine-grained managers (Full, Mamba)
 
 
-def fine_usable(ad: Any, req: Any, g: int, L: int, eagle: bool) -> bool:
+def fine_usable(ad: Any, req: Any, g: int, L: int, eagle: bool, witness: list | None = None) -> bool:
     """Can group g serve a hit at L under fine-grained lookup (the spec's needed_objects; a block
     the hit ends inside is reached through any entry of it keyed at or past L within the
     lookup's reach)? A Mamba group needs its entry keyed at exactly L with the state at L; an
     EAGLE group also proves the tokens [L, L + margin) (vLLM's eagle_proof_margin: one hash
-    block when fine-grained)."""
+    block when fine-grained). The entries found are appended to `witness` as ("entry", g, end)."""
     from .vllm_layouts import _vllm
     kind, bs, _ = ad.groups[g]
     hs, hb = req.obj.block_hashes, ad.hb
@@ -78,7 +78,10 @@ def fine_usable(ad: Any, req: Any, g: int, L: int, eagle: bool) -> bool:
         if end % hb or not 0 < end <= len(hs) * hb:
             return False
         blk = get(make(hs[end // hb - 1], g))
-        return blk is not None and holds(ad.written.get(blk.block_id), ad._content(req, end), exact)
+        ok = blk is not None and holds(ad.written.get(blk.block_id), ad._content(req, end), exact)
+        if ok and witness is not None:
+            witness.append(("entry", g, end))
+        return ok
 
     if kind == MAMBA:
         return entry_holds(L, True)
