@@ -148,42 +148,22 @@ class MambaAdapter(MambaStates, SglangAdapter):
         self.coverage["state:hit" if hit else "state:miss"] += 1
         return {"hit": hit, "admitted": True}
 
-    def _a_decode(self, r: str, tok: int) -> dict:
-        out = super()._a_decode(r, tok)
-        if out.get("allocated"):
-            self._state_write(self.mslot[r], tuple(self.reqs[r].tokens))
-        return out
-
-    def _a_finish(self, r: str) -> dict:
-        req = self._get(r, "running")
-        n, ms = len(req.tokens), self.mslot.pop(r)
-        self.mlocked.pop(r)
-        vals = self.torch.tensor(req.slots[:n], dtype=self.torch.int64)
-        mv = self.torch.tensor([ms], dtype=self.torch.int64)
-        if self.planted(FAULTS["insert_shifted_values"]):
-            vals = self.torch.roll(vals, 1)
-        self._inserts += 1
-        if self.planted(FAULTS["drop_insert"]) and self._inserts % 2 == 0:
-            prefix_len, exist = n, True     # declined: the caller frees all it has
+    def _insert_state(self, req: Req, vals: Any, mv: Any) -> tuple[int, bool]:
+        """The release's insert (MambaStates._a_finish): (prefix_len, mamba_exist). The duplicate
+        KV slots [hit, prefix_len) are the caller's to free on 0.5.7 and when the insert is
+        declined, the tree's on 0.5.12 (`tree_frees_duplicates`)."""
+        dropped = self.planted(FAULTS["drop_insert"]) and self._inserts % 2 == 0
+        if dropped:
+            prefix_len, exist = len(req.tokens), True     # declined: the caller frees all it has
         elif self.params_api:
             res = self.cache.insert(self.S["bpc"].InsertParams(key=self._key(req.tokens), value=vals,
                                                                 mamba_value=mv, prev_prefix_len=req.hit))
             prefix_len, exist = res.prefix_len, res.mamba_exist
         else:
             prefix_len, exist = self.cache.insert(self._key(req.tokens), vals, mv)
-        tree_frees = tree_frees_duplicates(self.params_api) and not (self.planted(FAULTS["drop_insert"])
-                                                                     and self._inserts % 2 == 0)
-        if self.planted(FAULTS["mamba_state_freed_on_insert"]) and not exist:
-            exist = True        # the caller believes the tree already had a state and frees its slot
-        if not tree_frees:
+        if dropped or not tree_frees_duplicates(self.params_api):
             self._free(req.slots[req.hit:prefix_len])           # duplicates of the tree's
-        if exist:
-            self.mpool.free(mv)
-        self.cache.dec_lock_ref(req.node)
-        self.twin.add(tuple(req.tokens))
-        self.finished.add(tuple(req.tokens))
-        del self.reqs[r]
-        return {"prefix_len": prefix_len, "mamba_exist": bool(exist)}
+        return prefix_len, exist
 
     def _a_abort(self, r: str) -> dict:
         req = self._get(r)

@@ -1,5 +1,6 @@
-"""The Mamba state both SGLang Mamba adapters share: the pools, the state fingerprints and the
-twin of inserted keys (MambaRadixCache in sglang_mamba.py, UnifiedRadixCache FULL+MAMBA in
+"""The Mamba state both SGLang Mamba adapters share: the pools, the state fingerprints, decode and
+finish with the request's state slot (each adapter supplies only its release's insert) and the twin
+of inserted keys (MambaRadixCache in sglang_mamba.py, UnifiedRadixCache FULL+MAMBA in
 sglang_unified_mamba.py), written once.
 
 A Mamba layer keeps one fixed-size recurrent state per request; a resume at a hit of k tokens
@@ -17,6 +18,7 @@ import os
 from typing import Any
 
 from .sglang_compat import MAMBA_CHUNK, kw
+from .sglang_layouts import FAULTS
 
 CHUNK = MAMBA_CHUNK     # the Mamba cache chunk size the server args stand-in reports
 
@@ -109,9 +111,11 @@ def mamba_pools(capacity: int, min_states: int = 5) -> dict[str, Any]:
 
 
 class MambaStates:
-    """Mixed into a Mamba adapter (needs self.mpool, self.mslots, self.mwritten, self.twin,
-    self.finished, self.torch, self.capacity and an `_evict(n, mamba)`): the state bytes and
-    their shadow, the state slots' free list, the generator's hooks and the twin's hit."""
+    """Mixed into a Mamba adapter ahead of SglangAdapter (needs self.mpool, self.mslots,
+    self.mwritten, self.mslot, self.mlocked, self.twin, self.finished, self.torch, self.capacity,
+    an `_evict(n, mamba)` and an `_insert_state(req, vals, mv)`): the state bytes and their
+    shadow, the state slots' free list, decode and finish with the state, the generator's hooks
+    and the twin's hit."""
 
     # ---- state slots and their bytes ------------------------------------------------------
     def _state_write(self, slot: int, prefix: tuple[int, ...]) -> None:
@@ -165,6 +169,39 @@ class MambaStates:
                 pool.copy_from = real
             else:
                 del pool.copy_from
+
+    # ---- actions: the request's state follows its tokens --------------------------------
+    def _a_decode(self, r: str, tok: int) -> dict:
+        """SglangAdapter's decode; the model's step then makes the request's state the state
+        after all its tokens."""
+        out = super()._a_decode(r, tok)     # type: ignore[misc]
+        if out.get("allocated"):
+            self._state_write(self.mslot[r], tuple(self.reqs[r].tokens))
+        return out
+
+    def _a_finish(self, r: str) -> dict:
+        """Insert a finished request's key with its state slot as `mamba_value` (the release's
+        insert: the adapter's `_insert_state`, which also frees the KV slots that are the caller's);
+        the tree keeps the slot unless it reports `mamba_exist`, then the caller frees it."""
+        req = self._get(r, "running")
+        n, ms = len(req.tokens), self.mslot.pop(r)
+        self.mlocked.pop(r)
+        vals = self.torch.tensor(req.slots[:n], dtype=self.torch.int64)
+        mv = self.torch.tensor([ms], dtype=self.torch.int64)
+        if self.planted(FAULTS["insert_shifted_values"]):
+            vals = self.torch.roll(vals, 1)
+        self._inserts += 1
+        prefix_len, exist = self._insert_state(req, vals, mv)
+        if self.planted(FAULTS["mamba_state_freed_on_insert"]) and not exist:
+            exist = True        # the caller believes the tree already had a state and frees its slot
+        self.coverage["state:mamba_exist"] += bool(exist)
+        if exist:
+            self._mamba_release(ms)
+        self._release(req)
+        self.twin.add(tuple(req.tokens))
+        self.finished.add(tuple(req.tokens))
+        del self.reqs[r]
+        return {"prefix_len": prefix_len, "mamba_exist": bool(exist)}
 
     # ---- the generator's hooks and the twin -----------------------------------------------
     def evict_params(self, rng: Any) -> dict:

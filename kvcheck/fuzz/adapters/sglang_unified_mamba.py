@@ -23,7 +23,6 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from .sglang_adapter import SglangAdapter
 from .sglang_checks import Req, Violation
 from .sglang_compat import dec_params
 from .sglang_layouts import FAULTS
@@ -196,40 +195,18 @@ class UnifiedMambaAdapter(UnifiedMambaChecks, MambaStates, UnifiedAdapter):
         node = self.handle_node(h)
         return None if node is self.root() else self.state_of(node)
 
-    def _a_decode(self, r: str, tok: int) -> dict:
-        out = SglangAdapter._a_decode(self, r, tok)
-        if out.get("allocated"):
-            self._state_write(self.mslot[r], tuple(self.reqs[r].tokens))
-        return out
-
-    def _a_finish(self, r: str) -> dict:
-        req = self._get(r, "running")
-        n, ms = len(req.tokens), self.mslot.pop(r)
-        self.mlocked.pop(r)
-        vals = self.torch.tensor(req.slots[:n], dtype=self.torch.int64)
-        mv = self.torch.tensor([ms], dtype=self.torch.int64)
-        if self.planted(FAULTS["insert_shifted_values"]):
-            vals = self.torch.roll(vals, 1)
-        self._inserts += 1
+    def _insert_state(self, req: Req, vals: Any, mv: Any) -> tuple[int, bool]:
+        """The release's insert (MambaStates._a_finish): (prefix_len, mamba_exist); the tree frees
+        the duplicate KV slots itself (`prev_prefix_len`), a declined insert leaves them the caller's."""
+        n = len(req.tokens)
         if (self.planted(FAULTS["drop_insert"]) and self._inserts % 2 == 0) or \
                 (self.planted(FAULTS["core_drops_insert"]) and self._inserts % 3 == 0):
             self._free(req.slots[req.hit:n])             # declined: the caller frees what it has
-            prefix_len, exist = n, True
-        else:
-            I = self.S["bpc"].InsertParams
-            res = self.cache.insert(I(key=self._key(req.tokens), value=vals, mamba_value=mv, prev_prefix_len=req.hit))
-            prefix_len, exist = res.prefix_len, res.mamba_exist
-            self.keys.add(tuple(req.tokens))
-        if self.planted(FAULTS["mamba_state_freed_on_insert"]) and not exist:
-            exist = True        # the caller believes the tree already had a state and frees its slot
-        self.coverage["state:mamba_exist"] += bool(exist)
-        if exist:
-            self.mslots.free(mv)
-        self._release(req)
-        self.twin.add(tuple(req.tokens))
-        self.finished.add(tuple(req.tokens))
-        del self.reqs[r]
-        return {"prefix_len": prefix_len, "mamba_exist": bool(exist)}
+            return n, True
+        I = self.S["bpc"].InsertParams
+        res = self.cache.insert(I(key=self._key(req.tokens), value=vals, mamba_value=mv, prev_prefix_len=req.hit))
+        self.keys.add(tuple(req.tokens))
+        return res.prefix_len, res.mamba_exist
 
     def _a_abort(self, r: str) -> dict:
         if self._get(r).state == "running":
