@@ -239,7 +239,11 @@ def _kw_list(ds: list[dict]) -> str:
 def write_reproducer(trace: Any, trace_path: str) -> dict:
     """Write `<trace>.repro.py` next to the trace; the finding's fields that say where."""
     check = (trace.violation or {}).get("check")
-    src = reproducer_source(trace, trace_path)
+    try:
+        src = reproducer_source(trace, trace_path)
+    except Exception as e:    # (a finding is saved even when its script cannot be made: said, not raised)
+        return {"reproducer": None, "reproducer_note": f"no standalone reproducer ({type(e).__name__}: {e}): "
+                                                       f"replay with `kvcheck replay {trace_path} --sut vllm`"}
     if src is None:
         return {"reproducer": None,
                 "reproducer_note": f"no standalone reproducer for check {check!r}"
