@@ -4,7 +4,6 @@ rebuilds the manager from the adapter's own objects and needs only vLLM. Needs v
 from __future__ import annotations
 
 import json
-import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -22,19 +21,6 @@ from kvcheck.spec.trace import Trace  # noqa: E402
 TRACES = Path(__file__).resolve().parents[2] / "docs" / "repro" / "traces"
 
 
-def _run(path: str, *args: str, capsys) -> tuple[int, str]:
-    """Run a script in this process (vLLM is imported already): (exit code, stdout)."""
-    old, sys.argv = sys.argv, [str(path), *args]
-    try:
-        runpy.run_path(str(path), run_name="__main__")
-        code = 0
-    except SystemExit as e:
-        code = int(e.code or 0)
-    finally:
-        sys.argv = old
-    return code, capsys.readouterr().out
-
-
 def _shared_prefix(n: int) -> list[Act]:
     toks = list(range(1, n + 1))
     return [Act("submit", {"r": "A", "tokens": toks}), Act("lookup", {"r": "A", "chunk": n}),
@@ -43,7 +29,7 @@ def _shared_prefix(n: int) -> list[Act]:
 
 
 @pytest.mark.parametrize("layout", ["gemma3+eagle", "llama4"])
-def test_scaled_and_drafter_presets_get_a_script(layout, tmp_path, capsys, monkeypatch):
+def test_scaled_and_drafter_presets_get_a_script(layout, tmp_path, run_script, monkeypatch):
     """A preset at its real block size (16; with an EAGLE drafter group) and a planted fault:
     the script exits 1, and 0 on clean vLLM (--clean)."""
     monkeypatch.setattr(vllm_known, "STRICT", True)
@@ -52,9 +38,9 @@ def test_scaled_and_drafter_presets_get_a_script(layout, tmp_path, capsys, monke
     info = _save(layout, 64, "drop_ref_on_free", 0, f, False, str(tmp_path), "t")
     src = Path(info["reproducer"]).read_text()
     assert "'block_size': 16" in src and ("is_eagle_group" in src) == layout.endswith("+eagle")
-    code, out = _run(info["reproducer"], capsys=capsys)
+    code, out = run_script(info["reproducer"])
     assert code == 1 and "BUG: block #" in out and "ref_cnt 0" in out, out
-    code, out = _run(info["reproducer"], "--clean", capsys=capsys)
+    code, out = run_script(info["reproducer"], "--clean")
     assert code == 0 and "OK:" in out, out
 
 
@@ -69,7 +55,7 @@ def _saved(name: str) -> Trace:
     ("vllm_fine_cow_same_step.json", "state_copy_sound", "bytes are not written yet"),
     ("vllm_priority_preempt_unwritten.json", "read_before_write", "never written by a forward"),
 ])
-def test_real_findings_get_a_script_that_exits_1(name, check, evidence, tmp_path, capsys):
+def test_real_findings_get_a_script_that_exits_1(name, check, evidence, tmp_path, run_script):
     """Real vLLM defects found by campaigns (a Mamba + drafter preset with fine-grained hits and
     scheduler steps; the PRIORITY preemption): the generated script shows each on vLLM alone."""
     t = _saved(name)
@@ -77,7 +63,7 @@ def test_real_findings_get_a_script_that_exits_1(name, check, evidence, tmp_path
     path = tmp_path / name
     path.write_text((TRACES / name).read_text())
     info = write_reproducer(Trace.load(path), str(path))
-    code, out = _run(info["reproducer"], capsys=capsys)
+    code, out = run_script(info["reproducer"])
     assert code == 1 and evidence in out, out
     # negative control: the same script without the finding's last step holds on every step
     src = Path(info["reproducer"]).read_text()
@@ -85,11 +71,11 @@ def test_real_findings_get_a_script_that_exits_1(name, check, evidence, tmp_path
     steps = eval(line[len("STEPS = "):])                       # noqa: S307 (our own repr)
     ctrl = tmp_path / "ctrl.py"
     ctrl.write_text(src.replace(line, f"STEPS = {steps[:-1]!r}"))
-    code, out = _run(str(ctrl), capsys=capsys)
+    code, out = run_script(ctrl)
     assert code == 0 and "OK:" in out, out
 
 
-def test_lost_reuse_script_lists_the_entries_it_checks(tmp_path, capsys, monkeypatch):
+def test_lost_reuse_script_lists_the_entries_it_checks(tmp_path, run_script, monkeypatch):
     """A lost reuse on a scaled drafter preset: the script lists every entry the usable hit reads,
     finds each in vLLM's map, and exits 1 on the short hit; standalone (no kvcheck on the path)."""
     monkeypatch.setattr(vllm_known, "STRICT", True)
@@ -100,9 +86,9 @@ def test_lost_reuse_script_lists_the_entries_it_checks(tmp_path, capsys, monkeyp
     _, f = execute("gemma3+eagle", 64, "swa_overstrict", prog, strict=True)
     assert f is not None and f.checks == ["lost_reuse"], f and f.message
     info = _save("gemma3+eagle", 64, "swa_overstrict", 0, f, True, str(tmp_path), "lr")
-    code, out = _run(info["reproducer"], capsys=capsys)
+    code, out = run_script(info["reproducer"])
     assert code == 1 and "cached as #" in out and "resume reads is in the prefix-cache map" in out, out
-    assert _run(info["reproducer"], "--clean", capsys=capsys)[0] == 0
+    assert run_script(info["reproducer"], "--clean")[0] == 0
     alone = subprocess.run([sys.executable, info["reproducer"]], capture_output=True, text=True, timeout=300,
                            cwd=str(tmp_path), env={"PATH": "/usr/bin:/bin"})
     assert alone.returncode == 1, alone.stderr[-2000:]

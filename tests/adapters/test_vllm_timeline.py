@@ -125,22 +125,7 @@ def test_bad_drive_and_policy_are_one_line():
         V.run_campaign("full", steps=1, sched_policy="lifo")
 
 
-def _script(path, capsys):
-    """Run a reproducer in this process (vLLM is imported already): (exit code, stdout)."""
-    import runpy
-    import sys
-    argv, sys.argv = sys.argv, [str(path)]
-    try:
-        runpy.run_path(str(path), run_name="__main__")
-        code = 0
-    except SystemExit as e:
-        code = int(e.code or 0)
-    finally:
-        sys.argv = argv
-    return code, capsys.readouterr().out
-
-
-def test_priority_finding_has_a_standalone_reproducer(tmp_path, capsys, monkeypatch):
+def test_priority_finding_has_a_standalone_reproducer(tmp_path, run_script, monkeypatch):
     """The PRIORITY finding's script (vLLM only) exits 1; the same steps with the victim not yet
     scheduled when it is preempted (FCFS's case) exit 0."""
 
@@ -154,8 +139,7 @@ def test_priority_finding_has_a_standalone_reproducer(tmp_path, capsys, monkeypa
     _, f = execute("full", 6, None, [Act(a, p) for a, p in prog], sched_policy="priority")
     assert f is not None and f.checks == ["read_before_write"]
     info = _save("full", 6, None, 0, f, False, str(tmp_path), "rbw", sched_policy="priority")
-    capsys.readouterr()
-    code, out = _script(info["reproducer"], capsys)
+    code, out = run_script(info["reproducer"])
     assert code == 1 and "never written" in out, out
     src = open(info["reproducer"]).read()
     line = next(x for x in src.splitlines() if x.startswith("STEPS = "))
@@ -164,5 +148,5 @@ def test_priority_finding_has_a_standalone_reproducer(tmp_path, capsys, monkeypa
     del steps[i + 1], steps[i - 2]      # A not scheduled in that step when it is preempted (FCFS)
     ctrl = tmp_path / "ctrl.py"
     ctrl.write_text(src.replace(line, f"STEPS = {steps!r}"))
-    code, text = _script(str(ctrl), capsys)
+    code, text = run_script(ctrl)
     assert code == 0, text

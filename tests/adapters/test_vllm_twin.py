@@ -27,20 +27,6 @@ def _serve(ad, rid, tokens):
     return obs
 
 
-def _run_script(path, *args, capsys=None):
-    """Run a reproducer in this process (vLLM is already imported: seconds, not a fresh start)."""
-    import runpy
-    old = sys.argv
-    sys.argv = [path, *args]
-    try:
-        runpy.run_path(path, run_name="__main__")
-    except SystemExit as e:
-        return e.code
-    finally:
-        sys.argv = old
-    return 0
-
-
 def _retention_lost(ad):
     return [v for v in ad.lost if v.check == "lost_reuse_retention"]
 
@@ -103,7 +89,7 @@ def test_interval_n_promises_every_n_tokens(tmp_path):
     assert r["dense_twin"]["lookups"] > 0 and r["dense_twin"]["lost_lookups"] == 0, r["findings"]
 
 
-def test_campaign_catches_retention_fault_shrinks_replays_and_reproduces(tmp_path):
+def test_campaign_catches_retention_fault_shrinks_replays_and_reproduces(tmp_path, run_script):
     r = V.run_campaign("full+swa-sparse", budget_s=60, steps=3000, seed=0, fault="retention_drops_tail",
                        out_dir=str(tmp_path))
     assert r["caught"] and r["expected_check"] == "lost_reuse_retention"
@@ -120,7 +106,7 @@ def test_campaign_catches_retention_fault_shrinks_replays_and_reproduces(tmp_pat
     bad = subprocess.run([sys.executable, f["reproducer"]], capture_output=True, text=True, timeout=300,
                          cwd=str(tmp_path), env={"PATH": "/usr/bin:/bin"})
     assert bad.returncode == 1 and "BUG:" in bad.stdout and "hit " in bad.stdout, bad.stderr[-2000:]
-    assert _run_script(f["reproducer"], "--clean") == 0
+    assert run_script(f["reproducer"], "--clean")[0] == 0
     # the profile: the dense twin reuses every aligned prefix, the sparse layout never more
     prof = r["reuse_profile"]
     dense, sparse = prof["full+swa-sparse (dense twin)"], prof["full+swa-sparse"]
@@ -128,16 +114,15 @@ def test_campaign_catches_retention_fault_shrinks_replays_and_reproduces(tmp_pat
 
 
 @pytest.mark.parametrize("fault", ["drop_ref_on_free", "swa_hit_unchecked", "evict_keeps_hash", "swa_overstrict"])
-def test_reproducer_exits_1_with_the_fault_and_0_on_clean_vllm(fault, tmp_path, capsys):
+def test_reproducer_exits_1_with_the_fault_and_0_on_clean_vllm(fault, tmp_path, run_script):
     r = V.run_campaign("full+swa", budget_s=30, steps=5000, seed=0, fault=fault, twin=False,
                        strict_reuse=V.FAULTS[fault][0] == "lost_reuse", out_dir=str(tmp_path))
     f = next(f for f in r["findings"] if f["check"] == V.FAULTS[fault][0])
     assert f["reproducer"] and f["reproducer_run"] == f"python {f['reproducer']}", f
-    assert _run_script(f["reproducer"]) == 1
-    out = capsys.readouterr().out
-    assert "BUG:" in out and "step 0: submit" in out and "vLLM " + vllm.__version__ in out
-    assert _run_script(f["reproducer"], "--clean") == 0
-    assert "OK:" in capsys.readouterr().out
+    code, out = run_script(f["reproducer"])
+    assert code == 1 and "BUG:" in out and "step 0: submit" in out and "vLLM " + vllm.__version__ in out
+    code, out = run_script(f["reproducer"], "--clean")
+    assert code == 0 and "OK:" in out
 
 
 def test_other_checks_get_the_replay_command_only(tmp_path):
