@@ -23,7 +23,7 @@ import enum
 from pathlib import Path
 from typing import Any
 
-from .vllm_layouts import VOCAB
+from .vllm_layouts import _EAGLE, VOCAB
 from .vllm_reproducer_body import BODY
 
 # check -> the plain-code condition the script evaluates (vllm_reproducer_body.py)
@@ -188,12 +188,21 @@ def record(trace: Any) -> dict | None:
         return None
     mgr = ad.mgr
     groups = mgr.kv_cache_config.kv_cache_groups
+    drafter = _EAGLE.get(layout) or ()
+    split = {}
+    if ad.has_mamba:      # the scheduler's settings its split reads (vllm_mamba._split_fn)
+        from . import vllm_mamba
+        me = (ad.__dict__.get("_mamba_split") or vllm_mamba._split_fn(ad))[1]
+        split = {k: (vars(v) if hasattr(v, "__dict__") and type(v).__name__ == "SimpleNamespace" else v)
+                 for k, v in vars(me).items() if k != "max_num_scheduled_tokens"}
     return {"layout": layout, "groups": ad.groups, "hb": ad.hb, "sched": ad.sched_bs, "steps": steps,
             "specs": [(type(g.kv_cache_spec).__module__, type(g.kv_cache_spec).__name__, _changed(g.kv_cache_spec))
                       for g in groups],
-            "group_kw": [_changed(g, ("layer_names", "kv_cache_spec")) for g in groups],
-            "config_kw": ad.build_args["config"], "manager_kw": ad.build_args["manager"],
-            "max_tokens": ad.max_tokens, "expect": {**expect, "promised": (trace.meta.get("lost_reuse_size") or {}).get("promised")}}
+            "group_kw": [{**({"is_eagle_group": g in drafter} if drafter else {}),     # (offered to any release)
+                          **_changed(x, ("layer_names", "kv_cache_spec"))} for g, x in enumerate(groups)],
+            "config_kw": ad.build_args["config"],
+            "manager_kw": {"scheduler_block_size": ad.sched_bs, **ad.build_args["manager"]},
+            "max_tokens": ad.max_tokens, "split": split, "expect": {**expect, "promised": (trace.meta.get("lost_reuse_size") or {}).get("promised")}}
 
 
 def reproducer_source(trace: Any, trace_path: str) -> str | None:
@@ -226,6 +235,7 @@ def reproducer_source(trace: Any, trace_path: str) -> str | None:
             f"NUM_BLOCKS, HASH_BLOCK, SCHED_BLOCK = {int(trace.meta.get('num_blocks', 24))}, {rec['hb']}, {rec['sched']}\n"
             f"MAX_TOKENS, VOCAB = {rec['max_tokens']}, {VOCAB}\n"
             f"MAMBA = {any(k == 'mamba' for k, _, _ in rec['groups'])}\n"
+            f"SPLIT = {rec['split']!r}   # the scheduler's settings its Mamba chunk split reads ({{}}: no Mamba group)\n"
             f"CHECK = {check!r}\n"
             f"EXPECT = {rec['expect']!r}   # the spec's numbers at the finding's step (checked in vLLM's state below)\n"
             f"STEPS = {rec['steps']!r}\n")

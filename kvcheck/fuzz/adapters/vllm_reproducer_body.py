@@ -209,6 +209,24 @@ def forward():
         RETAINED.clear()
 
 
+def tokens(o, p, hit, k):
+    """The tokens the step schedules: with a Mamba group, what this release's own
+    Scheduler._mamba_block_aligned_split gives for the budget (a fixed split then shows as
+    fixed); else the recorded count. None: the finding is at this step's hit."""
+    if "n" not in p:
+        return None
+    if not SPLIT:
+        return p["n"]
+    from types import SimpleNamespace as NS
+    from vllm.v1.core.sched.scheduler import Scheduler
+    me = NS(**{k_: (NS(**v) if isinstance(v, dict) else v) for k_, v in SPLIT.items()})
+    me.max_num_scheduled_tokens = p.get("mp") or k
+    got = Scheduler._mamba_block_aligned_split(me, o, k, hit)
+    if got != p["n"]:
+        print(f"  the scheduler's split gives {got} tokens (it gave {p['n']} on {RECORDED_RELEASE})")
+    return got
+
+
 def check_hit(r, o, blocks, hit):
     """The finding's condition at its lookup (the last step)."""
     if CHECK == "hit_aligned" and hit % ALIGN:
@@ -315,22 +333,24 @@ for n, (action, p) in enumerate(STEPS):
                   + " | ".join(f"g{g}: {ids(lst)}" for g, lst in enumerate(blocks.blocks)))
             if last:
                 check_hit(p["r"], o, blocks, hit)
-            if "n" not in p:
+            n = tokens(o, p, hit, max(1, min(p["chunk"], o.num_tokens - hit)))
+            if n is None:
                 print("  (the finding is at this hit: the adapter stopped before admitting it)")
-            elif p["n"] == 0:
+            elif n == 0:
                 print("  the scheduler's chunk split gives it no tokens this step")
             else:
-                new = mgr.allocate_slots(o, p["n"], hit, blocks, **({"num_lookahead_tokens": p["la"]} if p.get("la") else {}))
+                new = mgr.allocate_slots(o, n, hit, blocks, **({"num_lookahead_tokens": p["la"]} if p.get("la") else {}))
                 if new is None:
                     print("  admission refused (no free blocks)")
                 else:
                     own(p["r"], new)
                     RESUMED[p["r"]] = hit
-                    o.status, o.num_computed_tokens = RequestStatus.RUNNING, hit + p["n"]
+                    o.status, o.num_computed_tokens = RequestStatus.RUNNING, hit + n
                     scheduled(o, hit, None, 0)
-                    print(f"  admitted, computes {p['n']} -> {o.num_computed_tokens}; tables: {tables(p['r'])}")
+                    print(f"  admitted, computes {n} -> {o.num_computed_tokens}; tables: {tables(p['r'])}")
         elif action in ("prefill", "decode"):
-            o, k = reqs[p["r"]], p.get("n", 1 if action == "decode" else 0)
+            o = reqs[p["r"]]
+            k = tokens(o, p, 0, 1 if action == "decode" else max(1, min(p["chunk"], o.num_tokens - o.num_computed_tokens)))
             new = mgr.allocate_slots(o, k, **({"num_lookahead_tokens": p["la"]} if p.get("la") else {})) if k else None
             if new is None:
                 print("  allocation refused" if k else "  the scheduler's chunk split gives it no tokens")
