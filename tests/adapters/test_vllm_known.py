@@ -15,6 +15,7 @@ from kvcheck.spec.trace import Trace                             # noqa: E402
 
 COW = "docs/repro/traces/vllm_fine_cow_same_step.json"          # the same-step copy-on-write (new)
 TRUNC = "docs/repro/traces/vllm-gen_2000016-hit_length_equal-seed2000016.json"
+PAST = "docs/repro/traces/vllm-gen_1000991-lost_reuse1-seed1000991.json"   # fine_block_past_candidate
 
 
 def _program(path: str) -> tuple[Trace, list[Act]]:
@@ -66,6 +67,33 @@ def test_the_second_full_group_truncation_is_known_only_where_it_exists():
         assert e["reproduced"] and e["known"] == "second_full_group_truncation"
     else:
         assert not e["reproduced"] and e["known"] is None
+
+
+def test_a_full_group_asked_past_its_cut_candidate_is_known_where_it_exists(monkeypatch):
+    """gen:1000991 (0.33.0): the EAGLE MLA group cuts the candidate to 24 before the block-32
+    indexer groups are asked, and they cannot see their block 0 keyed at 32; looked up at the
+    lookup's candidate and trimmed (the coordinator's own rule for full attention) the hit is
+    the spec's 24, so the lost reuse is the known defect. Strict: the finding itself; outside
+    the release range: not recognised."""
+    e = K.explain_trace(PAST)
+    assert e["reproduced"]
+    if not _in_range("fine_block_past_candidate"):
+        assert e["known"] != "fine_block_past_candidate"
+        return
+    assert e["known"] == "fine_block_past_candidate"
+    t = Trace.load(PAST)
+    layout = V.register_layout(t.meta["layout_file"], "1000991", prefix="gen")
+    ad = V._adapter(layout, int(t.meta["num_blocks"]), None, False, False)
+    K.install(ad, V.vllm_version())
+    for s in t.steps:
+        obs = ad.apply(s.action, dict(s.params))
+    assert (obs["hit"], obs["usable"]) == (0, 24)
+    rid, hit, fixed = ad.known_last
+    assert (rid, hit) == ("r1", 0)
+    assert [(k.name, h, ok) for k, h, ok in fixed if k.name == "fine_block_past_candidate"] == \
+        [("fine_block_past_candidate", 24, True)]
+    monkeypatch.setattr(K, "STRICT", True)
+    assert K.active(ad, V.vllm_version()) == []
 
 
 @pytest.mark.parametrize("layout, fault", [("full+swa", "swa_hit_unchecked"),              # a safety finding

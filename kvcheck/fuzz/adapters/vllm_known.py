@@ -187,6 +187,48 @@ def _drop_once(ad: Any, find: Callable, hashes: Any, m: int, to_hashed: bool = F
     return [b if b is not None else [] for b in by], hit
 
 
+_AT_CANDIDATE: dict[type, type] = {}
+
+
+def _at_candidate(cls: type) -> type:
+    """`cls` whose finder, asked below the lookup's candidate (class attribute `candidate`),
+    looks up at the candidate and trims a longer hit back to what it was asked for."""
+    if cls not in _AT_CANDIDATE:
+        def find_longest_cache_hit(k: type, *a: Any, **kw: Any) -> tuple:
+            cut = kw["max_length"]
+            if kw.get("drop_eagle_block") or cut >= k.candidate:
+                return cls.find_longest_cache_hit(*a, **kw)
+            blocks, hit = cls.find_longest_cache_hit(*a, **{**kw, "max_length": k.candidate})
+            if hit <= cut:
+                return blocks, hit
+            n = _cdiv(cut, kw["kv_cache_spec"].block_size)
+            return tuple(list(b)[:n] for b in blocks), cut
+        _AT_CANDIDATE[cls] = type(f"AtCandidate{cls.__name__}", (cls,),
+                                  {"find_longest_cache_hit": classmethod(find_longest_cache_hit), "candidate": 0})
+    return _AT_CANDIDATE[cls]
+
+
+def _full_at_candidate(ad: Any, find: Callable, hashes: Any, m: int) -> tuple:
+    """A full-attention group is downward-closed (the coordinator's own comment; it trims a
+    longer hit to the reduced candidate and keeps the block the hit ends inside, copied on
+    write): looked up at the lookup's candidate `m` rather than at one an earlier group already
+    cut, it finds a block keyed past the cut (under fine-grained lookup only a prompt's final
+    hash boundary gets an interior key, so at the cut it finds nothing). Every non-dropping
+    full-attention group looked up so, and trimmed back to the loop's candidate."""
+    coord, Full = ad.coord, _full_spec()
+    saved = coord.attention_groups
+    wide = {g.manager_cls: _at_candidate(g.manager_cls) for g in saved if isinstance(g.spec, Full)}
+    for w in wide.values():
+        w.candidate = m
+    coord.attention_groups = [g._replace(manager_cls=wide[g.manager_cls]) if isinstance(g.spec, Full) else g
+                              for g in saved]
+    try:
+        out = find(hashes, m)
+    finally:
+        coord.attention_groups = saved
+    return out[0], out[1]
+
+
 # ---- where each defect can act -------------------------------------------------------------
 def _hybrid(ad: Any) -> bool:
     return hasattr(ad.coord, "attention_groups")
@@ -199,6 +241,12 @@ def _two_full(ad: Any) -> bool:
 def _swa_eagle_mixed(ad: Any) -> bool:
     return _hybrid(ad) and any(k in ("swa", "swa_mla") and g in ad.eagle_groups and bs != ad.align
                                for g, (k, bs, _) in enumerate(ad.groups))
+
+
+def _fine_wide_full(ad: Any) -> bool:
+    """Fine-grained hits and a full-attention group whose block holds several hash blocks."""
+    return _hybrid(ad) and len(ad.coord.attention_groups) > 1 and bool(getattr(ad.coord, "enable_partial_hash_hits", False)) \
+        and any(isinstance(g.spec, _full_spec()) and g.spec.block_size > ad.hb for g in ad.coord.attention_groups)
 
 
 def _mamba_drafter(ad: Any, fine: bool = False) -> bool:
@@ -219,6 +267,8 @@ KNOWN: tuple[Known, ...] = (
           "docs/repro/vllm_eagle_redrop_32802.py", lambda ad: ad.drafter and _hybrid(ad), _drop_once),
     Known("eagle_margin_capped", "lost_reuse", "0.14.1", "0.28.0", "none found (fixed in 0.33.0)",
           "docs/repro/vllm_eagle_margin_capped.py", lambda ad: ad.drafter and _hybrid(ad), _margin_to_hashed),
+    Known("fine_block_past_candidate", "lost_reuse", "0.33.0", "0.33.0", "none found (new)",
+          "docs/repro/vllm_fine_block_past_candidate.py", _fine_wide_full, _full_at_candidate),
     Known("mamba_eagle_unaligned_chunk", "hash_map_sound", "0.18.1", "0.23.0",
           "vllm-project/vllm#43559, fixed by PR #51113", "docs/repro/vllm_mamba_eagle_unaligned_chunk.py",
           _mamba_drafter, message=r"stale prefix-cache entry"),
