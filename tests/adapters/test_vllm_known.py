@@ -16,6 +16,7 @@ from kvcheck.spec.trace import Trace                             # noqa: E402
 COW = "docs/repro/traces/vllm_fine_cow_same_step.json"          # the same-step copy-on-write (new)
 TRUNC = "docs/repro/traces/vllm-gen_2000016-hit_length_equal-seed2000016.json"
 PAST = "docs/repro/traces/vllm-gen_1000991-lost_reuse1-seed1000991.json"   # fine_block_past_candidate
+TWIN = "docs/repro/traces/vllm-gen_1001615-lost_reuse_retention2-seed1001615.json"   # swa_eagle_realign, twin
 
 
 def _program(path: str) -> tuple[Trace, list[Act]]:
@@ -94,6 +95,37 @@ def test_a_full_group_asked_past_its_cut_candidate_is_known_where_it_exists(monk
         [("fine_block_past_candidate", 24, True)]
     monkeypatch.setattr(K, "STRICT", True)
     assert K.active(ad, V.vllm_version()) == []
+
+
+def test_a_twin_check_finding_on_a_known_defect_is_counted_like_explain_trace_counts_it():
+    """gen:1001615 (0.33.0, sparse retention + dense twin): the lookup adds two lost-reuse
+    records, the map-based one (usable 64) and the twin's `lost_reuse_retention` (promised 64).
+    The campaign's step rule (`sort_lost`), the shrinker's (`of_finding`) and `explain_trace`
+    all name swa_eagle_realign, whichever check the finding carries; a promise above what the
+    fixed lookup reaches is not explained."""
+    from kvcheck.fuzz.lockstep import Finding
+    from types import SimpleNamespace
+    if not _in_range("swa_eagle_realign"):
+        pytest.skip("swa_eagle_realign is in 0.23.0-0.33.0")
+    assert K.explain_trace(TWIN)["known"] == "swa_eagle_realign"
+    t, prog = _program(TWIN)
+    layout = V.register_layout(t.meta["layout_file"], "1001615", prefix="gen")
+    ad = V._adapter(layout, int(t.meta["num_blocks"]), None, False, True)     # not strict: as a campaign
+    K.install(ad, V.vllm_version())
+    for act in prog:
+        n_lost = len(ad.lost)
+        ad.apply(act.action, dict(act.params))
+    assert [v.check for v in ad.lost[n_lost:]] == ["lost_reuse", "lost_reuse_retention"]
+    assert K.sort_lost(ad, n_lost, act, V.vllm_version()) == (["swa_eagle_realign"], [])
+    twin = ad.lost[-1]
+    for check in ("lost_reuse", "lost_reuse_retention"):
+        f = Finding("lost_reuse", [check], "m")
+        f.program = prog
+        assert K.of_finding(ad, f, V.vllm_version()) == "swa_eagle_realign", check
+    beyond = SimpleNamespace(check=twin.check, message=twin.message, size={**twin.size, "promised": 80})
+    assert K.of_violation(ad, beyond, act, V.vllm_version()) is None
+    ad, f = V.execute(layout, int(t.meta["num_blocks"]), None, prog, strict=True, twin=True)
+    assert f is not None and f.checks == ["known:swa_eagle_realign"]
 
 
 @pytest.mark.parametrize("layout, fault", [("full+swa", "swa_hit_unchecked"),              # a safety finding
