@@ -29,6 +29,16 @@ def _in_range(name: str) -> bool:
     return K._ver(k.first) <= K._ver(V.vllm_version()) <= K._ver(k.last)
 
 
+def _explain(path: str) -> dict:
+    """explain_trace, skipped where the installed release cannot build the trace's layout."""
+    try:
+        return K.explain_trace(path)
+    except ValueError as e:
+        if "cannot express" in str(e):
+            pytest.skip(str(e))
+        raise
+
+
 def test_every_entry_names_its_release_range_check_and_evidence():
     for k in K.KNOWN:
         assert K._ver(k.first) <= K._ver(k.last) and k.check and k.upstream and k.repro
@@ -57,7 +67,9 @@ def test_an_unmatched_finding_is_reported():
     clean = V._adapter(t.meta["layout"], int(t.meta["num_blocks"]), None, False, False)
     assert K.by_signature(clean, V.vllm_version(), "state_copy_sound", "some other cause") is None
     assert K.by_signature(clean, V.vllm_version(), "hash_map_sound",
-                          "the source's bytes are not written yet (published at schedule time") is None
+                          "the source's bytes are not written yet (published in this step") is None
+    assert K.by_signature(clean, V.vllm_version(), "state_copy_sound",      # a copy of an older block
+                          "the source's bytes are not written yet (published before this step") is None
 
 
 def test_the_second_full_group_truncation_is_known_only_where_it_exists():
@@ -76,7 +88,7 @@ def test_a_full_group_asked_past_its_cut_candidate_is_known_where_it_exists(monk
     lookup's candidate and trimmed (the coordinator's own rule for full attention) the hit is
     the spec's 24, so the lost reuse is the known defect. Strict: the finding itself; outside
     the release range: not recognised."""
-    e = K.explain_trace(PAST)
+    e = _explain(PAST)
     assert e["reproduced"]
     if not _in_range("fine_block_past_candidate"):
         assert e["known"] != "fine_block_past_candidate"
@@ -105,9 +117,10 @@ def test_a_twin_check_finding_on_a_known_defect_is_counted_like_explain_trace_co
     fixed lookup reaches is not explained."""
     from kvcheck.fuzz.lockstep import Finding
     from types import SimpleNamespace
+    e = _explain(TWIN)
     if not _in_range("swa_eagle_realign"):
         pytest.skip("swa_eagle_realign is in 0.23.0-0.33.0")
-    assert K.explain_trace(TWIN)["known"] == "swa_eagle_realign"
+    assert e["known"] == "swa_eagle_realign"
     t, prog = _program(TWIN)
     layout = V.register_layout(t.meta["layout_file"], "1001615", prefix="gen")
     ad = V._adapter(layout, int(t.meta["num_blocks"]), None, False, True)     # not strict: as a campaign

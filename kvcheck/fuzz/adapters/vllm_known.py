@@ -88,7 +88,7 @@ KNOWN: tuple[Known, ...] = (
           _mamba_drafter, message=r"stale prefix-cache entry"),
     Known("fine_cow_same_step", "state_copy_sound", "0.28.0", "0.33.0", "none found (new)",
           "docs/repro/vllm_fine_cow_same_step.py", lambda ad: _mamba_drafter(ad, fine=True),
-          message=r"source's bytes are not (written yet|what the copy claims) \(published at schedule time"),
+          message=r"source's bytes are not (written yet|what the copy claims) \(published in this step"),
     Known("priority_preempt_unwritten", "read_before_write", "0.14.1", "0.33.0",
           "vllm-project/vllm PR #43569 (open)", "docs/repro/vllm_priority_preempt_unwritten.py",
           lambda ad: getattr(ad, "sched_policy", "fcfs") == "priority", message=r""),
