@@ -129,6 +129,7 @@ def test_a_twin_check_finding_on_a_known_defect_is_counted_like_explain_trace_co
         n_lost = len(ad.lost)
         ad.apply(act.action, dict(act.params))
     assert [v.check for v in ad.lost[n_lost:]] == ["lost_reuse", "lost_reuse_retention"]
+    assert ad.lost[-2].size["prompt_tokens"] == ad.lost[-1].size["prompt_tokens"] == 81   # (at the lookup)
     assert K.sort_lost(ad, n_lost, act, V.vllm_version()) == (["swa_eagle_realign"], [])
     twin = ad.lost[-1]
     for check in ("lost_reuse", "lost_reuse_retention"):
