@@ -15,6 +15,8 @@ from kvcheck.spec.trace import Trace                             # noqa: E402
 
 COW = "docs/repro/traces/vllm_fine_cow_same_step.json"          # the same-step copy-on-write (new)
 TRUNC = "docs/repro/traces/vllm-gen_2000016-hit_length_equal-seed2000016.json"
+PAST = "docs/repro/traces/vllm-gen_1000991-lost_reuse1-seed1000991.json"   # fine_block_past_candidate
+TWIN = "docs/repro/traces/vllm-gen_1001615-lost_reuse_retention2-seed1001615.json"   # swa_eagle_realign, twin
 
 
 def _program(path: str) -> tuple[Trace, list[Act]]:
@@ -25,6 +27,16 @@ def _program(path: str) -> tuple[Trace, list[Act]]:
 def _in_range(name: str) -> bool:
     k = next(k for k in K.KNOWN if k.name == name)
     return K._ver(k.first) <= K._ver(V.vllm_version()) <= K._ver(k.last)
+
+
+def _explain(path: str) -> dict:
+    """explain_trace, skipped where the installed release cannot build the trace's layout."""
+    try:
+        return K.explain_trace(path)
+    except ValueError as e:
+        if "cannot express" in str(e):
+            pytest.skip(str(e))
+        raise
 
 
 def test_every_entry_names_its_release_range_check_and_evidence():
@@ -55,7 +67,9 @@ def test_an_unmatched_finding_is_reported():
     clean = V._adapter(t.meta["layout"], int(t.meta["num_blocks"]), None, False, False)
     assert K.by_signature(clean, V.vllm_version(), "state_copy_sound", "some other cause") is None
     assert K.by_signature(clean, V.vllm_version(), "hash_map_sound",
-                          "the source's bytes are not written yet (published at schedule time") is None
+                          "the source's bytes are not written yet (published in this step") is None
+    assert K.by_signature(clean, V.vllm_version(), "state_copy_sound",      # a copy of an older block
+                          "the source's bytes are not written yet (published before this step") is None
 
 
 def test_the_second_full_group_truncation_is_known_only_where_it_exists():
@@ -66,6 +80,66 @@ def test_the_second_full_group_truncation_is_known_only_where_it_exists():
         assert e["reproduced"] and e["known"] == "second_full_group_truncation"
     else:
         assert not e["reproduced"] and e["known"] is None
+
+
+def test_a_full_group_asked_past_its_cut_candidate_is_known_where_it_exists(monkeypatch):
+    """gen:1000991 (0.33.0): the EAGLE MLA group cuts the candidate to 24 before the block-32
+    indexer groups are asked, and they cannot see their block 0 keyed at 32; looked up at the
+    lookup's candidate and trimmed (the coordinator's own rule for full attention) the hit is
+    the spec's 24, so the lost reuse is the known defect. Strict: the finding itself; outside
+    the release range: not recognised."""
+    e = _explain(PAST)
+    assert e["reproduced"]
+    if not _in_range("fine_block_past_candidate"):
+        assert e["known"] != "fine_block_past_candidate"
+        return
+    assert e["known"] == "fine_block_past_candidate"
+    t = Trace.load(PAST)
+    layout = V.register_layout(t.meta["layout_file"], "1000991", prefix="gen")
+    ad = V._adapter(layout, int(t.meta["num_blocks"]), None, False, False)
+    K.install(ad, V.vllm_version())
+    for s in t.steps:
+        obs = ad.apply(s.action, dict(s.params))
+    assert (obs["hit"], obs["usable"]) == (0, 24)
+    rid, hit, fixed = ad.known_last
+    assert (rid, hit) == ("r1", 0)
+    assert [(k.name, h, ok) for k, h, ok in fixed if k.name == "fine_block_past_candidate"] == \
+        [("fine_block_past_candidate", 24, True)]
+    monkeypatch.setattr(K, "STRICT", True)
+    assert K.active(ad, V.vllm_version()) == []
+
+
+def test_a_twin_check_finding_on_a_known_defect_is_counted_like_explain_trace_counts_it():
+    """gen:1001615 (0.33.0, sparse retention + dense twin): the lookup adds two lost-reuse
+    records, the map-based one (usable 64) and the twin's `lost_reuse_retention` (promised 64).
+    The campaign's step rule (`sort_lost`), the shrinker's (`of_finding`) and `explain_trace`
+    all name swa_eagle_realign, whichever check the finding carries; a promise above what the
+    fixed lookup reaches is not explained."""
+    from kvcheck.fuzz.lockstep import Finding
+    from types import SimpleNamespace
+    e = _explain(TWIN)
+    if not _in_range("swa_eagle_realign"):
+        pytest.skip("swa_eagle_realign is in 0.23.0-0.33.0")
+    assert e["known"] == "swa_eagle_realign"
+    t, prog = _program(TWIN)
+    layout = V.register_layout(t.meta["layout_file"], "1001615", prefix="gen")
+    ad = V._adapter(layout, int(t.meta["num_blocks"]), None, False, True)     # not strict: as a campaign
+    K.install(ad, V.vllm_version())
+    for act in prog:
+        n_lost = len(ad.lost)
+        ad.apply(act.action, dict(act.params))
+    assert [v.check for v in ad.lost[n_lost:]] == ["lost_reuse", "lost_reuse_retention"]
+    assert ad.lost[-2].size["prompt_tokens"] == ad.lost[-1].size["prompt_tokens"] == 81   # (at the lookup)
+    assert K.sort_lost(ad, n_lost, act, V.vllm_version()) == (["swa_eagle_realign"], [])
+    twin = ad.lost[-1]
+    for check in ("lost_reuse", "lost_reuse_retention"):
+        f = Finding("lost_reuse", [check], "m")
+        f.program = prog
+        assert K.of_finding(ad, f, V.vllm_version()) == "swa_eagle_realign", check
+    beyond = SimpleNamespace(check=twin.check, message=twin.message, size={**twin.size, "promised": 80})
+    assert K.of_violation(ad, beyond, act, V.vllm_version()) is None
+    ad, f = V.execute(layout, int(t.meta["num_blocks"]), None, prog, strict=True, twin=True)
+    assert f is not None and f.checks == ["known:swa_eagle_realign"]
 
 
 @pytest.mark.parametrize("layout, fault", [("full+swa", "swa_hit_unchecked"),              # a safety finding

@@ -303,3 +303,4 @@ def test_a_copy_on_write_of_a_block_published_in_the_same_step_reads_no_kv(nb):
     with pytest.raises(Finding) as e:
         core.step(Act("forward", {}))
     assert e.value.checks == ["state_copy_sound"] and "not written yet" in e.value.message
+    assert "(published in this step: C's allocation" in e.value.message

@@ -150,3 +150,27 @@ def test_priority_finding_has_a_standalone_reproducer(tmp_path, run_script, monk
     ctrl.write_text(src.replace(line, f"STEPS = {steps!r}"))
     code, text = run_script(ctrl)
     assert code == 0, text
+
+
+def test_a_failed_copy_says_whether_its_source_was_published_in_the_step():
+    """state_copy_sound's message names the step that published the copy's source: the open
+    one (its writer is scheduled in it, and the forward that writes it runs after the copy:
+    the same-step copy-on-write, known as fine_cow_same_step) or an earlier one (never
+    written, or last written with another prefix). Copies injected into the timeline on the
+    real manager's blocks: step 1 wrote A's blocks 0..1; step 2 schedules A's tokens 8..15."""
+    ad = _run(_two_running() + [("begin_step", {}), ("prefill", {"r": "A", "chunk": 8})], num_blocks=10)
+    a = ad.reqs["A"]
+    t = [b.block_id for b in ad._table(0, "A")]
+    free = next(i for i in range(1, ad.num_blocks) if i not in ad.timeline.ready and i not in t)
+    cases = [(t[2], ad._content(a, 12), "not written yet (published in this step: A's allocation"),
+             (free, ad._content(a, 4), "not written yet (published before this step: no forward has written it)"),
+             (t[0], ad._content(ad.reqs["B"], 4), "not what the copy claims (published before this step: "
+                                                  "the last forward that wrote it wrote another prefix)")]
+    for src, claim, want in cases:
+        tl = ad.timeline
+        saved = (dict(tl.sched), dict(tl.ready))
+        tl.copy(src, 99, claim, False)
+        with pytest.raises(Finding) as e:
+            Lockstep(FreeModel(), ad).step(Act("forward", {}))
+        assert e.value.checks == ["state_copy_sound"] and want in e.value.message, e.value.message
+        tl.open, tl.sched, tl.ready = True, *saved       # the same open step again, for the next case

@@ -244,15 +244,16 @@ def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = N
                 coverage[f"known:{name}"] += 1
                 viol = None
                 break                           # the episode's manager carries the defect: the next one
-            if len(ad.lost) > n_lost and (name := known.recognise(ad, ad.lost[-1].check, core.program[-1],
-                                                                   (ad.lost[-1].size or {}).get("usable"))):
+            names, rest = known.sort_lost(ad, n_lost, core.program[-1], vllm_version()) \
+                if len(ad.lost) > n_lost else ([], [])
+            for name in names:
                 coverage[f"known:{name}"] += 1
-            elif len(ad.lost) > n_lost:
+            if rest:
                 lost_total += 1
                 first = first_lost_s is None
                 if first:
                     first_lost_s = round(time.monotonic() - t0, 2)
-                last = ad.lost[-1]
+                last = rest[-1]
                 key = f"{last.check}:{last.message.split(': ')[0]}"      # per check and layout (gen:SEED, file:NAME)
                 if not strict_reuse and key not in lost_seen and len(lost_seen) < 3:
                     lost_seen.add(key)

@@ -85,11 +85,15 @@ class Timeline:
         self.preempted = self.admitted = False
         for src, dst, claim, exact in copies:       # _update_states: the queued copies, first
             if not mamba.holds(self.ready.get(src), claim, exact):
+                writer = self._writer(items, src)
+                why = (f"published in this step: {writer}'s allocation in it published the block, and the "
+                       "forward that writes it runs after the copy" if writer is not None else
+                       "published before this step: " + ("no forward has written it" if src not in self.ready
+                                                         else "the last forward that wrote it wrote another prefix"))
                 raise Violation("safety", "state_copy_sound",
                                 f"{self.ad.layout}: the step copies block #{src} -> #{dst} before its forward, "
                                 "but the source's bytes are " + ("not written yet" if src not in self.ready else
-                                                                 "not what the copy claims") +
-                                " (published at schedule time; its forward had not run)")
+                                                                 "not what the copy claims") + f" ({why})")
             self.ready[dst] = claim
         if self.ad.has_mamba:        # preprocess_mamba: the state copies, then the forward's states
             mamba.run_states(self.ad, self, items)
@@ -100,6 +104,19 @@ class Timeline:
                 self._check_reads(rid, lo)
         self.stats["forwards"] += 1
         return [(rid, x[2]) for rid, x in items]
+
+    def _writer(self, items: list, bid: int) -> str | None:
+        """The request of the step `items` whose forward writes block `bid` (a KV block covering
+        its tokens [lo, hi), or its Mamba state block at hi): the step that published it."""
+        ad = self.ad
+        for rid, (lo, hi, _, _) in items:
+            req = ad.reqs.get(rid)
+            for g, (kind, bs, _) in enumerate(ad.groups if req is not None else ()):
+                table = ad._table(g, rid)
+                span = [_cdiv(hi, bs) - 1] if kind == mamba.MAMBA else range(lo // bs, _cdiv(hi, bs))
+                if any(i < len(table) and table[i].block_id == bid and bid in req.owned[g] for i in span):
+                    return rid
+        return None
 
     # ---- bytes -------------------------------------------------------------------------
     def _write(self, rid: str, lo: int, hi: int) -> None:

@@ -97,9 +97,10 @@ class TwinAdapter(VllmAdapter):
 
     # ---- lockstep with the twin ----------------------------------------------------------
     def apply(self, action: str, params: dict[str, Any]) -> dict[str, Any]:
-        dense, promised = None, None
-        if action == "lookup" and params.get("r") in self.reqs:   # both measured before the lookup
+        dense, promised, n = None, None, 0
+        if action == "lookup" and params.get("r") in self.reqs:   # all measured before the lookup
             promised = self._promised(self.reqs[params["r"]])
+            n = self.reqs[params["r"]].obj.num_tokens        # (its admission may sample a token)
             if not self.desynced and params["r"] in self.twin.reqs:
                 dense = self.twin.uncapped(self.twin.reqs[params["r"]].obj)[1]
         if action == "evict_blocks":     # a connector eviction of a published block ends its promise
@@ -115,7 +116,7 @@ class TwinAdapter(VllmAdapter):
         if not self.desynced:
             self._mirror(action, params, obs)
         if promised is not None and "hit" in obs:
-            self._compare(params["r"], obs["hit"], None if self.desynced else dense, promised, obs)
+            self._compare(params["r"], n, obs["hit"], None if self.desynced else dense, promised, obs)
             if self.broken is None and self.strict and len(self.lost) > n_lost:
                 self.broken = self.lost[-1]
         self._record_promises()
@@ -257,8 +258,8 @@ class TwinAdapter(VllmAdapter):
                 return b, why
         return 0, ""
 
-    def _compare(self, r: str, hit: int, dense: int | None, promised: tuple[int, str], obs: dict) -> None:
-        req = self.reqs[r]
+    def _compare(self, r: str, n: int, hit: int, dense: int | None, promised: tuple[int, str], obs: dict) -> None:
+        """`n`: the request's tokens at the lookup."""
         self.twin_stats["lookups"] += 1
         if dense is not None:
             self.twin_stats["compared_with_twin"] += 1
@@ -266,7 +267,6 @@ class TwinAdapter(VllmAdapter):
             self.twin_stats["slack_tokens"] += max(0, dense - hit)
         b, why = promised
         if b > hit:
-            n = req.obj.num_tokens
             size = {"tokens_lost": b - hit, "prompt_tokens": n, "share": round((b - hit) / n, 3),
                     "promised": b, "dense_twin": dense, "hit": hit}
             twin = f"the dense twin hits {dense}" if dense is not None else "the twin has left the run"
