@@ -37,7 +37,8 @@ def test_scaled_and_drafter_presets_get_a_script(layout, tmp_path, run_script, m
     assert f is not None and f.checks == ["refcount_equals_holders"]
     info = _save(layout, 64, "drop_ref_on_free", 0, f, False, str(tmp_path), "t")
     src = Path(info["reproducer"]).read_text()
-    assert "'block_size': 16" in src and ("is_eagle_group" in src) == layout.endswith("+eagle")
+    group_kw = next(x for x in src.splitlines() if x.startswith("GROUP_KW = "))
+    assert "'block_size': 16" in src and ("is_eagle_group" in group_kw) == layout.endswith("+eagle")
     code, out = run_script(info["reproducer"])
     assert code == 1 and "BUG: block #" in out and "ref_cnt 0" in out, out
     code, out = run_script(info["reproducer"], "--clean")

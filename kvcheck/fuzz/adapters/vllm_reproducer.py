@@ -255,10 +255,11 @@ def write_reproducer(trace: Any, trace_path: str) -> dict:
         return {"reproducer": None, "reproducer_note": f"no standalone reproducer ({type(e).__name__}: {e}): "
                                                        f"replay with `kvcheck replay {trace_path} --sut vllm`"}
     if src is None:
-        return {"reproducer": None,
-                "reproducer_note": f"no standalone reproducer for check {check!r}"
-                                   + (f" with planted fault {trace.fault!r}" if trace.fault else "")
-                                   + f": replay with `kvcheck replay {trace_path} --sut vllm`"}
+        why = (f"check {check!r} has no plain-code condition" if check not in CONDITIONS else
+               f"planted fault {trace.fault!r} has no standalone monkeypatch" if trace.fault not in (None, *_PLANTS)
+               else f"the trace does not reproduce {check!r} on this vLLM and kvcheck")
+        return {"reproducer": None, "reproducer_note": f"no standalone reproducer ({why}): replay with "
+                                                       f"`kvcheck replay {trace_path} --sut vllm`"}
     out = Path(trace_path).with_suffix(".repro.py")
     out.write_text(src)
     return {"reproducer": str(out), "reproducer_run": f"python {out}"}
@@ -267,6 +268,18 @@ def write_reproducer(trace: Any, trace_path: str) -> dict:
 _IMPORTS = '''import inspect
 import os
 import sys
+
+
+def cannot_play(kind, value, tb):
+    """Anything unexpected (a class or method this vLLM lacks, a broken install) is exit 2, never
+    exit 1: exit 1 says the bug is present."""
+    import traceback
+    traceback.print_exception(kind, value, tb)
+    print(f"CANNOT PLAY: {kind.__name__}: {value}", flush=True)
+    os._exit(2)
+
+
+sys.excepthook = cannot_play
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
@@ -285,5 +298,26 @@ def C(module, name):
     """A vLLM class or enum by its module (the spec classes' own modules)."""
     import importlib
     return getattr(importlib.import_module(module), name)
+
+
+# Fields that make the layout what it is: a release without one cannot play the finding.
+ESSENTIAL = {"sliding_window", "attention_chunk_size", "mamba_cache_mode", "tokens_per_state", "cache_role",
+             "model_version", "prefix_cache_retention_interval", "use_eagle", "hash_block_size"}
+
+
+def fit(fn, kw):
+    """The arguments this release's `fn` takes: a field the recorded release had and this one
+    lacks is left out and said (the adapter also passes scheduler_block_size, is_eagle_group,
+    ... only where a release has them); one that defines the layout is exit 2."""
+    params = inspect.signature(fn).parameters
+    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        return kw
+    left = sorted(k for k in kw if k not in params)
+    if set(left) & ESSENTIAL:
+        print(f"CANNOT PLAY: this vLLM's {getattr(fn, '__name__', fn)} has no {', '.join(sorted(set(left) & ESSENTIAL))}")
+        sys.exit(2)
+    if left:
+        print(f"  (this vLLM's {getattr(fn, '__name__', fn)} has no {', '.join(left)}: left out)")
+    return {k: v for k, v in kw.items() if k in params}
 
 '''

@@ -12,22 +12,14 @@ def cdiv(a, b):
     return -(-a // b)
 
 
-def fit(fn, kw):
-    """The arguments this release's `fn` takes (a field the recorded release had and this one
-    lacks is left out, and said)."""
-    params = inspect.signature(fn).parameters
-    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
-        return kw
-    left = sorted(k for k in kw if k not in params)
-    if left:
-        print(f"  (this vLLM's {getattr(fn, '__name__', fn)} has no {', '.join(left)}: left out)")
-    return {k: v for k, v in kw.items() if k in params}
-
-
 def build():
     groups = []
     for i, ((mod, cls, kw), gkw) in enumerate(zip(SPECS, GROUP_KW)):
-        spec_cls = C(mod, cls)
+        try:
+            spec_cls = C(mod, cls)
+        except (ImportError, AttributeError):
+            print(f"CANNOT PLAY: this vLLM has no {mod}.{cls} (group {i})")
+            sys.exit(2)
         spec = spec_cls(**fit(spec_cls, kw))
         groups.append(kci.KVCacheGroupSpec(**fit(kci.KVCacheGroupSpec, {"layer_names": [f"layer{i}"],
                                                                           "kv_cache_spec": spec, **gkw})))
@@ -219,6 +211,9 @@ def tokens(o, p, hit, k):
         return p["n"]
     from types import SimpleNamespace as NS
     from vllm.v1.core.sched.scheduler import Scheduler
+    if not hasattr(Scheduler, "_mamba_block_aligned_split"):
+        print("CANNOT PLAY: this vLLM's Scheduler has no _mamba_block_aligned_split (no align-mode Mamba)")
+        sys.exit(2)
     me = NS(**{k_: (NS(**v) if isinstance(v, dict) else v) for k_, v in SPLIT.items()})
     me.max_num_scheduled_tokens = p.get("mp") or k
     got = Scheduler._mamba_block_aligned_split(me, o, k, hit)
