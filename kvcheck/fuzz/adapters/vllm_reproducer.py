@@ -200,7 +200,7 @@ def record(trace: Any) -> dict | None:
                       for g in groups],
             "group_kw": [{**({"is_eagle_group": g in drafter} if drafter else {}),     # (offered to any release)
                           **_changed(x, ("layer_names", "kv_cache_spec"))} for g, x in enumerate(groups)],
-            "config_kw": ad.build_args["config"],
+            "config_kw": {k: x for k, x in ad.build_args["config"].items() if x is not None},   # (None: the default)
             "manager_kw": {"scheduler_block_size": ad.sched_bs, **ad.build_args["manager"]},
             "max_tokens": ad.max_tokens, "split": split, "expect": {**expect, "promised": (trace.meta.get("lost_reuse_size") or {}).get("promised")}}
 
