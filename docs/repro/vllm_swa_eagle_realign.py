@@ -9,7 +9,8 @@ EAGLE peek block 2; SWA: blocks 0-3 of the window and the peek block 4), so the 
 16. SlidingWindowManager.find_longest_cache_hit, on its "no full window run" path, first rounds
 the 5-block run (20 tokens) down to the alignment (16), then pops the EAGLE block (12) and
 rounds again (8): hit 8. Popping first (20 -> 16, aligned) keeps 16.
-Exit 1 while the hit is short, 0 when fixed. Tested on vLLM 0.23.0, 0.28.0, 0.33.0.
+Exit 1 while the hit is short, 0 when fixed (exit 1 on vLLM 0.23.0, 0.28.0, 0.33.0); exit 2 on a
+release without scheduler_block_size (0.14.1, 0.18.1: the layout cannot be expressed there).
 """
 import os
 import sys
@@ -29,6 +30,11 @@ common = dict(num_kv_heads=1, head_size=8, dtype=torch.float32)
 cfg = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=[
     KVCacheGroupSpec(["full"], FullAttentionSpec(block_size=8, **common)),
     KVCacheGroupSpec(["swa"], SlidingWindowSpec(block_size=4, sliding_window=20, **common))])
+import inspect  # noqa: E402
+if "scheduler_block_size" not in inspect.signature(KVCacheManager).parameters:
+    print("CANNOT PLAY: this vLLM's KVCacheManager has no scheduler_block_size (a block smaller than the hit "
+          "alignment with EAGLE is not expressible here)")
+    sys.exit(2)
 mgr = KVCacheManager(cfg, max_model_len=64, hash_block_size=4, scheduler_block_size=8, use_eagle=True)
 hasher = ku.get_request_block_hasher(4, sha256)
 

@@ -7,7 +7,7 @@ The hybrid coordinator lets an EAGLE group match one block past the candidate hi
 max_length = num_tokens - 1 with drop_eagle_block=True and no margin, so it drops a block it
 never matched past. Here: block 4, a 24-token prompt computed and freed, then resent: every
 block is cached, the hybrid rule gives 20 (blocks 0-4, the peek block 5 proven), unitary 16.
-Exit 1 while the hit is short, 0 when fixed. Tested on vLLM 0.23.0, 0.28.0, 0.33.0.
+Exit 1 while the hit is short, 0 when fixed. Exit 1 on vLLM 0.14.1, 0.18.1, 0.23.0, 0.28.0, 0.33.0.
 """
 import os
 import sys
@@ -24,7 +24,9 @@ from vllm.v1.request import Request  # noqa: E402
 ku.init_none_hash(sha256)
 spec = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype=torch.float32)
 cfg = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)])
-mgr = KVCacheManager(cfg, max_model_len=64, hash_block_size=4, scheduler_block_size=4, use_eagle=True)
+import inspect  # noqa: E402
+sched = {"scheduler_block_size": 4} if "scheduler_block_size" in inspect.signature(KVCacheManager).parameters else {}
+mgr = KVCacheManager(cfg, max_model_len=64, hash_block_size=4, use_eagle=True, **sched)   # (the block is the scheduler block)
 hasher = ku.get_request_block_hasher(4, sha256)
 
 
