@@ -254,7 +254,7 @@ class VllmAdapter(ShadowChecks):
                             f"vLLM hit {hit} > spec-usable {usable} for {r} although every needed "
                             "block holds the right content (alignment rule differs?)")
         chunk = mamba.split(self, o, hit, max(1, min(chunk, o.num_tokens - hit)), mp)
-        obs["n"] = self.last_n = chunk    # (the tokens scheduled: a reproducer replays this count)
+        self.last_n = chunk               # (the tokens scheduled: a reproducer replays this count)
         if chunk == 0:                    # the scheduler gives it no tokens this step
             self.coverage["state:mamba_split_empty"] += 1
             return {**obs, "admitted": False}
@@ -297,11 +297,11 @@ class VllmAdapter(ShadowChecks):
         n = self.last_n = mamba.split(self, o, 0, n, mp)
         if n == 0:                        # the scheduler gives it no tokens this step
             self.coverage["state:mamba_split_empty"] += 1
-            return {"allocated": False, "n": 0}
+            return {"allocated": False}
         new = self.mgr.allocate_slots(req.obj, n, **({"num_lookahead_tokens": la} if la else {}))
         if new is None:
             self.coverage["state:alloc_refused"] += 1
-            return {"allocated": False, "n": n}
+            return {"allocated": False}
         self._own(req, new)
         if self.has_mamba:
             mamba.check_state_copy(self, req, o.num_computed_tokens)
@@ -310,7 +310,7 @@ class VllmAdapter(ShadowChecks):
         tl.scheduled(req.rid, lo, lo + n, tok)
         if not tl.open:
             self._maybe_sample(req, tok)
-        return {"allocated": True, "n": n}
+        return {"allocated": True}
 
     def _a_prefill(self, r: str, chunk: int, la: int = 0, mp: int = 0) -> dict:
         req = self._get(r, ("running",))
