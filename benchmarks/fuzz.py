@@ -68,7 +68,7 @@ def main() -> None:
     out: dict = {"benchmark": "fuzz", "steps_per_run": args.steps, "runs": args.runs}
     out["spec_steps_per_s"] = round(rate("spec", args.steps, args.runs))
     try:
-        import kvcheck.reference.adapter  # noqa: F401
+        import kvcheck.engines.reference.sut  # noqa: F401
         out["lockstep_steps_per_s"] = round(rate("reference", args.steps // 5, args.runs))
         have_ref = True
     except ImportError as e:

@@ -33,9 +33,9 @@ def main() -> int:
     ap.add_argument("--exact", action="store_true", help="the full scan after every step (shrinking's mode)")
     a = ap.parse_args()
     from benchmarks._common import fault_row
-    from kvcheck.fuzz.adapters import sglang as sg
-    from kvcheck.fuzz.adapters.sglang_install import SglangUnavailable, load
-    from kvcheck.fuzz.adapters.sglang_layouts import fault_applies
+    from kvcheck.engines.sglang import drivers as sg
+    from kvcheck.engines.sglang.install import SglangUnavailable, load
+    from kvcheck.engines.sglang.layouts import fault_applies
     try:
         classes = load()["classes"]
     except SglangUnavailable as e:

@@ -33,7 +33,7 @@ def main() -> None:
     torch.set_num_threads(1)
     import transformers
 
-    from kvcheck.fuzz.adapters import transformers as hf
+    from kvcheck.engines.transformers import oracle as hf
 
     t0 = time.monotonic()
     listed = hf.list_models()

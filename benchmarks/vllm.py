@@ -56,12 +56,12 @@ def _timed(cls, names, box):
 
 
 def _run(V, layout, steps, seed, d, profile=False):
-    from kvcheck.fuzz.adapters.vllm_adapter import VllmAdapter
-    from kvcheck.fuzz.adapters.vllm_layouts import _vllm
+    from kvcheck.engines.vllm.adapter import VllmAdapter
+    from kvcheck.engines.vllm.layouts import vllm_modules
     vllm_s, checks_s = [0.0], [0.0]
     undo = []
     if profile:
-        undo.append(_timed(_vllm()["KVCacheManager"], ["get_computed_blocks", "allocate_slots", "free",
+        undo.append(_timed(vllm_modules()["KVCacheManager"], ["get_computed_blocks", "allocate_slots", "free",
                                                        "reset_prefix_cache", "evict_blocks"], vllm_s))
         undo.append(_timed(VllmAdapter, ["_after_step", "_check_hit", "spec_usable"], checks_s))
     try:
@@ -82,8 +82,8 @@ def main() -> int:
     ap.add_argument("--faults", default=None, help="comma-separated planted faults to time (default: all; '' none)")
     a = ap.parse_args()
     from benchmarks._common import fault_row
-    from kvcheck.fuzz.adapters import vllm as V
-    from kvcheck.fuzz.adapters.vllm_presets import PRESETS
+    from kvcheck.engines.vllm import drivers as V
+    from kvcheck.engines.vllm.presets import PRESETS
     try:
         gaps = V.supported_layouts()
     except V.VllmUnavailable as e:

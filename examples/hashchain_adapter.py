@@ -4,7 +4,7 @@
     kvcheck fuzz --sut examples.hashchain_adapter:Adapter --config examples/hashchain.json --budget 20s
     kvcheck fuzz --sut examples.hashchain_adapter:Adapter --config examples/hashchain.json --fault hash_ignores_parent
 """
-from kvcheck.fuzz.hashchain import HashChainAdapter
+from kvcheck.engines.hashchain.base import HashChainAdapter
 
 from examples.hashchain_manager import BlockManager
 

@@ -148,7 +148,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     import transformers
 
-    from kvcheck.fuzz.adapters import transformers as hf
+    from kvcheck.engines.transformers import oracle as hf
 
     dtypes = args.dtypes.split(",")
     rows: list[dict] = []

@@ -12,7 +12,7 @@
 # chain needs (scripts/requirements-sglang.txt, --no-deps so torch is never replaced; in a
 # layered DIR only those the base env lacks). GPU-only modules the chain reaches (torchvision
 # users, sgl_kernel before 0.5.7, ...) get KVCHECK_CPU_STUB stand-ins at import time
-# (kvcheck/fuzz/adapters/sglang_install.py); nothing is written into SGLang.
+# (kvcheck/engines/sglang/install.py); nothing is written into SGLang.
 set -euo pipefail
 VERSION=${1:?usage: scripts/install-sglang.sh VERSION [DIR]}
 DIR=${2:-.venv-sglang-$VERSION}
@@ -55,7 +55,7 @@ fi
 nreq=$(wc -l < "$reqs"); rm -f "$reqs"
 [ -n "${PYTHON:-}" ] || "$PY" -m pip install -q --no-deps -e "$HERE" >>"$log" 2>&1 || true
 if out=$(cd "$HERE" && PYTHONPATH="$HERE" "$PY" -c "
-from kvcheck.fuzz.adapters.sglang_install import summary
+from kvcheck.engines.sglang.install import summary
 print(summary())" 2>&1 | tail -1) && [ "${out#ok }" != "$out" ]; then
   echo "install-sglang: sglang $VERSION in $DIR ($mode, $nreq requirements added, $((SECONDS - start)) s): ${out#ok }; left out: sglang's own pins (CUDA torch, kernels, serving stack) — the caches need none of them"
 else

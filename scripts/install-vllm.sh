@@ -39,7 +39,7 @@ cons=$(mktemp "${TMPDIR:-/tmp}/install-vllm.XXXXXX.txt")
   || fail "the KV cache manager's import requirements failed to install"
 rm -f "$cons"
 if out=$(cd "$HERE" && VLLM_TARGET_DEVICE=cpu "$TARGET" -c "
-from kvcheck.fuzz.adapters.vllm_layouts import supported_layouts, vllm_version
+from kvcheck.engines.vllm.layouts import supported_layouts, vllm_version
 s = supported_layouts(); ok = [k for k, v in s.items() if v is None]
 print(f'vllm {vllm_version()}: {len(ok)}/{len(s)} layouts run here (not: {\", \".join(k for k in s if k not in ok) or \"none\"}; kvcheck fuzz --sut vllm --list-layouts says why)')" 2>&1 | tail -1); then
   torch=$("$TARGET" -c 'import torch; print(torch.__version__)')

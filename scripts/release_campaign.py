@@ -22,21 +22,21 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 
 
-def _vllm() -> tuple[str, list[str], Callable[..., dict]]:
-    from kvcheck.fuzz.adapters import vllm as v
+def vllm_modules() -> tuple[str, list[str], Callable[..., dict]]:
+    from kvcheck.engines.vllm import drivers as v
     gaps = v.supported_layouts()
     names = [k for k, why in gaps.items() if why is None] + [v.GENERATED]
     return f"vllm {v.vllm_version()}", names, v.run_campaign
 
 
 def _sglang() -> tuple[str, list[str], Callable[..., dict]]:
-    from kvcheck.fuzz.adapters import sglang as sg
-    from kvcheck.fuzz.adapters.sglang_layouts import list_layouts
+    from kvcheck.engines.sglang import drivers as sg
+    from kvcheck.engines.sglang.layouts import list_layouts
     names = [r["name"] for r in list_layouts() if r["name"] and r["supported"]]
     return f"sglang {sg.sglang_version()}", names, sg.run_campaign
 
 
-ENGINES = {"vllm": _vllm, "sglang": _sglang}
+ENGINES = {"vllm": vllm_modules, "sglang": _sglang}
 
 
 def _one_layout(run: Callable[..., dict], layout: str, seconds: float, seed: int, out: str) -> dict[str, Any]:

@@ -26,7 +26,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 def _diff_transformers(args: argparse.Namespace) -> int:
     """`--sut transformers`: one model type (exit 0/11, 2 unsupported), or `--list-models`."""
-    from ..fuzz.adapters import transformers as hf
+    from kvcheck.engines.transformers import oracle as hf
     if args.list_models:
         try:
             models = hf.list_models(args.out)
@@ -73,7 +73,7 @@ def _diff_reference(args: argparse.Namespace) -> int:
         raise UsageError("--model-type/--config-json apply to --sut transformers only")
     out = Path(args.out)
     check_writable(out)
-    from ..reference import adapter as refadapter
+    from kvcheck.engines.reference import sut as refadapter
     if args.cache_dir:
         check_writable(Path(args.cache_dir), "cache directory")
         refadapter.CACHE_ROOT = args.cache_dir

@@ -19,8 +19,8 @@ if TYPE_CHECKING:
 
 
 def _fuzz_vllm(args: argparse.Namespace) -> int:
-    """vLLM's KV cache manager: its own driver per layout (kvcheck/fuzz/adapters/vllm.py)."""
-    from ..fuzz.adapters import vllm as v
+    """vLLM's KV cache manager: its own driver per layout (kvcheck/engines/vllm/drivers.py)."""
+    from kvcheck.engines.vllm import drivers as v
     from ..fuzz.campaign import Budget
     if args.list_layouts:
         try:
@@ -115,7 +115,7 @@ def _fuzz_vllm(args: argparse.Namespace) -> int:
 
 def sched_policy(name: str | None) -> str:
     """--sched-policy (vLLM's scheduler policy in the scheduler-driven episodes): fcfs or priority."""
-    from ..fuzz.adapters.vllm_sched import POLICIES
+    from kvcheck.engines.vllm.sched import POLICIES
     if name is None:
         return "fcfs"
     if name not in POLICIES:
@@ -125,7 +125,7 @@ def sched_policy(name: str | None) -> str:
 
 def _fuzz_sglang(args: argparse.Namespace) -> int:
     """SGLang's radix caches on the lockstep core (kvcheck/fuzz/adapters/sglang*.py)."""
-    from ..fuzz.adapters import sglang as sg
+    from kvcheck.engines.sglang import drivers as sg
     from ..fuzz.campaign import Budget
     try:
         b = Budget.parse(args.budget)

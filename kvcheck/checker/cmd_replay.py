@@ -11,7 +11,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from .replay import replay_trace, sut_by_name
     trace = Trace.load(args.trace)
     if args.sut == "sglang" or (args.sut is None and trace.sut == "sglang"):
-        from ..fuzz.adapters import sglang as sg
+        from kvcheck.engines.sglang import drivers as sg
         try:
             res = sg.replay(trace)
         except (sg.SglangUnavailable, sg.LayoutError) as e:
@@ -21,7 +21,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
              + f" (exit {res['exit_code']})")
         return res["exit_code"]
     if args.sut == "vllm" or (args.sut is None and trace.sut == "vllm"):
-        from ..fuzz.adapters import vllm as v
+        from kvcheck.engines.vllm import drivers as v
         try:
             res = v.replay(trace)
         except v.VllmUnavailable as e:

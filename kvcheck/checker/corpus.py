@@ -48,7 +48,7 @@ def load_corpus(root: Path) -> list[tuple[Path, Trace]]:
 def replay_one(path: Path, trace: Trace) -> tuple[int, dict[str, Any]]:
     """Replay on the trace's own SUT (vLLM's driver for vLLM traces)."""
     if trace.sut == "vllm":
-        from ..fuzz.adapters import vllm as v
+        from kvcheck.engines.vllm import drivers as v
         try:
             r = v.replay(trace)
         except (v.VllmUnavailable, ValueError) as e:

@@ -82,7 +82,7 @@ def engines_for(layer: str) -> dict[str, Callable[[Config, str | None, float, in
         optional = {"explore": "kvcheck.checker.explore", "prove": "kvcheck.checker.prove"}
     elif layer == "engine":
         table = {}
-        if _optional("kvcheck.reference.adapter", "ReferenceSUT") is not None:
+        if _optional("kvcheck.engines.reference.sut", "ReferenceSUT") is not None:
             table["fuzz"] = _fuzz("reference")
         optional = {"diff": "kvcheck.fuzz.diff"}
     else:

@@ -295,12 +295,12 @@ class _Validator:
         return p
 
     def layouts(self, tab: str, body: dict[str, Any]) -> list[str]:
-        from ..fuzz.adapters.vllm_layouts import LAYOUTS
+        from kvcheck.engines.vllm.layouts import LAYOUTS
         if "layouts" not in body:
             raise self.fail(tab, "layouts", f"missing: name the vLLM layouts to check (known: {', '.join(LAYOUTS)})")
         names = list(self.strings(tab, "layouts", body["layouts"], "layout names or files", empty_ok=False))
-        from ..fuzz.adapters.vllm_layout_file import parse_layout, read_layout_file
-        from ..fuzz.adapters.vllm_layouts import B, MAX_MODEL_LEN
+        from kvcheck.engines.vllm.layout_file import parse_layout, read_layout_file
+        from kvcheck.engines.vllm.layouts import B, MAX_MODEL_LEN
         for i, n in enumerate(names):
             if n.endswith(".json") or "/" in n:
                 p = self.base / n
@@ -314,7 +314,7 @@ class _Validator:
         return names
 
     def sched_policy(self, tab: str, v: Any) -> str:
-        from ..fuzz.adapters.vllm_sched import POLICIES
+        from kvcheck.engines.vllm.sched import POLICIES
         if not isinstance(v, str) or v not in POLICIES:
             raise self.fail(tab, "sched_policy", f"must be one of {', '.join(POLICIES)} (got {v!r})")
         return v
@@ -323,9 +323,9 @@ class _Validator:
         if "model_types" not in body:
             raise self.fail(tab, "model_types", "missing: name the transformers model types to check")
         names = self.strings(tab, "model_types", body["model_types"], "model types", empty_ok=False)
-        from ..fuzz.adapters import transformers_models as tm
+        from kvcheck.engines.transformers import models as tm
         try:
-            _, causal = tm._config_mapping()
+            _, causal = tm.config_mapping()
         except tm.AdapterError as e:
             raise self.fail(tab, "model_types", str(e)) from None
         for i, n in enumerate(names):

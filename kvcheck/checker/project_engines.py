@@ -205,13 +205,13 @@ def run_reference_diff(sys: System, cfg: Config, seed: int, out: Path, fault: st
 
 def run_vllm(sys: System, layout: str, seed: int, out: Path, fault: str | None = None) -> EngineRun:
     label = f"vllm[{layout}]"
-    from ..fuzz.adapters import vllm as v
+    from kvcheck.engines.vllm import drivers as v
     if layout.endswith(".json") or "/" in layout:
         try:
             layout = v.load_layout_file(layout)      # the project file resolved its path
         except ValueError as e:
             return _skipped(label, "fuzz", str(e))
-    from ..fuzz.adapters.vllm_layouts import BOOKKEEPING_CHECKS, SAFETY_CHECKS
+    from kvcheck.engines.vllm.layouts import BOOKKEEPING_CHECKS, SAFETY_CHECKS
     b = sys.fault_budget if fault else sys.budgets["fuzz"]
     try:
         r = v.run_campaign(layout, budget_s=b.seconds, steps=b.steps, seed=seed, fault=fault, out_dir=str(out),
@@ -249,7 +249,7 @@ def _reuse_profile(v: Any, layout: str) -> dict:
 
 
 def run_transformers(sys: System, model_type: str, seed: int, out: Path, fault: str | None = None) -> EngineRun:
-    from ..fuzz.adapters import transformers as hf
+    from kvcheck.engines.transformers import oracle as hf
     label = f"transformers[{model_type}]"
     n = sys.budgets["diff"].steps or 10
     t0 = time.perf_counter()

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from kvcheck.reference.adapter import ReferenceSUT
+from kvcheck.engines.reference.sut import ReferenceSUT
 from kvcheck.spec.config import Config
 from kvcheck.spec.objects import DECISION_KINDS, OBJECT_KINDS
 from kvcheck.spec.sut import PROBE_ACTIONS

@@ -24,17 +24,17 @@ def _reference() -> tuple[Fault, ...]:
 
 
 def _vllm() -> tuple[Fault, ...]:
-    from .adapters.vllm_layouts import VLLM_FAULTS      # imports without vLLM installed
+    from kvcheck.engines.vllm.layouts import VLLM_FAULTS      # imports without vLLM installed
     return VLLM_FAULTS
 
 
 def _transformers() -> tuple[Fault, ...]:
-    from .adapters.transformers_cache import TRANSFORMERS_FAULTS     # imports without transformers
+    from kvcheck.engines.transformers.cache import TRANSFORMERS_FAULTS     # imports without transformers
     return TRANSFORMERS_FAULTS
 
 
 def _sglang() -> tuple[Fault, ...]:
-    from .adapters.sglang_layouts import SGLANG_FAULTS         # imports without SGLang installed
+    from kvcheck.engines.sglang.layouts import SGLANG_FAULTS         # imports without SGLang installed
     return SGLANG_FAULTS
 
 

@@ -171,7 +171,7 @@ def run_shard(cfg_dict: dict, shard: Shard, budget: Budget, db: str | None, boar
     tmp = Path(tempfile.mkdtemp(prefix="kvcheck-shard-"))
     try:
         if shard.sut == "vllm":       # vLLM's own driver (no Hypothesis: no example database)
-            from .adapters import vllm
+            from kvcheck.engines.vllm import drivers as vllm
             res = vllm.run_campaign(shard.layout, budget_s=budget.seconds, steps=budget.steps, seed=shard.seed,
                                     strict_reuse=shard.strict, fault=shard.fault, out_dir=str(tmp))
         else:

@@ -14,7 +14,7 @@ from ..fuzz import faults as faultlib
 from ..spec.sut import SpecSUT, SystemUnderTest
 
 BUILTIN = ("spec", "reference")
-ALIASES = {"reference": "kvcheck.reference.adapter:ReferenceSUT"}
+ALIASES = {"reference": "kvcheck.engines.reference.sut:ReferenceSUT"}
 
 
 class SutError(ValueError):

@@ -14,7 +14,7 @@ import pytest
 from kvcheck.fuzz.campaign import Budget, run_campaign
 from dataclasses import replace
 
-from kvcheck.fuzz.hashchain_shadow import ContentShadow, prompt_table, shared_prefix
+from kvcheck.engines.hashchain.shadow import ContentShadow, prompt_table, shared_prefix
 from kvcheck.fuzz.suts import resolve_sut
 from kvcheck.fuzz.traces import replay
 from kvcheck.spec.config import Config

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from kvcheck.fuzz.adapters.sglang_layouts import (FAULTS, LAYOUTS, LayoutError, _layout_from, fault_applies,
-                                                 known_finding, load_layout_file)
+from kvcheck.engines.sglang.layouts import (FAULTS, LAYOUTS, LayoutError, layout_from, fault_applies,
+                                            known_finding, load_layout_file)
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _sglang():
-    from kvcheck.fuzz.adapters.sglang_install import SglangUnavailable, load
+    from kvcheck.engines.sglang.install import SglangUnavailable, load
     try:
         return load()
     except SglangUnavailable as e:
@@ -29,7 +29,7 @@ def _sglang():
 
 def _supported() -> list[str]:
     _sglang()
-    from kvcheck.fuzz.adapters.sglang_layouts import list_layouts
+    from kvcheck.engines.sglang.layouts import list_layouts
     return [r["name"] for r in list_layouts() if r["supported"]]
 
 
@@ -43,14 +43,14 @@ def test_layout_file_errors_are_one_line(tmp_path):
     with pytest.raises(LayoutError, match="not JSON"):
         load_layout_file(str(bad))
     with pytest.raises(LayoutError, match="not driven"):
-        _layout_from({"name": "x", "class": "SWAChunkCache"}, "here")
+        layout_from({"name": "x", "class": "SWAChunkCache"}, "here")
     with pytest.raises(LayoutError, match="cannot read"):
         load_layout_file(str(tmp_path / "missing.json"))
 
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_planted_fault_caught_by_its_check(fault, tmp_path):
-    from kvcheck.fuzz.adapters import sglang as sg
+    from kvcheck.engines.sglang import drivers as sg
     lays = [x for x in _supported() if fault_applies(fault, LAYOUTS[x])]
     if not lays:
         pytest.skip(f"{fault} needs a class this release lacks")
@@ -63,7 +63,7 @@ def test_planted_fault_caught_by_its_check(fault, tmp_path):
 
 
 def test_clean_layouts_run_clean_and_cover_every_action(tmp_path):
-    from kvcheck.fuzz.adapters import sglang as sg
+    from kvcheck.engines.sglang import drivers as sg
     for lay in _supported():
         r = sg.run_campaign(lay, budget_s=30, steps=4000, seed=3, out_dir=str(tmp_path))
         known = known_finding(LAYOUTS[lay], sg.sglang_version())    # a real SGLang bug of this release
@@ -77,7 +77,7 @@ def test_clean_layouts_run_clean_and_cover_every_action(tmp_path):
 
 
 def test_finding_replays_on_the_same_release(tmp_path):
-    from kvcheck.fuzz.adapters import sglang as sg
+    from kvcheck.engines.sglang import drivers as sg
     lay = _supported()[0]
     r = sg.run_campaign(lay, budget_s=20, steps=20_000, seed=2, fault="evict_locked", out_dir=str(tmp_path),
                         shrink_s=3)
@@ -111,7 +111,7 @@ def test_cli_list_layouts_and_bad_input(tmp_path):
 def test_standalone_reproducer_exits_1_with_the_fault_and_0_clean(tmp_path):
     """The script imports SGLang only (no kvcheck on its path) and is a real reproducer: the
     inlined planted wrapper makes it fail, --clean (unmodified SGLang) makes it pass."""
-    from kvcheck.fuzz.adapters import sglang as sg
+    from kvcheck.engines.sglang import drivers as sg
     lay = next(x for x in _supported() if sg.LAYOUTS[x].cls in ("RadixCache", "SWARadixCache"))
     r = sg.run_campaign(lay, budget_s=20, steps=20_000, seed=2, fault="lock_ref_leak", out_dir=str(tmp_path),
                         shrink_s=3)

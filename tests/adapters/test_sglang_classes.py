@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from kvcheck.fuzz.adapters.sglang_layouts import (FAULTS, LAYOUTS, LayoutError, _layout_from, fault_applies,
-                                                  fault_refusal)
+from kvcheck.engines.sglang.layouts import (FAULTS, LAYOUTS, LayoutError, layout_from, fault_applies,
+                                            fault_refusal)
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHONS = [p for p in os.environ.get("KVCHECK_SGLANG_PYTHONS", "").split(os.pathsep) if p]
@@ -31,16 +31,16 @@ STATES = {"unified-mamba": ("state:hit", "state:mamba_evicted", "state:tombstone
 
 
 def test_layout_rules_without_sglang():
-    mamba = _layout_from({"name": "m", "class": "UnifiedRadixCache", "components": ["full", "mamba"],
+    mamba = layout_from({"name": "m", "class": "UnifiedRadixCache", "components": ["full", "mamba"],
                           "tree_core": "lockstep", "capacity": 96}, "here")
     assert mamba.tree_core == "lockstep" and mamba.components == ("full", "mamba")
     with pytest.raises(LayoutError, match="FULL\\+MAMBA takes page_size 1"):
-        _layout_from({"name": "m", "class": "UnifiedRadixCache", "components": ["full", "mamba"], "page_size": 4}, "f")
+        layout_from({"name": "m", "class": "UnifiedRadixCache", "components": ["full", "mamba"], "page_size": 4}, "f")
     with pytest.raises(LayoutError, match="ChunkCache takes components"):
-        _layout_from({"name": "c", "class": "ChunkCache", "components": ["full", "swa"], "window": 4}, "f")
+        layout_from({"name": "c", "class": "ChunkCache", "components": ["full", "swa"], "window": 4}, "f")
     with pytest.raises(LayoutError, match="ChunkCache is driven with page_size 1"):
-        _layout_from({"name": "c", "class": "ChunkCache", "page_size": 2}, "f")
-    assert _layout_from({"name": "c", "class": "ChunkCache"}, "f").components == ("full",)
+        layout_from({"name": "c", "class": "ChunkCache", "page_size": 2}, "f")
+    assert layout_from({"name": "c", "class": "ChunkCache"}, "f").components == ("full",)
     # each new fault applies where its class is, and says why not elsewhere (one line)
     for f in ("mamba_hit_without_state", "mamba_state_freed_on_insert", "mamba_state_dropped_on_insert"):
         assert fault_applies(f, LAYOUTS["unified-mamba"]) and not fault_applies(f, LAYOUTS["unified-full"])
@@ -55,8 +55,8 @@ def test_layout_rules_without_sglang():
 def test_every_action_has_a_script_and_an_unplayable_step_gets_none():
     """FULL+MAMBA traces with chunk steps get a script now; a step no script plays gets a note instead
     (a script skipping it could call a present bug fixed)."""
-    from kvcheck.fuzz.adapters.sglang_layouts import ACTIONS
-    from kvcheck.fuzz.adapters.sglang_repro_classes import script_gap
+    from kvcheck.engines.sglang.layouts import ACTIONS
+    from kvcheck.engines.sglang.repro_classes import script_gap
     for name in ("unified-mamba", "unified-mamba-lockstep", "chunk"):
         assert script_gap({"class": LAYOUTS[name].cls, "components": list(LAYOUTS[name].components)}, set(ACTIONS)) is None
     assert "does not play teleport" in script_gap({"class": "UnifiedRadixCache", "components": ["full", "mamba"]},
@@ -73,7 +73,7 @@ def test_every_new_check_has_a_fault():
 _RUN = r"""
 import contextlib, io, json, runpy, sys
 from kvcheck.fuzz.adapters import sglang as sg
-from kvcheck.fuzz.adapters.sglang_layouts import fault_applies
+from kvcheck.engines.sglang.layouts import fault_applies
 NEW, out_dir = json.loads(sys.argv[1]), sys.argv[2]
 rows = {r["name"]: r for r in sg.list_layouts() if r["name"]}
 out = {"version": sg.sglang_version(), "rows": {n: rows[n] for n in NEW}, "clean": {}, "faults": []}

@@ -13,7 +13,7 @@ import random
 
 import pytest
 
-from kvcheck.fuzz.adapters.sglang_layouts import FAULTS, LAYOUTS, fault_applies, known_finding
+from kvcheck.engines.sglang.layouts import (FAULTS, LAYOUTS, fault_applies, known_finding)
 
 from test_sglang import _sglang, _supported  # noqa: F401  (the release or a skip; tests/adapters is on sys.path)
 
@@ -24,7 +24,7 @@ NEVER = 10 ** 9         # incremental, no periodic full scan: what the increment
 
 def _program(lay, fault, seed):
     """One generated episode, as run_campaign draws it (exact mode): its steps, capacity, finding."""
-    from kvcheck.fuzz.adapters import sglang as sg
+    from kvcheck.engines.sglang import drivers as sg
     from kvcheck.fuzz.lockstep import Act, Finding, FreeModel, Lockstep
     rng = random.Random(seed)
     gen = sg._Gen(rng)
@@ -41,7 +41,7 @@ def _program(lay, fault, seed):
 
 def _run(lay, fault, capacity, program, every):
     """The program on a fresh cache with the checks in the given mode: (finding, coverage)."""
-    from kvcheck.fuzz.adapters import sglang as sg
+    from kvcheck.engines.sglang import drivers as sg
     from kvcheck.fuzz.lockstep import FreeModel, Lockstep
     ad = sg.make_adapter(lay, fault, capacity)
     ad.full_scan_every = every
@@ -80,7 +80,7 @@ def test_incremental_reports_what_the_full_scan_reports_on_every_planted_fault(f
 
 
 def test_clean_programs_are_clean_in_both_modes():
-    from kvcheck.fuzz.adapters.sglang_install import sglang_version
+    from kvcheck.engines.sglang.install import sglang_version
     for name in _supported():
         known = known_finding(LAYOUTS[name], sglang_version())     # a real bug of this release
         for seed in range(3):
@@ -92,8 +92,8 @@ def test_a_change_no_step_announces_is_caught_by_the_periodic_full_scan_and_relo
     """A bug that edits a node's values in place at a submit (no cache call, no slot changes
     state): the incremental check alone does not see it; the periodic full scan does (counted),
     and the shrinker re-locates the finding in the exact mode."""
-    from kvcheck.fuzz.adapters import sglang as sg
-    from kvcheck.fuzz.adapters.sglang_adapter import SglangAdapter
+    from kvcheck.engines.sglang import drivers as sg
+    from kvcheck.engines.sglang.adapter import SglangAdapter
     name = next((x for x in _supported() if LAYOUTS[x].cls == "RadixCache" and LAYOUTS[x].page_size == 1), None)
     if name is None:
         pytest.skip("no page-1 RadixCache layout")

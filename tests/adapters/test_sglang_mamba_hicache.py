@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-from kvcheck.fuzz.adapters.sglang_layouts import FAULTS, LAYOUTS, LayoutError, _layout_from, fault_applies
+from kvcheck.engines.sglang.layouts import (FAULTS, LAYOUTS, LayoutError, layout_from, fault_applies)
 
 
 def _layout(name: str) -> str:
-    from kvcheck.fuzz.adapters.sglang_install import SglangUnavailable, load
-    from kvcheck.fuzz.adapters.sglang_layouts import list_layouts
+    from kvcheck.engines.sglang.install import SglangUnavailable, load
+    from kvcheck.engines.sglang.layouts import list_layouts
     try:
         load()
     except SglangUnavailable as e:
@@ -27,8 +27,8 @@ def _layout(name: str) -> str:
 def test_layout_rules_without_sglang():
     """No SGLang needed: the Mamba class takes [full, mamba] only."""
     with pytest.raises(LayoutError, match="takes components"):
-        _layout_from({"name": "x", "class": "MambaRadixCache", "components": ["full"]}, "here")
-    lay = _layout_from({"name": "x", "class": "MambaRadixCache", "components": ["full", "mamba"]}, "here")
+        layout_from({"name": "x", "class": "MambaRadixCache", "components": ["full"]}, "here")
+    lay = layout_from({"name": "x", "class": "MambaRadixCache", "components": ["full", "mamba"]}, "here")
     assert fault_applies("mamba_hit_without_state", lay)
     assert not fault_applies("mamba_hit_without_state", LAYOUTS["radix"])
 
@@ -39,7 +39,7 @@ CLASS_FAULTS = [(lay, f) for lay in ("mamba", "hicache") if lay in LAYOUTS
 
 @pytest.mark.parametrize("lay,fault", CLASS_FAULTS)
 def test_planted_fault_caught_by_its_check(lay, fault, tmp_path):
-    from kvcheck.fuzz.adapters import sglang as sg
+    from kvcheck.engines.sglang import drivers as sg
     r = sg.run_campaign(_layout(lay), budget_s=20, steps=20_000, seed=1, fault=fault, out_dir=str(tmp_path),
                         shrink_s=3)
     assert r["findings"], f"{fault} on {lay}: nothing found in {r['steps']} steps"
@@ -51,7 +51,7 @@ def test_planted_fault_caught_by_its_check(lay, fault, tmp_path):
                                         ("hicache", ("state:written_through", "state:device_evicted",
                                                      "state:loaded_back"))])
 def test_clean_layout_runs_clean_and_reaches_its_states(lay, states, tmp_path):
-    from kvcheck.fuzz.adapters import sglang as sg
+    from kvcheck.engines.sglang import drivers as sg
     r = sg.run_campaign(_layout(lay), budget_s=30, steps=3000, seed=3, out_dir=str(tmp_path))
     assert r["findings"] == [], r["findings"]
     assert r["exit_code"] == 0 and r["missing_actions"] == []
@@ -60,7 +60,7 @@ def test_clean_layout_runs_clean_and_reaches_its_states(lay, states, tmp_path):
 
 
 def test_mamba_finding_replays(tmp_path):
-    from kvcheck.fuzz.adapters import sglang as sg
+    from kvcheck.engines.sglang import drivers as sg
     r = sg.run_campaign(_layout("mamba"), budget_s=20, steps=20_000, seed=2, fault="mamba_hit_without_state",
                         out_dir=str(tmp_path), shrink_s=3)
     f = r["findings"][0]
@@ -72,8 +72,8 @@ def test_mamba_finding_replays(tmp_path):
 def test_mamba_slot_ownership_is_the_releases(tmp_path, monkeypatch):
     """Model the other release's insert ownership (who frees the duplicate KV slots) and the
     adapter reports size_accounting (slots counted twice or leaked) on SGLang that is right."""
-    from kvcheck.fuzz.adapters import sglang as sg
-    from kvcheck.fuzz.adapters import sglang_mamba as sm
+    from kvcheck.engines.sglang import drivers as sg
+    from kvcheck.engines.sglang import mamba as sm
     name = _layout("mamba")
     monkeypatch.setattr(sm, "tree_frees_duplicates", lambda params_api: not params_api)
     r = sg.run_campaign(name, budget_s=20, steps=20_000, seed=1, out_dir=str(tmp_path), shrink_s=1)
@@ -81,7 +81,7 @@ def test_mamba_slot_ownership_is_the_releases(tmp_path, monkeypatch):
     assert f["check"] == "size_accounting", f
     import re
 
-    from kvcheck.fuzz.adapters.sglang_install import load
+    from kvcheck.engines.sglang.install import load
     dup, leak = map(int, re.search(r"(\d+) counted twice, (\d+) leaked", f["message"]).groups())
     # the tree frees the duplicates itself (*Params releases): the caller freeing them too frees
     # slots twice; on 0.5.7 the caller must free them, and not doing so leaks them
@@ -95,7 +95,7 @@ def test_mamba_state_bytes_are_checked(tmp_path, monkeypatch):
     name = _layout("mamba")
     from sglang.srt.mem_cache.memory_pool import MambaPool
 
-    from kvcheck.fuzz.adapters import sglang as sg
+    from kvcheck.engines.sglang import drivers as sg
     monkeypatch.setattr(MambaPool, "copy_from", lambda self, src, dst: None)
     r = sg.run_campaign(name, budget_s=20, steps=20_000, seed=1, out_dir=str(tmp_path), shrink_s=1)
     assert r["findings"] and r["findings"][0]["check"] in ("hit_sound_mamba_state", "tree_content_matches"), \

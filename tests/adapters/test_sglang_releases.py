@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from kvcheck.fuzz.adapters.sglang_layouts import LAYOUTS, known_finding
+from kvcheck.engines.sglang.layouts import LAYOUTS, known_finding
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHONS = [p for p in os.environ.get("KVCHECK_SGLANG_PYTHONS", "").split(os.pathsep) if p]
@@ -39,7 +39,7 @@ _DRIVER = r"""
 import contextlib, io, json, subprocess, sys, traceback
 from kvcheck.checker.cli import main
 from kvcheck.fuzz.adapters import sglang as sg
-from kvcheck.fuzz.adapters.sglang_layouts import fault_applies
+from kvcheck.engines.sglang.layouts import fault_applies
 out_dir = sys.argv[1]
 
 

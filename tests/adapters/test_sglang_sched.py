@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from kvcheck.fuzz.adapters.sglang_layouts import ACTIONS, FAULTS
+from kvcheck.engines.sglang.layouts import ACTIONS, FAULTS
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHONS = [p for p in os.environ.get("KVCHECK_SGLANG_PYTHONS", "").split(os.pathsep) if p]
@@ -28,7 +28,7 @@ needs_sglang = pytest.mark.skipif(not PYTHONS, reason="set KVCHECK_SGLANG_PYTHON
 _PROBE = r"""
 import json, subprocess, sys, time
 from kvcheck.fuzz.adapters import sglang as sg
-from kvcheck.fuzz.adapters.sglang_layouts import fault_applies, known_finding
+from kvcheck.engines.sglang.layouts import fault_applies, known_finding
 out = {"version": sg.sglang_version(), "scenario": {}, "faults": [], "clean": [], "ownership": None}
 lays = [r["name"] for r in sg.list_layouts() if r["supported"]]
 repro = set()
@@ -116,7 +116,7 @@ def test_chunk_is_an_action_and_its_fault_is_declared_once():
 
 def test_flat_request_pops_its_committed_kv_once():
     """No SGLang needed: the Req-like record fails loudly where SGLang's Req would (a second pop)."""
-    from kvcheck.fuzz.adapters.sglang_sched import FlatReq
+    from kvcheck.engines.sglang.sched import FlatReq
     q = FlatReq("r", [1, 2, 3], kv_committed_len=3, kv_allocated_len=3)
     assert q.pop_committed_kv_cache() == 3 and not q.finished()
     with pytest.raises(AssertionError):

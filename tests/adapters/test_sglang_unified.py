@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from kvcheck.fuzz.adapters.sglang_layouts import FAULTS, LAYOUTS, LayoutError, _layout_from, fault_applies
+from kvcheck.engines.sglang.layouts import (FAULTS, LAYOUTS, LayoutError, layout_from, fault_applies)
 
 
 def _sglang():
-    from kvcheck.fuzz.adapters.sglang_install import SglangUnavailable, load
+    from kvcheck.engines.sglang.install import SglangUnavailable, load
     try:
         return load()
     except SglangUnavailable as e:
@@ -22,7 +22,7 @@ def _sglang():
 
 def _rows() -> dict:
     _sglang()
-    from kvcheck.fuzz.adapters.sglang_layouts import list_layouts
+    from kvcheck.engines.sglang.layouts import list_layouts
     return {r["name"]: r for r in list_layouts() if r["name"]}
 
 
@@ -37,13 +37,13 @@ def _supported_unified() -> list[str]:
 def test_unified_layout_fields_are_checked():
     """No SGLang needed: a bad component set, tree core or misplaced field is one clear error."""
     with pytest.raises(LayoutError, match="driven with components"):
-        _layout_from({"name": "m", "class": "UnifiedRadixCache", "components": ["full", "swa", "mamba"],
+        layout_from({"name": "m", "class": "UnifiedRadixCache", "components": ["full", "swa", "mamba"],
                       "window": 4}, "here")
     with pytest.raises(LayoutError, match="tree_core must be one of"):
-        _layout_from({"name": "t", "class": "UnifiedRadixCache", "tree_core": "cuda"}, "here")
+        layout_from({"name": "t", "class": "UnifiedRadixCache", "tree_core": "cuda"}, "here")
     with pytest.raises(LayoutError, match="tree_core is a UnifiedRadixCache field"):
-        _layout_from({"name": "r", "class": "RadixCache", "tree_core": "rust"}, "here")
-    lay = _layout_from({"name": "u", "class": "UnifiedRadixCache"}, "here")
+        layout_from({"name": "r", "class": "RadixCache", "tree_core": "rust"}, "here")
+    lay = layout_from({"name": "u", "class": "UnifiedRadixCache"}, "here")
     assert lay.tree_core == "python" and lay.to_dict()["tree_core"] == "python"
     # the faults that need a second core or tombstones apply only where they exist
     assert fault_applies("core_drops_insert", LAYOUTS["unified-full-lockstep"])
@@ -54,7 +54,7 @@ def test_unified_layout_fields_are_checked():
 
 def test_rust_core_availability_is_one_line():
     rows = _rows()
-    from kvcheck.fuzz.adapters.sglang_unified import rust_core_gap
+    from kvcheck.engines.sglang.unified import rust_core_gap
     if "UnifiedRadixCache" not in _sglang()["classes"]:
         pytest.skip("this release has no UnifiedRadixCache")
     gap = rust_core_gap()
@@ -66,7 +66,7 @@ def test_rust_core_availability_is_one_line():
 
 
 def test_lockstep_cores_agree_on_a_clean_run(tmp_path):
-    from kvcheck.fuzz.adapters import sglang as sg
+    from kvcheck.engines.sglang import drivers as sg
     lays = [x for x in _supported_unified() if LAYOUTS[x].tree_core == "lockstep"]
     if not lays:
         pytest.skip("no Rust tree core here: " + str(_rows()["unified-full-lockstep"]["reason"]))
@@ -78,7 +78,7 @@ def test_lockstep_cores_agree_on_a_clean_run(tmp_path):
 
 
 def test_differential_catches_a_diverging_core_and_replays(tmp_path):
-    from kvcheck.fuzz.adapters import sglang as sg
+    from kvcheck.engines.sglang import drivers as sg
     if "unified-full-lockstep" not in _supported_unified():
         pytest.skip("no Rust tree core here")
     r = sg.run_campaign("unified-full-lockstep", budget_s=20, steps=20_000, seed=1, fault="core_drops_insert",
@@ -92,7 +92,7 @@ def test_differential_catches_a_diverging_core_and_replays(tmp_path):
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_unified_faults_caught_by_their_check(fault, tmp_path):
     """One Python-core layout per component set (the lockstep ones run in test_sglang.py)."""
-    from kvcheck.fuzz.adapters import sglang as sg
+    from kvcheck.engines.sglang import drivers as sg
     lays = [x for x in _supported_unified() if LAYOUTS[x].tree_core == "python" and fault_applies(fault, LAYOUTS[x])
             and x != "unified-full-page4"]
     if not lays:
@@ -110,9 +110,9 @@ def test_swa_radix_cache_speaks_the_params_api(tmp_path):
     if not isinstance(S["classes"].get("SWARadixCache"), type):
         pytest.skip("this release has no SWARadixCache")
     assert _rows()["swa"]["supported"], _rows()["swa"]
-    from kvcheck.fuzz.adapters import sglang as sg
+    from kvcheck.engines.sglang import drivers as sg
     r = sg.run_campaign("swa", budget_s=20, steps=1500, seed=3, out_dir=str(tmp_path))
-    from kvcheck.fuzz.adapters.sglang_layouts import known_finding
+    from kvcheck.engines.sglang.layouts import known_finding
     known = known_finding(LAYOUTS["swa"], S["version"])       # finding 1, reached fast by chunked prefill
     assert all(f["check"] == known for f in r["findings"]), r["findings"]
     assert r["missing_actions"] == [] or r["findings"], r
@@ -134,6 +134,6 @@ def test_known_finding_reproducer_matches_the_release():
     p = subprocess.run([sys.executable, str(root / "docs/repro/sglang_unified_swa_recover_frees_locked_full.py")],
                        cwd=root, capture_output=True, text=True, timeout=300, env={"PYTHONPATH": str(root),
                                                                                     "PATH": "/usr/bin:/bin"})
-    from kvcheck.fuzz.adapters.sglang_layouts import known_finding
+    from kvcheck.engines.sglang.layouts import known_finding
     bad = known_finding(LAYOUTS["unified-swa"], S["version"]) is not None
     assert p.returncode == (1 if bad else 0), (p.returncode, p.stdout[-300:], p.stderr[-500:])

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from kvcheck.fuzz.adapters.transformers import AdapterError, run_diff  # noqa: E402
+from kvcheck.engines.transformers.oracle import AdapterError, run_diff  # noqa: E402
 
 CLEAN = ["mistral", "gemma3_text", "gpt_oss", "qwen3_next"]
 SCENARIO_KEYS = {"prefix_len", "suffix_mode", "max_abs_diff", "first_divergent_position", "argmax_flips",
@@ -153,7 +153,7 @@ def test_unbuildable_config_is_unsupported_with_one_line_reason(tmp_path):
 
 
 def test_import_does_not_import_transformers():
-    code = ("import sys, kvcheck.fuzz.adapters.transformers as t; "
+    code = ("import sys, kvcheck.engines.transformers.oracle as t; "
             "assert 'transformers' not in sys.modules; print(t.AdapterError.__name__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

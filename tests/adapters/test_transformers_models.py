@@ -10,9 +10,9 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from kvcheck.fuzz.adapters import transformers_build as build  # noqa: E402
-from kvcheck.fuzz.adapters import transformers_models as models  # noqa: E402
-from kvcheck.fuzz.adapters.transformers import list_models, record_verdict  # noqa: E402
+from kvcheck.engines.transformers import build  # noqa: E402
+from kvcheck.engines.transformers import models  # noqa: E402
+from kvcheck.engines.transformers.oracle import list_models, record_verdict  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -86,7 +86,7 @@ def test_cli_unsupported_is_exit_2_without_traceback(tmp_path):
 
 
 def test_sweep_shares_a_composite_types_decoder_run(tmp_path):
-    from kvcheck.fuzz.adapters.transformers import sweep
+    from kvcheck.engines.transformers.oracle import sweep
 
     rows = sweep(["gemma3", "gemma3_text"], dtypes=("float32",), scenarios=1, out_dir=str(tmp_path))
     assert [r["model_type"] for r in rows] == ["gemma3", "gemma3_text"]

@@ -5,7 +5,7 @@ layers; each rule is shown on a synthetic config and on the library's own."""
 
 import pytest
 
-from kvcheck.fuzz.adapters import transformers_rules as rules
+from kvcheck.engines.transformers import rules
 
 
 def test_layer_counts_that_partition_the_layers_keep_partitioning_them():
@@ -52,13 +52,13 @@ def test_period_needs_two_repeats():
 
 
 transformers = pytest.importorskip("transformers")
-from kvcheck.fuzz.adapters import transformers_build as build  # noqa: E402
-from kvcheck.fuzz.adapters import transformers_models as models  # noqa: E402
+from kvcheck.engines.transformers import build  # noqa: E402
+from kvcheck.engines.transformers import models  # noqa: E402
 
 
 @pytest.mark.parametrize("mt", ["dory", "granitemoehybrid", "bailing_hybrid", "zamba2", "dots3_note_text"])
 def test_library_configs_obey_the_rules_once_built(mt):
-    mapping, _ = models._config_mapping()
+    mapping, _ = models.config_mapping()
     default = mapping[mt]()
     _, cfg, _, _ = build.build_model(mt)
     lt = getattr(cfg, "layer_types", None)
@@ -76,7 +76,7 @@ def test_library_configs_obey_the_rules_once_built(mt):
 
 
 def test_every_default_kind_survives_for_a_few_patterned_configs():
-    mapping, _ = models._config_mapping()
+    mapping, _ = models.config_mapping()
     for mt in ("dory", "deepseek_v4", "lara_mini", "bailing_hybrid", "zamba"):
         default = mapping[mt]().to_dict()
         for periods in (0, 1, 2):

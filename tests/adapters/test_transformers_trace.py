@@ -5,8 +5,8 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from kvcheck.fuzz.adapters.transformers import run_diff  # noqa: E402
-from kvcheck.fuzz.adapters.transformers_scenarios import decoder_layers  # noqa: E402
+from kvcheck.engines.transformers.oracle import run_diff  # noqa: E402
+from kvcheck.engines.transformers.scenarios import decoder_layers  # noqa: E402
 
 LAYER = 2
 

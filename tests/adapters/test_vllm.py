@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from kvcheck.fuzz.adapters import vllm as V
-from kvcheck.fuzz.adapters import vllm_layouts
-from kvcheck.fuzz.adapters.vllm_presets import PRESETS, REFUSED   # tested in test_vllm_presets.py
+from kvcheck.engines.vllm import drivers as V
+from kvcheck.engines.vllm import layouts as vllm_layouts
+from kvcheck.engines.vllm.presets import PRESETS, REFUSED   # tested in test_vllm_presets.py
 from kvcheck.fuzz.lockstep import Finding
 
 
@@ -95,7 +95,7 @@ def test_hypothesis_machine_clean_and_catches_fault():
     from hypothesis import HealthCheck, Phase, settings
     from hypothesis.stateful import run_state_machine_as_test
 
-    from kvcheck.fuzz.adapters.vllm_machine import VllmMachine
+    from kvcheck.engines.vllm.machine import VllmMachine
 
     # derandomized: the same examples every run (a random 200-example search missed sometimes)
     cfg = settings(max_examples=8, stateful_step_count=30, deadline=None, database=None, derandomize=True,
@@ -110,7 +110,7 @@ def test_hypothesis_machine_clean_and_catches_fault():
 def test_one_config_gives_each_window_its_own_ground_truth(tmp_path):
     """`full+swa+swa` is one spec Config (the spec retains a window per group): each SWA group's
     hit is judged by its own window, and the planted SWA faults are caught there too."""
-    from kvcheck.fuzz.adapters.vllm_adapter import VllmAdapter
+    from kvcheck.engines.vllm.adapter import VllmAdapter
     ad = VllmAdapter("full+swa+swa", 64)
     assert [(g.kind, g.window) for g in ad.cfg.groups] == [("full", None), ("swa", 6), ("swa", 11)]
     # a resume at 16 tokens: full reads every block, W=6 tokens [11, 16), W=11 tokens [6, 16)

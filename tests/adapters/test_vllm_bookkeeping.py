@@ -7,11 +7,11 @@ import random
 
 import pytest
 
-from kvcheck.fuzz.adapters import vllm as V
+from kvcheck.engines.vllm import drivers as V
 
 pytest.importorskip("vllm")
 
-from kvcheck.fuzz.adapters.vllm_adapter import VllmAdapter  # noqa: E402
+from kvcheck.engines.vllm.adapter import VllmAdapter  # noqa: E402
 from kvcheck.fuzz.lockstep import Act, Finding, FreeModel, Lockstep  # noqa: E402
 
 

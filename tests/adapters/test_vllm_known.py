@@ -8,8 +8,8 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from kvcheck.fuzz.adapters import vllm as V                      # noqa: E402
-from kvcheck.fuzz.adapters import vllm_known as K                # noqa: E402
+from kvcheck.engines.vllm import drivers as V                      # noqa: E402
+from kvcheck.engines.vllm import known as K                # noqa: E402
 from kvcheck.fuzz.lockstep import Act                            # noqa: E402
 from kvcheck.spec.trace import Trace                             # noqa: E402
 
@@ -62,9 +62,9 @@ def test_an_unmatched_finding_is_reported():
     """The same trace with a planted fault: no known defect is active, the finding stands; a
     message that is not the defect's signature matches nothing."""
     t, prog = _program(COW)
-    ad = V._adapter(t.meta["layout"], int(t.meta["num_blocks"]), "mamba_same_step_hit", False, False)
+    ad = V.make_adapter(t.meta["layout"], int(t.meta["num_blocks"]), "mamba_same_step_hit", False, False)
     assert K.active(ad, V.vllm_version()) == []
-    clean = V._adapter(t.meta["layout"], int(t.meta["num_blocks"]), None, False, False)
+    clean = V.make_adapter(t.meta["layout"], int(t.meta["num_blocks"]), None, False, False)
     assert K.by_signature(clean, V.vllm_version(), "state_copy_sound", "some other cause") is None
     assert K.by_signature(clean, V.vllm_version(), "hash_map_sound",
                           "the source's bytes are not written yet (published in this step") is None
@@ -96,7 +96,7 @@ def test_a_full_group_asked_past_its_cut_candidate_is_known_where_it_exists(monk
     assert e["known"] == "fine_block_past_candidate"
     t = Trace.load(PAST)
     layout = V.register_layout(t.meta["layout_file"], "1000991", prefix="gen")
-    ad = V._adapter(layout, int(t.meta["num_blocks"]), None, False, False)
+    ad = V.make_adapter(layout, int(t.meta["num_blocks"]), None, False, False)
     K.install(ad, V.vllm_version())
     for s in t.steps:
         obs = ad.apply(s.action, dict(s.params))
@@ -123,7 +123,7 @@ def test_a_twin_check_finding_on_a_known_defect_is_counted_like_explain_trace_co
     assert e["known"] == "swa_eagle_realign"
     t, prog = _program(TWIN)
     layout = V.register_layout(t.meta["layout_file"], "1001615", prefix="gen")
-    ad = V._adapter(layout, int(t.meta["num_blocks"]), None, False, True)     # not strict: as a campaign
+    ad = V.make_adapter(layout, int(t.meta["num_blocks"]), None, False, True)     # not strict: as a campaign
     K.install(ad, V.vllm_version())
     for act in prog:
         n_lost = len(ad.lost)

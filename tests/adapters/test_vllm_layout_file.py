@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from kvcheck.fuzz.adapters.vllm_layout_file import parse_layout
+from kvcheck.engines.vllm.layout_file import parse_layout
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD = {"groups": [{"kind": "mla", "block_size": 8}, {"kind": "swa", "block_size": 4, "window": 5},

@@ -10,13 +10,14 @@ from __future__ import annotations
 import pytest
 
 vllm = pytest.importorskip("vllm")
-from kvcheck.fuzz.adapters import vllm as V  # noqa: E402
-from kvcheck.fuzz.adapters import vllm_checks, vllm_mamba  # noqa: E402
-from kvcheck.fuzz.adapters.vllm_adapter import VllmAdapter  # noqa: E402
-from kvcheck.fuzz.adapters.vllm_layouts import _vllm  # noqa: E402
+from kvcheck.engines.vllm import drivers as V  # noqa: E402
+from kvcheck.engines.vllm import checks as vllm_checks
+from kvcheck.engines.vllm import mamba as vllm_mamba  # noqa: E402
+from kvcheck.engines.vllm.adapter import VllmAdapter  # noqa: E402
+from kvcheck.engines.vllm.layouts import vllm_modules  # noqa: E402
 from kvcheck.fuzz.lockstep import Act, Finding, FreeModel, Lockstep  # noqa: E402
 
-FEATS = _vllm()["features"]
+FEATS = vllm_modules()["features"]
 align = pytest.mark.skipif("MambaSpec.mamba_cache_mode" not in FEATS, reason="no align mode in this release")
 fine = pytest.mark.skipif("mamba_partial_hits" not in FEATS, reason="no fine-grained Mamba hits in this release")
 pytestmark = align
@@ -123,7 +124,7 @@ def test_the_hypothesis_machine_drives_a_mamba_layout_and_catches_a_fault():
     from hypothesis import HealthCheck, Phase, settings
     from hypothesis.stateful import run_state_machine_as_test
 
-    from kvcheck.fuzz.adapters.vllm_machine import VllmMachine
+    from kvcheck.engines.vllm.machine import VllmMachine
     from kvcheck.fuzz.lockstep import Finding
 
     cfg = settings(max_examples=3, stateful_step_count=30, deadline=None, database=None, derandomize=True,
@@ -242,7 +243,7 @@ def test_a_fine_grained_fault_needs_a_mamba_block_larger_than_the_hash_block():
 def test_fine_grained_layouts_need_the_release_to_have_them(monkeypatch):
     """A release without fine-grained Mamba hits refuses a Mamba block larger than the hash
     block in one line (detected from its MambaManager, not its version)."""
-    monkeypatch.setitem(_vllm(), "features", FEATS - {"mamba_partial_hits"})
+    monkeypatch.setitem(vllm_modules(), "features", FEATS - {"mamba_partial_hits"})
     for name in ("full+mamba-fine", "qwen3-next-fine"):
         with pytest.raises(ValueError) as e:
             VllmAdapter(name, 40)
@@ -274,7 +275,7 @@ def test_a_mamba_group_taking_the_eagle_drop_would_disagree_with_vllm(tmp_path, 
 
 
 def test_the_generator_samples_fine_grained_mamba_and_drafters():
-    from kvcheck.fuzz.adapters import vllm_generator as G
+    from kvcheck.engines.vllm import generator as G
     defs = [G.sample_definition(s) for s in range(400)]
     mamba = [d for d in defs if any(g["kind"] == "mamba" for g in d["groups"])]
     assert any(d.get("use_eagle") for d in mamba)
@@ -289,7 +290,7 @@ def test_a_copy_on_write_of_a_block_published_in_the_same_step_reads_no_kv(nb):
     EAGLE, D matches C's full-attention block 0, published in this very step, but resumes at
     token 4 inside it (the Mamba state there is B's, from an earlier step, so the Mamba same-step
     rule does not refuse): the copy-on-write of C's block runs before the forward that writes it."""
-    from kvcheck.fuzz.adapters.vllm_layouts import register_layout
+    from kvcheck.engines.vllm.layouts import register_layout
     name = register_layout({"groups": [{"kind": "full", "block_size": 8}, {"kind": "mamba", "block_size": 8}],
                             "hash_block_size": 4, "use_eagle": True, "eagle_groups": [0]}, "cow-same-step")
     X = list(range(1, 25))

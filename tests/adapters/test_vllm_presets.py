@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from kvcheck.fuzz.adapters.vllm_presets import PRESETS, REFUSED
+from kvcheck.engines.vllm.presets import PRESETS, REFUSED
 
 vllm = pytest.importorskip("vllm")
-from kvcheck.fuzz.adapters import vllm as V  # noqa: E402
-from kvcheck.fuzz.adapters import vllm_generator as G  # noqa: E402
-from kvcheck.fuzz.adapters.vllm_adapter import VllmAdapter  # noqa: E402
-from kvcheck.fuzz.adapters.vllm_layout_file import parse_layout  # noqa: E402
+from kvcheck.engines.vllm import drivers as V  # noqa: E402
+from kvcheck.engines.vllm import generator as G  # noqa: E402
+from kvcheck.engines.vllm.adapter import VllmAdapter  # noqa: E402
+from kvcheck.engines.vllm.layout_file import parse_layout  # noqa: E402
 
 
 @pytest.mark.parametrize("layout", PRESETS)
@@ -34,9 +34,9 @@ def test_presets_have_the_scale_and_drafter_they_claim():
 
 
 def test_a_release_without_align_mode_refuses_the_mamba_presets_in_one_line(monkeypatch):
-    from kvcheck.fuzz.adapters.vllm_layouts import _vllm
+    from kvcheck.engines.vllm.layouts import vllm_modules
     assert not REFUSED and {"qwen3-next", "nemotron-h"} <= set(PRESETS)
-    monkeypatch.setitem(_vllm(), "features", _vllm()["features"] - {"MambaSpec.mamba_cache_mode"})
+    monkeypatch.setitem(vllm_modules(), "features", vllm_modules()["features"] - {"MambaSpec.mamba_cache_mode"})
     for name in ("qwen3-next", "nemotron-h", "full+mamba"):
         with pytest.raises(ValueError) as e:
             VllmAdapter(name, 40)
@@ -102,8 +102,8 @@ def test_every_layout_config_declares_vllms_semantics() -> None:
     """The ground-truth Config of each layout says what vLLM does among the spec's configurable
     semantics (drop_hash eviction, decode, allocation that evicts), and each semantic's
     invariant names an adapter check that exists."""
-    from kvcheck.fuzz.adapters.vllm_layouts import (BOOKKEEPING_CHECKS, SAFETY_CHECKS, SEMANTIC_CHECKS,
-                                                     VLLM_SEMANTICS, layout_config)
+    from kvcheck.engines.vllm.layouts import (BOOKKEEPING_CHECKS, SAFETY_CHECKS, SEMANTIC_CHECKS,
+                                              VLLM_SEMANTICS, layout_config)
     from kvcheck.spec.config import Config
     for name in [k for k in V.LAYOUTS if k != "generated" and ":" not in k]:
         cfg = layout_config(name)

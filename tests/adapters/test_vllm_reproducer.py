@@ -12,9 +12,9 @@ import pytest
 
 vllm = pytest.importorskip("vllm")
 
-from kvcheck.fuzz.adapters import vllm_known  # noqa: E402
-from kvcheck.fuzz.adapters.vllm import _save, execute  # noqa: E402
-from kvcheck.fuzz.adapters.vllm_reproducer import reproducer_source, write_reproducer  # noqa: E402
+from kvcheck.engines.vllm import known as vllm_known  # noqa: E402
+from kvcheck.engines.vllm.drivers import _save, execute  # noqa: E402
+from kvcheck.engines.vllm.reproducer import reproducer_source, write_reproducer  # noqa: E402
 from kvcheck.fuzz.lockstep import Act  # noqa: E402
 from kvcheck.spec.trace import Trace  # noqa: E402
 

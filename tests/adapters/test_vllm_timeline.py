@@ -6,8 +6,8 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from kvcheck.fuzz.adapters import vllm as V  # noqa: E402
-from kvcheck.fuzz.adapters.vllm_adapter import VllmAdapter  # noqa: E402
+from kvcheck.engines.vllm import drivers as V  # noqa: E402
+from kvcheck.engines.vllm.adapter import VllmAdapter  # noqa: E402
 from kvcheck.fuzz.lockstep import Act, Finding, FreeModel, Lockstep  # noqa: E402
 from kvcheck.spec.sut import ActionRejected  # noqa: E402
 
@@ -129,12 +129,12 @@ def test_priority_finding_has_a_standalone_reproducer(tmp_path, run_script, monk
     """The PRIORITY finding's script (vLLM only) exits 1; the same steps with the victim not yet
     scheduled when it is preempted (FCFS's case) exit 0."""
 
-    from kvcheck.fuzz.adapters.vllm import _save, execute
+    from kvcheck.engines.vllm.drivers import _save, execute
     prog = _two_running() + [
         ("begin_step", {}), ("prefill", {"r": "A", "chunk": 8}), ("decode", {"r": "B", "tok": 5}),
         ("preempt", {"r": "A"}), ("decode", {"r": "B", "tok": 5}), ("forward", {}), ("finish", {"r": "B"}),
         ("begin_step", {}), ("lookup", {"r": "A", "chunk": 8}), ("forward", {})]
-    from kvcheck.fuzz.adapters import vllm_known
+    from kvcheck.engines.vllm import known as vllm_known
     monkeypatch.setattr(vllm_known, "STRICT", True)     # the finding itself, not its known:NAME count
     _, f = execute("full", 6, None, [Act(a, p) for a, p in prog], sched_policy="priority")
     assert f is not None and f.checks == ["read_before_write"]

@@ -11,10 +11,10 @@ import pytest
 
 vllm = pytest.importorskip("vllm")
 
-from kvcheck.fuzz.adapters import vllm as V  # noqa: E402
-from kvcheck.fuzz.adapters.vllm_layouts import register_layout  # noqa: E402
-from kvcheck.fuzz.adapters.vllm_twin import TwinAdapter  # noqa: E402
-from kvcheck.fuzz.adapters.vllm_workloads import MODES, ChatGen, reuse_profile  # noqa: E402
+from kvcheck.engines.vllm import drivers as V  # noqa: E402
+from kvcheck.engines.vllm.layouts import register_layout  # noqa: E402
+from kvcheck.engines.vllm.twin import TwinAdapter  # noqa: E402
+from kvcheck.engines.vllm.workloads import MODES, ChatGen, reuse_profile  # noqa: E402
 
 BASE = list(range(30))                 # a 30-token prompt: replay boundary (30 - 1) // 4 * 4 = 28
 
@@ -126,7 +126,7 @@ def test_reproducer_exits_1_with_the_fault_and_0_on_clean_vllm(fault, tmp_path, 
 
 
 def test_other_checks_get_the_replay_command_only(tmp_path):
-    from kvcheck.fuzz.adapters.vllm_reproducer import write_reproducer
+    from kvcheck.engines.vllm.reproducer import write_reproducer
     from kvcheck.spec.trace import Trace
     t = Trace(None, [], None, "vllm-fuzz", 0, "vllm", {"check": "toctou_bound_stable"}, {"layout": "full+swa"})
     out = write_reproducer(t, str(tmp_path / "x.json"))

@@ -93,7 +93,7 @@ def test_a_trace_of_a_system_not_in_the_project_is_skipped(capsys, tmp_path, pro
 
 
 def test_a_vllm_trace_replays_on_vllm_and_a_fixed_bug_is_reported_fixed(capsys, tmp_path, project) -> None:
-    v = pytest.importorskip("kvcheck.fuzz.adapters.vllm")
+    v = pytest.importorskip("kvcheck.engines.vllm.drivers")
     try:
         v.VllmAdapter("full+swa", 24, None)
     except v.VllmUnavailable as e:

@@ -34,7 +34,7 @@ def test_bad_sched_policy_is_one_line(capsys, tmp_path, argv, needle) -> None:
 
 def test_priority_reaches_the_scheduler_driver_and_the_result(capsys, tmp_path, monkeypatch) -> None:
     pytest.importorskip("vllm")
-    from kvcheck.fuzz.adapters import vllm_sched
+    from kvcheck.engines.vllm import sched as vllm_sched
     used: list[str] = []
     real = vllm_sched.SchedGen.__init__
 
@@ -84,7 +84,7 @@ def test_project_file_sched_policy(capsys, tmp_path, monkeypatch) -> None:
         assert_bad_input(code, err, needle)
     # the gate's vLLM engine passes it to the campaign
     from kvcheck.checker import project_engines
-    from kvcheck.fuzz.adapters import vllm as v
+    from kvcheck.engines.vllm import drivers as v
     seen: dict = {}
 
     def campaign(layout, **kw):

@@ -26,7 +26,7 @@ def _cli(tmp_path, data, *argv, lacks: str | None = None):
     IMPLEMENTS first (as an engine that does not implement it)."""
     cfg = tmp_path / "cfg.json"
     cfg.write_text(json.dumps(data))
-    pre = ("import kvcheck.reference.adapter as a; "
+    pre = ("import kvcheck.engines.reference.sut as a; "
            f"a.IMPLEMENTS = tuple(k for k in a.IMPLEMENTS if k != {lacks!r}); ") if lacks else ""
     code = pre + "from kvcheck.checker.cli import entry; entry()"
     return subprocess.run([sys.executable, "-c", code, *argv, "--config", str(cfg), "--out", str(tmp_path / "out")],

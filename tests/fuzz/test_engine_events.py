@@ -46,7 +46,7 @@ def _objects(sut, want_held: bool, not_block: int):
 
 def _reference():
     pytest.importorskip("torch")
-    from kvcheck.reference.adapter import ReferenceSUT
+    from kvcheck.engines.reference.sut import ReferenceSUT
     return ReferenceSUT
 
 

@@ -77,7 +77,7 @@ def test_every_driver_and_adapter_goes_through_the_one_core(monkeypatch) -> None
     assert run_program(make_machine(spec, lambda: SpecSUT(), Tally()), _spec_run(spec, 12, seed=1)) is None
     assert "SpecSUT" in seen
     pytest.importorskip("vllm")
-    from kvcheck.fuzz.adapters import vllm as V
+    from kvcheck.engines.vllm import drivers as V
     V.run_campaign("full+swa", budget_s=None, steps=30, seed=0)
     assert "VllmAdapter" in seen
 
@@ -207,7 +207,7 @@ def test_traces_written_before_the_core_replay(name, sut, code, check, monkeypat
 
 def test_vllm_trace_written_before_the_core_replays() -> None:
     pytest.importorskip("vllm")
-    from kvcheck.fuzz.adapters import vllm as V
+    from kvcheck.engines.vllm import drivers as V
     out = V.replay(OLD / "vllm-full_swa-swa_hit_unchecked.json")
     assert out["reproduced"] and out["exit_code"] == 10 and out["violation"]["check"] == "hit_sound_swa_window"
 

@@ -77,7 +77,7 @@ def test_budget_counts_cpu_time() -> None:
 
 
 def test_sglang_alternatives_request_groups_and_parts() -> None:
-    from kvcheck.fuzz.adapters.sglang_steps import alternatives, fuse, requests, unfuse
+    from kvcheck.engines.sglang.steps import (alternatives, fuse, requests, unfuse)
     prog = [_a("match", r="r0", tokens=[1, 2, 3]), _a("finish", r="r0"),
             _a("match", r="r1", tokens=[1, 5, 6, 7]), _a("match", r="r2", tokens=[4, 4]), _a("finish", r="r1")]
     alts = alternatives(48)(prog)
@@ -94,7 +94,7 @@ def test_sglang_alternatives_request_groups_and_parts() -> None:
 
 
 def test_vllm_alternatives_offer_one_block_evictions() -> None:
-    from kvcheck.fuzz.adapters.vllm import _alternatives
+    from kvcheck.engines.vllm.drivers import _alternatives
     prog = [_a("submit", r="r0", tokens=[1, 2, 3, 4], salt=None), _a("lookup", r="r0", chunk=2)]
     alts = _alternatives(5)(prog)
     assert _a("evict_blocks", block_ids=[4]) in alts[0] and _a("submit", r="r0", tokens=[1, 2], salt=None) in alts[0]

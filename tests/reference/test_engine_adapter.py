@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kvcheck.fuzz.campaign import Budget, run_campaign
-from kvcheck.reference.adapter import ReferenceSUT
+from kvcheck.engines.reference.sut import ReferenceSUT
 from kvcheck.fuzz.diff import replay_reference, run_reference_diff
 from kvcheck.reference.faults import ENGINE_FAULTS
 from kvcheck.fuzz import faults as faultlib

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from kvcheck.reference.adapter import ReferenceSUT
+from kvcheck.engines.reference.sut import ReferenceSUT
 from kvcheck.spec.config import Config
 from kvcheck.spec.sut import SpecSUT
 

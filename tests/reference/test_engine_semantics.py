@@ -12,7 +12,7 @@ import torch
 from kvcheck.checker.mutants import fault_row
 from kvcheck.fuzz.diff import generate, run_scenario
 from kvcheck.reference import faults as EF
-from kvcheck.reference.adapter import IMPLEMENTS, ReferenceSUT
+from kvcheck.engines.reference.sut import IMPLEMENTS, ReferenceSUT
 from kvcheck.spec.config import SEMANTIC_DEFAULTS, Config, ConfigError, LayerSpec
 from kvcheck.spec.objects import R_PREEMPTED, R_RUNNING
 from kvcheck.spec.system import Spec

@@ -79,7 +79,7 @@ def test_cache_dir_under_a_file_is_a_clear_error(tmp_path) -> None:
 
 
 def test_engine_cache_dir_configurable(tmp_path) -> None:
-    from kvcheck.reference.adapter import ReferenceSUT
+    from kvcheck.engines.reference.sut import ReferenceSUT
     from kvcheck.spec.config import Config
     sut = ReferenceSUT(cache_dir=str(tmp_path / "c"))
     sut.reset(Config())

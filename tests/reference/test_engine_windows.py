@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvcheck.fuzz.campaign import Budget, run_campaign
-from kvcheck.reference.adapter import ReferenceSUT
+from kvcheck.engines.reference.sut import ReferenceSUT
 from kvcheck.spec.config import Config, LayerSpec
 from kvcheck.spec.system import Spec
 

@@ -173,7 +173,7 @@ def test_vllm_layouts_as_shards_find_a_planted_fault_in_each(ray_cluster, tmp_pa
     assert res["layouts"] == ["full", "full+swa"] and len(res["ray"]["answered"]) == 2
     assert sorted(f["layout"] for f in res["findings"]) == ["full", "full+swa"]
     assert all(f["check"] == "refcount_equals_holders" for f in res["findings"])
-    from kvcheck.fuzz.adapters import vllm
+    from kvcheck.engines.vllm import drivers as vllm
     for f in res["findings"]:          # the traces came back and replay on vLLM here
         assert vllm.replay(f["trace"])["reproduced"]
 

@@ -10,7 +10,7 @@ import pytest
 
 from kvcheck.fuzz import faults as registry
 from kvcheck.reference import faults as engine_faults
-from kvcheck.reference.adapter import ReferenceSUT
+from kvcheck.engines.reference.sut import ReferenceSUT
 from kvcheck.spec import faults as F
 from kvcheck.spec.actions import ACTIONS
 from kvcheck.spec.config import Config, LayerSpec

@@ -1,0 +1,1 @@
+"""Engine packages: each registers one `kvcheck.fuzz.engine.Engine` under the `kvcheck.engines` entry points."""

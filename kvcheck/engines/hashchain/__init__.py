@@ -1,0 +1,1 @@
+"""The hashchain engine package."""

@@ -1,0 +1,349 @@
+"""A base class for adapters of paged, hash-chain block managers (vLLM-style prefix caches).
+
+The user supplies the manager's own operations as callbacks — `start` (a fresh manager),
+`hash`, `lookup`, `allocate`, `free`, and optionally `evict` and `decode_append` — and this
+class supplies the rest of an adapter: the request lifecycle the spec's actions walk
+(submit, lookup, bind, use, append, finish, preempt, resume, evict), the token content of
+requests, the mapping of the manager's state onto the spec's (a full-attention config: one
+group, `swa_window` pages), and an independent content shadow (hashchain_shadow.py) that
+reports a hit reusing a block that holds other content as an UNSAFE HIT.
+
+Prompts with content (config `prompts = K`, spec/content.py): each request carries the
+tokens (and tenant) of its prompt, allocated with its own chained hashes, so a manager whose
+hash confuses two prompts serves a hit on real traffic, reported as an UNSAFE HIT. The spec
+keeps one copy per block position: when a request writes another prompt's block at a position
+whose cached copy is unreferenced, this class evicts that copy after the allocation (`evict`
+is then required). Every eviction the manager does by itself inside an allocation (its LRU) is
+reported as engine-initiated `("evict", j)` events before the append (spec/events.py). With
+`alloc = "evict"`, `append_fail(r, j, x)` runs the manager's allocation where the spec says
+nothing is evictable, and preempts the newest request (`{"instead": {"x": ...}}` when that is
+not the spec's x). `append_evict` (the spec choosing the victim) is not declared: with full
+attention and one copy per position the spec never enables it. With `prompts = 1`, read-only
+shadow queries after each lookup ask about sibling prompts and another tenant. See
+docs/adapters.md, "Hash-chain managers".
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from kvcheck.spec.config import Config
+from kvcheck.spec.content import chain as lineage
+from kvcheck.spec.objects import (DECISIONS, EVICTED, FREE, POOL, READY, R_BOUND, R_DECIDED, R_IDLE,
+                                  R_PREEMPTED, R_RUNNING, R_WAITING)
+from kvcheck.spec.state import Layout
+from kvcheck.spec.sut import ActionRejected
+from kvcheck.fuzz.lockstep import Finding
+from .shadow import ContentShadow, prompt_table, siblings
+
+TENANT, OTHER_TENANT = "tenant-0", "tenant-1"
+CORE_ACTIONS = frozenset({"submit", "lookup", "bind", "bind_stale", "use", "append", "finish",
+                          "preempt", "resume"})
+
+
+class HashChainAdapter:
+    """Subclass it and implement the callbacks below (block ids are ints, requests are the
+    spec's request slots 0..requests-1)."""
+
+    name = "hashchain"
+    faults: dict[str, str] = {}
+
+    # ---- what the user supplies ------------------------------------------------------------
+    def start(self, num_blocks: int, block_size: int) -> None:
+        """Make a fresh, empty manager with `num_blocks` physical blocks of `block_size` tokens."""
+        raise NotImplementedError
+
+    def hash(self, parent: Any, tokens: tuple[int, ...], extra: tuple[str, ...]) -> Any:
+        """The manager's block hash: of the parent block's hash (None for the first block), this
+        block's tokens and the extra keys (here: the tenant's cache salt)."""
+        raise NotImplementedError
+
+    def lookup(self, hashes: list[Any]) -> list[int]:
+        """Read-only: the block ids of the longest cached prefix of `hashes` (one per block)."""
+        raise NotImplementedError
+
+    def allocate(self, req: int, block_hash: Any, hit: int | None = None) -> int | None:
+        """Give request `req` a block: `hit` a cached block to reuse (take a reference), or None
+        for a fresh block that the request fills and publishes under `block_hash` (None: not full
+        yet, see decode_append). Returns the block id, or None when there is no room."""
+        raise NotImplementedError
+
+    def free(self, req: int, blocks: list[int]) -> None:
+        """Request `req` releases its references on `blocks` (cached blocks stay cached)."""
+        raise NotImplementedError
+
+    # optional: evict(block) -> bool (drop a cached, unreferenced block; False: refused) and
+    # decode_append(req, block, token, block_hash) (one decoded token into `block`; block_hash
+    # is its hash when this token fills it, else None).
+
+    # ---- the adapter kvcheck runs ----------------------------------------------------------
+    def __init__(self, fault: str | None = None) -> None:
+        self.fault = fault
+        cls = type(self)
+        acts = set(CORE_ACTIONS)
+        if getattr(cls, "evict", None) is not None:
+            acts |= {"evict", "append_fail"}   # append_evict: never enabled here (docstring)
+        self.actions = frozenset(acts)
+        self.decodes = getattr(cls, "decode_append", None) is not None
+
+    def reset(self, cfg: Config) -> None:
+        if [g.kind for g in cfg.groups] != ["full"]:
+            raise ValueError("HashChainAdapter maps one full-attention group; the config has "
+                             + ", ".join(g.name for g in cfg.groups))
+        self.cfg, self.lay, self.B = cfg, Layout(cfg), cfg.block_size
+        self.num_blocks = min(cfg.cap("swa_window"), 1 << 16)
+        self.start(self.num_blocks, self.B)
+        self.shadow = ContentShadow(self.B)
+        if cfg.prompts > 1 and "evict" not in self.actions:
+            raise ValueError("HashChainAdapter with prompts > 1 needs the evict callback (one copy "
+                             "per block position: another prompt's copy is evicted before a rewrite)")
+        if cfg.decode:
+            raise ValueError("HashChainAdapter decodes inside append (decode_append); the config's "
+                             "decode = true is not mapped yet")
+        self.prompts = prompt_table(cfg, TENANT)
+        self.tokens = self.prompts[0][1]
+        self.where: dict[int, int] = {}        # logical block j -> the block id holding it
+        self.state = [0] * cfg.blocks          # logical block j's spec lifecycle state
+        self.lineage = [0] * cfg.blocks        # the prompt lineage block j's copy holds (bcid)
+        self.published: set[int] = set()       # logical blocks whose hash is published (`hashed`)
+        self.req = [{"st": R_IDLE, "n": 0, "k": 0, "pos": 0, "dec": 0, "blocks": [], "p": 0, "t": 0}
+                    for _ in range(cfg.requests)]
+        self.clock = 0                         # submit order (the scheduler preempts the newest)
+        self.events: list[Any] = []
+
+    # ---- helpers -----------------------------------------------------------------------------
+    def chain(self, tokens: tuple[int, ...], tenant: str = TENANT) -> list[Any]:
+        """The chained block hashes of `tokens` (full blocks only), with the user's hash."""
+        out: list[Any] = []
+        for i in range(len(tokens) // self.B):
+            out.append(self.hash(out[-1] if out else None, tuple(tokens[i * self.B:(i + 1) * self.B]), (tenant,)))
+        return out
+
+    def _check_hits(self, what: str, hits: Any, n: int, tenant: str, tokens: tuple[int, ...]) -> list[int]:
+        if not isinstance(hits, (list, tuple)) or len(hits) > n:
+            raise TypeError(f"lookup() must return a list of at most {n} block ids, got {hits!r:.60}")
+        why = self.shadow.unsafe(list(hits), tenant, tokens)
+        if why:     # raised at once: what the hit reads comes before what it does to the state
+            raise Finding("safety", ["hit_sound_content"], f"UNSAFE HIT (wrong content reused): {what}: {why}")
+        return list(hits)
+
+    def _prompt(self, r: int) -> tuple[str, tuple[int, ...]]:
+        """(tenant, tokens) of request r's prompt."""
+        return self.prompts[self.req[r]["p"]]
+
+    def _engine_hits(self, r: int, n: int) -> list[int]:
+        tenant, toks = self._prompt(r)
+        toks = toks[:n * self.B]
+        return self._check_hits(f"lookup for request {r}", self.lookup(self.chain(toks, tenant)), n, tenant, toks)
+
+    def _shadow_queries(self, n: int) -> None:
+        """prompts = 1 only: read-only questions about what the spec's traffic does not carry, the
+        same prompt from another tenant and sibling prompts. Every hit must hold its content."""
+        toks = self.tokens[:n * self.B]
+        asks = [(OTHER_TENANT, toks)] + [(TENANT, s) for s in
+                                         siblings(self.cfg.seed, self.tokens, n, self.B, self.cfg.blocks)]
+        for tenant, t in asks:
+            hits = self.lookup(self.chain(t, tenant))
+            self._check_hits(f"shadow query by {tenant} for blocks {[list(t[i:i + self.B]) for i in range(0, len(t), self.B)]}",
+                             hits, len(t) // self.B, tenant, t)
+
+    def _take(self, r: int, block: Any, j: int, hit: bool = False) -> None:
+        """Request r now holds `block` at position j (a reused one must hold its prefix: the
+        manager may hand out another block than the hit it was given)."""
+        if not isinstance(block, int) or not 0 <= block < self.num_blocks:
+            raise TypeError(f"allocate() returned {block!r:.40}, not a block id in [0, {self.num_blocks})")
+        q = self.req[r]
+        if hit:
+            tenant, toks = self._prompt(r)
+            self._check_hits(f"allocate(hit=...) for request {r}", q["blocks"] + [block], j + 1, tenant,
+                             toks[:(j + 1) * self.B])
+        q["blocks"].append(block)
+        q["pos"] = len(q["blocks"])
+
+    def _gone(self, j: int) -> None:
+        """The manager evicted logical block j's copy (its memory is free)."""
+        self.state[j] = EVICTED
+        self.shadow.release(self.where[j])
+        if self.cfg.eviction == "drop_hash":
+            self.published.discard(j)
+
+    def _fill(self, r: int, j: int, block: int) -> list[int]:
+        """A fresh block for logical block j. Returns the logical blocks whose copy it held (the
+        engine evicted them on its own to make room)."""
+        tenant, toks = self._prompt(r)
+        gone = [lj for lj, b in self.where.items() if b == block and lj != j and self.state[lj] == READY]
+        for lj in gone:
+            self._gone(lj)
+        self.shadow.fill(block, tenant, toks[:(j + 1) * self.B])
+        self.where[j], self.state[j] = block, READY
+        self.lineage[j] = lineage(self.cfg, self.req[r]["p"], j)
+        self.published.add(j)
+        return gone
+
+    def _holders(self, j: int) -> int:
+        """Requests holding logical block j (whichever block id the manager gave them)."""
+        return sum(len(q["blocks"]) > j for q in self.req if q["st"] in (R_BOUND, R_RUNNING))
+
+    # ---- the spec's actions ------------------------------------------------------------------
+    def apply(self, action: str, p: dict[str, Any]) -> dict[str, Any]:
+        self.events = []
+        fn = getattr(self, f"_a_{action}", None)
+        if fn is None or action not in self.actions:
+            raise ActionRejected(f"{action} is not implemented")
+        out = fn(**p) or {}
+        if self.events:                # evictions inside allocation (spec/events.py)
+            out["events_before"] = list(self.events)
+        return out
+
+    def _need(self, r: int, *states: int) -> dict[str, Any]:
+        q = self.req[r]
+        if q["st"] not in states:
+            raise ActionRejected(f"request {r} is not in state {states}")
+        return q
+
+    def _a_submit(self, r: int, n: int, p: int = 0) -> None:
+        self.clock += 1
+        self._need(r, R_IDLE).update(st=R_WAITING, n=n, k=0, pos=0, dec=0, blocks=[], p=p, t=self.clock)
+
+    def _a_lookup(self, r: int) -> dict[str, Any]:
+        q = self._need(r, R_WAITING)
+        k = len(self._engine_hits(r, q["n"]))
+        if self.cfg.prompts == 1:
+            self._shadow_queries(q["n"])
+        mine = lambda j: j in self.published and self.lineage[j] == lineage(self.cfg, q["p"], j)  # noqa: E731
+        logical = next((m for m in range(q["n"], 0, -1) if all(mine(j) for j in range(m))), 0)
+        kind = "REUSE" if k >= logical > 0 else "PARTIAL" if k else "RECOMPUTE"
+        q.update(st=R_DECIDED, k=k, dec=DECISIONS.index(kind))
+        return {"decision": {"kind": kind, "k": k, "logical": logical,
+                             "reasons": ["window_incomplete"] if k < logical else []}}
+
+    def _valid(self, r: int) -> list[int] | None:
+        q = self.req[r]
+        hits = self._engine_hits(r, q["k"]) if q["k"] else []
+        return hits if len(hits) >= q["k"] else None
+
+    def _a_bind(self, r: int) -> None:
+        q = self._need(r, R_DECIDED)
+        active = sum(x["st"] in (R_BOUND, R_RUNNING) for x in self.req)
+        hits = self._valid(r)
+        if hits is None or active >= self.cfg.max_active:
+            raise ActionRejected("the hit is gone or too many requests are active")
+        tenant, toks = self._prompt(r)
+        hashes = self.chain(toks[:q["k"] * self.B], tenant)
+        for i, b in enumerate(hits[:q["k"]]):
+            got = self.allocate(r, hashes[i], hit=b)
+            if got is None:
+                self.free(r, q["blocks"])
+                q["blocks"] = []
+                raise ActionRejected(f"allocate refused cached block {b}")
+            self._take(r, got, i, hit=True)
+        q.update(st=R_BOUND, pos=q["k"])
+
+    def _a_bind_stale(self, r: int) -> None:
+        self._need(r, R_DECIDED)
+        if self._valid(r) is not None:
+            raise ActionRejected("the hit is still valid")
+        self.req[r]["st"] = R_WAITING
+
+    def _a_use(self, r: int) -> None:
+        self._need(r, R_BOUND)["st"] = R_RUNNING
+
+    def _append(self, r: int, j: int) -> tuple[int | None, list[int]]:
+        """Request r's block j: reused when cached meanwhile, else a fresh block from the manager.
+        Returns (block, the logical blocks the manager evicted to make room); block None: the
+        allocation failed (nothing written)."""
+        q = self._need(r, R_RUNNING)
+        if len(q["blocks"]) != j or j >= q["n"]:
+            raise ActionRejected(f"request {r} is not at block {j}")
+        tenant, toks = self._prompt(r)
+        toks = toks[:(j + 1) * self.B]
+        hashes = self.chain(toks, tenant)
+        hits = self._engine_hits(r, j + 1)
+        if len(hits) > j:                            # cached meanwhile: reuse it
+            got = self.allocate(r, hashes[j], hit=hits[j])
+            if got is None:
+                raise ActionRejected("allocate refused a cached block")
+            self._take(r, got, j, hit=True)
+            return got, []
+        old = None                                   # another prompt's copy of block j: rewritten
+        if self.state[j] == READY and self.lineage[j] != lineage(self.cfg, q["p"], j):
+            if self._holders(j):                     # in use: wait
+                raise ActionRejected(f"block {j}'s copy holds another prompt and is in use")
+            old = self.where[j]
+        decode = self.decodes and j == q["n"] - 1 and self.B > 1
+        got = self.allocate(r, None if decode else hashes[j])
+        if got is None:
+            return None, []
+        self._take(r, got, j)
+        if decode:                                   # the prompt ends inside block j: decode the rest
+            d = 1 + (self.cfg.seed + r + j) % (self.B - 1)
+            for t in range(self.B - d, self.B):
+                self.decode_append(r, got, toks[t], hashes[j] if t == self.B - 1 else None)  # type: ignore[attr-defined]
+        gone = self._fill(r, j, got)
+        if old is not None and old != got:           # the spec keeps one copy per position
+            if self.evict(old):                      # type: ignore[attr-defined]
+                self.shadow.release(old)
+        return got, gone
+
+    def _a_append(self, r: int, j: int) -> None:
+        got, gone = self._append(r, j)
+        if got is None:
+            raise ActionRejected("no free block (capacity)")
+        self.events = [("evict", lj) for lj in gone]     # before the write: the room it made
+
+    def _a_append_fail(self, r: int, j: int, x: int) -> dict[str, Any] | None:
+        got, gone = self._append(r, j)
+        if got is not None:
+            self.events = [("evict", lj) for lj in gone]
+            return None                              # it fitted after all: the state shows it
+        busy = [y for y, q in enumerate(self.req) if q["st"] in (R_DECIDED, R_BOUND, R_RUNNING)]
+        newest = max(busy, key=lambda y: self.req[y]["t"])
+        self._a_preempt(newest)                      # the scheduler preempts the newest request
+        return {"instead": {"x": newest}} if newest != x else None
+
+    def _a_finish(self, r: int) -> None:
+        q = self._need(r, R_RUNNING)
+        if len(q["blocks"]) != q["n"]:
+            raise ActionRejected(f"request {r} has not computed its prompt")
+        self.free(r, list(q["blocks"]))
+        q.update(st=R_IDLE, blocks=[])
+
+    def _a_preempt(self, r: int) -> None:
+        q = self._need(r, R_DECIDED, R_BOUND, R_RUNNING)
+        if q["blocks"]:
+            self.free(r, list(q["blocks"]))
+        q.update(st=R_PREEMPTED, blocks=[])
+
+    def _a_resume(self, r: int) -> None:
+        self._need(r, R_PREEMPTED)["st"] = R_WAITING
+
+    def _a_evict(self, g: int, kind: str, j: int) -> None:
+        if self.state[j] != READY:
+            raise ActionRejected(f"block {j} is not cached")
+        if not self.evict(self.where[j]):            # type: ignore[attr-defined]
+            raise ActionRejected(f"the manager refused to evict block {self.where[j]}")
+        self._gone(j)
+
+    # ---- what kvcheck reads ------------------------------------------------------------------
+    def observe(self) -> tuple[int, ...]:
+        """The whole spec state, so that a diverged manager is followed and judged by the
+        invariants. Observed from the manager: each logical block's page state (cached, evicted
+        by `evict` or by an allocation that reused its block) and holders, each request's state,
+        position and decision. Kept by this class: `hashed` (published; under the config's
+        eviction = tombstone an evicted block's hash stays), the lineage each copy holds and its
+        hash names (`bcid`, `bkey`), each request's prompt (`rp`). Constant for a full-attention
+        manager: versions, ABI, alignment, pool, graphs, tiers, the window step `rwin` (no finite
+        window: always 0)."""
+        lay, s = self.lay, list(self.lay.init())
+        content = self.cfg.prompts > 1
+        for j in range(self.cfg.blocks):
+            s[lay.o(0, "swa_window", j, "st")] = self.state[j]
+            s[lay.o(0, "swa_window", j, "ref")] = self._holders(j)
+            s[lay.o(0, "swa_window", j, "pool")] = POOL["swa_window"] if self.state[j] != FREE else 0
+            s[lay.b(j, "hashed")] = int(j in self.published)
+            if content:
+                s[lay.b(j, "bcid")] = s[lay.b(j, "bkey")] = self.lineage[j]
+        for r, q in enumerate(self.req):
+            for f, v in (("rst", q["st"]), ("rlen", q["n"]), ("rk", q["k"]), ("rpos", q["pos"]),
+                         ("rdec", q["dec"])) + ((("rp", q["p"]),) if content else ()):
+                s[lay.r(r, f)] = v
+        return tuple(s)

@@ -1,0 +1,1 @@
+"""The transformers engine package."""

@@ -1,0 +1,247 @@
+"""Known vLLM defects (docs/findings-vllm.md), recognised by their fix so they do not stop or
+fill a campaign.
+
+A known defect is recognised only *counterfactually*: at every lookup of a layout the defect
+can touch, the coordinator's lookup is run a second time, on the same state, with the defect's
+upstream fix applied (a copy of the release's own code with the fix, or a wrapper doing what
+the fixed release does). A finding of the defect's check at that lookup is the known defect
+when the fixed lookup gives exactly what the checks demand: lost reuse, the spec-usable hit;
+``hit_length_equal``, the same hit with every group holding the right number of blocks, and
+the fixed result passes every hit check. Anything else (another cause of the same check, a
+planted fault, a release outside the defect's range) is reported as before. A recognised
+finding is counted under ``known:NAME`` in the campaign's coverage; ``KVCHECK_VLLM_STRICT=1``
+turns recognition off (every finding is reported).
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any, Callable
+
+from .fixes import (drop_once, full_at_candidate, full_spec, margin_to_hashed, realign, truncate_all,
+                    unitary_margin)
+
+STRICT = os.environ.get("KVCHECK_VLLM_STRICT") == "1"
+
+
+@dataclass(frozen=True)
+class Known:
+    name: str
+    check: str                    # the check the defect makes fire
+    first: str                    # releases whose code has the defect (inclusive)
+    last: str
+    upstream: str                 # public issue / PR, or "none found"
+    repro: str                    # standalone reproducer under docs/repro/
+    applies: Callable[[Any], bool]              # does the layout reach the defect's code?
+    fixed: Callable[[Any, Callable, Any, int], tuple] | None = None   # (ad, find, hashes, max) -> (blocks, hit)
+    message: str = ""             # no `fixed`: the finding's message must match this regex
+
+
+def _ver(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", v)[:3])
+
+
+# ---- where each defect can act -------------------------------------------------------------
+def _hybrid(ad: Any) -> bool:
+    return hasattr(ad.coord, "attention_groups")
+
+
+def _two_full(ad: Any) -> bool:
+    return _hybrid(ad) and sum(isinstance(g[0], full_spec()) for g in ad.coord.attention_groups) >= 2
+
+
+def _swa_eagle_mixed(ad: Any) -> bool:
+    return _hybrid(ad) and any(k in ("swa", "swa_mla") and g in ad.eagle_groups and bs != ad.align
+                               for g, (k, bs, _) in enumerate(ad.groups))
+
+
+def _fine_wide_full(ad: Any) -> bool:
+    """Fine-grained hits and a full-attention group whose block holds several hash blocks."""
+    return _hybrid(ad) and len(ad.coord.attention_groups) > 1 and bool(getattr(ad.coord, "enable_partial_hash_hits", False)) \
+        and any(isinstance(g.spec, full_spec()) and g.spec.block_size > ad.hb for g in ad.coord.attention_groups)
+
+
+def _mamba_drafter(ad: Any, fine: bool = False) -> bool:
+    return ad.drafter and any(k == "mamba" and (bs > ad.hb or not fine) for k, bs, _ in ad.groups)
+
+
+# A defect outside the lookup (a chunk split, a step's copies, the scheduler's preemption) has
+# no lookup to rerun: it is matched by its signature (check, layout, release range and the
+# finding's message), each signature checked against the defect's standalone reproducer.
+KNOWN: tuple[Known, ...] = (
+    Known("second_full_group_truncation", "hit_length_equal", "0.18.1", "0.28.0", "none found (fixed in 0.33.0)",
+          "docs/repro/vllm_second_full_group_truncation.py", _two_full, truncate_all),
+    Known("swa_eagle_realign", "lost_reuse", "0.23.0", "0.33.0", "none found",
+          "docs/repro/vllm_swa_eagle_realign.py", _swa_eagle_mixed, realign),
+    Known("unitary_eagle_margin", "lost_reuse", "0.14.1", "0.33.0", "none found",
+          "docs/repro/vllm_unitary_eagle_margin.py", lambda ad: ad.drafter and not _hybrid(ad), unitary_margin),
+    Known("eagle_redrop_32802", "lost_reuse", "0.14.1", "0.18.1", "vllm-project/vllm#32802",
+          "docs/repro/vllm_eagle_redrop_32802.py", lambda ad: ad.drafter and _hybrid(ad), drop_once),
+    Known("eagle_margin_capped", "lost_reuse", "0.14.1", "0.28.0", "none found (fixed in 0.33.0)",
+          "docs/repro/vllm_eagle_margin_capped.py", lambda ad: ad.drafter and _hybrid(ad), margin_to_hashed),
+    Known("fine_block_past_candidate", "lost_reuse", "0.33.0", "0.33.0", "none found (new)",
+          "docs/repro/vllm_fine_block_past_candidate.py", _fine_wide_full, full_at_candidate),
+    Known("mamba_eagle_unaligned_chunk", "hash_map_sound", "0.18.1", "0.23.0",
+          "vllm-project/vllm#43559, fixed by PR #51113", "docs/repro/vllm_mamba_eagle_unaligned_chunk.py",
+          _mamba_drafter, message=r"stale prefix-cache entry"),
+    Known("fine_cow_same_step", "state_copy_sound", "0.28.0", "0.33.0", "none found (new)",
+          "docs/repro/vllm_fine_cow_same_step.py", lambda ad: _mamba_drafter(ad, fine=True),
+          message=r"source's bytes are not (written yet|what the copy claims) \(published in this step"),
+    Known("priority_preempt_unwritten", "read_before_write", "0.14.1", "0.33.0",
+          "vllm-project/vllm PR #43569 (open)", "docs/repro/vllm_priority_preempt_unwritten.py",
+          lambda ad: getattr(ad, "sched_policy", "fcfs") == "priority", message=r""),
+)
+
+
+def active(ad: Any, version: str) -> list[Known]:
+    """The known defects of this release that this adapter's layout can reach."""
+    if STRICT or ad.fault:
+        return []
+    v = _ver(version)
+    return [k for k in KNOWN if _ver(k.first) <= v <= _ver(k.last) and k.applies(ad)]
+
+
+def install(ad: Any, version: str) -> None:
+    """Run every active defect's fixed lookup beside each lookup of the campaign's manager
+    (same state, before the admission changes it); `recognise` reads the results."""
+    ks = [k for k in active(ad, version) if k.fixed is not None]
+    ad.known_last = None
+    if not ks:
+        return
+    mgr, coord = ad.mgr, ad.coord
+    orig_gcb = mgr.get_computed_blocks
+
+    def gcb(request: Any, *a: Any, **kw: Any) -> Any:
+        seen: list = []
+        find = coord.find_longest_cache_hit
+
+        def spy(hashes: Any, m: int) -> Any:
+            out = find(hashes, m)
+            seen.append((hashes, m, out))
+            return out
+        own = coord.__dict__.get("find_longest_cache_hit")
+        coord.find_longest_cache_hit = spy
+        try:
+            res = orig_gcb(request, *a, **kw)
+        finally:
+            if own is None:
+                del coord.find_longest_cache_hit      # back to the class's method
+            else:
+                coord.find_longest_cache_hit = own
+        if seen:
+            hashes, m, out = seen[0]
+            ad.known_last = (request.request_id, out[1], [(k, *_safe(ad, request, *k.fixed(ad, find, hashes, m)))
+                                                          for k in ks])
+        return res
+    mgr.get_computed_blocks = gcb
+
+
+def _safe(ad: Any, request: Any, blocks: list, hit: int) -> tuple[int, bool]:
+    """(hit, does the fixed result pass every hit check?), judged on the lookup's own state."""
+    req = ad.reqs.get(request.request_id)
+    try:
+        ad._check_hit(req, SimpleNamespace(blocks=blocks), hit)
+    except Exception:
+        return hit, False
+    return hit, req is not None
+
+
+LOST_CHECKS = ("lost_reuse", "lost_reuse_retention")   # the map-based check and the dense twin's
+
+
+def recognise(ad: Any, check: str, act: Any, size: dict | None = None) -> str | None:
+    """The known defect that explains a finding of `check` at the lookup `act` (None: not one).
+    Lost reuse (either check; `size` is its record's): the fixed lookup reaches the spec-usable
+    hit exactly (map-based check) or the retention policy's promise (the dense twin's check);
+    hit_length_equal: the fixed lookup keeps the hit. Either way it passes every hit check."""
+    last = getattr(ad, "known_last", None)
+    if last is None or act.action != "lookup" or act.params.get("r") != last[0]:
+        return None
+    size = size or {}
+    for k, hit, ok in last[2]:
+        if not ok:
+            continue
+        if check in LOST_CHECKS and k.check == "lost_reuse":
+            if hit == size.get("usable", -1) or hit >= size.get("promised", hit + 1):
+                return k.name
+        elif k.check == check and hit == last[1]:
+            return k.name
+    return None
+
+
+def of_violation(ad: Any, v: Any, act: Any, version: str) -> str | None:
+    """The known defect behind one violation or lost-reuse record `v` (check, message, size)
+    of the step `act`: the one rule campaigns, the shrinker and explain_trace share."""
+    return recognise(ad, v.check, act, getattr(v, "size", None)) or by_signature(ad, version, v.check, v.message)
+
+
+def sort_lost(ad: Any, n_lost: int, act: Any, version: str) -> tuple[list[str], list]:
+    """The lost-reuse records the step `act` added (past `n_lost`; a lookup may add the
+    map-based one and the dense twin's): (the known defects explaining some, the records no
+    known defect explains)."""
+    names, rest = [], []
+    for v in ad.lost[n_lost:]:
+        name = of_violation(ad, v, act, version)
+        if name is None:
+            rest.append(v)
+        elif name not in names:
+            names.append(name)
+    return names, rest
+
+
+def explain_trace(path: str) -> dict:
+    """Replay a saved finding step by step with every known defect of the installed release
+    watched (recognition on, whatever KVCHECK_VLLM_STRICT says): which known defect, if any,
+    explains the finding at its step. The evidence behind a finding's classification."""
+    from kvcheck.spec.trace import Trace
+    from . import drivers as V
+    global STRICT
+    t = Trace.load(path)
+    layout = t.meta["layout"]
+    if "layout_file" in t.meta:
+        kind, _, where = layout.partition(":")
+        layout = V.register_layout(t.meta["layout_file"], where, prefix=kind)
+    strict, STRICT = STRICT, False
+    try:
+        ad = V.make_adapter(layout, int(t.meta.get("num_blocks", 24)), t.fault, False, bool(t.meta.get("dense_twin")),
+                        t.meta.get("sched_policy", "fcfs"))
+        install(ad, V.vllm_version())
+        check, at = t.violation["check"], t.violation["step"]
+        found, name = None, None
+        for i, s in enumerate(t.steps):
+            n_lost = len(ad.lost)
+            ad.apply(s.action, dict(s.params))
+            got = next((v for v in ([ad.broken] if ad.broken else ad.lost[n_lost:]) if v.check == check), None)
+            ad.broken = None
+            if got is not None and i == at:
+                found = i
+                name = of_violation(ad, got, SimpleNamespace(action=s.action, params=s.params), V.vllm_version())
+                break
+        return {"trace": path, "vllm_version": V.vllm_version(), "check": check, "step": at,
+                "reproduced": found is not None, "known": name,
+                "active": [k.name for k in active(ad, V.vllm_version())]}
+    finally:
+        STRICT = strict
+
+
+def by_signature(ad: Any, version: str, check: str, message: str) -> str | None:
+    """The known defect outside the lookup whose signature a finding of `check` matches."""
+    for k in active(ad, version):
+        if k.fixed is None and k.check == check and re.search(k.message, message):
+            return k.name
+    return None
+
+
+def of_finding(ad: Any, f: Any, version: str) -> str | None:
+    """The known defect behind a finding the core raised (its last step), if any; a lost reuse
+    is judged on the adapter's record of it (its check's size)."""
+    if not f.program or not f.checks:
+        return None
+    v: Any = SimpleNamespace(check=f.checks[0], message=f.message, size=None)
+    if f.kind == "lost_reuse":
+        v = next((x for x in reversed(ad.lost) if x.check == f.checks[0]), None)
+        if v is None:
+            return None
+    return of_violation(ad, v, f.program[-1], version)

@@ -1,0 +1,300 @@
+"""Mamba / linear-attention (MambaSpec, "align" mode) groups in the vLLM adapter: the shadow
+model of state blocks, the scheduler's chunk rule, the copies, and the state-copy check.
+
+In align mode vLLM keeps one recurrent state per request in block cdiv(n, b) - 1 of its Mamba
+table after n computed tokens (speculative blocks of a drafter after it), caches a block once the
+state it holds is the state at the block's key, and nulls the blocks between. So:
+- a block's content is the state after exactly the tokens computed when it was last written
+  (not a prefix of KV: a later write replaces it),
+- a hit at L reads the state after exactly L tokens and nothing older (spec:
+  objects.RECURRENT_STATE); with a hash block smaller than the Mamba block (0.33's fine-grained
+  hits) L may end inside a block: the block is keyed at L, and the request takes a private
+  copy of it (copy-on-write, ``take_kv_cache_block_copies``),
+- each step the worker copies the state from block cdiv(lo, b) - 1 into block cdiv(hi, b) - 1
+  (``preprocess_mamba``) after the step's copy-on-write copies and before its forward, which
+  then writes the state at hi there; so a state published in a step exists only once that
+  step's forward has run (vLLM refuses a same-step hit on it: ``cached_blocks_this_step``),
+- the scheduler ends prefill chunks where states must be cached: the adapter calls the
+  installed release's own ``Scheduler._mamba_block_aligned_split``.
+Check `state_copy_sound`: at schedule time (the content model: what blocks will hold) and when
+the step runs (the timeline: what their bytes hold), every copy's source holds what the copy
+claims and every state a step resumes from is the state at the step's start.
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+MAMBA = "mamba"
+SPEC_TOKENS = 2      # num_speculative_tokens of a Mamba layout with a drafter (= num_speculative_blocks)
+
+
+def Violation(*args: Any) -> Exception:
+    from .checks import Violation as V      # vllm_checks imports this module
+    return V(*args)
+
+
+def is_mamba(groups: list, g: int) -> bool:
+    return groups[g][0] == MAMBA
+
+
+def mamba_block(groups: list) -> int | None:
+    """The Mamba block size (vLLM has one: cache_config.mamba_block_size), or None."""
+    return next((bs for k, bs, _ in groups if k == MAMBA), None)
+
+
+def block_want(kind: str, bs: int, i: int, L: int) -> tuple[int, bool]:
+    """(tokens, exact?) block i of a hit at L must hold: a KV block its own tokens' prefix (up to
+    L in a block the hit ends inside: a prefix of what it holds); the last state block of a Mamba
+    hit exactly the state after L tokens (an interior one: the state at its own end)."""
+    if kind == MAMBA:
+        return (L if i == -(-L // bs) - 1 else (i + 1) * bs), True
+    return min((i + 1) * bs, L), (i + 1) * bs <= L
+
+
+def holds(w: Any, want: tuple, exact: bool) -> bool:
+    """Does content `w` satisfy `want`: the very state (exact), or a KV prefix of it."""
+    if exact or w is None:
+        return w == want
+    return w[0] == want[0] and len(w[1]) >= len(want[1]) and w[1][:len(want[1])] == want[1]
+
+
+FINE_KINDS = ("full", "mla", "mla_indexer", MAMBA)    # vLLM's fine-grained managers (Full, Mamba)
+
+
+def fine_usable(ad: Any, req: Any, g: int, L: int, eagle: bool, witness: list | None = None) -> bool:
+    """Can group g serve a hit at L under fine-grained lookup (the spec's needed_objects; a block
+    the hit ends inside is reached through any entry of it keyed at or past L within the
+    lookup's reach)? A Mamba group needs its entry keyed at exactly L with the state at L; an
+    EAGLE group also proves the tokens [L, L + margin) (vLLM's eagle_proof_margin: one hash
+    block when fine-grained). The entries found are appended to `witness` as ("entry", g, end)."""
+    from .layouts import vllm_modules
+    kind, bs, _ = ad.groups[g]
+    hs, hb = req.obj.block_hashes, ad.hb
+    make = vllm_modules()["ku"].make_block_hash_with_group_id
+    get = ad.pool.cached_block_hash_to_block.get_one_block
+
+    def entry_holds(end: int, exact: bool) -> bool:      # the entry keyed at `end` tokens
+        if end % hb or not 0 < end <= len(hs) * hb:
+            return False
+        blk = get(make(hs[end // hb - 1], g))
+        ok = blk is not None and holds(ad.written.get(blk.block_id), ad._content(req, end), exact)
+        if ok and witness is not None:
+            witness.append(("entry", g, end))
+        return ok
+
+    if kind == MAMBA:
+        return entry_holds(L, True)
+    margin = (hb if bs > hb else bs) if eagle else 0
+    reach = min(req.obj.num_tokens - 1 + margin, len(hs) * hb)   # the finder's max_length
+    end = L + margin
+    if end > reach:
+        return False
+    need = set(ad.needed_hit(g, L)) | ({(end - 1) // bs} if eagle else set())
+    for i in sorted(need):
+        if (i + 1) * bs <= end:                     # a whole block: its own key
+            if not entry_holds((i + 1) * bs, False):
+                return False
+        elif not any(entry_holds(p, False) for p in range(min((i + 1) * bs, reach) // hb * hb, end - 1, -hb)):
+            return False                            # cut by the hit: any entry at p >= end
+    return True
+
+
+# ---- construction ----------------------------------------------------------------------
+def spec_kwargs(drafter: bool, feats: set[str]) -> dict:
+    """MambaSpec's extra arguments: a drafter's speculative state blocks."""
+    return {"num_speculative_blocks": SPEC_TOKENS} if drafter and "mamba_speculative_blocks" in feats else {}
+
+
+def manager_kwargs(has_mamba: bool, feats: set[str]) -> dict:
+    """KVCacheManager's: shared-prefix checkpoints where the release has them (vLLM narrows the
+    flag itself to EAGLE + fine-grained layouts)."""
+    if has_mamba:
+        import vllm.v1.core.sched.scheduler  # noqa: F401  (the split's module: imported here, ~3 s
+        #                                       on some releases, not inside a timed campaign)
+    return {"enable_mamba_shared_prefix_checkpoint": True} \
+        if has_mamba and "mamba_shared_prefix_checkpoint" in feats else {}
+
+
+def partial(ad: Any) -> bool:
+    """Does the manager hit inside a Mamba block (hash block < Mamba block, vLLM enabled it)?"""
+    mb = mamba_block(ad.groups)
+    return bool(mb and mb > ad.hb and getattr(ad.coord, "enable_partial_hash_hits", False))
+
+
+# ---- the scheduler's chunk split ----------------------------------------------------------
+def split(ad: Any, o: Any, hit: int, chunk: int, max_prefill: int = 0) -> int:
+    """The chunk vLLM's scheduler gives a request (its own `_mamba_block_aligned_split` with this
+    layout's settings): chunks end on states that must be cached; 0 when the budget fits no
+    aligned chunk (the scheduler then skips the request). `max_prefill`: min(max_num_scheduled_
+    tokens, long_prefill_token_threshold) of the scheduler; 0: the chunk itself (one request)."""
+    if not ad.has_mamba:
+        return chunk
+    fn, me = ad.__dict__.get("_mamba_split") or _split_fn(ad)
+    me.max_num_scheduled_tokens = max_prefill or chunk
+    return fn(me, o, chunk, hit)       # (a waiting request has 0 computed tokens: hit is passed)
+
+
+def _split_fn(ad: Any) -> tuple:
+    from vllm.v1.core.sched.scheduler import Scheduler
+    mb = mamba_block(ad.groups)
+    eagle = bool(getattr(ad, "drafter", False))
+    fine = partial(ad)
+    me = SimpleNamespace(
+        cache_config=SimpleNamespace(block_size=mb), block_size=ad.sched_bs, hash_block_size=ad.hb,
+        use_eagle=eagle, use_eagle_block_drop=eagle, num_hash_lookahead_tokens=0,
+        mamba_partial_cache_hit=fine, mamba_has_prefill_checkpoint_blocks=False,
+        mamba_prefill_checkpoint_alignment=None, max_num_scheduled_tokens=0,
+        mamba_shared_prefix_checkpoint=fine and bool(getattr(ad.mgr, "mamba_shared_prefix_checkpoint", False)),
+        scheduler_config=SimpleNamespace(long_prefill_token_threshold=0))
+    ad._mamba_split = (Scheduler._mamba_block_aligned_split, me)
+    return ad._mamba_split
+
+
+# ---- copies ------------------------------------------------------------------------------
+def take_copies(ad: Any) -> None:
+    """Drain vLLM's queued block copies (copy-on-write of a partial hit, the move of a running
+    request's partial-tail entry), as the scheduler does when it builds the step. Each copy
+    claims what its destination must hold (the content of the key it carries, or the state /
+    prefix its holder resumes from); the source must hold that in the content model now, and the
+    timeline checks its bytes when the copy runs (before the step's forward). The retained
+    endpoints are freed when the step's scheduling ends (``_free_cow_retained_blocks``)."""
+    take = getattr(ad.mgr, "take_kv_cache_block_copies", None)
+    if take is None:
+        return
+    copies, retained = take()
+    for c in copies:
+        claim, exact, g = _claim(ad, c.src_block_id, c.dst_block_id)
+        w = ad.written.get(c.src_block_id)
+        if claim is None or not holds(w, claim, exact):
+            raise Violation("safety", "state_copy_sound",
+                            f"{ad.layout} group {g}: vLLM copies block #{c.src_block_id} -> #{c.dst_block_id}, "
+                            f"but the source {'holds nothing written' if w is None else 'holds other content'}"
+                            " than the destination needs")
+        ad.written[c.dst_block_id] = claim
+        ad.timeline.copy(c.src_block_id, c.dst_block_id, claim, exact)
+        ad.coverage["state:cow_copy"] += 1
+        ad.coverage["state:mamba_entry_moved"] += ad.pool.blocks[c.dst_block_id].ref_cnt == 1 and exact \
+            and ad.pool.blocks[c.dst_block_id].block_hash is not None
+    ad.retained.extend(retained)
+
+
+def release_retained(ad: Any) -> None:
+    """The scheduling of the step is over: the copies' retained endpoints go back."""
+    if ad.retained:
+        blocks, ad.retained = ad.retained, []
+        ad.pool.free_blocks(blocks)
+        ad._bk_evicted.update(b.block_id for b in blocks)     # (the bookkeeping checks them next)
+
+
+def retained_counts(ad: Any) -> dict[int, int]:
+    """Block id -> references the step's queued copies hold (for the bookkeeping check)."""
+    out: dict[int, int] = {}
+    for b in getattr(ad, "retained", ()):
+        out[b.block_id] = out.get(b.block_id, 0) + 1
+    return out
+
+
+def _claim(ad: Any, src: int, dst: int) -> tuple[tuple | None, bool, int]:
+    """(content the destination must hold, exact?, group) of a copy: a request's private copy of
+    the block its hit ends inside holds what the request resumes from (its own forward writes the
+    rest, and may publish the block under a longer key in the same step); a moved cache entry
+    (in no table) what its key promises."""
+    from .layouts import vllm_modules
+    for rid, req in ad.reqs.items():
+        for g in range(len(ad.groups)):
+            if any(b.block_id == dst for b in ad._table(g, rid)) and hasattr(req, "resumed_at"):
+                return ad._content(req, req.resumed_at), ad.groups[g][0] == MAMBA, g
+    ku = vllm_modules()["ku"]
+    key = ad.pool.blocks[dst].block_hash
+    if key is not None:
+        g = ku.get_group_id(key)
+        return ad.hash_content.get(bytes(ku.get_block_hash(key))), ad.groups[g][0] == MAMBA, g
+    return ad.written.get(src), False, -1
+
+
+# ---- the content model -------------------------------------------------------------------
+def stamp(ad: Any, req: Any, g: int, n: int) -> None:
+    """After a step to n computed tokens: the forward writes the state after n tokens into the
+    request's state block (only a block the request allocated is written)."""
+    bs = ad.groups[g][1]
+    table = ad._table(g, req.rid)
+    i = -(-n // bs) - 1
+    if 0 <= i < len(table):
+        b = table[i]
+        if b.block_id in req.owned[g] and not b.is_null:
+            ad.written[b.block_id] = ad._content(req, n)
+
+
+def admitted(ad: Any, req: Any, hit: int) -> None:
+    """A request admitted with a hit of `hit` tokens: its copies are taken, then the state it
+    resumes from is checked (check_state_copy)."""
+    req.resumed_at = hit
+    ad.coverage["state:mamba_partial_hit"] += bool(hit % (mamba_block(ad.groups) or 1))
+    ad.coverage["state:shared_prefix_junction"] += bool(getattr(req.obj, "shared_prefix_boundary", 0))
+    take_copies(ad)
+    check_state_copy(ad, req, hit)
+
+
+def same_step(ad: Any, blocks: Any) -> bool:
+    """Is the hit's state one this step published (vLLM refuses the admission: its rule)?"""
+    return any(kind == MAMBA and lst and lst[-1].block_hash in getattr(
+        ad.coord.single_type_managers[g], "cached_blocks_this_step", ())
+        for g, ((kind, _, _), lst) in enumerate(zip(ad.groups, blocks.blocks)))
+
+
+def check_state_copy(ad: Any, req: Any, start: int) -> None:
+    """At schedule time: the state a step resumes from (block cdiv(start, b) - 1) must be in the
+    request's table and (will) hold exactly the state after `start` tokens."""
+    if start <= 0:
+        return
+    for g, (kind, bs, _) in enumerate(ad.groups):
+        if kind != MAMBA:
+            continue
+        src = -(-start // bs) - 1
+        table = ad._table(g, req.rid)
+        b = table[src] if src < len(table) else None
+        if b is None or b.is_null or ad.written.get(b.block_id) != ad._content(req, start):
+            got = "missing" if b is None else ("the null block" if b.is_null else
+                                               f"block #{b.block_id} holding other content")
+            raise Violation("safety", "state_copy_sound",
+                            f"{ad.layout} group {g} (mamba): request {req.rid} resumes its state at "
+                            f"{start} tokens from table index {src}, which is {got}")
+
+
+# ---- when the step runs (the timeline, vllm_timeline.py) ----------------------------------
+def run_states(ad: Any, tl: Any, items: list) -> None:
+    """The step's state copies (worker ``preprocess_mamba``: from block cdiv(lo, b) - 1 to block
+    cdiv(hi, b) - 1 of every scheduled request, together), then the forward's writes (the state
+    at hi). A source whose bytes are not the state at lo (published at schedule time by a
+    forward that has not run, or never ran) is `state_copy_sound`."""
+    moves, writes = [], []
+    for rid, (lo, hi, _, _) in items:
+        req = ad.reqs.get(rid)
+        if req is None:
+            continue
+        for g, (kind, bs, _) in enumerate(ad.groups):
+            if kind != MAMBA:
+                continue
+            table = ad._table(g, rid)
+            src, dst = -(-lo // bs) - 1, -(-hi // bs) - 1
+            if lo > 0:
+                b = table[src] if src < len(table) else None
+                want = ad._content(req, lo)
+                if b is None or b.is_null or tl.ready.get(b.block_id) != want:
+                    got = "missing" if b is None else "the null block" if b.is_null else (
+                        f"block #{b.block_id}, whose bytes are " + ("not written yet" if b.block_id not in tl.ready
+                                                                   else "another state"))
+                    raise Violation("safety", "state_copy_sound",
+                                    f"{ad.layout} group {g} (mamba): the step of {rid} (tokens {lo}..{hi - 1}) "
+                                    f"resumes the state at {lo} tokens from table index {src}, {got} when the "
+                                    "step's copies run (before its forward)")
+                if src != dst and dst < len(table):
+                    moves.append((table[dst].block_id, want))
+                    ad.coverage["state:mamba_state_copy"] += 1
+            if dst < len(table) and not table[dst].is_null and table[dst].block_id in req.owned[g]:
+                writes.append((table[dst].block_id, ad._content(req, hi)))
+    for bid, w in moves:
+        tl.ready[bid] = w
+    for bid, w in writes:
+        tl.ready[bid] = w

@@ -1,0 +1,181 @@
+"""When the bytes of a vLLM KV block exist: published at schedule time, written by the forward.
+
+vLLM publishes a block (inserts its hash into the prefix-cache map) inside ``allocate_slots``,
+at schedule time (``kv_cache_manager.py``: ``coordinator.cache_blocks(request,
+num_tokens_to_cache)``), but the KV of the tokens scheduled in a step is written only by that
+step's forward pass. The content shadow model (vllm_checks.py) stamps what a block *will* hold
+once its writer's forward runs; this module keeps what it *does* hold (``ready``) on a
+timeline of steps and checks every forward's reads against it.
+
+The contract, from vLLM's code (cited in docs/adapters-vllm.md, "Steps and the timeline"):
+a reader in the same forward as the writer is safe, since every attention layer writes the
+whole batch's new KV before it attends; a reader in a later forward is safe; a copy
+(copy-on-write of a partial hit, the move of a Mamba partial-tail entry) runs before the
+forward, so it copies only what earlier forwards wrote, and so does the step's Mamba state copy
+(worker ``preprocess_mamba``) — which is why vLLM refuses a hit on a Mamba state published in the
+same step (``MambaManager``, ``cached_blocks_this_step``; vllm_mamba.run_states checks it); a
+write that never runs (its request unscheduled after ``allocate_slots`` — the PRIORITY scheduler
+preempting a request it already scheduled in this step) leaves a published block without its
+bytes. A forward's read of KV bytes that are not there is the safety finding
+``read_before_write``; a copy's source without the bytes it claims, ``state_copy_sound``.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from . import mamba
+from .checks import Violation
+from .layouts import cdiv
+
+
+TORN = ("<torn>", ())      # a block whose bytes mix two requests' prefixes: holds no prefix
+
+
+class Timeline:
+    """Steps (schedule, then the forward completes) and the bytes each block holds.
+    `split` (the planted fault ``early_reader_forward``): the requests admitted in a step run
+    in a forward of their own *before* the running requests' forward."""
+
+    def __init__(self, ad: Any, split: bool = False) -> None:
+        self.ad, self.split = ad, split
+        self.open = False
+        self.sched: dict[str, list] = {}        # rid -> [lo, hi, tok, admitted] in the open step
+        self.ready: dict[int, tuple] = {}       # block id -> (salt, tokens) its bytes hold
+        self.verified: dict[str, set] = {}      # rid -> {(g, i, block id)} full blocks proven
+        self.copies: list[tuple] = []           # (src, dst, claim, exact) block copies of the open step
+        self.preempted = self.admitted = False  # in the open step (the scheduler's order)
+        self.stats: Counter = Counter()
+
+    # ---- the step ----------------------------------------------------------------------
+    def begin(self) -> None:
+        self.open, self.sched, self.copies = True, {}, []
+        self.preempted = self.admitted = False
+        self.stats["steps"] += 1
+
+    def scheduled(self, rid: str, lo: int, hi: int, tok: int | None = None, admitted: bool = False) -> None:
+        """`rid` computes tokens [lo, hi) in this step's forward (allocate_slots succeeded)."""
+        self.sched[rid] = [lo, hi, tok, admitted]
+        self.admitted |= admitted
+
+    def unschedule(self, rid: str) -> bool:
+        """The scheduler took `rid` out of the step after allocating it (PRIORITY preemption):
+        its blocks stay published, their writes never run."""
+        self.preempted = True
+        if self.sched.pop(rid, None) is None:
+            return False
+        self.stats["writes_cancelled"] += 1
+        return True
+
+    def forget(self, rid: str) -> None:
+        self.verified.pop(rid, None)
+
+    def copy(self, src: int, dst: int, claim: tuple, exact: bool) -> None:
+        """A block copy the step runs before its forward (vLLM's ``kv_cache_block_copies``): the
+        destination is to receive `claim` (a state exactly, or a KV prefix)."""
+        self.copies.append((src, dst, claim, exact))
+
+    def forward(self) -> list[tuple[str, int | None]]:
+        """The open step's forward completes: its copies run, then its writes, and every read is
+        checked. Returns (rid, sampled token or None) of the requests it ran, in order."""
+        items, copies = list(self.sched.items()), self.copies
+        phases = ([[x for x in items if x[1][3]], [x for x in items if not x[1][3]]] if self.split
+                  else [items])
+        self.open, self.sched, self.copies = False, {}, []
+        self.preempted = self.admitted = False
+        for src, dst, claim, exact in copies:       # _update_states: the queued copies, first
+            if not mamba.holds(self.ready.get(src), claim, exact):
+                writer = self._writer(items, src)
+                why = (f"published in this step: {writer}'s allocation in it published the block, and the "
+                       "forward that writes it runs after the copy" if writer is not None else
+                       "published before this step: " + ("no forward has written it" if src not in self.ready
+                                                         else "the last forward that wrote it wrote another prefix"))
+                raise Violation("safety", "state_copy_sound",
+                                f"{self.ad.layout}: the step copies block #{src} -> #{dst} before its forward, "
+                                "but the source's bytes are " + ("not written yet" if src not in self.ready else
+                                                                 "not what the copy claims") + f" ({why})")
+            self.ready[dst] = claim
+        if self.ad.has_mamba:        # preprocess_mamba: the state copies, then the forward's states
+            mamba.run_states(self.ad, self, items)
+        for phase in phases:
+            for rid, (lo, hi, _, _) in phase:
+                self._write(rid, lo, hi)
+            for rid, (lo, hi, _, _) in phase:
+                self._check_reads(rid, lo)
+        self.stats["forwards"] += 1
+        return [(rid, x[2]) for rid, x in items]
+
+    def _writer(self, items: list, bid: int) -> str | None:
+        """The request of the step `items` whose forward writes block `bid` (a KV block covering
+        its tokens [lo, hi), or its Mamba state block at hi): the step that published it."""
+        ad = self.ad
+        for rid, (lo, hi, _, _) in items:
+            req = ad.reqs.get(rid)
+            for g, (kind, bs, _) in enumerate(ad.groups if req is not None else ()):
+                table = ad._table(g, rid)
+                span = [cdiv(hi, bs) - 1] if kind == mamba.MAMBA else range(lo // bs, cdiv(hi, bs))
+                if any(i < len(table) and table[i].block_id == bid and bid in req.owned[g] for i in span):
+                    return rid
+        return None
+
+    # ---- bytes -------------------------------------------------------------------------
+    def _write(self, rid: str, lo: int, hi: int) -> None:
+        ad = self.ad
+        req = ad.reqs.get(rid)
+        if req is None:
+            return
+        for g, (kind, bs, _) in enumerate(ad.groups):
+            if kind == mamba.MAMBA:                   # (state blocks: vllm_mamba.run_states)
+                continue
+            table = ad._table(g, rid)
+            for i in range(lo // bs, min(len(table), cdiv(hi, bs))):
+                b = table[i]
+                if not b.is_null and b.block_id in req.owned[g]:
+                    # tokens [lo, hi) go in; what the block holds before lo must be this request's
+                    # own prefix (a copy-on-write block: the copy's), else the block is torn
+                    ok = i * bs >= lo or self.holds(b.block_id, ad._content(req, lo))
+                    self.ready[b.block_id] = ad._content(req, min((i + 1) * bs, hi)) if ok else TORN
+
+    def holds(self, bid: int, want: tuple) -> bool:
+        """Do block `bid`'s bytes hold the prefix `want` (salt, tokens)?"""
+        return mamba.holds(self.ready.get(bid), want, False)
+
+    def _check_reads(self, rid: str, lo: int) -> None:
+        """The tokens [lo, ...) of `rid` attend to the blocks its next token at lo reads; every
+        one must hold the request's prefix now (after this forward's writes)."""
+        ad = self.ad
+        req = ad.reqs.get(rid)
+        if req is None:
+            return
+        seen = self.verified.setdefault(rid, set())
+        for g, (kind, bs, _) in enumerate(ad.groups):
+            if kind == mamba.MAMBA:                   # (checked by vllm_mamba.run_states)
+                continue
+            table = ad._table(g, rid)
+            for i in ad.needed_running(g, lo):
+                b = table[i] if i < len(table) else None
+                if b is None or b.is_null:      # missing or nulled: toctou_bound_stable's finding
+                    continue
+                key = (g, i, b.block_id)
+                if key in seen:
+                    continue
+                end = min((i + 1) * bs, lo)
+                if not self.holds(b.block_id, ad._content(req, end)):
+                    raise Violation("safety", "read_before_write",
+                                    f"{ad.layout} group {g} ({kind}): the forward of {rid} (tokens from {lo}) "
+                                    f"reads block #{b.block_id} (tokens {i * bs}..{end - 1}), whose bytes do "
+                                    "not hold that prefix: it was published at schedule time, and the "
+                                    "forward that writes it had not run before this read (or never ran)")
+                if end == (i + 1) * bs:
+                    seen.add(key)
+
+    def pending_hits(self, req: Any, blocks: Any, hit: int) -> int:
+        """Hit blocks whose bytes are not there yet (published in the open step): counted."""
+        n = 0
+        for g, lst in enumerate(blocks.blocks):
+            kind, bs, _ = self.ad.groups[g]
+            for i, b in enumerate(lst):
+                end, exact = mamba.block_want(kind, bs, i, hit)
+                if not b.is_null and not mamba.holds(self.ready.get(b.block_id), self.ad._content(req, end), exact):
+                    n += 1
+        return n
