@@ -44,6 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add("spec", _lazy("cmd_info", "cmd_spec"), "describe the executable spec: objects, actions, funnel, invariants, decisions")
     add("faults", _lazy("cmd_info", "cmd_faults"), "list every planted fault and the check expected to catch it", config=False)
+    e = add("engines", _lazy("cmd_engines", "cmd_engines"),
+            "list the registered engines (the kvcheck.engines entry points): release, layouts, faults", config=False)
+    e.add_argument("name", nargs="?", help="only this engine")
+    e.add_argument("--layouts", action="store_true", help="also list each engine's layouts")
     g = add("gate", _lazy("cmd_gate", "cmd_gate"), "the CI profile: run every engine at CI bounds, one verdict, a report")
     g.add_argument("--out", metavar="DIR", default="kvcheck-report", help="report directory (default: %(default)s)")
     g.add_argument("--fault", metavar="NAME", help="plant a fault; the run must fail with its expected invariant")
@@ -111,8 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--workers", type=positive_int, default=1,
                    help="faults run in this many processes, one core each (default: %(default)s)")
     d = add("diff", _lazy("cmd_diff", "cmd_diff"), "differential oracle: output with cache reuse vs a full recompute")
-    d.add_argument("--sut", default="reference", choices=["reference", "transformers"],
-                   help="system under test (default: %(default)s)")
+    d.add_argument("--sut", default="reference", metavar="NAME",
+                   help="a registered engine with a model: reference, transformers (`kvcheck engines`; "
+                        "default: %(default)s)")
     d.add_argument("--backend", default="torch", choices=["torch", "triton"],
                    help="kernel backend of the reference model (default: %(default)s; triton runs in "
                         "interpreter mode without a GPU)")

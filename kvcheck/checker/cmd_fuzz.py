@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Callable
 
 from ..spec.outputs import kvcheck_command
 from ..spec.verdict import ExitCode
+from ..fuzz import registry
+from ..fuzz.engine import Engine
 from .common import UsageError, check_out_file, check_sut_fault, check_writable, emit, load_config, progress
 
 if TYPE_CHECKING:
@@ -18,124 +20,32 @@ if TYPE_CHECKING:
     from ..spec.config import Config
 
 
-def _fuzz_vllm(args: argparse.Namespace) -> int:
-    """vLLM's KV cache manager: its own driver per layout (kvcheck/engines/vllm/drivers.py)."""
-    from kvcheck.engines.vllm import drivers as v
-    from ..fuzz.campaign import Budget
-    if args.list_layouts:
-        try:
-            gaps, release = v.supported_layouts(), v.vllm_version()
-        except v.VllmUnavailable as e:
-            gaps, release = {k: str(e) for k in v.LAYOUTS}, None
-        emit(args, {"layouts": v.LAYOUTS, "vllm_version": release, "unsupported": {k: g for k, g in gaps.items() if g}},
-             lambda: "\n".join([f"vLLM {release or 'not importable'}:"] + [
-                 f"  {k:22} {d}" + (f"\n  {'':22} ({gaps[k]})" if gaps.get(k) else "") for k, d in v.LAYOUTS.items()]))
-        return 0
-    if args.layout_file:
-        if args.layout or args.ray is not None:
-            raise UsageError("--layout-file: give it instead of --layout, and without --ray")
-        try:
-            args.layout = v.load_layout_file(args.layout_file)
-        except ValueError as e:
-            raise UsageError(str(e)) from None
-    if not args.layout:
-        raise UsageError("--sut vllm needs --layout NAME or --layout-file FILE (see --list-layouts)")
+# Options of one kind of driver; the Hypothesis machines (spec, reference, MODULE:CLASS, any
+# engine with a SUT class) take MACHINE_OPTIONS, an engine's own driver its `fuzz_options`.
+ENGINE_OPTIONS = {"workload": "--workload", "sched_policy": "--sched-policy", "layout": "--layout",
+                  "list_layouts": "--list-layouts", "layout_file": "--layout-file",
+                  "strict_reuse": "--strict-reuse", "ray": "--ray", "redis": "--redis",
+                  "observability": "--observability"}
+MACHINE_OPTIONS = frozenset({"ray", "redis", "observability"})
+
+
+def engine_of(sut: str) -> Engine | None:
+    """The registered engine `--sut NAME` names (None: spec or MODULE:CLASS); exit 2 if unknown."""
+    if sut == "spec" or ":" in sut:
+        return None
     try:
-        budget = Budget.parse(args.budget)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    if args.fault is not None and args.fault not in v.FAULTS:
-        raise UsageError(f"unknown fault {args.fault!r} for --sut vllm; known: {', '.join(v.FAULTS)}")
-    workload = args.workload or "random"
-    if workload not in v.WORKLOADS:
-        raise UsageError(f"--workload: unknown workload {workload!r}; known: {', '.join(v.WORKLOADS)}")
-    if workload != "random" and args.ray is not None:
-        raise UsageError("--workload: the Ray shards drive the random workload only (drop --ray or --workload)")
-    policy = sched_policy(args.sched_policy)
-    if policy != "fcfs" and args.ray is not None:
-        raise UsageError("--sched-policy: the Ray shards drive FCFS only (drop --ray or --sched-policy)")
-    out = Path(args.out)
-    check_writable(out)
-    layouts = args.layout.split(",") if args.ray is not None else [args.layout]
-    for name in layouts:
-        if name not in v.LAYOUTS:
-            raise UsageError(f"unknown vLLM layout {name!r}; known: {', '.join(v.LAYOUTS)}")
-    try:
-        if args.ray is not None:       # layouts x seeds as Ray tasks
-            v.VllmAdapter(layouts[0], 24, args.fault)      # vLLM importable here: one line if not
-            from ..fuzz.ray_campaign import Shard
-
-            def shards(cpus: int) -> list:
-                n = args.workers or max(1, cpus // len(layouts))
-                return [Shard("vllm", args.seed + k, args.fault, name, strict=args.strict_reuse)
-                        for name in layouts for k in range(n)]
-            res = _on_ray(args, shards, budget, None, out, f"fuzz vllm {args.layout}")
-        else:
-            res = v.run_campaign(args.layout, budget_s=budget.seconds, steps=budget.steps, seed=args.seed,
-                                 strict_reuse=args.strict_reuse, fault=args.fault, out_dir=str(out),
-                                 workload=workload, sched_policy=policy)
-    except v.VllmUnavailable as e:
-        raise UsageError(str(e)) from None
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    if args.ray is None and not res.get("reuse_profile") and args.layout != "generated":
-        try:
-            res["reuse_profile"] = v.reuse_profile(args.layout)   # usable hit by divergence position
-        except ValueError:
-            res["reuse_profile"] = {}
-    code = res["exit_code"]
-    which = ["--layout-file", args.layout_file] if args.layout_file else ["--layout", args.layout]
-    cmd = ["fuzz", "--sut", "vllm", *which, "--budget", args.budget,
-           "--seed", str(args.seed)] + (["--strict-reuse"] if args.strict_reuse else []) \
-        + (["--fault", args.fault] if args.fault else []) \
-        + (["--workload", workload] if workload != "random" else []) \
-        + (["--sched-policy", policy] if policy != "fcfs" else []) \
-        + (["--ray", *([args.ray] if args.ray else []), "--workers", str(len(res["ray"]["shards"]) // len(layouts))]
-           if args.ray is not None else [])
-    res["command"] = kvcheck_command(*cmd)
-
-    def text() -> str:
-        lines = [f"kvcheck fuzz --sut vllm --layout {args.layout}: exit {code} (vLLM {res.get('vllm_version')})",
-                 f"  {res.get('steps')} steps, seed {args.seed}"
-                 + (f", {policy.upper()} scheduling" if policy != "fcfs" else "") + f"; rerun: {res['command']}",
-                 "  actions: " + ", ".join(f"{k} {n}" for k, n in sorted(res.get("coverage", {}).items())
-                                           if isinstance(n, int))]
-        if "ray" in res:
-            lines.insert(2, _ray_line(res["ray"]))
-        for f in res.get("findings", []):
-            lines.append(f"  FINDING [{f['kind']}] {f.get('check', '')}" + (f" ({f['layout']})" if "layout" in f else "")
-                         + f": {f['message']}")
-            if f.get("replay"):
-                lines.append(f"    replay: {f['replay']}")
-        return "\n".join(lines)
-
-    emit(args, res, text)
-    return code
+        return registry.get(sut)
+    except registry.UnknownEngine as e:
+        raise UsageError(f"--sut: {e} (or spec, or MODULE:CLASS for your own adapter)") from None
 
 
-def sched_policy(name: str | None) -> str:
-    """--sched-policy (vLLM's scheduler policy in the scheduler-driven episodes): fcfs or priority."""
-    from kvcheck.engines.vllm.sched import POLICIES
-    if name is None:
-        return "fcfs"
-    if name not in POLICIES:
-        raise UsageError(f"--sched-policy: unknown policy {name!r}; known: {', '.join(POLICIES)}")
-    return name
-
-
-def _fuzz_sglang(args: argparse.Namespace) -> int:
-    """SGLang's radix caches on the lockstep core (kvcheck/fuzz/adapters/sglang*.py)."""
-    from kvcheck.engines.sglang import drivers as sg
-    from ..fuzz.campaign import Budget
-    try:
-        b = Budget.parse(args.budget)
-        check_writable(Path(args.out))
-        res, text = sg.cli_fuzz(args.layout, args.layout_file, args.list_layouts, b.seconds, b.steps,
-                                args.seed, args.fault, args.out)
-    except (sg.SglangUnavailable, ValueError) as e:
-        raise UsageError(str(e)) from None
-    emit(args, res, lambda: text)
-    return 0 if args.list_layouts else res["exit_code"]
+def _not_here(flag: str, dest: str, sut: str, own: bool) -> str:
+    """Why `flag` does not apply to --sut SUT: the engines whose drivers take it."""
+    takers = [n for n, e in registry.engines().items() if e.sut_class() is None and dest in e.fuzz_options]
+    if dest in MACHINE_OPTIONS:
+        return (f"{flag} applies to the Hypothesis machines (spec, reference, MODULE:CLASS)"
+                + (f" and --sut {', '.join(takers)}" if takers else "") + f": --sut {sut} has its own driver, without it")
+    return f"{flag} applies to --sut {' and --sut '.join(takers) or '(no engine)'} only"
 
 
 def _undecided(cov: dict, steps: int) -> str:
@@ -156,25 +66,17 @@ def _undecided(cov: dict, steps: int) -> str:
 def cmd_fuzz(args: argparse.Namespace) -> int:
     """Hypothesis stateful campaign against a system under test, in lockstep with the spec."""
     redis = args.redis or os.environ.get("KVCHECK_REDIS") or None
-    if getattr(args, "workload", None) is not None and args.sut != "vllm":
-        raise UsageError("--workload applies to --sut vllm only")
-    if getattr(args, "sched_policy", None) is not None and args.sut != "vllm":
-        raise UsageError("--sched-policy applies to --sut vllm only")
-    if args.sut == "sglang" and (args.ray is not None or args.redis):
-        raise UsageError("--ray/--redis apply to the Hypothesis machines (spec, reference, "
-                         "MODULE:CLASS) and --ray to --sut vllm, not --sut sglang")
-    if args.sut == "vllm" and args.redis:
-        raise UsageError("--redis is the Hypothesis example database: --sut vllm has its own driver, without one")
-    if args.sut == "sglang":
-        return _fuzz_sglang(args)
-    if args.layout_file and args.sut != "vllm":
-        raise UsageError("--layout-file applies to --sut vllm and --sut sglang only")
-    if args.sut == "vllm":
-        if args.observability:
-            raise UsageError("--observability applies to the Hypothesis machines (not --sut vllm)")
-        return _fuzz_vllm(args)
-    if args.list_layouts or args.layout or args.strict_reuse:
-        raise UsageError("--list-layouts/--layout/--strict-reuse apply to --sut vllm only")
+    eng = engine_of(args.sut)
+    own = eng is not None and eng.sut_class() is None         # the engine runs its own driver
+    accepted = eng.fuzz_options if own else MACHINE_OPTIONS
+    for dest, flag in ENGINE_OPTIONS.items():
+        if getattr(args, dest, None) not in (None, False) and dest not in accepted:
+            raise UsageError(_not_here(flag, dest, args.sut, own))
+    if own:
+        code = eng.fuzz_command(args)
+        if code is None:
+            raise UsageError(f"--sut {args.sut}: the engine runs no campaign of its own and has no SUT class")
+        return code
     from ..fuzz.campaign import Budget, run_campaign, run_workers
     from ..fuzz.pool import cap_workers
     cfg = load_config(args)
@@ -234,7 +136,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
                  + (f"; never: {', '.join(res['coverage']['actions_missing'])}" if res["coverage"]["actions_missing"] else ""),
                  f"  seed {args.seed}; rerun: {res['command']}"]
         if "ray" in res:
-            lines.insert(2, _ray_line(res["ray"]))
+            lines.insert(2, ray_line(res["ray"]))
         for f in res["findings"]:
             lines.append(f"  FINDING [{f['kind']}] {', '.join(f['checks'])}: {f['message']}")
             lines += [f"    {i:3}. {s}" for i, s in enumerate(f["trace_steps"])]
@@ -245,7 +147,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     return code
 
 
-def _ray_line(r: dict) -> str:
+def ray_line(r: dict) -> str:
     return (f"  Ray: {len(r['answered'])} of {len(r['shards'])} shards answered, {r['nodes']} node(s)"
             + (f"; retried: {', '.join(r['retries'])}" if r["retries"] else "")
             + (f"; lost: {', '.join(r['errors'])}" if r["errors"] else ""))
@@ -272,11 +174,11 @@ def _fuzz_ray(args: argparse.Namespace, cfg: Config, budget: Budget, db: str | N
         raise UsageError(str(e)) from None
     note = ("no --redis: the shards share no example database" if db is None else None if is_redis_url(db)
             else f"--db {db} is a directory on each node (shared only on a shared filesystem)")
-    return _on_ray(args, lambda cpus: rc.plan([(args.sut, args.fault)], args.seed, args.workers or cpus),
+    return on_ray(args, lambda cpus: rc.plan([(args.sut, args.fault)], args.seed, args.workers or cpus),
                    budget, db, out, f"fuzz {args.sut}", cfg, note)
 
 
-def _on_ray(args: argparse.Namespace, shards_for: Callable[[int], list], budget: Budget, db: str | None,
+def on_ray(args: argparse.Namespace, shards_for: Callable[[int], list], budget: Budget, db: str | None,
             out: Path, label: str, cfg: Config | None = None, note: str | None = None) -> dict:
     """Join the cluster, run the shards (`shards_for(the cluster's CPUs)`), leave; `note` goes
     to stderr once the cluster answered."""

@@ -4,32 +4,34 @@ from __future__ import annotations
 import argparse
 
 from ..spec.trace import Trace
+from ..fuzz import registry
+from ..fuzz.engine import Engine, EngineUnavailable
 from .common import UsageError, check_fault, emit
+
+
+def _engine_with_replay(name: str | None) -> Engine | None:
+    """The registered engine that replays its own traces (vLLM, SGLang), if `name` is one."""
+    if not name or ":" in name or name == "spec":
+        return None
+    try:
+        eng = registry.get(name)
+    except registry.UnknownEngine:
+        return None
+    return eng if eng.has_replay() else None
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from .replay import replay_trace, sut_by_name
     trace = Trace.load(args.trace)
-    if args.sut == "sglang" or (args.sut is None and trace.sut == "sglang"):
-        from kvcheck.engines.sglang import drivers as sg
+    name = args.sut or trace.sut
+    eng = _engine_with_replay(name)
+    if eng is not None:
         try:
-            res = sg.replay(trace)
-        except (sg.SglangUnavailable, sg.LayoutError) as e:
+            code, res, text = eng.replay(trace)
+        except EngineUnavailable as e:
             raise UsageError(str(e)) from None
-        emit(args, res, lambda: f"kvcheck replay {args.trace} on SGLang {res['sglang_version']}: "
-             + ("reproduced " + str(res["expected"]) if res["reproduced"] else "not reproduced")
-             + f" (exit {res['exit_code']})")
-        return res["exit_code"]
-    if args.sut == "vllm" or (args.sut is None and trace.sut == "vllm"):
-        from kvcheck.engines.vllm import drivers as v
-        try:
-            res = v.replay(trace)
-        except v.VllmUnavailable as e:
-            raise UsageError(str(e)) from None
-        emit(args, res, lambda: f"kvcheck replay {args.trace} on vLLM: "
-              + ("reproduced: " + str(res.get("violation")) if res.get("reproduced") else "not reproduced")
-              + f" (exit {res['exit_code']})")
-        return res["exit_code"]
+        emit(args, res, lambda: f"kvcheck replay {args.trace} {text}")
+        return code
     if trace.fault is not None:
         check_fault(trace.fault, ("spec",), "the trace's 'fault' (replayed on the spec)")
     try:

@@ -47,14 +47,19 @@ def load_corpus(root: Path) -> list[tuple[Path, Trace]]:
 
 def replay_one(path: Path, trace: Trace) -> tuple[int, dict[str, Any]]:
     """Replay on the trace's own SUT (vLLM's driver for vLLM traces)."""
-    if trace.sut == "vllm":
-        from kvcheck.engines.vllm import drivers as v
+    from ..fuzz import registry
+    from ..fuzz.engine import EngineUnavailable
+    try:
+        eng = registry.get(trace.sut) if trace.sut != "spec" and ":" not in trace.sut else None
+    except registry.UnknownEngine:
+        eng = None
+    if eng is not None and eng.has_replay():
         try:
-            r = v.replay(trace)
-        except (v.VllmUnavailable, ValueError) as e:
+            code, r, _ = eng.replay(trace)
+        except (EngineUnavailable, ValueError) as e:
             return -1, {"why": str(e)}
-        return r["exit_code"], {"finding": r.get("violation") and {"kind": r["violation"]["kind"],
-                                                                     "message": r["violation"]["message"]}}
+        return code, {"finding": r.get("violation") and {"kind": r["violation"]["kind"],
+                                                         "message": r["violation"]["message"]}}
     from ..fuzz.suts import SutError, resolve_sut
     from ..fuzz.traces import replay
     try:

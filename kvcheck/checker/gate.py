@@ -252,7 +252,7 @@ def run_profiles(cfg: Config, out: Path, seed: int, report: dict[str, Any], code
     """The fuzz, diff and mutants profiles (clean runs): each must hold, the smoke mutants must
     be killed by their expected checks, and the negative control must stay clean."""
     from ..fuzz.campaign import Budget, run_campaign
-    from ..fuzz.diff import run_reference_diff
+    from ..fuzz import registry
     from .mutants import run_mutants
     eng = report["engines"]
     verdicts: list[tuple[str, int]] = []
@@ -263,7 +263,7 @@ def run_profiles(cfg: Config, out: Path, seed: int, report: dict[str, Any], code
         eng[f"fuzz_{sut}"] = {k: r[k] for k in ("steps", "seconds", "steps_per_s", "coverage", "findings", "exit_code")}
         verdicts.append((f"fuzz --sut {sut}", r["exit_code"]))
     t = time.monotonic()
-    d = run_reference_diff(prof.diff_scenarios, seed, None, out, cfg)
+    d = registry.get("reference").differential(cfg, prof.diff_scenarios, seed, None, out)
     eng["diff_reference"] = {k: d.get(k) for k in ("scenarios", "decisions", "objects_exercised", "degradations",
                                                     "logical_hit_rate", "usable_hit_rate", "bitwise_equal",
                                                     "mismatches", "exit_code")}

@@ -23,7 +23,7 @@ RANK = {"failed": 4, "undecided": 3, "passed": 2, "fixed": 2, "skipped": 1}
 
 
 def variants(sys: System) -> list[str | None]:
-    return list(sys.layouts) if sys.kind == "vllm" else list(sys.model_types) if sys.kind == "transformers" else [None]
+    return list(sys.variants) or [None]
 
 
 def _run_engine(sys: System, engine: str, cfg: Config, seed: int, variant: str | None, out: Path) -> pe.EngineRun:
@@ -33,10 +33,10 @@ def _run_engine(sys: System, engine: str, cfg: Config, seed: int, variant: str |
         return pe.run_prove(sys, cfg, out)
     if engine == "explore":
         return pe.run_explore(sys, out)
+    if variant is not None:                      # a registered engine's layout / model type
+        return pe.run_engine_variant(sys, variant, seed, out)
     if engine == "fuzz":
-        return pe.run_vllm(sys, variant, seed, out) if sys.kind == "vllm" else pe.run_fuzz(sys, cfg, seed, out)
-    if sys.kind == "transformers":
-        return pe.run_transformers(sys, variant, seed, out)
+        return pe.run_fuzz(sys, cfg, seed, out)
     return pe.run_reference_diff(sys, cfg, seed, out)
 
 

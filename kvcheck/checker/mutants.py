@@ -80,11 +80,15 @@ def engines_for(layer: str) -> dict[str, Callable[[Config, str | None, float, in
     if layer == "spec":
         table: dict[str, Callable[..., Result]] = {"walk": _walk, "fuzz": _fuzz("spec")}
         optional = {"explore": "kvcheck.checker.explore", "prove": "kvcheck.checker.prove"}
-    elif layer == "engine":
-        table = {}
-        if _optional("kvcheck.engines.reference.sut", "ReferenceSUT") is not None:
-            table["fuzz"] = _fuzz("reference")
-        optional = {"diff": "kvcheck.fuzz.diff"}
+    elif layer == "engine":            # the reference engine's faults: its SUT, and its own checkers
+        from ..fuzz import registry
+        try:
+            ref = registry.get("reference")
+        except registry.UnknownEngine:
+            return {}
+        table = {"fuzz": _fuzz("reference")} if ref.sut_class() is not None else {}
+        table.update(ref.mutant_engines())
+        optional = {}
     else:
         return {}
     for name, module in optional.items():

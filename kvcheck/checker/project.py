@@ -58,6 +58,8 @@ SYSTEM_KEYS = {"engines": "a list of engine names", "budget": "a budget: steps (
                "sched_policy": "fcfs or priority: vLLM's scheduler policy in the scheduler-driven episodes"}
 KIND_ONLY = {"layouts": ("vllm",), "model_types": ("transformers",), "sched_policy": ("vllm",),
              "config": ("spec", "reference", "user")}
+# Kinds that are registered engines checked through their own project hooks (fuzz/engine.py).
+ENGINE_KINDS = ("vllm", "transformers")
 _BARE = re.compile(r"[A-Za-z0-9_-]+")
 
 
@@ -73,12 +75,24 @@ class System:
     expected_faults: tuple[str, ...] = ()
     fault_budget: Budget = field(default_factory=lambda: Budget.parse(DEFAULT_FAULT_BUDGET))
     config: Path | None = None
-    layouts: tuple[str, ...] = ()
-    model_types: tuple[str, ...] = ()
-    sched_policy: str = "fcfs"       # vllm: the scheduler's policy (vllm_sched.POLICIES)
+    variants: tuple[str, ...] = ()   # an engine's layouts / model types (its project_variant_key)
+    options: dict[str, Any] = field(default_factory=dict)   # an engine's own keys (vLLM: sched_policy)
     ray: str | bool | None = None    # fuzz as Ray tasks: True (local / RAY_ADDRESS) or an address
     redis: str | None = None
     ray_shards: int = 2
+
+
+    @property
+    def layouts(self) -> tuple[str, ...]:
+        return self.variants if self.kind == "vllm" else ()
+
+    @property
+    def model_types(self) -> tuple[str, ...]:
+        return self.variants if self.kind == "transformers" else ()
+
+    @property
+    def sched_policy(self) -> str:
+        return str(self.options.get("sched_policy", "fcfs"))
 
 
 @dataclass(frozen=True)
@@ -250,17 +264,14 @@ class _Validator:
         seeds = self.seeds(tab, "seeds", body["seeds"]) if "seeds" in body else default_seeds
         fb = self.budget(tab, "fault_budget", body.get("fault_budget", DEFAULT_FAULT_BUDGET), None)
         config = self.config(tab, body["config"]) if "config" in body else None
-        layouts = tuple(self.layouts(tab, body)) if kind == "vllm" else ()
-        models = tuple(self.models(tab, body)) if kind == "transformers" else ()
+        variants, options = self.engine_system(tab, kind, body) if kind in ENGINE_KINDS else ((), {})
         faults = self.strings(tab, "expected_faults", body.get("expected_faults", []), "fault names")
         if faults and not set(engines) & set(FAULT_ENGINES[kind]):
             raise self.fail(tab, "expected_faults", f"need an engine that plants faults "
                             f"({' or '.join(FAULT_ENGINES[kind])}) in engines")
         for i, f in enumerate(faults):
             self.fault(tab, f"expected_faults[{i}]", kind, name, f)
-        policy = self.sched_policy(tab, body["sched_policy"]) if "sched_policy" in body else "fcfs"
-        return System(name, kind, tuple(engines), budgets, seeds, tuple(faults), fb, config, layouts, models,
-                      sched_policy=policy)
+        return System(name, kind, tuple(engines), budgets, seeds, tuple(faults), fb, config, variants, options)
 
     def budgets(self, tab: str, kind: str, engines: list[str], body: dict[str, Any]) -> dict[str, Budget]:
         per = body.get("budgets", {})
@@ -294,46 +305,25 @@ class _Validator:
             raise self.fail(tab, "config", " ".join(str(e).split())) from None
         return p
 
-    def layouts(self, tab: str, body: dict[str, Any]) -> list[str]:
-        from kvcheck.engines.vllm.layouts import LAYOUTS
-        if "layouts" not in body:
-            raise self.fail(tab, "layouts", f"missing: name the vLLM layouts to check (known: {', '.join(LAYOUTS)})")
-        names = list(self.strings(tab, "layouts", body["layouts"], "layout names or files", empty_ok=False))
-        from kvcheck.engines.vllm.layout_file import parse_layout, read_layout_file
-        from kvcheck.engines.vllm.layouts import B, MAX_MODEL_LEN
-        for i, n in enumerate(names):
-            if n.endswith(".json") or "/" in n:
-                p = self.base / n
-                try:
-                    parse_layout(read_layout_file(str(p)), n, B, MAX_MODEL_LEN)
-                except ValueError as e:
-                    raise self.fail(tab, f"layouts[{i}]", f"layout file {e}") from None
-                names[i] = str(p)
-            elif n not in LAYOUTS:
-                raise self.fail(tab, f"layouts[{i}]", f"unknown layout {n!r} (known: {', '.join(LAYOUTS)})")
-        return names
-
-    def sched_policy(self, tab: str, v: Any) -> str:
-        from kvcheck.engines.vllm.sched import POLICIES
-        if not isinstance(v, str) or v not in POLICIES:
-            raise self.fail(tab, "sched_policy", f"must be one of {', '.join(POLICIES)} (got {v!r})")
-        return v
-
-    def models(self, tab: str, body: dict[str, Any]) -> list[str]:
-        if "model_types" not in body:
-            raise self.fail(tab, "model_types", "missing: name the transformers model types to check")
-        names = self.strings(tab, "model_types", body["model_types"], "model types", empty_ok=False)
-        from kvcheck.engines.transformers import models as tm
+    def engine_system(self, tab: str, kind: str, body: dict[str, Any]) -> tuple[tuple[str, ...], dict[str, Any]]:
+        """A registered engine's variants (its `project_variant_key`) and options, checked by it."""
+        from ..fuzz import registry
+        from ..fuzz.engine import EngineUnavailable, ProjectKeyError
         try:
-            _, causal = tm.config_mapping()
-        except tm.AdapterError as e:
-            raise self.fail(tab, "model_types", str(e)) from None
-        for i, n in enumerate(names):
-            mt = tm.ALIASES.get(n, n)
-            if mt not in causal or tm.describe(mt) is None:
-                raise self.fail(tab, f"model_types[{i}]", f"unknown or non-hybrid model type {n!r} "
-                                "(see `kvcheck diff --sut transformers --list-models`)")
-        return names
+            eng = registry.get(kind)
+        except registry.UnknownEngine as e:
+            raise self.fail(self.sub("systems"), kind, str(e)) from None
+        key = eng.project_variant_key
+        names = None
+        if key is not None and key in body:
+            names = list(self.strings(tab, key, body[key], f"{key.replace('_', ' ')} (strings)", empty_ok=False))
+        try:
+            variants, options = eng.project_system(names, body, self.base)
+        except ProjectKeyError as e:
+            raise self.fail(tab, e.key, " ".join(e.why.split())) from None
+        except EngineUnavailable as e:
+            raise self.fail(tab, key or "engines", str(e)) from None
+        return tuple(variants), options
 
     def fault(self, tab: str, key: str, kind: str, name: str, f: str) -> None:
         """A fault this system plants (the one registry; a user SUT's own `faults`)."""

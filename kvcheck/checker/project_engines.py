@@ -46,14 +46,14 @@ def finding(kind: str, message: str, replay: str | None, steps: list[str]) -> di
     return {"kind": kind, "message": message, "replay": replay, "trace_steps": steps}
 
 
-def _labels(path: str) -> list[str]:
+def labels(path: str) -> list[str]:
     try:
         return [s.label() for s in Trace.load(path).steps]
     except Exception:  # noqa: BLE001 - a label list is decoration; the trace stays named
         return []
 
 
-def _per_check(system: str, engine: str, names: list[str], failed: dict[str, dict[str, Any]],
+def per_check(system: str, engine: str, names: list[str], failed: dict[str, dict[str, Any]],
                seconds: float, counts: dict[str, Any], undecided: dict[str, str] | None = None) -> list[dict[str, Any]]:
     names = names + [n for n in failed if n not in names]
     out = []
@@ -105,7 +105,7 @@ def run_walk(sys: System, cfg: Config, seed: int, out: Path) -> EngineRun:
     und = {"coverage": "not reached: " + ", ".join(missing)} if missing and code == ExitCode.OK else {}
     if und:
         code = ExitCode.UNDECIDED
-    return EngineRun(code, secs, counts, _per_check(sys.name, "walk", invariants(cfg) + ["coverage"],
+    return EngineRun(code, secs, counts, per_check(sys.name, "walk", invariants(cfg) + ["coverage"],
                                                     failed, secs, counts, und), traces)
 
 
@@ -141,7 +141,7 @@ def run_explore(sys: System, out: Path) -> EngineRun:
     if not rep.get("exhaustive"):
         und["exhaustive"] = "state budget spent before the state space was"
     names = ["invariants", "deadlocks", "sometimes", "exhaustive"]
-    return EngineRun(code, rep["seconds"], counts, _per_check(sys.name, "explore", names, failed, rep["seconds"],
+    return EngineRun(code, rep["seconds"], counts, per_check(sys.name, "explore", names, failed, rep["seconds"],
                                                               counts, und))
 
 
@@ -170,12 +170,12 @@ def run_fuzz(sys: System, cfg: Config, seed: int, out: Path, fault: str | None =
     und = {"campaign": r["error"]} if r.get("error") and code == ExitCode.UNDECIDED else {}
     names = invariants(cfg) + list(LOCKSTEP) + (["reuse_equals_recompute"] if sys.kind == "reference" else []) \
         + (["campaign"] if und else [])
-    checks = _per_check(sys.name, "fuzz", names, failed, r["seconds"], counts, und)
-    checks.append(_coverage(sys.name, r["coverage"]["actions_missing"], r["seconds"], counts))
+    checks = per_check(sys.name, "fuzz", names, failed, r["seconds"], counts, und)
+    checks.append(coverage_check(sys.name, r["coverage"]["actions_missing"], r["seconds"], counts))
     return EngineRun(code, r["seconds"], counts, checks, traces)
 
 
-def _coverage(label: str, missing: list[str], seconds: float, counts: dict[str, Any]) -> dict[str, Any]:
+def coverage_check(label: str, missing: list[str], seconds: float, counts: dict[str, Any]) -> dict[str, Any]:
     """A campaign's action coverage: reported, not gated (the walk's coverage minimum is the
     gate's); a budget too small to reach an action says so in the note."""
     return check(label, "fuzz", "coverage", "passed", seconds, counts,
@@ -185,96 +185,35 @@ def _coverage(label: str, missing: list[str], seconds: float, counts: dict[str, 
 # ---- reference diff ---------------------------------------------------------------------
 
 def run_reference_diff(sys: System, cfg: Config, seed: int, out: Path, fault: str | None = None) -> EngineRun:
-    from ..fuzz.diff import run_reference_diff as diff
+    from ..fuzz import registry
     n = sys.budgets["diff"].steps or 30
     if fault:                          # the fault budget: scenarios, or a time bound on 1000
         n = sys.fault_budget.steps or 1000
-    d = diff(n, seed, fault, out, cfg, seconds=sys.fault_budget.seconds if fault else None)
+    d = registry.get("reference").differential(cfg, n, seed, fault, out,
+                                               seconds=sys.fault_budget.seconds if fault else None)
     counts = {"scenarios": d["scenarios"], "comparisons": d["comparisons"], **d["decisions"]}
     failed, traces = {}, []
     for m in d["mismatches"]:
-        f = finding(m["kind"], m["message"], m["replay"], _labels(m["trace"]))
+        f = finding(m["kind"], m["message"], m["replay"], labels(m["trace"]))
         failed.update({c: f for c in m["checks"]})
         traces.append(m["trace"])
     return EngineRun(d["exit_code"], d["seconds"], counts,
-                     _per_check(sys.name, "diff", ["reuse_equals_recompute"] + list(LOCKSTEP[:2]),
+                     per_check(sys.name, "diff", ["reuse_equals_recompute"] + list(LOCKSTEP[:2]),
                                 failed, d["seconds"], counts), traces)
 
 
-# ---- vLLM and transformers ----------------------------------------------------------------
-
-def run_vllm(sys: System, layout: str, seed: int, out: Path, fault: str | None = None) -> EngineRun:
-    label = f"vllm[{layout}]"
-    from kvcheck.engines.vllm import drivers as v
-    if layout.endswith(".json") or "/" in layout:
-        try:
-            layout = v.load_layout_file(layout)      # the project file resolved its path
-        except ValueError as e:
-            return _skipped(label, "fuzz", str(e))
-    from kvcheck.engines.vllm.layouts import BOOKKEEPING_CHECKS, SAFETY_CHECKS
-    b = sys.fault_budget if fault else sys.budgets["fuzz"]
+def run_engine_variant(sys: System, variant: str, seed: int, out: Path, fault: str | None = None) -> EngineRun:
+    """One layout / model type of a registered engine's system, by the engine's `project_run`."""
+    from ..fuzz import registry
+    from ..fuzz.engine import EngineUnavailable
+    label = f"{sys.kind}[{variant}]"
     try:
-        r = v.run_campaign(layout, budget_s=b.seconds, steps=b.steps, seed=seed, fault=fault, out_dir=str(out),
-                           sched_policy=sys.sched_policy)
-    except v.VllmUnavailable as e:
-        return _skipped(label, "fuzz", str(e))
-    except ValueError as e:             # a fault this layout cannot plant (no sliding window)
-        return _skipped(label, "fuzz", str(e))
-    counts = {"steps": r["steps"], "episodes": r["episodes"], "lookups_with_hit": r["lookups_with_hit"],
-              "lost_reuse_lookups": r["lost_reuse_lookups"]}
-    failed, traces, lost = {}, [], 0
-    for x in r["findings"]:
-        if x["kind"] == "lost_reuse" and r["exit_code"] == ExitCode.OK:
-            lost += 1                  # kept as findings, not failures, without strict reuse
-            continue
-        failed[x["check"]] = finding(x["kind"], x["message"], x["replay"], _labels(x["trace"]))
-        traces.append(x["trace"])
-    checks = _per_check(label, "fuzz", list(SAFETY_CHECKS) + list(BOOKKEEPING_CHECKS), failed, r["elapsed_s"], counts)
-    checks.append(_coverage(label, r["missing_actions"], r["elapsed_s"], counts))
-    code = ExitCode.OK if r["exit_code"] == ExitCode.UNDECIDED and not failed else r["exit_code"]
-    if lost:
-        checks.append(check(label, "fuzz", "lost_reuse", "passed", r["elapsed_s"], counts,
-                            note=f"{lost} kinds of lost reuse saved as findings (not failing without strict reuse)"))
-    profile = r.get("reuse_profile") or _reuse_profile(v, layout)
-    return EngineRun(code, r["elapsed_s"], counts, checks, traces, {"reuse_profile": profile})
+        return registry.get(sys.kind).project_run(sys, variant, seed, out, fault)
+    except (registry.UnknownEngine, EngineUnavailable) as e:
+        return skipped(label, "fuzz", str(e))
 
 
-def _reuse_profile(v: Any, layout: str) -> dict:
-    """The layout's reuse profile (usable hit by divergence position; with its dense twin where
-    the layout sets a retention interval), for the HTML report's plot."""
-    try:
-        return v.reuse_profile(layout)
-    except (v.VllmUnavailable, ValueError):
-        return {}
-
-
-def run_transformers(sys: System, model_type: str, seed: int, out: Path, fault: str | None = None) -> EngineRun:
-    from kvcheck.engines.transformers import oracle as hf
-    label = f"transformers[{model_type}]"
-    n = sys.budgets["diff"].steps or 10
-    t0 = time.perf_counter()
-    try:
-        res = hf.run_diff(model_type, scenarios=n, seed=seed, fault=fault, out_dir=str(out), cover=True)
-    except hf.AdapterError as e:
-        return _skipped(label, "diff", str(e))
-    secs = time.perf_counter() - t0
-    counts = {"scenarios": len(res.get("scenarios", [])), **(res.get("counts") or {})}
-    verdict = res["verdict"]
-    if verdict == "unsupported":
-        return _skipped(label, "diff", f"unsupported: {res.get('reason')}")
-    cmd = kvcheck_command("diff", "--sut", "transformers", "--model-type", model_type, "--scenarios", n,
-                          "--seed", seed, *(["--fault", fault] if fault else []))
-    failed = {}
-    code = ExitCode.OK
-    if verdict in ("divergent", "error"):
-        msg = f"{verdict}: " + (res.get("error") or str((res.get("explanation") or {}).get("summary", ""))
-                                or "reuse differs from a full recompute")
-        failed["reuse_equals_recompute"] = finding("differential", msg, cmd, [])
-        code = ExitCode.DIFF
-    return EngineRun(code, secs, counts, _per_check(label, "diff", ["reuse_equals_recompute"], failed, secs, counts))
-
-
-def _skipped(label: str, engine: str, why: str) -> EngineRun:
+def skipped(label: str, engine: str, why: str) -> EngineRun:
     return EngineRun(ExitCode.OK, 0.0, {}, [check(label, engine, "all", "skipped", 0.0, {}, note=why)])
 
 
@@ -302,10 +241,9 @@ def run_expected_fault(sys: System, engine: str, cfg: Config, seed: int, out: Pa
         detail = f"walk of {r['steps']} steps"
     else:
         label = sys.name if variant is None else f"{sys.kind}[{variant}]"
-        run = {"fuzz": lambda: run_vllm(sys, variant, seed, out, fault) if sys.kind == "vllm"
-               else run_fuzz(sys, cfg, seed, out, fault),
-               "diff": lambda: run_transformers(sys, variant, seed, out, fault) if sys.kind == "transformers"
-               else run_reference_diff(sys, cfg, seed, out, fault)}[engine]()
+        run = (run_engine_variant(sys, variant, seed, out, fault) if variant is not None
+               else {"fuzz": lambda: run_fuzz(sys, cfg, seed, out, fault),
+                     "diff": lambda: run_reference_diff(sys, cfg, seed, out, fault)}[engine]())
         if run.checks and run.checks[0]["verdict"] == "skipped":
             return check(label, engine, f"expected_fault:{fault}", "skipped", 0.0, {}, note=run.checks[0]["note"])
         caught_by = [c["check"] for c in run.checks if c["verdict"] == "failed"]

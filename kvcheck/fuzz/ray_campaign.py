@@ -170,10 +170,11 @@ def run_shard(cfg_dict: dict, shard: Shard, budget: Budget, db: str | None, boar
     threading.Thread(target=watch, daemon=True).start()
     tmp = Path(tempfile.mkdtemp(prefix="kvcheck-shard-"))
     try:
-        if shard.sut == "vllm":       # vLLM's own driver (no Hypothesis: no example database)
-            from kvcheck.engines.vllm import drivers as vllm
-            res = vllm.run_campaign(shard.layout, budget_s=budget.seconds, steps=budget.steps, seed=shard.seed,
-                                    strict_reuse=shard.strict, fault=shard.fault, out_dir=str(tmp))
+        if shard.layout:                # an engine's own driver (no Hypothesis: no example database)
+            from . import registry
+            res = registry.get(shard.sut).campaign(shard.layout, budget_s=budget.seconds, steps=budget.steps,
+                                                   seed=shard.seed, strict_reuse=shard.strict, fault=shard.fault,
+                                                   out_dir=str(tmp))
         else:
             cfg = Config.from_dict(json.loads(shard.config) if shard.config else cfg_dict)
             try:

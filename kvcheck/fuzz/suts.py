@@ -1,7 +1,10 @@
-"""Systems under test by name: `spec`, and `MODULE:CLASS` for a user's own adapter.
+"""Systems under test by name: `spec`, a registered engine with a SUT class (`reference`, a
+third party's), and `MODULE:CLASS` for a user's own adapter.
 
 Owns turning the `--sut` argument into a factory of fresh SUT instances (one per run), with a
-clear one-line error when it cannot.
+clear one-line error when it cannot. A `MODULE:CLASS` whose module an earlier kvcheck had
+(kvcheck.fuzz.adapters..., kvcheck.reference.adapter) resolves to where it lives now, through the
+engines' `legacy_modules`, so old traces still replay.
 """
 from __future__ import annotations
 
@@ -13,8 +16,7 @@ from typing import Callable
 from ..fuzz import faults as faultlib
 from ..spec.sut import SpecSUT, SystemUnderTest
 
-BUILTIN = ("spec", "reference")
-ALIASES = {"reference": "kvcheck.engines.reference.sut:ReferenceSUT"}
+from . import registry
 
 
 class SutError(ValueError):
@@ -27,18 +29,21 @@ def resolve_sut(name: str, fault: str | None = None) -> Callable[[], SystemUnder
             raise SutError(f"fault {fault!r} is a {faultlib.get(fault).layer} fault; "
                            "--sut spec plants spec faults only")
         return lambda: SpecSUT(fault)
-    if name in ALIASES:
-        target = ALIASES[name]
-        mod_name, _, cls_name = target.partition(":")
-        try:
-            cls = getattr(importlib.import_module(mod_name), cls_name)
-        except (ImportError, AttributeError) as e:
-            raise SutError(f"the {name} system under test is not available: {e}") from None
-        return _factory(cls, name, fault)
     if ":" not in name:
-        raise SutError(f"unknown system under test {name!r}; use one of {', '.join(BUILTIN)} "
-                       "or MODULE:CLASS")
+        try:
+            eng = registry.get(name)
+        except registry.UnknownEngine as e:
+            raise SutError(f"unknown system under test {name!r}: {e}; or spec, or MODULE:CLASS") from None
+        try:
+            cls = eng.sut_class()
+        except Exception as e:  # noqa: BLE001 - an engine that cannot load here: one line
+            raise SutError(f"the {name} system under test is not available: {type(e).__name__}: {e}") from None
+        if cls is None:
+            raise SutError(f"--sut {name}: the engine runs its own driver (kvcheck fuzz --sut {name}), "
+                           "not a SUT class for the Hypothesis machine")
+        return _factory(cls, name, fault)
     mod_name, _, cls_name = name.partition(":")
+    mod_name = registry.legacy_module(mod_name) or mod_name
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:

@@ -13,14 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .incremental import Incremental
-
-
-class Violation(Exception):
-    """A broken check: kind (safety | bookkeeping | lost_reuse), check name, one-line message."""
-
-    def __init__(self, kind: str, check: str, message: str) -> None:
-        super().__init__(f"[{check}] {message}")
-        self.kind, self.check, self.message = kind, check, message
+from .violation import Violation
 
 
 @dataclass

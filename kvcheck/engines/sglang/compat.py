@@ -14,6 +14,7 @@ import functools
 import importlib
 import inspect
 from array import array
+from dataclasses import fields
 from typing import Any
 
 from .install import (SglangUnavailable, cache_class, load, sglang_version)
@@ -173,3 +174,31 @@ def runtime_config() -> None:
 def takes(fn: Any, name: str) -> bool:
     """Whether `fn` takes a parameter `name` (e.g. cache_finished_req's `is_insert`, 0.5.1+)."""
     return name in _params(fn)
+
+
+def component_types() -> Any:
+    """The ComponentType enum of the installed release (it moved between releases)."""
+    for mod in ("sglang.srt.mem_cache.unified_cache.component_type", "sglang.srt.mem_cache.unified_cache_components"):
+        try:
+            return importlib.import_module(mod).ComponentType
+        except (ImportError, AttributeError):
+            continue
+    raise SglangUnavailable(f"sglang {load()['version']}: no ComponentType for UnifiedRadixCache")
+
+
+def has_tree_cores() -> bool:
+    """Whether this release's UnifiedRadixCache takes a pluggable tree core (python | rust)."""
+    return "tree_core_backend" in {f.name for f in fields(load()["CacheInitParams"])}
+
+
+def rust_core_gap() -> str | None:
+    """Why the Rust tree core cannot run here (None: it loads). One line."""
+    S = load()
+    if not has_tree_cores():
+        return (f"sglang {S['version']}: UnifiedRadixCache has no pluggable tree core "
+                "(SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND came later): Python tree only")
+    try:
+        importlib.import_module("sglang.srt.mem_cache.rust_tree_core.extension")
+    except Exception as e:      # not in the wheel, or it does not load over this torch
+        return f"sglang {S['version']}: the Rust tree core does not load here: {type(e).__name__}: {str(e)[:160]}"
+    return None

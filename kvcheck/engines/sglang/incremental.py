@@ -32,6 +32,8 @@ import inspect
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
+from .violation import Violation
+
 FULL_SCAN_EVERY = 32        # the campaigns' period (steps) of the full scan
 
 
@@ -257,7 +259,6 @@ class Incremental:
         if st is None:
             self.check_state(None)
             return
-        from .checks import Violation
         st.steps += 1
         st.checking = True
         try:
@@ -283,7 +284,6 @@ class Incremental:
     def _incremental(self, st: IncState, snap: dict[str, list], rs: Any) -> Inc:
         """The incremental check; on a violation, the full scan reports (what the exact mode
         reports at this step)."""
-        from .checks import Violation
         old, dirty, changed = st.snap or {}, {}, False
         for p, parts in snap.items():
             o = old.get(p, ())

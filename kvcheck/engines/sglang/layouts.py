@@ -173,11 +173,11 @@ def check_supported(lay: Layout) -> None:
 def _api_gap(lay: Layout) -> str | None:
     """Why the adapter cannot drive this class at the installed release, if it cannot."""
     if lay.cls == "UnifiedRadixCache" and "mamba" in lay.components:
-        from .unified import component_types
+        from .compat import component_types
         if not hasattr(component_types(), "MAMBA"):
             return f"sglang {load()['version']}: UnifiedRadixCache has no MAMBA tree component"
     if lay.cls == "UnifiedRadixCache" and lay.tree_core in ("rust", "lockstep"):
-        from .unified import rust_core_gap
+        from .compat import rust_core_gap
         return rust_core_gap()
     return None
 

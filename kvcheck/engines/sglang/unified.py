@@ -22,47 +22,11 @@ from .checks import Req, Violation
 from .compat import dec_params, swa_pools
 from .install import SglangUnavailable, cache_class, load
 from .layouts import FAULTS, LayoutError
-from .unified_checks import UnifiedChecks
+from .unified_checks import Hold, UnifiedChecks
+from .compat import component_types, has_tree_cores, rust_core_gap  # noqa: F401 (re-exported)
 
 FREES = ("free", "free_swa", "free_swa_segment", "free_full", "free_segment", "free_full_segment",
          "free_segments", "free_full_segments", "free_page_ids")
-
-
-def component_types() -> Any:
-    """The ComponentType enum of the installed release (it moved between releases)."""
-    for mod in ("sglang.srt.mem_cache.unified_cache.component_type", "sglang.srt.mem_cache.unified_cache_components"):
-        try:
-            return importlib.import_module(mod).ComponentType
-        except (ImportError, AttributeError):
-            continue
-    raise SglangUnavailable(f"sglang {load()['version']}: no ComponentType for UnifiedRadixCache")
-
-
-def has_tree_cores() -> bool:
-    """Whether this release's UnifiedRadixCache takes a pluggable tree core (python | rust)."""
-    return "tree_core_backend" in {f.name for f in fields(load()["CacheInitParams"])}
-
-
-def rust_core_gap() -> str | None:
-    """Why the Rust tree core cannot run here (None: it loads). One line."""
-    S = load()
-    if not has_tree_cores():
-        return (f"sglang {S['version']}: UnifiedRadixCache has no pluggable tree core "
-                "(SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND came later): Python tree only")
-    try:
-        importlib.import_module("sglang.srt.mem_cache.rust_tree_core.extension")
-    except Exception as e:      # not in the wheel, or it does not load over this torch
-        return f"sglang {S['version']}: the Rust tree core does not load here: {type(e).__name__}: {str(e)[:160]}"
-    return None
-
-
-@dataclass
-class Hold:
-    """What a running request holds: the lock receipt and the SWA segment it locked."""
-    receipt: Any
-    seg_lo: int = 0                                  # SWA segment: positions [seg_lo, hit)
-    skipped: list[tuple[int, int]] = field(default_factory=list)   # tombstones skipped (0.5.11-12)
-    live: list[int] = field(default_factory=list)    # SWA positions live at lock time
 
 
 class UnifiedAdapter(UnifiedChecks, SglangAdapter):

@@ -7,10 +7,20 @@ the Python core (sglang_unified_diff.py); the rest run on both.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from .checks import (Req, ShadowChecks, Violation, ints)
+
+
+
+@dataclass
+class Hold:
+    """What a running request holds: the lock receipt and the SWA segment it locked."""
+    receipt: Any
+    seg_lo: int = 0                                  # SWA segment: positions [seg_lo, hit)
+    skipped: list[tuple[int, int]] = field(default_factory=list)   # tombstones skipped (0.5.11-12)
+    live: list[int] = field(default_factory=list)    # SWA positions live at lock time
 
 
 class NodeView(NamedTuple):
@@ -194,7 +204,6 @@ class UnifiedChecks(ShadowChecks):
         """Before inc_lock_ref: the SWA segment SGLang's acquire walk will count (from the node up
         until a window of positions is covered; 0.5.11-0.5.12 skip tombstones without counting
         them, TreeCore releases count them) and the SWA positions live in it."""
-        from .unified import Hold
         hold = Hold(None)
         if not self.swa or self.core == "rust" or hit == 0:
             return hold

@@ -20,7 +20,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from .layouts import vllm_modules
+from .runtime import vllm_modules
+from .violation import Violation
 from .mamba import MAMBA, retained_counts
 
 # the manager's methods that change a request's blocks (those a release lacks are skipped)
@@ -163,7 +164,6 @@ class Bookkeeping:
     def _check_blocks(self, ids: list[int]) -> None:
         """Refcount, free-queue membership, aliasing and the map entries of these blocks (in
         the full scan's order of checks, so both report the same violation first)."""
-        from .checks import Violation
         pool = self.pool
         blocks = [pool.blocks[i] for i in sorted(ids)]
         where, ret = self._bk_where, retained_counts(self)
@@ -212,7 +212,6 @@ class Bookkeeping:
         """The blocks each running request's next token reads hold its prefix. With `since`
         (rid -> computed tokens at the last check), only what may have changed: a touched
         request's blocks from there on, and any request's blocks in `dirty`."""
-        from .checks import Violation
         for rid in sorted(rids):
             req = self.reqs.get(rid)
             if req is None or req.state != "running":
@@ -231,7 +230,6 @@ class Bookkeeping:
                                         "its next token reads is missing or overwritten")
 
     def _check_alias(self, bid: int, hs: list[tuple[str, int, int]]) -> None:
-        from .checks import Violation
         for rid, g, i in hs:
             req = self.reqs.get(rid)
             bs = self.groups[g][1]
@@ -243,7 +241,6 @@ class Bookkeeping:
 
     def _check_entry(self, key: Any, b: Any) -> None:
         """One prefix-cache map entry: its block carries the key and holds the hash's prefix."""
-        from .checks import Violation
         pool = self.pool
         if b.is_null or not (b.block_hash == key or key in getattr(pool, "cached_block_hashes_by_block", {}).get(b.block_id, ())):
             raise Violation("bookkeeping", "hash_map_sound",
@@ -275,7 +272,6 @@ class Bookkeeping:
         return out
 
     def _null_inert(self) -> None:
-        from .checks import Violation
         pool, null = self.pool, self.pool.null_block
         if null.prev_free_block is not None or null.next_free_block is not None or null.block_hash is not None \
                 or null.block_id in getattr(pool, "cached_block_hashes_by_block", {}):
@@ -284,7 +280,6 @@ class Bookkeeping:
     # ---- the full scan -----------------------------------------------------------------------
     def check_bookkeeping(self) -> None:
         """Every block, the free queue, the whole map and every running request's window."""
-        from .checks import Violation
         pool = self.pool
         null = pool.null_block
         holders: Counter = Counter(retained_counts(self))   # a step's queued copies hold their endpoints

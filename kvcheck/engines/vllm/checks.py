@@ -17,6 +17,7 @@ from typing import Any
 from kvcheck.spec.objects import needed_objects
 
 from . import mamba
+from .violation import Violation
 from .bookkeeping import Bookkeeping
 from .layouts import cdiv, vllm_modules
 
@@ -32,17 +33,6 @@ def _per_layout(fn: Any) -> Any:
         return got
     memo.__doc__, memo.__name__ = fn.__doc__, fn.__name__
     return memo
-
-
-@dataclass
-class Violation(Exception):
-    kind: str       # safety | bookkeeping | divergence | lost_reuse
-    check: str
-    message: str
-    size: dict | None = None    # lost reuse: tokens_lost, prompt_tokens, share (of the prompt)
-
-    def __str__(self) -> str:
-        return f"{self.kind}/{self.check}: {self.message}"
 
 
 @dataclass

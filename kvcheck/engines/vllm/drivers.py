@@ -25,6 +25,7 @@ from kvcheck.fuzz.shrink import shrink_finding
 from kvcheck.fuzz.traces import replay as replay_on_core, to_trace
 from . import known
 from .adapter import VllmAdapter
+from .build import make_adapter, resolve_layout
 from .bookkeeping import FULL_SCAN_EVERY
 from .checks import Violation
 from .reproducer import write_reproducer
@@ -78,13 +79,6 @@ class _Gen(PromptGen):
 
 
 DRIVES = ("mixed", "single", "scheduler")
-
-
-def make_adapter(layout: str, num_blocks: int, fault: str | None, strict: bool, twin: bool,
-             sched_policy: str = "fcfs") -> VllmAdapter:
-    ad = (TwinAdapter if twin else VllmAdapter)(layout, num_blocks, fault, strict)
-    ad.sched_policy = sched_policy          # (what a preemption may take back: vllm_adapter._a_preempt)
-    return ad
 
 
 def execute(layout: str, num_blocks: int, fault: str | None, program: list[Act],
@@ -316,17 +310,6 @@ def _size_of(layout: str, num_blocks: int, fault: str | None, f: Finding, twin: 
     is run once more and the last lost reuse measured (the map-based check records none)."""
     ad, _ = execute(layout, num_blocks, fault, f.program, True, twin, sched_policy)
     return getattr(ad.lost[-1], "size", None) if ad.lost else None
-
-
-def resolve_layout(trace: Trace) -> str:
-    """The trace's layout, registered again from its meta when a file or the generator made it."""
-    layout = trace.meta.get("layout")
-    if isinstance(layout, str) and layout.split(":")[0] in ("file", "gen") and "layout_file" in trace.meta:
-        kind, _, where = layout.partition(":")
-        layout = register_layout(trace.meta["layout_file"], where, prefix=kind)
-    if layout not in LAYOUTS:
-        raise ValueError(f"trace has no known vLLM layout in meta.layout (got {layout!r})")
-    return layout
 
 
 def replay(trace: Trace | str | Path) -> dict:

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Callable
 
+from .build import make_adapter
+from .layouts import register_layout, vllm_version
 from .fixes import (drop_once, full_at_candidate, full_spec, margin_to_hashed, realign, truncate_all,
                     unitary_margin)
 
@@ -196,18 +198,17 @@ def explain_trace(path: str) -> dict:
     watched (recognition on, whatever KVCHECK_VLLM_STRICT says): which known defect, if any,
     explains the finding at its step. The evidence behind a finding's classification."""
     from kvcheck.spec.trace import Trace
-    from . import drivers as V
     global STRICT
     t = Trace.load(path)
     layout = t.meta["layout"]
     if "layout_file" in t.meta:
         kind, _, where = layout.partition(":")
-        layout = V.register_layout(t.meta["layout_file"], where, prefix=kind)
+        layout = register_layout(t.meta["layout_file"], where, prefix=kind)
     strict, STRICT = STRICT, False
     try:
-        ad = V.make_adapter(layout, int(t.meta.get("num_blocks", 24)), t.fault, False, bool(t.meta.get("dense_twin")),
+        ad = make_adapter(layout, int(t.meta.get("num_blocks", 24)), t.fault, False, bool(t.meta.get("dense_twin")),
                         t.meta.get("sched_policy", "fcfs"))
-        install(ad, V.vllm_version())
+        install(ad, vllm_version())
         check, at = t.violation["check"], t.violation["step"]
         found, name = None, None
         for i, s in enumerate(t.steps):
@@ -217,11 +218,11 @@ def explain_trace(path: str) -> dict:
             ad.broken = None
             if got is not None and i == at:
                 found = i
-                name = of_violation(ad, got, SimpleNamespace(action=s.action, params=s.params), V.vllm_version())
+                name = of_violation(ad, got, SimpleNamespace(action=s.action, params=s.params), vllm_version())
                 break
-        return {"trace": path, "vllm_version": V.vllm_version(), "check": check, "step": at,
+        return {"trace": path, "vllm_version": vllm_version(), "check": check, "step": at,
                 "reproduced": found is not None, "known": name,
-                "active": [k.name for k in active(ad, V.vllm_version())]}
+                "active": [k.name for k in active(ad, vllm_version())]}
     finally:
         STRICT = strict
 

@@ -14,9 +14,10 @@ from typing import Any
 from kvcheck.spec.config import Config, LayerSpec
 from kvcheck.spec.faults import Fault, Planted, UnknownFault
 
-OLDEST, NEWEST = "0.14.1", "0.33.0"      # the releases tested (docs/adapters-vllm.md)
-INSTALL_HINT = ("vLLM is not importable: install it with `bash scripts/install-vllm.sh [VERSION]` "
-                "(pip install --no-deps vllm==VERSION + requirements-vllm.txt; torch is kept)")
+from .runtime import (INSTALL_HINT, NEWEST, OLDEST, VllmUnavailable, vllm_modules,  # noqa: F401 (re-exported)
+                      vllm_version)
+from .release import fault_gap, layout_gap
+
 B = 4                 # hash block size (tokens) of the small layouts (presets set their own)
 MAX_MODEL_LEN = 64
 MAX_TOKENS = 48       # requests never grow past this (max_model_len = 64)
@@ -185,49 +186,6 @@ BOOKKEEPING_CHECKS = ("refcount_equals_holders", "free_queue_iff_unreferenced", 
                       "null_block_inert", "no_alias", "hash_map_sound", "toctou_bound_stable")
 
 
-from .release import (OPTIONAL_SPECS, REQUIRED_SPECS, fault_gap, layout_gap, release_features)
-
-
-class VllmUnavailable(Exception):
-    """vLLM cannot be imported (one-line install hint)."""
-
-
-_V: dict[str, Any] = {}
-
-
-def vllm_modules() -> dict[str, Any]:
-    """Import the vLLM pieces lazily (about 8 s the first time)."""
-    if _V:
-        return _V
-    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-    # vLLM's own logging config writes to stdout, which would corrupt `--json`: leave logging
-    # to Python's (errors on stderr) unless the user configured vLLM's.
-    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
-    import logging
-    logging.getLogger("vllm").setLevel(logging.ERROR)
-    try:
-        import torch
-        import vllm
-        from vllm.sampling_params import SamplingParams
-        from vllm.utils.hashing import sha256
-        from vllm.v1 import kv_cache_interface as kci
-        from vllm.v1.core import kv_cache_utils as ku
-        from vllm.v1.core import single_type_kv_cache_manager as stm
-        from vllm.v1.core.kv_cache_manager import KVCacheManager
-        from vllm.v1.request import Request, RequestStatus
-        missing = [n for n in REQUIRED_SPECS if not hasattr(kci, n)]
-        if missing:
-            raise ImportError(f"vllm.v1.kv_cache_interface has no {', '.join(missing)}")
-    except Exception as e:  # ImportError, or a broken install
-        raise VllmUnavailable(_why_unusable(e)) from None
-    ku.init_none_hash(sha256)
-    _V.update(torch=torch, version=vllm.__version__, SamplingParams=SamplingParams, sha256=sha256,
-              ku=ku, stm=stm, KVCacheManager=KVCacheManager, Request=Request,
-              RequestStatus=RequestStatus, features=release_features(kci, KVCacheManager, stm, Request))
-    _V.update({n: getattr(kci, n, None) for n in REQUIRED_SPECS + OPTIONAL_SPECS})
-    return _V
-
-
 _FAULT_SITE = {"swa_hit_unchecked": "swa_contiguous_rule", "swa_overstrict": "swa_contiguous_rule",
                "retention_drops_tail": "retention_interval", "mamba_partial_move_uncopied": "mamba_partial_hits",
                "mamba_partial_hit_off_by_one": "mamba_partial_hits"}
@@ -259,23 +217,6 @@ def release_gap(layout: str, fault: str | None = None) -> str | None:
 def supported_layouts() -> dict[str, str | None]:
     """Every layout with the reason the installed release cannot run it (None: it can)."""
     return {name: release_gap(name) for name in LAYOUT_DATA}
-
-
-def _why_unusable(e: Exception) -> str:
-    """One line: no vLLM at all, or which release is there and what it lacks."""
-    import importlib.metadata
-    try:
-        found = importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        return f"{INSTALL_HINT} ({type(e).__name__}: {e})".splitlines()[0]
-    return (f"vLLM {found} is installed but its v1 KV cache manager cannot be used here "
-            f"({type(e).__name__}: {e}); supported: releases with the hybrid v1 manager, "
-            f"{OLDEST}..{NEWEST} tested; `scripts/install-vllm.sh VERSION DIR` builds a side "
-            "environment for one").splitlines()[0]
-
-
-def vllm_version() -> str:
-    return vllm_modules()["version"]
 
 
 def cdiv(a: int, b: int) -> int:

@@ -25,13 +25,11 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+from .runtime import vllm_modules
+from .violation import Violation
+
 MAMBA = "mamba"
 SPEC_TOKENS = 2      # num_speculative_tokens of a Mamba layout with a drafter (= num_speculative_blocks)
-
-
-def Violation(*args: Any) -> Exception:
-    from .checks import Violation as V      # vllm_checks imports this module
-    return V(*args)
 
 
 def is_mamba(groups: list, g: int) -> bool:
@@ -68,7 +66,6 @@ def fine_usable(ad: Any, req: Any, g: int, L: int, eagle: bool, witness: list | 
     lookup's reach)? A Mamba group needs its entry keyed at exactly L with the state at L; an
     EAGLE group also proves the tokens [L, L + margin) (vLLM's eagle_proof_margin: one hash
     block when fine-grained). The entries found are appended to `witness` as ("entry", g, end)."""
-    from .layouts import vllm_modules
     kind, bs, _ = ad.groups[g]
     hs, hb = req.obj.block_hashes, ad.hb
     make = vllm_modules()["ku"].make_block_hash_with_group_id
@@ -200,7 +197,6 @@ def _claim(ad: Any, src: int, dst: int) -> tuple[tuple | None, bool, int]:
     the block its hit ends inside holds what the request resumes from (its own forward writes the
     rest, and may publish the block under a longer key in the same step); a moved cache entry
     (in no table) what its key promises."""
-    from .layouts import vllm_modules
     for rid, req in ad.reqs.items():
         for g in range(len(ad.groups)):
             if any(b.block_id == dst for b in ad._table(g, rid)) and hasattr(req, "resumed_at"):

@@ -152,7 +152,7 @@ def record(trace: Any) -> dict | None:
     and at the finding's step the spec's numbers (usable hit and its witness entries, the
     blocks the hit's resume reads). None when the trace does not reproduce its check."""
     from kvcheck.spec.sut import ActionRejected
-    from .drivers import make_adapter, resolve_layout
+    from .build import make_adapter, resolve_layout
     layout = resolve_layout(trace)
     v = trace.violation or {}
     ad = make_adapter(layout, int(trace.meta.get("num_blocks", 24)), trace.fault,

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from kvcheck.engines.reference.sut import ReferenceSUT
+from .sut import ReferenceSUT
 from kvcheck.spec.config import Config
 from kvcheck.spec.objects import DECISION_KINDS, OBJECT_KINDS
 from kvcheck.spec.sut import PROBE_ACTIONS
@@ -39,10 +39,10 @@ from kvcheck.spec.system import Instance, Spec
 from kvcheck.spec.trace import Trace
 from kvcheck.spec.workloads import THEMES, weights as theme_weights
 
-from ..spec.verdict import FOR_FINDING
-from .lockstep import Finding, Lockstep, SpecModel
-from .shrink import shrink_finding
-from .traces import replay, to_trace
+from kvcheck.spec.verdict import FOR_FINDING
+from kvcheck.fuzz.lockstep import Finding, Lockstep, SpecModel
+from kvcheck.fuzz.shrink import shrink_finding
+from kvcheck.fuzz.traces import replay, to_trace
 
 CHECKS = "invariants on the engine state, reuse == recompute, conformance; isolation probe after each lookup"
 
@@ -195,7 +195,7 @@ def mutant_engine(cfg: Config, fault: str | None, budget_s: float, seed: int) ->
     negative control) under a time budget, with the configurable semantic the fault lives in
     switched on."""
     if fault is not None:
-        from .faults import get
+        from kvcheck.fuzz.faults import get
         cfg = get(fault).config_for(cfg)
     with tempfile.TemporaryDirectory() as d:
         t0 = time.perf_counter()

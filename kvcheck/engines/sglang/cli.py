@@ -1,0 +1,23 @@
+"""`kvcheck fuzz --sut sglang`: SGLang's radix caches on the lockstep core (drivers.py)."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from kvcheck.checker.common import UsageError, check_writable, emit
+from kvcheck.fuzz.campaign import Budget
+
+from . import drivers as sg
+
+
+def fuzz_command(args: argparse.Namespace) -> int:
+    """SGLang's radix caches on the lockstep core (kvcheck/fuzz/adapters/sglang*.py)."""
+    try:
+        b = Budget.parse(args.budget)
+        check_writable(Path(args.out))
+        res, text = sg.cli_fuzz(args.layout, args.layout_file, args.list_layouts, b.seconds, b.steps,
+                                args.seed, args.fault, args.out)
+    except (sg.SglangUnavailable, ValueError) as e:
+        raise UsageError(str(e)) from None
+    emit(args, res, lambda: text)
+    return 0 if args.list_layouts else res["exit_code"]

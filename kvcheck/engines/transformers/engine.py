@@ -1,0 +1,55 @@
+"""transformers as a registered engine: every hybrid model type of the installed release, built
+tiny with random weights, reuse vs full recompute through its own cache classes (oracle.py,
+docs/adapters-transformers.md). transformers itself is imported lazily."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from kvcheck.fuzz.engine import Engine
+
+from .cache import TRANSFORMERS_FAULTS
+
+
+class TransformersEngine(Engine):
+    name = "transformers"
+    summary = "Hugging Face transformers: reuse vs full recompute on every hybrid model type's cache classes"
+    docs = "docs/adapters-transformers.md"
+    legacy_modules = {"kvcheck.fuzz.adapters.transformers": "kvcheck.engines.transformers.oracle"} | {
+        f"kvcheck.fuzz.adapters.transformers_{m}": f"kvcheck.engines.transformers.{m}" for m in (
+            "build", "cache", "models", "plan", "rules", "scenarios", "trace")}
+    project_variant_key = "model_types"
+
+    def release(self) -> str | None:
+        try:
+            import transformers
+        except ImportError:
+            return None
+        return transformers.__version__
+
+    def layouts(self) -> dict[str, str]:
+        """Every hybrid model type of the installed release -> the kinds of its layers."""
+        from .oracle import list_models
+        return {m["model_type"]: ", ".join(m["layer_kinds"]) for m in list_models(None)}
+
+    def faults(self) -> tuple:
+        return TRANSFORMERS_FAULTS
+
+    def checks(self) -> dict[str, str]:
+        return {"reuse_equals_recompute": "differential"}
+
+    def diff_command(self, args: argparse.Namespace) -> int:
+        from .cli import diff_command
+        return diff_command(args)
+
+    def project_system(self, variants: list[str] | None, body: Any, base: Path) -> tuple[list[str], dict[str, Any]]:
+        from .project import project_system
+        return project_system(variants, body, base)
+
+    def project_run(self, system: Any, variant: str, seed: int, out: Path, fault: str | None = None) -> Any:
+        from .project import run_transformers
+        return run_transformers(system, variant, seed, out, fault)
+
+
+ENGINE = TransformersEngine()

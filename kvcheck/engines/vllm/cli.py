@@ -1,0 +1,116 @@
+"""`kvcheck fuzz --sut vllm`: vLLM's KV cache manager on its own driver, per layout (drivers.py),
+locally or as Ray shards; the command line's side of the vLLM engine."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from kvcheck.checker.cmd_fuzz import on_ray, ray_line
+from kvcheck.checker.common import UsageError, check_writable, emit
+from kvcheck.fuzz.campaign import Budget
+from kvcheck.spec.outputs import kvcheck_command
+
+from . import drivers as v
+from .sched import POLICIES
+
+
+def fuzz_command(args: argparse.Namespace) -> int:
+    """vLLM's KV cache manager: its own driver per layout (kvcheck/engines/vllm/drivers.py)."""
+    if args.list_layouts:
+        try:
+            gaps, release = v.supported_layouts(), v.vllm_version()
+        except v.VllmUnavailable as e:
+            gaps, release = {k: str(e) for k in v.LAYOUTS}, None
+        emit(args, {"layouts": v.LAYOUTS, "vllm_version": release, "unsupported": {k: g for k, g in gaps.items() if g}},
+             lambda: "\n".join([f"vLLM {release or 'not importable'}:"] + [
+                 f"  {k:22} {d}" + (f"\n  {'':22} ({gaps[k]})" if gaps.get(k) else "") for k, d in v.LAYOUTS.items()]))
+        return 0
+    if args.layout_file:
+        if args.layout or args.ray is not None:
+            raise UsageError("--layout-file: give it instead of --layout, and without --ray")
+        try:
+            args.layout = v.load_layout_file(args.layout_file)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+    if not args.layout:
+        raise UsageError("--sut vllm needs --layout NAME or --layout-file FILE (see --list-layouts)")
+    try:
+        budget = Budget.parse(args.budget)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if args.fault is not None and args.fault not in v.FAULTS:
+        raise UsageError(f"unknown fault {args.fault!r} for --sut vllm; known: {', '.join(v.FAULTS)}")
+    workload = args.workload or "random"
+    if workload not in v.WORKLOADS:
+        raise UsageError(f"--workload: unknown workload {workload!r}; known: {', '.join(v.WORKLOADS)}")
+    if workload != "random" and args.ray is not None:
+        raise UsageError("--workload: the Ray shards drive the random workload only (drop --ray or --workload)")
+    policy = sched_policy(args.sched_policy)
+    if policy != "fcfs" and args.ray is not None:
+        raise UsageError("--sched-policy: the Ray shards drive FCFS only (drop --ray or --sched-policy)")
+    out = Path(args.out)
+    check_writable(out)
+    layouts = args.layout.split(",") if args.ray is not None else [args.layout]
+    for name in layouts:
+        if name not in v.LAYOUTS:
+            raise UsageError(f"unknown vLLM layout {name!r}; known: {', '.join(v.LAYOUTS)}")
+    try:
+        if args.ray is not None:       # layouts x seeds as Ray tasks
+            v.VllmAdapter(layouts[0], 24, args.fault)      # vLLM importable here: one line if not
+            from kvcheck.fuzz.ray_campaign import Shard
+
+            def shards(cpus: int) -> list:
+                n = args.workers or max(1, cpus // len(layouts))
+                return [Shard("vllm", args.seed + k, args.fault, name, strict=args.strict_reuse)
+                        for name in layouts for k in range(n)]
+            res = on_ray(args, shards, budget, None, out, f"fuzz vllm {args.layout}")
+        else:
+            res = v.run_campaign(args.layout, budget_s=budget.seconds, steps=budget.steps, seed=args.seed,
+                                 strict_reuse=args.strict_reuse, fault=args.fault, out_dir=str(out),
+                                 workload=workload, sched_policy=policy)
+    except v.VllmUnavailable as e:
+        raise UsageError(str(e)) from None
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if args.ray is None and not res.get("reuse_profile") and args.layout != "generated":
+        try:
+            res["reuse_profile"] = v.reuse_profile(args.layout)   # usable hit by divergence position
+        except ValueError:
+            res["reuse_profile"] = {}
+    code = res["exit_code"]
+    which = ["--layout-file", args.layout_file] if args.layout_file else ["--layout", args.layout]
+    cmd = ["fuzz", "--sut", "vllm", *which, "--budget", args.budget,
+           "--seed", str(args.seed)] + (["--strict-reuse"] if args.strict_reuse else []) \
+        + (["--fault", args.fault] if args.fault else []) \
+        + (["--workload", workload] if workload != "random" else []) \
+        + (["--sched-policy", policy] if policy != "fcfs" else []) \
+        + (["--ray", *([args.ray] if args.ray else []), "--workers", str(len(res["ray"]["shards"]) // len(layouts))]
+           if args.ray is not None else [])
+    res["command"] = kvcheck_command(*cmd)
+
+    def text() -> str:
+        lines = [f"kvcheck fuzz --sut vllm --layout {args.layout}: exit {code} (vLLM {res.get('vllm_version')})",
+                 f"  {res.get('steps')} steps, seed {args.seed}"
+                 + (f", {policy.upper()} scheduling" if policy != "fcfs" else "") + f"; rerun: {res['command']}",
+                 "  actions: " + ", ".join(f"{k} {n}" for k, n in sorted(res.get("coverage", {}).items())
+                                           if isinstance(n, int))]
+        if "ray" in res:
+            lines.insert(2, ray_line(res["ray"]))
+        for f in res.get("findings", []):
+            lines.append(f"  FINDING [{f['kind']}] {f.get('check', '')}" + (f" ({f['layout']})" if "layout" in f else "")
+                         + f": {f['message']}")
+            if f.get("replay"):
+                lines.append(f"    replay: {f['replay']}")
+        return "\n".join(lines)
+
+    emit(args, res, text)
+    return code
+
+
+def sched_policy(name: str | None) -> str:
+    """--sched-policy (vLLM's scheduler policy in the scheduler-driven episodes): fcfs or priority."""
+    if name is None:
+        return "fcfs"
+    if name not in POLICIES:
+        raise UsageError(f"--sched-policy: unknown policy {name!r}; known: {', '.join(POLICIES)}")
+    return name

@@ -1,0 +1,84 @@
+"""vLLM as a registered engine: its real KV cache manager driven as its scheduler drives it, on
+its own driver (drivers.py), with presets of real models' KV cache groups, generated and file
+layouts, known defects, reproducers (docs/adapters-vllm.md). vLLM itself is imported lazily."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from kvcheck.fuzz.engine import Engine, EngineUnavailable
+
+from .layouts import BOOKKEEPING_CHECKS, LAYOUTS, SAFETY_CHECKS, VLLM_FAULTS, VllmUnavailable
+
+
+class VllmEngine(Engine):
+    name = "vllm"
+    summary = "vLLM's v1 hybrid KV cache manager, driven as its scheduler drives it (releases 0.14.1-0.33.0)"
+    docs = "docs/adapters-vllm.md"
+    legacy_modules = {"kvcheck.fuzz.adapters.vllm": "kvcheck.engines.vllm.drivers"} | {
+        f"kvcheck.fuzz.adapters.vllm_{m}": f"kvcheck.engines.vllm.{m}" for m in (
+            "adapter", "bookkeeping", "checks", "fixes", "generator", "known", "layout_file", "layouts",
+            "machine", "mamba", "mamba_faults", "presets", "release", "reproducer", "reproducer_body",
+            "sched", "timeline", "twin", "workloads")}
+    fuzz_options = frozenset({"layout", "list_layouts", "layout_file", "workload", "sched_policy",
+                              "strict_reuse", "ray"})
+    project_variant_key = "layouts"
+
+    def release(self) -> str | None:
+        from .layouts import vllm_version
+        try:
+            return vllm_version()
+        except VllmUnavailable:
+            return None
+
+    def layouts(self) -> dict[str, str]:
+        return dict(LAYOUTS)
+
+    def unsupported(self) -> dict[str, str]:
+        from .layouts import supported_layouts
+        try:
+            return {k: why for k, why in supported_layouts().items() if why}
+        except VllmUnavailable as e:
+            return {k: str(e) for k in LAYOUTS}
+
+    def faults(self) -> tuple:
+        return VLLM_FAULTS
+
+    def checks(self) -> dict[str, str]:
+        return {**{c: "safety" for c in SAFETY_CHECKS}, **{c: "bookkeeping" for c in BOOKKEEPING_CHECKS},
+                "lost_reuse": "lost_reuse"}
+
+    def campaign(self, layout: str, *, budget_s: float | None, steps: int | None, seed: int,
+                 fault: str | None, out_dir: str, **options: Any) -> dict[str, Any]:
+        from .drivers import run_campaign
+        try:
+            return run_campaign(layout, budget_s=budget_s, steps=steps, seed=seed, fault=fault,
+                                out_dir=out_dir, **options)
+        except VllmUnavailable as e:
+            raise EngineUnavailable(str(e)) from None
+
+    def replay(self, trace: Any) -> tuple[int, dict[str, Any], str]:
+        from .drivers import replay
+        try:
+            res = replay(trace)
+        except VllmUnavailable as e:
+            raise EngineUnavailable(str(e)) from None
+        text = ("on vLLM: " + ("reproduced: " + str(res.get("violation")) if res.get("reproduced")
+                               else "not reproduced") + f" (exit {res['exit_code']})")
+        return res["exit_code"], res, text
+
+    def fuzz_command(self, args: argparse.Namespace) -> int:
+        from .cli import fuzz_command
+        return fuzz_command(args)
+
+    def project_system(self, variants: list[str] | None, body: Any, base: Path) -> tuple[list[str], dict[str, Any]]:
+        from .project import project_system
+        return project_system(variants, body, base)
+
+    def project_run(self, system: Any, variant: str, seed: int, out: Path, fault: str | None = None) -> Any:
+        from .project import run_vllm
+        return run_vllm(system, variant, seed, out, fault)
+
+
+ENGINE = VllmEngine()

@@ -1,0 +1,139 @@
+"""The engine protocol, written once: what an engine package gives kvcheck's core.
+
+An engine (the reference engine, vLLM, SGLang, transformers, the hash-chain base for user
+adapters, a third party's `kvcheck-myengine`) is a package with one `Engine` subclass, registered
+under the `kvcheck.engines` entry-point group (fuzz/registry.py finds them). The core (lockstep,
+campaign, gate, project file, replay, corpus, mutants, Ray shards, `kvcheck engines`) reaches an
+engine only through these methods, never by importing it: an engine imports the core, never the
+other way round. Every method has a default meaning "this engine has no such part", so a small
+engine overrides a few (a Hypothesis-machine engine: `sut_class`, `faults`).
+
+Methods that drive the engine's own code import it lazily: listing, describing and resolving
+an engine must work where its package (vllm, sglang, transformers) is not installed.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping
+
+if TYPE_CHECKING:
+    from ..spec.faults import Fault
+    from ..spec.trace import Trace
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine (or the release installed) cannot run here: one line saying what is missing."""
+
+
+class ProjectKeyError(ValueError):
+    """A bad entry in an engine's table of a project file: the key (path) and why, one line."""
+
+    def __init__(self, key: str, why: str) -> None:
+        super().__init__(f"{key}: {why}")
+        self.key, self.why = key, why
+
+
+class Engine:
+    """One engine. Subclass, set `name` (and `summary`, `docs`), override what applies."""
+
+    name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    docs: ClassVar[str] = ""                         # its docs page (path in kvcheck's repo, or URL)
+    # Modules an earlier kvcheck had this engine's classes in -> where they are now, so that
+    # `MODULE:CLASS` names in old traces and project files still resolve.
+    legacy_modules: ClassVar[Mapping[str, str]] = {}
+    # `kvcheck fuzz` options this engine's driver takes beyond the common ones (--budget,
+    # --seed, --fault, --out, --json): the core refuses the others by name.
+    fuzz_options: ClassVar[frozenset[str]] = frozenset()
+
+    # ---- what it is -------------------------------------------------------------------------
+    def release(self) -> str | None:
+        """The installed release of the engine's own package (None: not importable here)."""
+        return None
+
+    def layouts(self) -> dict[str, str]:
+        """Layouts (configurations of its caches) by name -> one line each."""
+        return {}
+
+    def unsupported(self) -> dict[str, str]:
+        """Layouts the installed release cannot express -> why (empty: all run)."""
+        return {}
+
+    def faults(self) -> tuple[Fault, ...]:
+        """Its planted faults (each with its expected check); must import without the engine."""
+        return ()
+
+    def checks(self) -> dict[str, str]:
+        """Its own checks (beyond the spec's invariants) -> the finding kind each reports."""
+        return {}
+
+    def describe(self) -> dict[str, Any]:
+        """The `kvcheck engines` row: never raises (an engine that cannot load says why)."""
+        row: dict[str, Any] = {"name": self.name, "summary": self.summary, "docs": self.docs,
+                               "module": type(self).__module__}
+        for key, fn in (("release", self.release), ("layouts", self.layouts),
+                        ("unsupported", self.unsupported), ("faults", self.faults), ("checks", self.checks)):
+            try:
+                row[key] = fn()
+            except Exception as e:  # noqa: BLE001 - one engine's failure must not hide the rest
+                row[key] = None
+                row.setdefault("errors", {})[key] = f"{type(e).__name__}: {e}"
+        row["faults"] = sorted(f.name for f in row["faults"] or ())
+        row["layout_count"] = len(row["layouts"] or {})
+        row["unsupported_count"] = len(row["unsupported"] or {})
+        return row
+
+    # ---- systems under test -----------------------------------------------------------------
+    def sut_class(self) -> type | None:
+        """A class the core's Hypothesis machine drives (the `SystemUnderTest` protocol of
+        spec/sut.py), or None when the engine runs its own driver (`campaign`)."""
+        return None
+
+    def campaign(self, layout: str, *, budget_s: float | None, steps: int | None, seed: int,
+                 fault: str | None, out_dir: str, **options: Any) -> dict[str, Any]:
+        """The engine's own driver for one layout (engines without `sut_class`): the campaign
+        result dict (`exit_code`, `steps`, `findings`, ...). Raises EngineUnavailable."""
+        raise EngineUnavailable(f"{self.name}: no campaign driver")
+
+    def replay(self, trace: Trace) -> tuple[int, dict[str, Any], str]:
+        """Replay a saved trace on the engine: (exit code, result, one-paragraph text)."""
+        raise EngineUnavailable(f"{self.name}: traces replay on the core (no engine-side replay)")
+
+    def has_replay(self) -> bool:
+        return type(self).replay is not Engine.replay
+
+    # ---- command-line hooks (the engine's own driver behind `kvcheck fuzz/diff --sut NAME`) -
+    def fuzz_command(self, args: argparse.Namespace) -> int | None:
+        """`kvcheck fuzz --sut NAME` when the engine has its own driver; None: the core's
+        Hypothesis campaign on `sut_class()`."""
+        return None
+
+    def diff_command(self, args: argparse.Namespace) -> int | None:
+        """`kvcheck diff --sut NAME` (reuse vs recompute); None: the engine has no model."""
+        return None
+
+    # ---- the project gate (checker/project.py) ----------------------------------------------
+    # The key of its `[tool.kvcheck.systems.NAME]` table that lists what to check (layouts,
+    # model types): each entry is a variant the gate runs; None: one run, no variants.
+    project_variant_key: ClassVar[str | None] = None
+
+    def project_system(self, variants: list[str] | None, body: Mapping[str, Any],
+                       base: Path) -> tuple[list[str], dict[str, Any]]:
+        """Check the table's variants (None: the key is missing) and options, resolving files
+        against the project file's folder `base`: (variants, options); ProjectKeyError if bad."""
+        return list(variants or []), {}
+
+    def project_run(self, system: Any, variant: str, seed: int, out: Path, fault: str | None = None) -> Any:
+        """One variant of a project system: a checker.project_engines.EngineRun."""
+        raise EngineUnavailable(f"{self.name}: not available in a project file")
+
+    def differential(self, cfg: Any, scenarios: int, seed: int, fault: str | None, out: Path,
+                     seconds: float | None = None) -> dict[str, Any]:
+        """Reuse vs recompute over generated workloads of a spec config (the gate's diff profile)."""
+        raise EngineUnavailable(f"{self.name}: no differential on a spec config")
+
+    def mutant_engines(self) -> dict[str, Any]:
+        """Checkers the mutants matrix runs this engine's faults with -> (cfg, fault, secs, seed)
+        -> result (checker/mutants.py); empty: its faults are checked by its own tests."""
+        return {}
