@@ -26,7 +26,7 @@ if [ -n "${PYTHON:-}" ]; then
   [ -x "$DIR/bin/python" ] || "$PYTHON" -m venv "$DIR" >>"$log" 2>&1 || fail "cannot create a venv at $DIR"
   base=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   site=$("$DIR/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-  echo "$base" > "$site/zz-kvcheck-base.pth"     # after DIR's own site-packages: DIR's sglang wins
+  echo "import site; site.addsitedir('$base')" > "$site/zz-kvcheck-base.pth"     # after DIR's own site-packages: DIR's sglang wins
   mode="layered over $PYTHON"
 else
   [ -x "$DIR/bin/python" ] || python3 -m venv "$DIR" >>"$log" 2>&1 || fail "cannot create a venv at $DIR"

@@ -25,7 +25,7 @@ if [ -n "$DIR" ]; then
   [ -x "$DIR/bin/python" ] || "$PY" -m venv "$DIR" >>"$log" 2>&1 || fail "cannot create a venv at $DIR"
   base=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   site=$("$DIR/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-  echo "$base" > "$site/zz-kvcheck-base.pth"     # after DIR's own site-packages: DIR's vllm wins
+  echo "import site; site.addsitedir('$base')" > "$site/zz-kvcheck-base.pth"     # after DIR's own site-packages: DIR's vllm wins
   TARGET="$DIR/bin/python"
 else
   TARGET="$PY"

@@ -12,7 +12,8 @@ def cmd_engines(args: argparse.Namespace) -> int:
     found = registry.engines()
     if args.name is not None and args.name not in found:
         raise UsageError(f"kvcheck engines: unknown engine {args.name!r}; registered: {', '.join(found) or 'none'}")
-    rows = [eng.describe() for name, eng in found.items() if args.name in (None, name)]
+    rows = [eng.describe(unsupported=args.layouts or args.name is not None)
+            for name, eng in found.items() if args.name in (None, name)]
     if not args.layouts:
         for r in rows:
             r.pop("layouts", None)
@@ -29,7 +30,9 @@ def cmd_engines(args: argparse.Namespace) -> int:
             for k, why in (r.get("errors") or {}).items():
                 lines.append(f"  {'':13} ! {k}: {why}")
             if args.layouts and r.get("layouts"):
-                lines += [f"  {'':15}{k:24} {d}"[:160] for k, d in r["layouts"].items()]
+                gaps = r.get("unsupported") or {}
+                lines += [f"  {'':15}{k:24} {d}" + (f"  [not on this release: {gaps[k]}]" if k in gaps else "")
+                          for k, d in r["layouts"].items()]
         for name, why in data["load_errors"].items():
             lines.append(f"  {name:13} FAILED TO LOAD: {why}")
         return "\n".join(lines)

@@ -41,7 +41,7 @@ def engine_of(sut: str) -> Engine | None:
 
 def _not_here(flag: str, dest: str, sut: str, own: bool) -> str:
     """Why `flag` does not apply to --sut SUT: the engines whose drivers take it."""
-    takers = [n for n, e in registry.engines().items() if e.sut_class() is None and dest in e.fuzz_options]
+    takers = [n for n, e in registry.engines().items() if dest in e.fuzz_options and e.own_driver()]
     if dest in MACHINE_OPTIONS:
         return (f"{flag} applies to the Hypothesis machines (spec, reference, MODULE:CLASS)"
                 + (f" and --sut {', '.join(takers)}" if takers else "") + f": --sut {sut} has its own driver, without it")
@@ -67,7 +67,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     """Hypothesis stateful campaign against a system under test, in lockstep with the spec."""
     redis = args.redis or os.environ.get("KVCHECK_REDIS") or None
     eng = engine_of(args.sut)
-    own = eng is not None and eng.sut_class() is None         # the engine runs its own driver
+    own = eng is not None and eng.own_driver()
     accepted = eng.fuzz_options if own else MACHINE_OPTIONS
     for dest, flag in ENGINE_OPTIONS.items():
         if getattr(args, dest, None) not in (None, False) and dest not in accepted:

@@ -66,13 +66,15 @@ def cmd_spec(args: argparse.Namespace) -> int:
 
 
 def cmd_faults(args: argparse.Namespace) -> int:
-    data = {"faults": [f.to_dict() for f in faultlib.FAULTS.values()]}
+    data = {"faults": [f.to_dict() for f in faultlib.FAULTS.values()],
+            "engines_not_read": dict(faultlib.ERRORS)}
 
     def text() -> str:
         lines = [f"{len(faultlib.FAULTS)} faults (a fault counts as caught only by its expected check):", ""]
         for f in faultlib.FAULTS.values():
             lines.append(f"  {f.name:34} [--sut {'|'.join(f.suts)}] expected: {f.expected}")
             lines.append(f"  {'':34} {f.bug_class}; mirrors: {f.mirrors}")
+        lines += [f"  (engine {n}: faults not read: {why})" for n, why in data["engines_not_read"].items()]
         return "\n".join(lines)
 
     emit(args, data, text)

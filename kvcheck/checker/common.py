@@ -111,10 +111,17 @@ def check_sut_fault(sut: str, fault: str) -> None:
     if sut in ("spec", "reference"):
         check_fault(fault, ("spec",) if sut == "spec" else ("engine",), f"--sut {sut}")
         return
-    if ":" not in sut:
+    from ..fuzz.suts import SutError, sut_class
+    try:
+        cls = sut_class(sut)
+    except SutError:
         return                      # resolve_sut says what is wrong with the name
-    from ..fuzz.suts import sut_class
-    known = getattr(sut_class(sut), "faults", {}) or {}
+    known = getattr(cls, "faults", {}) or {}
+    if ":" not in sut and not isinstance(known, dict):     # a registered engine's own Fault records
+        known = {}
+    if ":" not in sut:              # a registered engine: its declared faults count too
+        from ..fuzz import registry
+        known = dict(known, **{f.name: f.expected for f in registry.get(sut).faults()})
     if not isinstance(known, dict) or fault not in known:
         raise UsageError(f"unknown fault {fault!r} for --sut {sut}; it declares: "
                          + (", ".join(sorted(known)) if isinstance(known, dict) and known else "none"))

@@ -68,20 +68,26 @@ class Engine:
         """Its own checks (beyond the spec's invariants) -> the finding kind each reports."""
         return {}
 
-    def describe(self) -> dict[str, Any]:
-        """The `kvcheck engines` row: never raises (an engine that cannot load says why)."""
+    def describe(self, unsupported: bool = True) -> dict[str, Any]:
+        """The `kvcheck engines` row: never raises (an engine whose parts cannot load says why).
+        `unsupported=False` skips asking the release what it cannot express (it imports the
+        engine's package, seconds for vLLM)."""
         row: dict[str, Any] = {"name": self.name, "summary": self.summary, "docs": self.docs,
                                "module": type(self).__module__}
-        for key, fn in (("release", self.release), ("layouts", self.layouts),
-                        ("unsupported", self.unsupported), ("faults", self.faults), ("checks", self.checks)):
+        parts = {"release": lambda: self.release(),
+                 "layouts": lambda: {str(k): str(v) for k, v in dict(self.layouts()).items()},
+                 "unsupported": lambda: ({str(k): str(v) for k, v in dict(self.unsupported()).items()}
+                                        if unsupported else None),
+                 "faults": lambda: sorted(f.name for f in self.faults()),
+                 "checks": lambda: {str(k): str(v) for k, v in dict(self.checks()).items()}}
+        for key, fn in parts.items():
             try:
                 row[key] = fn()
             except Exception as e:  # noqa: BLE001 - one engine's failure must not hide the rest
                 row[key] = None
                 row.setdefault("errors", {})[key] = f"{type(e).__name__}: {e}"
-        row["faults"] = sorted(f.name for f in row["faults"] or ())
         row["layout_count"] = len(row["layouts"] or {})
-        row["unsupported_count"] = len(row["unsupported"] or {})
+        row["unsupported_count"] = None if row["unsupported"] is None else len(row["unsupported"])
         return row
 
     # ---- systems under test -----------------------------------------------------------------
@@ -89,6 +95,15 @@ class Engine:
         """A class the core's Hypothesis machine drives (the `SystemUnderTest` protocol of
         spec/sut.py), or None when the engine runs its own driver (`campaign`)."""
         return None
+
+    def own_driver(self) -> bool:
+        """Whether `kvcheck fuzz` runs the engine's own driver (no SUT class for the core's
+        Hypothesis machine). A `sut_class` that raises counts as a SUT class: resolving it
+        then reports the error in one line."""
+        try:
+            return self.sut_class() is None
+        except Exception:  # noqa: BLE001 - the error is reported where the SUT is resolved
+            return False
 
     def campaign(self, layout: str, *, budget_s: float | None, steps: int | None, seed: int,
                  fault: str | None, out_dir: str, **options: Any) -> dict[str, Any]:

@@ -16,6 +16,7 @@ GROUP = "kvcheck.engines"
 
 _ENGINES: dict[str, Engine] | None = None
 _ERRORS: dict[str, str] = {}
+_EPOCH = [0]                           # bumped by reset(): what was derived from the engines is stale
 
 
 class UnknownEngine(LookupError):
@@ -72,8 +73,14 @@ def legacy_module(module: str) -> str | None:
     return None
 
 
+def epoch() -> int:
+    """How many times the registry was reset (caches built from it compare this)."""
+    return _EPOCH[0]
+
+
 def reset() -> None:
     """Forget what was loaded (tests that install or fake an engine)."""
     global _ENGINES
     _ENGINES = None
     _ERRORS.clear()
+    _EPOCH[0] += 1

@@ -31,7 +31,7 @@ def test_without_redis_the_install_line_and_exit_2(monkeypatch, capsys, tmp_path
     (["--redis", "redis://127.0.0.1:1/0", "--db", "DB"], "--db and --redis"),
     (["--ray", "--observability", "obs.jsonl"], "--observability is not available with --ray"),
     (["--ray", "127.0.0.1:1"], "cannot connect to the Ray cluster at 127.0.0.1:1"),
-    (["--ray", "--sut", "sglang", "--layout", "radix"], "--ray/--redis apply to the Hypothesis machines"),
+    (["--ray", "--sut", "sglang", "--layout", "radix"], "--ray applies to the Hypothesis machines"),
     (["--sut", "vllm", "--layout", "full", "--redis", "redis://127.0.0.1:1/0"], "--sut vllm has its own driver"),
     (["--ray", "--sut", "vllm", "--layout", "full,nosuch"], "unknown vLLM layout 'nosuch'"),
 ])

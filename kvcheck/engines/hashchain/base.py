@@ -5,7 +5,7 @@ The user supplies the manager's own operations as callbacks — `start` (a fresh
 class supplies the rest of an adapter: the request lifecycle the spec's actions walk
 (submit, lookup, bind, use, append, finish, preempt, resume, evict), the token content of
 requests, the mapping of the manager's state onto the spec's (a full-attention config: one
-group, `swa_window` pages), and an independent content shadow (hashchain_shadow.py) that
+group, `swa_window` pages), and an independent content shadow (shadow.py) that
 reports a hit reusing a block that holds other content as an UNSAFE HIT.
 
 Prompts with content (config `prompts = K`, spec/content.py): each request carries the

@@ -10,7 +10,7 @@ from kvcheck.fuzz.engine import Engine
 class HashChainEngine(Engine):
     name = "hashchain"
     summary = "base class for adapters of paged hash-chain block managers (vLLM-style prefix caches); use MODULE:CLASS"
-    docs = "docs/adapters.md#hash-chain-managers"
+    docs = "docs/adapters.md#hash-chain-managers-the-base-class"
     legacy_modules = {"kvcheck.fuzz.hashchain": "kvcheck.engines.hashchain.base",
                       "kvcheck.fuzz.hashchain_shadow": "kvcheck.engines.hashchain.shadow"}
 

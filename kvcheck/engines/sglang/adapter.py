@@ -1,5 +1,5 @@
 """SGLang's real radix caches as a system under test: its actions, how to apply one, how to
-observe it, and its own checks (sglang_checks.py).
+observe it, and its own checks (checks.py).
 
 The adapter plays SGLang's scheduler around the tree: a request's prompt is matched
 (`match_prefix` on all but its last token), the hit is locked (`inc_lock_ref`), the rest is

@@ -4,7 +4,7 @@ The adapter keeps its own shadow of what each KV slot holds (the token prefix it
 for), who holds which lock, and a no-eviction twin of every prefix it inserted (less what the
 tree reported evicting); the checks compare SGLang's tree and allocator with them. None of the
 checks trusts SGLang's own counters: each is recomputed from the tree. Campaigns run them
-incrementally (sglang_incremental.py: only what a step changed, a full scan every N steps);
+incrementally (incremental.py: only what a step changed, a full scan every N steps);
 shrinking and replay run the full scan after every step.
 """
 from __future__ import annotations

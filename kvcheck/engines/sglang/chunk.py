@@ -8,7 +8,7 @@ on 0.4.10-0.5.7 its req_to_token row; 0.5.12's `release_kv_cache` frees the row 
 adapter plays the scheduler on real pools (a `ReqToTokenPool` and a `TokenToKVPoolAllocator` on
 CPU). Admission (`match`, or a request's first `chunk`) is here: match_prefix, a row, the lock
 calls, the KV of the prompt or of its first chunk. Everything after it is the scheduler path that
-every class shares (sglang_sched.py), with ChunkCache's hooks: each later `chunk(r, n)` (other
+every class shares (sched.py), with ChunkCache's hooks: each later `chunk(r, n)` (other
 requests may act in between, as in SGLang's scheduler) computes n more tokens, then SGLang's
 `cache_unfinished_req` publishes the chunk (it hands the request's own KV back as prefix_indices;
 0.4.10-0.5.7's scheduler then frees the row and writes them into a new one for the next chunk,
@@ -115,7 +115,7 @@ class ChunkAdapter(SglangAdapter):
     def _a_match(self, r: str) -> dict:
         """match_prefix (no hit, no node), a row, `inc_lock_ref`, the KV of the whole prompt or (the
         `chunk` action) of its first chunk. Every admitted request is a scheduler-path request
-        (sglang_sched.py): its later chunks, decode and release are the scheduler's, on SGLang's calls."""
+        (sched.py): its later chunks, decode and release are the scheduler's, on SGLang's calls."""
         req = self._get(r, "waiting")
         toks = req.tokens
         key = self._key(toks[:-1])
@@ -150,7 +150,7 @@ class ChunkAdapter(SglangAdapter):
         self.coverage["state:miss"] += 1
         return {"hit": 0, "admitted": True}
 
-    # ---- the scheduler path's hooks (sglang_sched.py) --------------------------------------
+    # ---- the scheduler path's hooks (sched.py) --------------------------------------
     def _sched_admit(self, req: Req) -> Sched:
         """SGLang's request and its row exist from the admission (`_a_match`)."""
         self.coverage["state:sched_admitted"] += 1

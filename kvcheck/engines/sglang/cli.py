@@ -11,7 +11,7 @@ from . import drivers as sg
 
 
 def fuzz_command(args: argparse.Namespace) -> int:
-    """SGLang's radix caches on the lockstep core (kvcheck/fuzz/adapters/sglang*.py)."""
+    """SGLang's radix caches on the lockstep core (kvcheck/engines/sglang/)."""
     try:
         b = Budget.parse(args.budget)
         check_writable(Path(args.out))

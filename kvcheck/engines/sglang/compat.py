@@ -108,7 +108,7 @@ def swa_pools(cap: int, size_swa: int) -> Any:
                           device="cpu", kvcache=pool, need_sort=False))
 
 
-# ---- the scheduler's side of a request (sglang_sched.py): its row, its record, its release ----
+# ---- the scheduler's side of a request (sched.py): its row, its record, its release ----
 def row_pool(size: int, max_len: int) -> Any:
     """A real ReqToTokenPool on CPU: the rows the scheduler writes a request's slots into (the
     caches' cache_unfinished_req / checkpoint read and rewrite them)."""

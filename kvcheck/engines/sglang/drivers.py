@@ -1,7 +1,7 @@
 """Check SGLang's real radix caches against kvcheck's checks: the drivers.
 
-The adapter (sglang_adapter.py) supplies SGLang's actions, how to apply one and its own
-checks (sglang_checks.py); this module generates seeded operation sequences in that
+The adapter (adapter.py) supplies SGLang's actions, how to apply one and its own
+checks (checks.py); this module generates seeded operation sequences in that
 vocabulary (swarm testing: each episode draws its own weights) and runs them on the lockstep
 core with the free model. A failure is shrunk by the one shrinker, saved by the one trace
 builder and replayed by the one replay. SGLang is imported lazily (SglangUnavailable).

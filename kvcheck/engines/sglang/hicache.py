@@ -380,7 +380,7 @@ class HiCacheAdapter(SglangAdapter):
         return out
 
     def _holds(self) -> Any:
-        """The scheduler path's row check (sglang_sched.py) reads device bytes: a load-back
+        """The scheduler path's row check (sched.py) reads device bytes: a load-back
         writes the bytes of the slots it fills, not the adapter's shadow."""
         self._snap()
         return self._device_holds

@@ -138,7 +138,7 @@ class Incremental:
     checks take the walk from `walk(inc, fn)` and skip what `inc` says is unchanged."""
 
     full_scan_every: int = 1        # exact by default; run_campaign sets FULL_SCAN_EVERY where it pays
-    # Where campaigns check incrementally: measured per class (benchmarks/sglang.py, CPU time).
+    # Where campaigns check incrementally: measured per class (benchmarks/drivers.py, CPU time).
     # On the default layouts' trees (48-96 slots) the full scan of RadixCache, PureSWARadixCache,
     # SWARadixCache, MambaRadixCache and HiRadixCache costs less than the incremental check's
     # snapshot, diff and signatures (incremental: as fast, or up to ~30% fewer steps per second);

@@ -202,7 +202,7 @@ def load() -> dict[str, Any]:
             from sglang.srt.mem_cache import base_prefix_cache as bpc
             from sglang.srt.mem_cache import allocator as al
             from sglang.srt.mem_cache import radix_cache as rc
-            # CacheInitParams from 0.5.6, RadixKey from 0.5.3 (sglang_compat.py builds without them)
+            # CacheInitParams from 0.5.6, RadixKey from 0.5.3 (compat.py builds without them)
             cip = importlib.import_module(CLASSES_PARAMS) if not _missing(CLASSES_PARAMS) else None
         except Exception as e:   # a release whose chain needs something this environment lacks
             raise SglangUnavailable(f"sglang {sglang_version()} does not import here (kvcheck drives "

@@ -18,7 +18,7 @@ from kvcheck.spec.faults import Fault
 from .install import CLASSES, SglangUnavailable, load
 
 # The adapter's vocabulary (the trace's action names). `chunk(r, n)`: the scheduler path
-# (sglang_sched.py) — n more prompt tokens prefilled, then SGLang's own cache_unfinished_req /
+# (sched.py) — n more prompt tokens prefilled, then SGLang's own cache_unfinished_req /
 # checkpoint; a request admitted by it is finished and aborted by SGLang's own release.
 ACTIONS = ("submit", "match", "chunk", "decode", "finish", "abort", "evict")
 VOCAB = 6              # a small vocabulary: prompts share prefixes often
@@ -88,13 +88,13 @@ LAYOUTS: dict[str, Layout] = {x.name: x for x in (
            "UnifiedRadixCache, FULL, page 4, Python and Rust tree cores in lockstep", "lockstep"),
     Layout("unified-swa-lockstep", "UnifiedRadixCache", ("full", "swa"), 1, 4, 96,
            "UnifiedRadixCache, FULL+SWA (W=4), Python and Rust tree cores in lockstep", "lockstep"),
-    # FULL+MAMBA (sglang_unified_mamba.py): HybridReqToTokenPool + HybridLinearKVPool, cow_mamba matches
+    # FULL+MAMBA (unified_mamba.py): HybridReqToTokenPool + HybridLinearKVPool, cow_mamba matches
     Layout("unified-mamba", "UnifiedRadixCache", ("full", "mamba"), 1, None, 48,
            "UnifiedRadixCache, FULL+MAMBA (capacity/6 state slots), Python tree, HybridReqToTokenPool + "
            "HybridLinearKVPool", "python"),
     Layout("unified-mamba-lockstep", "UnifiedRadixCache", ("full", "mamba"), 1, None, 48,
            "UnifiedRadixCache, FULL+MAMBA, the Python and Rust tree cores in lockstep", "lockstep"),
-    # ChunkCache (sglang_chunk.py): prefix caching off; chunked prefill through cache_unfinished_req
+    # ChunkCache (chunk.py): prefix caching off; chunked prefill through cache_unfinished_req
     Layout("chunk", "ChunkCache", ("full",), 1, None, 48,
            "ChunkCache (prefix caching disabled), chunked prefill (cache_unfinished_req), ReqToTokenPool + "
            "TokenToKVPoolAllocator"),
@@ -267,7 +267,7 @@ SGLANG_FAULTS += (
            "HiCache releasing ongoing_write_through before the write stream's finish event",
            "write_through_acknowledged", "A write-through is acknowledged (unlocked) as soon as it is queued."),
 )
-SGLANG_FAULTS += (    # UnifiedRadixCache FULL+MAMBA (sglang_unified_mamba.py) and ChunkCache (sglang_chunk.py)
+SGLANG_FAULTS += (    # UnifiedRadixCache FULL+MAMBA (unified_mamba.py) and ChunkCache (chunk.py)
     _fault("mamba_state_dropped_on_insert", "insert", "state dropped on insert",
            "UnifiedRadixCache's Mamba component not attaching a finished request's state to a tombstoned node "
            "(reporting mamba_exist, so the caller frees it)", "lost_reuse",

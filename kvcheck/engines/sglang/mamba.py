@@ -46,7 +46,7 @@ class MambaAdapter(MambaStates, SglangAdapter):
         # SGLang sizes max_running_requests = mamba cache size // 3 (MAMBA_CACHE_SIZE_MAX_RUNNING_
         # REQUESTS_RATIO: a request's own state, the state its lock pins, a fork for its chunk);
         # the generator runs up to 4 requests, so at least 12 state slots
-        pools = mamba_pools(self.capacity, 12)       # the shared pools (sglang_mamba_state.py)
+        pools = mamba_pools(self.capacity, 12)       # the shared pools (mamba_state.py)
         self.rtp, self.mpool, self.mslots, self.alloc = pools["rtp"], pools["mpool"], pools["mslots"], pools["alloc"]
         self.mamba_size, self.m_all = pools["size"], pools["every"]
         self.cache = cache_class(self.lay.cls)(S["CacheInitParams"](
@@ -281,7 +281,7 @@ class MambaAdapter(MambaStates, SglangAdapter):
         if self.alloc.available_size() != len(self.free_slots()):
             raise Violation("bookkeeping", "size_accounting", "available_size != free KV slots")
 
-    # ---- the scheduler path (sglang_sched.py): the request's state slot travels with it ---
+    # ---- the scheduler path (sched.py): the request's state slot travels with it ---
     def _sched_new(self, r: str, sreq: Any) -> None:
         """The row SGLang's HybridReqToTokenPool hands out maps to the state slot the admission took."""
         sreq.mamba_pool_idx = self.torch.tensor(self.mslot[r], dtype=self.torch.int64)

@@ -1,7 +1,7 @@
 """The Mamba state both SGLang Mamba adapters share: the pools, the state fingerprints, decode and
 finish with the request's state slot (each adapter supplies only its release's insert) and the twin
-of inserted keys (MambaRadixCache in sglang_mamba.py, UnifiedRadixCache FULL+MAMBA in
-sglang_unified_mamba.py), written once.
+of inserted keys (MambaRadixCache in mamba.py, UnifiedRadixCache FULL+MAMBA in
+unified_mamba.py), written once.
 
 A Mamba layer keeps one fixed-size recurrent state per request; a resume at a hit of k tokens
 reads the state after exactly k tokens and nothing older (spec: objects.RECURRENT_STATE). The

@@ -1,6 +1,6 @@
-"""The ChunkCache part of an SGLang reproducer script (sglang_repro_classes.py puts it after the
-shared prelude of sglang_repro_template.py and fills in the @NAME@ fields). It plays the trace as
-sglang_chunk.py and the scheduler path (sglang_sched.py) play SGLang's scheduler, with SGLang's
+"""The ChunkCache part of an SGLang reproducer script (repro_classes.py puts it after the
+shared prelude of repro_template.py and fills in the @NAME@ fields). It plays the trace as
+chunk.py and the scheduler path (sched.py) play SGLang's scheduler, with SGLang's
 classes only: admission (`match`, or a request's first `chunk`), each later `chunk` published by
 cache_unfinished_req (a new row per chunk on 0.4.10-0.5.7), decode into the row, and SGLang's own
 release (release_kv_cache, or 0.4.10's cache_finished_req)."""

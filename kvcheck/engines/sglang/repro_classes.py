@@ -1,6 +1,6 @@
-"""Standalone reproducers for the classes whose scripts live outside sglang_repro_template.py:
-ChunkCache (sglang_repro_chunk.py) and UnifiedRadixCache FULL+MAMBA (sglang_repro_mamba.py,
-sglang_repro_mamba_sched.py, then sglang_repro_mamba_run.py).
+"""Standalone reproducers for the classes whose scripts live outside repro_template.py:
+ChunkCache (repro_chunk.py) and UnifiedRadixCache FULL+MAMBA (repro_mamba.py,
+repro_mamba_sched.py, then repro_mamba_run.py).
 Each is the template's shared prelude (the @NAME@ fields and the CPU stand-ins, taken from
 sglang_repro_template.TEMPLATE up to its end-of-stand-ins marker) followed by the class's body."""
 from __future__ import annotations

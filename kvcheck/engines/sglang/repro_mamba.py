@@ -1,6 +1,6 @@
-"""The UnifiedRadixCache FULL+MAMBA part of an SGLang reproducer script (sglang_repro_classes.py
-puts it after the shared prelude of sglang_repro_template.py and fills in the @NAME@ fields). It
-plays the trace as sglang_unified_mamba.py plays SGLang's scheduler, with SGLang's classes only,
+"""The UnifiedRadixCache FULL+MAMBA part of an SGLang reproducer script (repro_classes.py
+puts it after the shared prelude of repro_template.py and fills in the @NAME@ fields). It
+plays the trace as unified_mamba.py plays SGLang's scheduler, with SGLang's classes only,
 on the Python tree core, the Rust one, or both in lockstep (then their results must agree)."""
 
 BODY = r'''

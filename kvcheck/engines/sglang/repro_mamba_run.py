@@ -1,5 +1,5 @@
 """The second half of the UnifiedRadixCache FULL+MAMBA reproducer script (after
-sglang_repro_mamba.py's World): the conditions checked after every step and the trace's steps
+repro_mamba.py's World): the conditions checked after every step and the trace's steps
 played on each tree core, compared across the cores in a lockstep."""
 
 BODY = r'''

@@ -1,6 +1,6 @@
-"""The scheduler path of the UnifiedRadixCache FULL+MAMBA reproducer script (sglang_repro_classes.py
-puts it between sglang_repro_mamba.py's World and sglang_repro_mamba_run.py): chunked prefill as
-sglang_sched.py and sglang_unified_mamba.py play it. The request SGLang sees, its row and SGLang's
+"""The scheduler path of the UnifiedRadixCache FULL+MAMBA reproducer script (repro_classes.py
+puts it between repro_mamba.py's World and repro_mamba_run.py): chunked prefill as
+sched.py and unified_mamba.py play it. The request SGLang sees, its row and SGLang's
 calls are sglang_repro_sched.SCHED_API (shared with the RadixCache script); here the World's side:
 its row pool is the cache's HybridReqToTokenPool, SGLang's request carries the request's state slot,
 SGLang's own checkpoint / cache_unfinished_req forks the state (the shadow follows its copies) and

@@ -3,7 +3,7 @@ cache_unfinished_req / checkpoint_kv_cache, and such a request released by SGLan
 cache_finished_req / release_kv_cache, on SGLang's Req (0.5.23) or the fields it reads (<= 0.5.12).
 SCHED_API is what every class's script shares (the request SGLang sees, its row, the calls); SCHED
 (SCHED_API and the RadixCache / SWARadixCache part) goes into sglang_repro_template.TEMPLATE at
-@SCHED@; the UnifiedRadixCache FULL+MAMBA script takes SCHED_API (sglang_repro_mamba_sched.py).
+@SCHED@; the UnifiedRadixCache FULL+MAMBA script takes SCHED_API (repro_mamba_sched.py).
 """
 
 SCHED_API = r'''# ---- the scheduler path: chunked prefill; SGLang's own cache_unfinished_req / checkpoint, and its own

@@ -1,7 +1,7 @@
 """The CPU stand-ins of a standalone SGLang reproducer (spliced into sglang_repro_template.TEMPLATE).
 
 The script must import SGLang on a machine without its GPU packages, as kvcheck does
-(sglang_install.py): stand-ins for `sgl_kernel` and the CUDA-built torchvision users, and
+(install.py): stand-ins for `sgl_kernel` and the CUDA-built torchvision users, and
 transformers' `AutoConfig.register` made idempotent; each only where the real module is
 missing (marked KVCHECK_CPU_STUB, unused on a GPU install). Kept apart from the driver: it is
 the same for every class, and mirrors the adapter's install path rather than its checks.

@@ -1,6 +1,6 @@
-"""The text of an SGLang reproducer script (sglang_reproducer.py fills in the @NAME@ fields):
-its prelude, the CPU stand-ins (sglang_repro_stubs.py), then the driver: the cache on its
-allocator, how it reads the tree and the pools (sglang_repro_views.py), the caller's side of
+"""The text of an SGLang reproducer script (reproducer.py fills in the @NAME@ fields):
+its prelude, the CPU stand-ins (repro_stubs.py), then the driver: the cache on its
+allocator, how it reads the tree and the pools (repro_views.py), the caller's side of
 each operation, the conditions after every step."""
 from .repro_stubs import STAND_INS
 from .repro_views import VIEWS

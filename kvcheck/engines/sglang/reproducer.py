@@ -14,7 +14,7 @@ fault (a kvcheck negative control) is inlined as the thin wrapper kvcheck uses, 
 named CPU stand-ins as kvcheck (marked; never used where the real modules exist).
 
 Classes: RadixCache and SWARadixCache (this module's template), ChunkCache and UnifiedRadixCache
-FULL+MAMBA (sglang_repro_classes.py: the template's prelude and their own bodies), any release the
+FULL+MAMBA (repro_classes.py: the template's prelude and their own bodies), any release the
 adapter drives; PureSWARadixCache and UnifiedRadixCache FULL / FULL+SWA findings get the replay
 command only.
 """

@@ -1,4 +1,4 @@
-"""The scheduler's side of a request on SGLang's scheduler path (sglang_sched.py): the fields of
+"""The scheduler's side of a request on SGLang's scheduler path (sched.py): the fields of
 SGLang's `Req` that 0.4.10-0.5.12's caches read (`FlatReq`, where SGLang's own `Req` keeps no `kv`
 record or does not import on CPU) and what the adapter keeps of such a request (`Sched`)."""
 from __future__ import annotations

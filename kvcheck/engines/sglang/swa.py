@@ -165,7 +165,7 @@ class SwaAdapter(SglangAdapter):
         del self.reqs[r]
         return {"prefix_len": prefix_len}
 
-    # ---- the scheduler path (sglang_sched.py): the lock receipt travels with SGLang's request --
+    # ---- the scheduler path (sched.py): the lock receipt travels with SGLang's request --
     def _lock_receipt(self, r: str) -> Any:
         return self.receipt[r]
 

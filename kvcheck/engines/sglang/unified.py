@@ -7,7 +7,7 @@ tree is a pluggable core, Python or Rust, chosen by `tree_core_backend` /
 SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND). Slot ownership as in SWARadixCache: `insert` with
 `prev_prefix_len` = the hit frees the duplicate slots itself, the caller frees only what lies
 past the key. Locks return a receipt (`IncLockRefResult`) that `dec_lock_ref` replays.
-The checks live in sglang_unified_checks.py; the Python/Rust lockstep in sglang_unified_diff.py.
+The checks live in unified_checks.py; the Python/Rust lockstep in unified_diff.py.
 """
 from __future__ import annotations
 
@@ -225,7 +225,7 @@ class UnifiedAdapter(UnifiedChecks, SglangAdapter):
         del self.reqs[r]
         return {"prefix_len": prefix_len}
 
-    # ---- the scheduler path (sglang_sched.py): SGLang moves the lock, the holds follow ------
+    # ---- the scheduler path (sched.py): SGLang moves the lock, the holds follow ------
     def _lock_receipt(self, r: str) -> Any:
         """0.5.23 keeps the whole receipt in `req.lock`; 0.5.11-0.5.12's scheduler keeps only its
         `swa_uuid_for_lock` in the request (`_req_inc_lock_ref`), and so must this one."""

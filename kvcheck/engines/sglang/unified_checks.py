@@ -3,7 +3,7 @@
 On the Python tree (any release) every check reads the nodes: per-component values, lock
 references and tombstones. The Rust tree core hands out no nodes (only paths, sizes and the
 flattened values), so on it the checks that need nodes are replaced by the lockstep against
-the Python core (sglang_unified_diff.py); the rest run on both.
+the Python core (unified_diff.py); the rest run on both.
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ inserted, the read-only full-KV match and the SWA tombstone ranges. Any differen
 finding (`tree_core_differential`). The Python side runs every node-level check; the Rust
 side runs those its production interface allows (sglang_unified_checks._rust_checks).
 
-In a campaign (incremental checks, sglang_incremental.py) a core's answers along the keys and
+In a campaign (incremental checks, incremental.py) a core's answers along the keys and
 its tree contents are asked again only when a step called that core's cache (or wrote the
 shadow), and all of them every `full_scan_every` steps; shrinking and replay ask every step.
 """

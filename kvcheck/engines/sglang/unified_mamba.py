@@ -11,12 +11,12 @@ The adapter plays the scheduler: `match_prefix(cow_mamba=True, req=...)` (SGLang
 request's state slot and names the node's state as the copy source; 0.5.11-0.5.12 copy inside the
 match, 0.5.23 defers the copy to the forward, which the adapter then runs as ScheduleBatch does),
 `inc_lock_ref` (full on the path, mamba on the hit node), allocation with eviction, prefill and
-decode (the adapter writes the state's fingerprint, sglang_mamba_state.py), and at finish
+decode (the adapter writes the state's fingerprint, mamba_state.py), and at finish
 `insert(key, value, mamba_value=the request's slot, prev_prefix_len=hit)`: the tree frees the
 duplicate KV slots itself and takes the state slot unless it reports `mamba_exist` (then the
-caller frees it, as `cleanup_after_caching_req` does). Pools and state shadow: sglang_mamba_state.py;
-checks: sglang_unified_checks.py (full) plus the Mamba ones here; the Python/Rust lockstep:
-sglang_unified_diff.py's `LockstepAdapter` with these adapters on both sides.
+caller frees it, as `cleanup_after_caching_req` does). Pools and state shadow: mamba_state.py;
+checks: unified_checks.py (full) plus the Mamba ones here; the Python/Rust lockstep:
+unified_diff.py's `LockstepAdapter` with these adapters on both sides.
 """
 from __future__ import annotations
 
@@ -220,7 +220,7 @@ class UnifiedMambaAdapter(UnifiedMambaChecks, MambaStates, UnifiedAdapter):
         self._evict(n, mamba)
         return {"evicted": self.last_obs.get("evicted")}
 
-    # ---- the scheduler path (sglang_sched.py): SGLang's own checkpoint and release ----------
+    # ---- the scheduler path (sched.py): SGLang's own checkpoint and release ----------
     # 0.5.23 `checkpoint_kv_cache` / 0.5.12 `cache_unfinished_req` fork the request's state into a new
     # slot for the tree (a slot from the allocator + `copy_from`, or `fork_from`), free the fork when the
     # tree already had a state there (`mamba_exist`), and move the lock; a finished request's own slot is

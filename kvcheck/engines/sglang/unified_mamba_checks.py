@@ -1,5 +1,5 @@
-"""The checks of UnifiedRadixCache FULL+MAMBA (sglang_unified_mamba.py) on top of UnifiedRadixCache
-FULL's (sglang_unified_checks.py): the recurrent state a resume at a hit reads (spec:
+"""The checks of UnifiedRadixCache FULL+MAMBA (unified_mamba.py) on top of UnifiedRadixCache
+FULL's (unified_checks.py): the recurrent state a resume at a hit reads (spec:
 RECURRENT_STATE.needed), the mamba lock references, every state slot of the tree live and holding
 its node's state, the mamba sizes and the state pool's accounting; on the Rust core, what its
 interface exposes (the flattened state slots)."""

@@ -22,11 +22,11 @@ class TransformersEngine(Engine):
     project_variant_key = "model_types"
 
     def release(self) -> str | None:
+        from importlib import metadata
         try:
-            import transformers
-        except ImportError:
+            return metadata.version("transformers")
+        except metadata.PackageNotFoundError:
             return None
-        return transformers.__version__
 
     def layouts(self) -> dict[str, str]:
         """Every hybrid model type of the installed release -> the kinds of its layers."""

@@ -382,7 +382,7 @@ class VllmAdapter(ShadowChecks):
         return {}
 
 
-    # ---- scheduler steps (vllm_timeline.py) --------------------------------------------
+    # ---- scheduler steps (timeline.py) --------------------------------------------
     def _between_steps(self, action: str) -> None:
         if self.timeline.open:
             raise ActionRejected(f"{action} runs between scheduler steps, not inside one")
@@ -400,7 +400,7 @@ class VllmAdapter(ShadowChecks):
         return {"ran": len(ran)}
 
     def _forward(self, sample: bool = False) -> list:
-        """The step's forward completes (vllm_timeline.py checks its reads); in a scheduler step
+        """The step's forward completes (timeline.py checks its reads); in a scheduler step
         the requests that finished their prompt then sample a token (update_from_output)."""
         ran = self.timeline.forward()
         for rid, tok in ran if sample else ():

@@ -13,7 +13,7 @@ What the step did *not* announce is still caught: a count check per step (free +
 blocks = the pool), and the full scan every ``full_scan_every`` steps (1: every step, the
 exact mode that shrinking and replay use), after a ``reset_prefix_cache``, and whenever the
 count check fails. A violation only a full scan saw is counted (``state:full_scan_only``),
-and the shrinker re-locates it in exact mode (vllm.py ``_shrink``).
+and the shrinker re-locates it in exact mode (drivers.py ``_shrink``).
 """
 from __future__ import annotations
 
@@ -93,7 +93,7 @@ class Bookkeeping:
         dirty, since = set(evicted), {}
         for rid in touched:
             since[rid] = self._bk_update(rid, dirty)
-        ret = retained_counts(self)     # references a step's queued copies hold (vllm_mamba.py)
+        ret = retained_counts(self)     # references a step's queued copies hold (mamba.py)
         if self.pool.get_num_free_blocks() + self._bk_nheld + sum(not self._bk_where.get(b) for b in ret) \
                 != len(self.pool.blocks) - 1:
             self._bk_scan(counted=True)     # something changed that no step announced

@@ -49,7 +49,7 @@ class Req:
 
 class ShadowChecks(Bookkeeping):
     """The checks, mixed into the adapter (its manager, pool, groups and requests); the
-    bookkeeping check is vllm_bookkeeping.py's."""
+    bookkeeping check is bookkeeping.py's."""
 
     groups: list[tuple[str, int, int | None]]
     reqs: dict[str, Req]

@@ -1,7 +1,7 @@
 """Check vLLM's real (v1, hybrid) KV cache manager against the kvcheck spec: the drivers.
 
-The adapter (vllm_adapter.py) supplies vLLM's actions, how to apply one and its own checks
-(vllm_checks.py: safety of every hit, bookkeeping, lost reuse); this module generates seeded
+The adapter (adapter.py) supplies vLLM's actions, how to apply one and its own checks
+(checks.py: safety of every hit, bookkeeping, lost reuse); this module generates seeded
 operation sequences in that vocabulary (swarm testing: each episode draws its own weights)
 and runs them on the lockstep core with the free model. A failure is shrunk by the one
 shrinker, saved by the one trace builder and replayed by the one replay.
@@ -94,7 +94,7 @@ def execute(layout: str, num_blocks: int, fault: str | None, program: list[Act],
 
 
 def _incremental(ad: VllmAdapter) -> None:
-    """Campaigns check bookkeeping incrementally (vllm_bookkeeping.py), a full scan every
+    """Campaigns check bookkeeping incrementally (bookkeeping.py), a full scan every
     FULL_SCAN_EVERY steps; execute and replay keep the exact mode (a full scan per step)."""
     for a in (ad, getattr(ad, "twin", None)):
         if a is not None:
@@ -172,8 +172,8 @@ def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = N
     """Fuzz one layout until the budget (seconds and/or steps) is spent or a violation is found.
     Without `strict_reuse`, the first three kinds of lost reuse are saved as findings and the
     campaign goes on. `twin` (default: when the layout sets a retention interval): run the
-    dense twin beside it (vllm_twin.py). `workload`: "random" or "chat" (vllm_workloads.py).
-    `drive`: "single" (one request per step), "scheduler" (vllm_sched.py: steps of several
+    dense twin beside it (twin.py). `workload`: "random" or "chat" (workloads.py).
+    `drive`: "single" (one request per step), "scheduler" (sched.py: steps of several
     requests, chunked prefill, preemption) or "mixed" (each episode draws one);
     `sched_policy`: the scheduler's preemption policy, "fcfs" or "priority"."""
     if drive not in DRIVES:
@@ -185,7 +185,7 @@ def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = N
     if workload not in WORKLOADS:
         raise ValueError(f"unknown workload {workload!r}; known: {', '.join(WORKLOADS)}")
     from . import generator as gen_layouts
-    generated = layout == GENERATED       # a layout sampled per episode (vllm_generator.py)
+    generated = layout == GENERATED       # a layout sampled per episode (generator.py)
     first = gen_layouts.sample_layout(seed, fault) if generated else layout
     twin_arg = twin
     twin = wants_twin(first, fault) if twin_arg is None else twin_arg
@@ -222,7 +222,7 @@ def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = N
         num_blocks = rng.choice([10, 14, 20, 32]) * max(2, len(LAYOUT_DATA[layout][1])) // 2 * per_req // 16
         ad = make_adapter(layout, num_blocks, fault, strict_reuse, twin, sched_policy)
         _incremental(ad)
-        known.install(ad, vllm_version())     # known vLLM defects are counted, not reported (vllm_known.py)
+        known.install(ad, vllm_version())     # known vLLM defects are counted, not reported (known.py)
         core = Lockstep(FreeModel(), ad)
         viol: Finding | None = None
         for _ in range(rng.randint(20, 120)):

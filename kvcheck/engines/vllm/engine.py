@@ -26,10 +26,12 @@ class VllmEngine(Engine):
     project_variant_key = "layouts"
 
     def release(self) -> str | None:
-        from .layouts import vllm_version
+        """The installed vLLM's version (package metadata: no import; whether its manager can
+        be used here is `unsupported()`)."""
+        from importlib import metadata
         try:
-            return vllm_version()
-        except VllmUnavailable:
+            return metadata.version("vllm")
+        except metadata.PackageNotFoundError:
             return None
 
     def layouts(self) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""The upstream fixes the known vLLM defects (vllm_known.py) are recognised by: each a
+"""The upstream fixes the known vLLM defects (known.py) are recognised by: each a
 counterfactual lookup ``(ad, find, hashes, max) -> (blocks per group, hit)`` that reruns the
 coordinator's lookup on the same state with the defect's fix applied (a copy of the release's
 own code with the fix, or a wrapper doing what the fixed release does)."""

@@ -61,7 +61,7 @@ EAGLE: dict[str, tuple[int, ...]] = {}
 _REFUSED: dict[str, str] = {}            # layouts listed but refused (why, one line)
 from .presets import install_presets  # noqa: E402
 install_presets(LAYOUT_DATA, SCALE, EAGLE, _REFUSED)
-GENERATED = "generated"                  # run_campaign samples a layout per episode (vllm_generator.py)
+GENERATED = "generated"                  # run_campaign samples a layout per episode (generator.py)
 LAYOUTS: dict[str, str] = {k: v[0] for k, v in LAYOUT_DATA.items()}
 LAYOUTS[GENERATED] = ("a layout sampled per episode from a grammar (1-6 groups of any kind the "
                       "release has, mixed block sizes, hash block, use_eagle, retention None/0/N)")
@@ -74,7 +74,7 @@ def layout_scale(layout: str) -> tuple[int, int]:
 
 
 def register_layout(definition: Any, where: str, prefix: str = "file") -> str:
-    """Validate a user's (or the generator's) layout (vllm_layout_file.py) and make it a layout
+    """Validate a user's (or the generator's) layout (layout_file.py) and make it a layout
     like the presets; its name is `prefix` + ":" + `where`. Returns the name."""
     from .layout_file import parse_layout, parse_scale
     desc, groups, sched, ret = parse_layout(definition, where, B, MAX_MODEL_LEN)
@@ -124,7 +124,7 @@ RETENTION_DROPS_TAIL = _fault(
     "retention_drops_tail", "vllm:SlidingWindowManager.reachable_block_mask", "lost reuse (retention)",
     "lost_reuse_retention", "sparse retention leaves out the last sliding-window block before the replay "
     "boundary, so a resend or longer sibling of a prompt cannot hit where the policy promises "
-    "(caught by the dense twin, vllm_twin.py; needs a layout with a retention interval)")
+    "(caught by the dense twin, twin.py; needs a layout with a retention interval)")
 MAMBA_OLDER_STATE = _fault(
     "mamba_hit_older_state", "vllm:MambaManager.find_longest_cache_hit", "stale recurrent state",
     "hit_sound_recurrent_state", "the Mamba lookup accepts the longest boundary the other groups hit "
@@ -155,14 +155,14 @@ EARLY_READER_FORWARD = _fault(
     "early_reader_forward", "vllm:Scheduler forward (the step's execution)", "read before write",
     "read_before_write", "the step runs the requests it admitted in a forward of their own before the "
     "running requests' forward (a micro-batched step), so a hit on a block published in the same step "
-    "reads it before its writer's forward has written it (vllm_timeline.py)")
+    "reads it before its writer's forward has written it (timeline.py)")
 VLLM_FAULTS: tuple[Fault, ...] = (DROP_REF_ON_FREE, SWA_HIT_UNCHECKED, EVICT_KEEPS_HASH, SWA_OVERSTRICT,
                                   RETENTION_DROPS_TAIL, EARLY_READER_FORWARD, MAMBA_OLDER_STATE, MAMBA_STATE_FREED,
                                   MAMBA_SAME_STEP, MAMBA_MOVE_UNCOPIED, MAMBA_PARTIAL_OFF_BY_ONE)
 FAULTS: dict[str, tuple[str, str]] = {f.name: (f.expected, f.doc) for f in VLLM_FAULTS}  # name -> (check, doc)
 SWA_FAULTS = (SWA_HIT_UNCHECKED, SWA_OVERSTRICT)      # need a layout with a sliding-window group
 MAMBA_FAULTS = (MAMBA_OLDER_STATE, MAMBA_STATE_FREED, MAMBA_SAME_STEP,   # need a layout with a mamba
-                 MAMBA_MOVE_UNCOPIED, MAMBA_PARTIAL_OFF_BY_ONE)            # group (vllm_mamba_faults.py)
+                 MAMBA_MOVE_UNCOPIED, MAMBA_PARTIAL_OFF_BY_ONE)            # group (mamba_faults.py)
 MAMBA_FINE_FAULTS = (MAMBA_MOVE_UNCOPIED, MAMBA_PARTIAL_OFF_BY_ONE)      # and hits inside a Mamba block
 
 

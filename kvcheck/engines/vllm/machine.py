@@ -91,6 +91,6 @@ class VllmMachine(RuleBasedStateMachine):
             self._do("begin_step", {})
 
     @rule()
-    def forward(self) -> None:         # the step's forward completes (vllm_timeline.py)
+    def forward(self) -> None:         # the step's forward completes (timeline.py)
         if self.ad.timeline.open:
             self._do("forward", {})

@@ -258,7 +258,7 @@ def check_state_copy(ad: Any, req: Any, start: int) -> None:
                             f"{start} tokens from table index {src}, which is {got}")
 
 
-# ---- when the step runs (the timeline, vllm_timeline.py) ----------------------------------
+# ---- when the step runs (the timeline, timeline.py) ----------------------------------
 def run_states(ad: Any, tl: Any, items: list) -> None:
     """The step's state copies (worker ``preprocess_mamba``: from block cdiv(lo, b) - 1 to block
     cdiv(hi, b) - 1 of every scheduled request, together), then the forward's writes (the state

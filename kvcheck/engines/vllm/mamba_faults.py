@@ -1,6 +1,6 @@
 """The planted Mamba faults of the vLLM adapter: thin subclasses of the installed release's own
 ``MambaManager`` swapped into one coordinator (nothing in vLLM is edited). Declared, with the
-check each must trip, in vllm_layouts.py's one fault table (VLLM_FAULTS)."""
+check each must trip, in layouts.py's one fault table (VLLM_FAULTS)."""
 from __future__ import annotations
 
 from typing import Any

@@ -74,7 +74,7 @@ REFUSED: dict[str, tuple[str, str]] = {}    # name -> (description, why): listed
 
 
 def install_presets(layouts: dict, scale: dict, eagle: dict, refused: dict) -> None:
-    """Add the presets to the layout tables of vllm_layouts.py."""
+    """Add the presets to the layout tables of layouts.py."""
     for name, (desc, groups, sched, hb, max_len, eg) in _P.items():
         layouts[name] = (desc, list(groups), sched)
         scale[name] = (hb, max_len)

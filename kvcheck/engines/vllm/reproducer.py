@@ -7,7 +7,7 @@ group, retention interval), replays the trace's operations the way the adapter d
 (lookup = ``get_computed_blocks`` + admission ``allocate_slots`` with the token count the
 scheduler's own split gave, prefill/decode = ``allocate_slots``, finish/preempt = ``free``,
 scheduler steps with their queued copies and forward), keeps the adapter's content model in
-miniature (vllm_reproducer_body.py), checks the finding's condition in plain code, prints hit
+miniature (reproducer_body.py), checks the finding's condition in plain code, prints hit
 lengths and block tables, and exits 1 while the bug is present, 0 when it is fixed (2: a step
 it cannot play). What only kvcheck's spec knows is recorded in the script as data with its
 evidence checked in vLLM's own state: a lost reuse lists every prefix-cache entry the usable
@@ -26,7 +26,7 @@ from typing import Any
 from .layouts import EAGLE, VOCAB
 from .reproducer_body import BODY
 
-# check -> the plain-code condition the script evaluates (vllm_reproducer_body.py)
+# check -> the plain-code condition the script evaluates (reproducer_body.py)
 CONDITIONS = {
     "refcount_equals_holders": "every block's ref_cnt equals the number of block tables (and queued copies) holding it",
     "hash_map_sound": "every prefix-cache map entry points at a block that carries that key and holds (or will hold, "

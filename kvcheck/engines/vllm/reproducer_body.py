@@ -1,4 +1,4 @@
-"""The fixed part of a standalone vLLM reproducer (vllm_reproducer.py writes the data above it).
+"""The fixed part of a standalone vLLM reproducer (reproducer.py writes the data above it).
 
 It is the adapter's content model in miniature, in plain code on vLLM's public classes: what
 every block will hold once the forward that writes it runs (HOLDS), what its bytes hold now

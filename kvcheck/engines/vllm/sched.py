@@ -30,7 +30,7 @@ class SchedGen:
         if policy not in POLICIES:
             raise ValueError(f"unknown scheduling policy {policy!r}; known: {', '.join(POLICIES)}")
         self.base, self.rng, self.policy = base, base.rng, policy
-        self.bases = base.bases             # ChatGen (vllm_workloads.py) wraps this one too
+        self.bases = base.bases             # ChatGen (workloads.py) wraps this one too
         rng = self.rng
         scale = max(1, base.max_prompt // 44)
         self.budget_max = rng.choice([8, 16, 32, 1 << 20]) * scale     # max_num_batched_tokens

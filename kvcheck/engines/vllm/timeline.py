@@ -3,7 +3,7 @@
 vLLM publishes a block (inserts its hash into the prefix-cache map) inside ``allocate_slots``,
 at schedule time (``kv_cache_manager.py``: ``coordinator.cache_blocks(request,
 num_tokens_to_cache)``), but the KV of the tokens scheduled in a step is written only by that
-step's forward pass. The content shadow model (vllm_checks.py) stamps what a block *will* hold
+step's forward pass. The content shadow model (checks.py) stamps what a block *will* hold
 once its writer's forward runs; this module keeps what it *does* hold (``ready``) on a
 timeline of steps and checks every forward's reads against it.
 

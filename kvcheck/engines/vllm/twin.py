@@ -1,6 +1,6 @@
 """Retention-aware lost reuse: the layout under test runs next to a dense twin.
 
-The map-based lost-reuse check (vllm_checks.py `spec_usable`) compares vLLM's hit with vLLM's
+The map-based lost-reuse check (checks.py `spec_usable`) compares vLLM's hit with vLLM's
 own prefix-cache map, so a retention policy that never publishes a block a later request needs
 cannot show up. Here every operation also runs on a twin ``KVCacheManager`` of the same layout
 with dense retention (``prefix_cache_retention_interval=None``). At a lookup the twin first

@@ -1,6 +1,6 @@
 """What chat and agent clients send, as a vLLM workload, and the reuse profile of a layout.
 
-The random workload (vllm.py `_Gen`, shared draws with SGLang through prompts.PromptGen) cuts
+The random workload (drivers.py `_Gen`, shared draws with SGLang through prompts.PromptGen) cuts
 three base prompts at random points. Chat clients also resend the same turn with a few tokens
 appended or one edited, branch siblings off an earlier prompt at any position (inside its last
 block too), grow a conversation turn by turn (the previous prompt *and its output* plus a new
