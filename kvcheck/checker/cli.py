@@ -90,6 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "with its status, features and timing) to FILE; with --workers N, one file "
                         "per worker (FILE.wK.jsonl)")
     z.add_argument("--layout", metavar="NAME", help="--sut vllm: the hybrid layout to drive")
+    z.add_argument("--acknowledge", metavar="NAME=REASON", action="append",
+                   help="--sut vllm|sglang: accept a known engine defect (shown, not failing); without it a "
+                        "recognised known defect is a finding with its check's exit code (repeatable; the "
+                        "project file's [known] table is the same)")
     z.add_argument("--list-layouts", action="store_true", help="--sut vllm|sglang: list the layouts")
     z.add_argument("--layout-file", metavar="FILE", help="--sut vllm / sglang: a layout of your own (JSON; docs/adapters-vllm.md)")
     z.add_argument("--workload", metavar="NAME", default=None,

@@ -2,7 +2,9 @@
 
 One <testcase> per (system, engine, check): classname "kvcheck.<system>.<engine>", name the
 check. A failed check carries a <failure> with the finding and the command that replays it; an
-undecided one an <error>; a check that did not apply, <skipped>. "fixed" corpus traces pass.
+undecided one an <error>; a check that did not apply, <skipped>; an acknowledged known engine
+defect, <skipped> with "acknowledged known defect" and the team's reason (pytest's xfail).
+"fixed" corpus traces pass.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ def junit_xml(report: dict[str, Any]) -> bytes:
     for name, cs in by_suite.items():
         n = {"tests": len(cs), "failures": sum(c["verdict"] == "failed" for c in cs),
              "errors": sum(c["verdict"] == "undecided" for c in cs),
-             "skipped": sum(c["verdict"] == "skipped" for c in cs)}
+             "skipped": sum(c["verdict"] in ("skipped", "acknowledged") for c in cs)}
         suite = ET.SubElement(suites, "testsuite", name=name, time=f"{max(c['seconds'] for c in cs):.3f}",
                               **{k: str(v) for k, v in n.items()})
         for k in totals:
@@ -40,6 +42,9 @@ def junit_xml(report: dict[str, Any]) -> bytes:
                 el.text = c.get("note") or ""
             elif c["verdict"] == "skipped":
                 ET.SubElement(case, "skipped", message=(c.get("note") or "not applicable")[:500])
+            elif c["verdict"] == "acknowledged":
+                ET.SubElement(case, "skipped", type="xfail",
+                              message=f"acknowledged known defect: {c.get('note') or ''}"[:500])
             elif c.get("note"):
                 ET.SubElement(case, "system-out").text = f"{c['verdict']}: {c['note']}"
     for k, v in totals.items():

@@ -48,15 +48,18 @@ DEFAULT_FAULT_BUDGET = "30s"
 TOP_KEYS = {"corpus": "a path (string)", "seeds": "a list of integers", "systems": "a table",
             "ray": "true (a local or RAY_ADDRESS cluster) or a cluster address HOST:PORT (string)",
             "redis": "a Redis URL (string): the shared Hypothesis example database of ray campaigns",
-            "ray_shards": "a positive integer: Ray tasks per seed of each fuzz campaign"}
+            "ray_shards": "a positive integer: Ray tasks per seed of each fuzz campaign",
+            "known": "a table NAME = { reason = \"...\", upstream = \"...\" }: known engine defects the team accepts",
+            "known_strict": "true: an acknowledged defect the release under test cannot have fails the gate"}
 SYSTEM_KEYS = {"engines": "a list of engine names", "budget": "a budget: steps (2000) or a duration (30s)",
                "budgets": "a table engine = budget", "seeds": "a list of integers",
                "expected_faults": "a list of fault names",
                "fault_budget": "a budget: steps (2000) or a duration (30s)",
                "config": "a path to a JSON config (string)", "layouts": "a list of vLLM layout names or files",
                "model_types": "a list of transformers model types",
-               "sched_policy": "fcfs or priority: vLLM's scheduler policy in the scheduler-driven episodes"}
-KIND_ONLY = {"layouts": ("vllm",), "model_types": ("transformers",), "sched_policy": ("vllm",),
+               "sched_policy": "fcfs or priority: vLLM's scheduler policy in the scheduler-driven episodes",
+               "known": "a table NAME = { reason = \"...\", upstream = \"...\" } (adds to the top-level [known])"}
+KIND_ONLY = {"layouts": ("vllm",), "model_types": ("transformers",), "sched_policy": ("vllm",), "known": ("vllm",),
              "config": ("spec", "reference", "user")}
 # Kinds that are registered engines checked through their own project hooks (fuzz/engine.py).
 ENGINE_KINDS = ("vllm", "transformers")
@@ -167,6 +170,10 @@ class _Validator:
         if not isinstance(corpus, str) or not corpus.strip():
             raise self.fail(tab, "corpus", f"must be {TOP_KEYS['corpus']}")
         seeds = self.seeds(tab, "seeds", t.get("seeds", [0]))
+        self.known = self.acknowledgements(tab, "known", t.get("known", {}))
+        self.known_strict = t.get("known_strict", False)
+        if not isinstance(self.known_strict, bool):
+            raise self.fail(tab, "known_strict", f"must be true or false (got {self.known_strict!r})")
         systems = t.get("systems")
         if systems is None:
             raise self.fail(tab, "systems", "missing: name at least one system under test "
@@ -265,6 +272,9 @@ class _Validator:
         fb = self.budget(tab, "fault_budget", body.get("fault_budget", DEFAULT_FAULT_BUDGET), None)
         config = self.config(tab, body["config"]) if "config" in body else None
         variants, options = self.engine_system(tab, kind, body) if kind in ENGINE_KINDS else ((), {})
+        if kind in ENGINE_KINDS:          # known defects the team accepts: the file's, then the system's
+            options = dict(options, acknowledged={**self.known, **self.acknowledgements(tab, "known", body.get("known", {}))},
+                           strict_known=self.known_strict)
         faults = self.strings(tab, "expected_faults", body.get("expected_faults", []), "fault names")
         if faults and not set(engines) & set(FAULT_ENGINES[kind]):
             raise self.fail(tab, "expected_faults", f"need an engine that plants faults "
@@ -304,6 +314,15 @@ class _Validator:
         except ConfigError as e:
             raise self.fail(tab, "config", " ".join(str(e).split())) from None
         return p
+
+    def acknowledgements(self, tab: str, key: str, v: Any) -> dict[str, Any]:
+        """A `known` table (fuzz/known.py): each entry a defect name with the reason it is accepted."""
+        from ..fuzz.known import parse_acknowledgements
+        try:
+            return parse_acknowledgements(v, key)
+        except ValueError as e:
+            k, _, why = str(e).partition(": ")
+            raise self.fail(tab, k, why) from None
 
     def engine_system(self, tab: str, kind: str, body: dict[str, Any]) -> tuple[tuple[str, ...], dict[str, Any]]:
         """A registered engine's variants (its `project_variant_key`) and options, checked by it."""

@@ -68,6 +68,11 @@ class Engine:
         """Its own checks (beyond the spec's invariants) -> the finding kind each reports."""
         return {}
 
+    def known_defects(self) -> dict[str, Any]:
+        """Real defects of its releases its campaigns recognise (name -> fuzz.known.KnownDefect);
+        what one means for a verdict is the core's rule (fuzz/known.py)."""
+        return {}
+
     def describe(self, unsupported: bool = True) -> dict[str, Any]:
         """The `kvcheck engines` row: never raises (an engine whose parts cannot load says why).
         `unsupported=False` skips asking the release what it cannot express (it imports the
@@ -79,7 +84,10 @@ class Engine:
                  "unsupported": lambda: ({str(k): str(v) for k, v in dict(self.unsupported()).items()}
                                         if unsupported else None),
                  "faults": lambda: sorted(f.name for f in self.faults()),
-                 "checks": lambda: {str(k): str(v) for k, v in dict(self.checks()).items()}}
+                 "checks": lambda: {str(k): str(v) for k, v in dict(self.checks()).items()},
+                 "known_defects": lambda: {str(k): {"check": d.check, "releases": f"{d.first}..{d.last}",
+                                                    "upstream": d.upstream}
+                                           for k, d in dict(self.known_defects()).items()}}
         for key, fn in parts.items():
             try:
                 row[key] = fn()

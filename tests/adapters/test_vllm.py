@@ -9,6 +9,7 @@ import pytest
 
 from kvcheck.engines.vllm import drivers as V
 from kvcheck.engines.vllm import layouts as vllm_layouts
+from kvcheck.engines.vllm import runtime as vllm_runtime
 from kvcheck.engines.vllm.presets import PRESETS, REFUSED   # tested in test_vllm_presets.py
 from kvcheck.fuzz.lockstep import Finding
 
@@ -21,7 +22,7 @@ def test_unavailable_without_vllm(monkeypatch):
             raise ImportError(f"No module named {name!r}")
         return real(name, *a, **k)
 
-    monkeypatch.setattr(vllm_layouts, "_V", {})
+    monkeypatch.setattr(vllm_runtime, "_V", {})
     monkeypatch.setattr(builtins, "__import__", fake)
     with pytest.raises(V.VllmUnavailable) as e:
         V.run_campaign("full+swa", steps=10)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from kvcheck.checker.common import UsageError, check_writable, emit
 from kvcheck.fuzz.campaign import Budget
+from kvcheck.fuzz.known import parse_cli
 
 from . import drivers as sg
 
@@ -16,7 +17,7 @@ def fuzz_command(args: argparse.Namespace) -> int:
         b = Budget.parse(args.budget)
         check_writable(Path(args.out))
         res, text = sg.cli_fuzz(args.layout, args.layout_file, args.list_layouts, b.seconds, b.steps,
-                                args.seed, args.fault, args.out)
+                                args.seed, args.fault, args.out, parse_cli(args.acknowledge))
     except (sg.SglangUnavailable, ValueError) as e:
         raise UsageError(str(e)) from None
     emit(args, res, lambda: text)

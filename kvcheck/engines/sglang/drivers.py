@@ -13,13 +13,16 @@ import random
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Mapping
 
 from kvcheck.spec.trace import Trace
 
 from kvcheck.spec.verdict import FOR_FINDING, ExitCode
+from kvcheck.fuzz.known import Acknowledgement, judge, known_lines
 from kvcheck.fuzz.lockstep import (Act, Finding, FreeModel, Lockstep)
 from kvcheck.fuzz.prompts import PromptGen
 from kvcheck.fuzz.traces import replay as replay_on_core, to_trace
+from .swa import WALLCLOCK_DEFECT
 from .adapter import SglangAdapter
 from .incremental import FULL_SCAN_EVERY
 from .reproducer import write_reproducer
@@ -133,11 +136,13 @@ def _save(lay: Layout, capacity: int, fault: str | None, seed: int, f: Finding, 
 
 def run_campaign(layout: str | Layout, budget_s: float | None = 60, steps: int | None = None, seed: int = 0,
                  fault: str | None = None, out_dir: str = "kvcheck-report", shrink_s: float = 30,
-                 full_scan_every: int = FULL_SCAN_EVERY) -> dict:
+                 full_scan_every: int = FULL_SCAN_EVERY, acknowledged: Mapping[str, Acknowledgement] | None = None,
+                 strict_known: bool = False) -> dict:
     """Fuzz one layout until the budget (seconds and/or steps) is spent or a check breaks. Where
     the class's incremental check pays (`incremental_pays`: UnifiedRadixCache) the checks run
     incrementally with a full scan every `full_scan_every` steps; else, and with 1, the full
-    scan after every step."""
+    scan after every step. Known defects recognised on the way are judged by the core's rule
+    (fuzz/known.py): findings unless `acknowledged`."""
     lay = get_layout(layout)
     make_adapter(lay, fault)          # validate layout/fault/release early (and import SGLang)
     # SGLang's import chain leaves ~650,000 objects (torch, transformers, SGLang) that each full
@@ -148,7 +153,9 @@ def run_campaign(layout: str | Layout, budget_s: float | None = 60, steps: int |
     if mine:
         gc.freeze()
     try:
-        return _campaign(lay, budget_s, steps, seed, fault, out_dir, shrink_s, full_scan_every)
+        res = _campaign(lay, budget_s, steps, seed, fault, out_dir, shrink_s, full_scan_every)
+        return judge(res, {WALLCLOCK_DEFECT.name: WALLCLOCK_DEFECT}, acknowledged, res.get("sglang_version"),
+                     strict_known)
     finally:
         if mine:
             gc.unfreeze()
@@ -231,7 +238,8 @@ def replay(trace: Trace | str | Path) -> dict:
 
 
 def cli_fuzz(layout: str | None, layout_file: str | None, list_only: bool, budget_s: float | None,
-             steps: int | None, seed: int, fault: str | None, out_dir: str) -> tuple[dict, str]:
+             steps: int | None, seed: int, fault: str | None, out_dir: str,
+             acknowledged: Mapping[str, Acknowledgement] | None = None) -> tuple[dict, str]:
     """What `kvcheck fuzz --sut sglang` prints: (JSON result, text). Raises LayoutError or
     SglangUnavailable (the CLI turns them into one line, exit 2)."""
     if list_only:
@@ -247,11 +255,13 @@ def cli_fuzz(layout: str | None, layout_file: str | None, list_only: bool, budge
         raise LayoutError("--sut sglang needs --layout NAME or --layout-file FILE (see --list-layouts)")
     if fault is not None and fault not in FAULTS:
         raise LayoutError(f"unknown fault {fault!r} for --sut sglang; known: {', '.join(FAULTS)}")
-    res = run_campaign(lay, budget_s=budget_s, steps=steps, seed=seed, fault=fault, out_dir=out_dir)
+    res = run_campaign(lay, budget_s=budget_s, steps=steps, seed=seed, fault=fault, out_dir=out_dir,
+                       acknowledged=acknowledged)
     lines = [f"kvcheck fuzz --sut sglang --layout {res['layout']} ({res['class']}): exit {res['exit_code']} "
              f"(sglang {res['sglang_version']})",
              f"  {res['steps']} steps in {res['episodes']} episodes, seed {seed}",
              "  actions: " + ", ".join(f"{k} {n}" for k, n in res["coverage"].items())]
     for f in res["findings"]:
         lines += [f"  FINDING [{f['kind']}] {f['check']}: {f['message']}", f"    replay: {f['replay']}"]
+    lines += known_lines(res)
     return res, "\n".join(lines)

@@ -23,7 +23,7 @@ class SglangEngine(Engine):
     docs = "docs/adapters-sglang.md"
     legacy_modules = {"kvcheck.fuzz.adapters.sglang": "kvcheck.engines.sglang.drivers"} | {
         f"kvcheck.fuzz.adapters.sglang_{m}": f"kvcheck.engines.sglang.{m}" for m in MODULES}
-    fuzz_options = frozenset({"layout", "list_layouts", "layout_file"})
+    fuzz_options = frozenset({"layout", "list_layouts", "layout_file", "acknowledge"})
 
     def release(self) -> str | None:
         from .install import sglang_version
@@ -41,6 +41,10 @@ class SglangEngine(Engine):
 
     def faults(self) -> tuple:
         return SGLANG_FAULTS
+
+    def known_defects(self) -> dict[str, Any]:
+        from .swa import WALLCLOCK_DEFECT
+        return {WALLCLOCK_DEFECT.name: WALLCLOCK_DEFECT}
 
     def campaign(self, layout: str, *, budget_s: float | None, steps: int | None, seed: int,
                  fault: str | None, out_dir: str, **options: Any) -> dict[str, Any]:

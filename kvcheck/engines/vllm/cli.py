@@ -8,6 +8,7 @@ from pathlib import Path
 from kvcheck.checker.cmd_fuzz import on_ray, ray_line
 from kvcheck.checker.common import UsageError, check_writable, emit
 from kvcheck.fuzz.campaign import Budget
+from kvcheck.fuzz.known import known_lines, parse_cli
 from kvcheck.spec.outputs import kvcheck_command
 
 from . import drivers as v
@@ -46,6 +47,12 @@ def fuzz_command(args: argparse.Namespace) -> int:
     if workload != "random" and args.ray is not None:
         raise UsageError("--workload: the Ray shards drive the random workload only (drop --ray or --workload)")
     policy = sched_policy(args.sched_policy)
+    try:
+        acknowledged = parse_cli(args.acknowledge)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if acknowledged and args.ray is not None:
+        raise UsageError("--acknowledge: the Ray shards judge known defects unacknowledged (drop --ray)")
     if policy != "fcfs" and args.ray is not None:
         raise UsageError("--sched-policy: the Ray shards drive FCFS only (drop --ray or --sched-policy)")
     out = Path(args.out)
@@ -67,7 +74,7 @@ def fuzz_command(args: argparse.Namespace) -> int:
         else:
             res = v.run_campaign(args.layout, budget_s=budget.seconds, steps=budget.steps, seed=args.seed,
                                  strict_reuse=args.strict_reuse, fault=args.fault, out_dir=str(out),
-                                 workload=workload, sched_policy=policy)
+                                 workload=workload, sched_policy=policy, acknowledged=acknowledged)
     except v.VllmUnavailable as e:
         raise UsageError(str(e)) from None
     except ValueError as e:
@@ -84,6 +91,7 @@ def fuzz_command(args: argparse.Namespace) -> int:
         + (["--fault", args.fault] if args.fault else []) \
         + (["--workload", workload] if workload != "random" else []) \
         + (["--sched-policy", policy] if policy != "fcfs" else []) \
+        + [f"--acknowledge={n}={a.reason}" for n, a in acknowledged.items()] \
         + (["--ray", *([args.ray] if args.ray else []), "--workers", str(len(res["ray"]["shards"]) // len(layouts))]
            if args.ray is not None else [])
     res["command"] = kvcheck_command(*cmd)
@@ -101,6 +109,7 @@ def fuzz_command(args: argparse.Namespace) -> int:
                          + f": {f['message']}")
             if f.get("replay"):
                 lines.append(f"    replay: {f['replay']}")
+        lines += known_lines(res)
         return "\n".join(lines)
 
     emit(args, res, text)

@@ -14,11 +14,13 @@ from __future__ import annotations
 import random
 import time
 from collections import Counter
+from typing import Mapping
 from pathlib import Path
 
 from kvcheck.spec.trace import Trace
 
 from kvcheck.spec.verdict import FOR_FINDING, ExitCode
+from kvcheck.fuzz.known import Acknowledgement, judge
 from kvcheck.fuzz.lockstep import (Act, Finding, FreeModel, Lockstep)
 from kvcheck.fuzz.prompts import PromptGen
 from kvcheck.fuzz.shrink import shrink_finding
@@ -168,7 +170,20 @@ def _file_safe(name: str) -> str:
 def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = None,
                  seed: int = 0, strict_reuse: bool = False, fault: str | None = None,
                  out_dir: str = "kvcheck-report", twin: bool | None = None,
-                 workload: str = "random", drive: str = "mixed", sched_policy: str = "fcfs") -> dict:
+                 workload: str = "random", drive: str = "mixed", sched_policy: str = "fcfs",
+                 acknowledged: Mapping[str, Acknowledgement] | None = None, strict_known: bool = False) -> dict:
+    """`_campaign`, then the core's rule for known defects (fuzz/known.py): a recognised one
+    is a finding unless `acknowledged`; a stale acknowledgement fails with `strict_known`."""
+    res = _campaign(layout, budget_s, steps, seed, strict_reuse, fault, out_dir, twin, workload, drive,
+                    sched_policy)
+    fails = frozenset(FOR_FINDING) - (frozenset() if strict_reuse else {"lost_reuse"})
+    return judge(res, known.defects(), acknowledged, res["vllm_version"], strict_known, fails)
+
+
+def _campaign(layout: str, budget_s: float | None = 60, steps: int | None = None,
+              seed: int = 0, strict_reuse: bool = False, fault: str | None = None,
+              out_dir: str = "kvcheck-report", twin: bool | None = None,
+              workload: str = "random", drive: str = "mixed", sched_policy: str = "fcfs") -> dict:
     """Fuzz one layout until the budget (seconds and/or steps) is spent or a violation is found.
     Without `strict_reuse`, the first three kinds of lost reuse are saved as findings and the
     campaign goes on. `twin` (default: when the layout sets a retention interval): run the
@@ -222,7 +237,7 @@ def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = N
         num_blocks = rng.choice([10, 14, 20, 32]) * max(2, len(LAYOUT_DATA[layout][1])) // 2 * per_req // 16
         ad = make_adapter(layout, num_blocks, fault, strict_reuse, twin, sched_policy)
         _incremental(ad)
-        known.install(ad, vllm_version())     # known vLLM defects are counted, not reported (known.py)
+        known.install(ad, vllm_version())     # known defects counted here, judged by run_campaign
         core = Lockstep(FreeModel(), ad)
         viol: Finding | None = None
         for _ in range(rng.randint(20, 120)):

@@ -22,7 +22,7 @@ class VllmEngine(Engine):
             "machine", "mamba", "mamba_faults", "presets", "release", "reproducer", "reproducer_body",
             "sched", "timeline", "twin", "workloads")}
     fuzz_options = frozenset({"layout", "list_layouts", "layout_file", "workload", "sched_policy",
-                              "strict_reuse", "ray"})
+                              "strict_reuse", "ray", "acknowledge"})
     project_variant_key = "layouts"
 
     def release(self) -> str | None:
@@ -50,6 +50,10 @@ class VllmEngine(Engine):
     def checks(self) -> dict[str, str]:
         return {**{c: "safety" for c in SAFETY_CHECKS}, **{c: "bookkeeping" for c in BOOKKEEPING_CHECKS},
                 "lost_reuse": "lost_reuse"}
+
+    def known_defects(self) -> dict[str, Any]:
+        from .known import defects
+        return defects()
 
     def campaign(self, layout: str, *, budget_s: float | None, steps: int | None, seed: int,
                  fault: str | None, out_dir: str, **options: Any) -> dict[str, Any]:

@@ -9,23 +9,26 @@ when the fixed lookup gives exactly what the checks demand: lost reuse, the spec
 ``hit_length_equal``, the same hit with every group holding the right number of blocks, and
 the fixed result passes every hit check. Anything else (another cause of the same check, a
 planted fault, a release outside the defect's range) is reported as before. A recognised
-finding is counted under ``known:NAME`` in the campaign's coverage; ``KVCHECK_VLLM_STRICT=1``
-turns recognition off (every finding is reported).
+finding is counted under ``known:NAME`` in the campaign's coverage (so that the shrinker never
+trades a finding for a known defect and the campaign goes on looking); what it means for the
+verdict is the core's rule (kvcheck/fuzz/known.py): reported as a finding unless the team
+acknowledged it. ``STRICT`` (code only: tests) turns recognition off.
 """
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Callable
+
+from kvcheck.fuzz.known import KnownDefect
 
 from .build import make_adapter
 from .layouts import register_layout, vllm_version
 from .fixes import (drop_once, full_at_candidate, full_spec, margin_to_hashed, realign, truncate_all,
                     unitary_margin)
 
-STRICT = os.environ.get("KVCHECK_VLLM_STRICT") == "1"
+STRICT = False        # recognition off: every finding reported under its own check (tests)
 
 
 @dataclass(frozen=True)
@@ -195,7 +198,7 @@ def sort_lost(ad: Any, n_lost: int, act: Any, version: str) -> tuple[list[str], 
 
 def explain_trace(path: str) -> dict:
     """Replay a saved finding step by step with every known defect of the installed release
-    watched (recognition on, whatever KVCHECK_VLLM_STRICT says): which known defect, if any,
+    watched (recognition on, whatever STRICT says): which known defect, if any,
     explains the finding at its step. The evidence behind a finding's classification."""
     from kvcheck.spec.trace import Trace
     global STRICT
@@ -246,3 +249,11 @@ def of_finding(ad: Any, f: Any, version: str) -> str | None:
         if v is None:
             return None
     return of_violation(ad, v, f.program[-1], version)
+
+
+def defects() -> dict[str, KnownDefect]:
+    """The catalogue in the core's terms (fuzz/known.py): each defect's check and its kind."""
+    from .layouts import BOOKKEEPING_CHECKS
+    return {k.name: KnownDefect(k.name, k.check, "lost_reuse" if k.check == "lost_reuse" else
+                                "bookkeeping" if k.check in BOOKKEEPING_CHECKS else "safety",
+                                k.first, k.last, k.upstream, k.repro) for k in KNOWN}

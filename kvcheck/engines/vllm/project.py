@@ -38,6 +38,23 @@ def project_system(layouts: list[str] | None, body: Mapping[str, Any],
     return names, {"sched_policy": policy}
 
 
+def known_checks(label: str, r: dict[str, Any], strict: bool) -> list[dict[str, Any]]:
+    """One check per acknowledged known defect (fuzz/known.py): `acknowledged` (JUnit: skipped,
+    with the reason), or a stale acknowledgement (`fixed?`: failed under known_strict)."""
+    out = []
+    for row in r.get("known", []):
+        name, secs = f"known:{row['name']}", r["elapsed_s"]
+        counts = {"recognised": row["recognised"], "releases": row.get("releases")}
+        if row["status"].startswith("acknowledged"):
+            out.append(check(label, "fuzz", name, "acknowledged", secs, counts,
+                             note=f"{row['status']}: {row.get('reason')}" + (f" [{row['upstream']}]" if row.get("upstream") else "")))
+        elif row["status"] in ("fixed?", "unknown"):
+            out.append(check(label, "fuzz", name, "failed" if strict and row["status"] == "fixed?" else "passed",
+                             secs, counts, finding("stale_acknowledgement", row["message"], None, [])
+                             if strict and row["status"] == "fixed?" else None, note=row["message"]))
+    return out
+
+
 def run_vllm(sys: System, layout: str, seed: int, out: Path, fault: str | None = None) -> EngineRun:
     label = f"vllm[{layout}]"
     if layout.endswith(".json") or "/" in layout:
@@ -48,7 +65,8 @@ def run_vllm(sys: System, layout: str, seed: int, out: Path, fault: str | None =
     b = sys.fault_budget if fault else sys.budgets["fuzz"]
     try:
         r = v.run_campaign(layout, budget_s=b.seconds, steps=b.steps, seed=seed, fault=fault, out_dir=str(out),
-                           sched_policy=sys.sched_policy)
+                           sched_policy=sys.sched_policy, acknowledged=sys.options.get("acknowledged"),
+                           strict_known=bool(sys.options.get("strict_known")))
     except v.VllmUnavailable as e:
         return skipped(label, "fuzz", str(e))
     except ValueError as e:             # a fault this layout cannot plant (no sliding window)
@@ -61,8 +79,10 @@ def run_vllm(sys: System, layout: str, seed: int, out: Path, fault: str | None =
             lost += 1                  # kept as findings, not failures, without strict reuse
             continue
         failed[x["check"]] = finding(x["kind"], x["message"], x["replay"], labels(x["trace"]))
-        traces.append(x["trace"])
+        if x.get("trace"):                 # (a known defect's finding has its reproducer, no trace)
+            traces.append(x["trace"])
     checks = per_check(label, "fuzz", list(SAFETY_CHECKS) + list(BOOKKEEPING_CHECKS), failed, r["elapsed_s"], counts)
+    checks += known_checks(label, r, bool(sys.options.get("strict_known")))
     checks.append(coverage_check(label, r["missing_actions"], r["elapsed_s"], counts))
     code = ExitCode.OK if r["exit_code"] == ExitCode.UNDECIDED and not failed else r["exit_code"]
     if lost:
