@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..spec.config import Config
+from ..spec.objects import DECISION_KINDS
 from ..spec.outputs import kvcheck_command
 from ..spec.system import Spec
 from ..spec.trace import Trace
@@ -176,10 +177,21 @@ def run_fuzz(sys: System, cfg: Config, seed: int, out: Path, fault: str | None =
 
 
 def coverage_check(label: str, missing: list[str], seconds: float, counts: dict[str, Any]) -> dict[str, Any]:
-    """A campaign's action coverage: reported, not gated (the walk's coverage minimum is the
-    gate's); a budget too small to reach an action says so in the note."""
-    return check(label, "fuzz", "coverage", "passed", seconds, counts,
-                 note=("actions never exercised (raise the budget): " + ", ".join(missing)) if missing else None)
+    """A campaign's coverage minimum: steps run, (Hypothesis) examples tried, a lookup decided;
+    short of it the check is undecided (exit 3): a campaign that did no work proves nothing.
+    Actions it never exercised are reported in the note, not gated (at CI budgets a campaign
+    reaches the rare ones by chance; the gate's walk holds every action and decision kind)."""
+    decided = sum(counts.get(k, 0) for k in DECISION_KINDS if isinstance(counts.get(k), int))
+    short = [f"0 {k} ran" for k in ("steps", "examples") if k in counts and not counts[k]]
+    if any(k in counts for k in DECISION_KINDS) and not decided:
+        short.append("no lookup decided")
+    if short:
+        return check(label, "fuzz", "coverage", "undecided", seconds, counts,
+                     note="below the coverage minimum (raise the budget): " + "; ".join(short))
+    if missing:
+        return check(label, "fuzz", "coverage", "passed", seconds, counts,
+                     note="actions never exercised (raise the budget): " + ", ".join(missing))
+    return check(label, "fuzz", "coverage", "passed", seconds, counts)
 
 
 # ---- reference diff ---------------------------------------------------------------------

@@ -55,13 +55,16 @@ def cli(*argv):
 
 
 out = {"version": sg.sglang_version(), "clean": {}, "faults": []}
+# SWARadixCache before 0.5.5: its sanity_check rebuilds LRU order from wall-clock stamps (a known
+# defect, sgl-project/sglang#8931): acknowledged, as a team on such a release would
+ACK = "sanity_check_lru_wallclock=sgl-project/sglang#8931, fixed in 0.5.5"
 code, o, e = cli("fuzz", "--sut", "sglang", "--list-layouts", "--json")
 out["list"] = {"code": code, "stderr": e[-800:]}
 out["info"] = info = json.loads(o)
 ok = [x["name"] for x in info["layouts"] if x["supported"]]
 for lay in ok:                 # each class runs clean briefly, through the command line
     code, o, e = cli("fuzz", "--sut", "sglang", "--layout", lay, "--budget", "3000", "--seed", "5", "--json",
-                     "--out", out_dir)
+                     "--out", out_dir, "--acknowledge", ACK)
     out["clean"][lay] = {"code": code, "res": json.loads(o) if o.strip() else None, "stderr": e[-500:]}
 missing = [x["name"] for x in info["layouts"] if x["name"] and not x["supported"]]
 if missing:                    # a class this release lacks: one line, exit 2

@@ -30,6 +30,8 @@ import json, subprocess, sys, time
 from kvcheck.fuzz.adapters import sglang as sg
 from kvcheck.engines.sglang.layouts import fault_applies, known_finding
 out = {"version": sg.sglang_version(), "scenario": {}, "faults": [], "clean": [], "ownership": None}
+from kvcheck.fuzz.known import parse_cli
+ACK = parse_cli(["sanity_check_lru_wallclock=sgl-project/sglang#8931, fixed in 0.5.5"])
 lays = [r["name"] for r in sg.list_layouts() if r["supported"]]
 repro = set()
 
@@ -72,7 +74,8 @@ def planted(lay):
 for lay in lays:
     if fault_applies("unfinished_lock_not_moved", sg.LAYOUTS[lay]):   # not ChunkCache: no tree, no lock
         out["faults"].append(planted(lay))
-    c = sg.run_campaign(lay, budget_s=None, steps=2500, seed=3, out_dir=sys.argv[1], shrink_s=2)
+    c = sg.run_campaign(lay, budget_s=None, steps=2500, seed=3, out_dir=sys.argv[1], shrink_s=2,
+                        acknowledged=ACK)   # sgl-project/sglang#8931 on releases before 0.5.5
     out["clean"].append({"layout": lay, "exit": c["exit_code"], "missing": c["missing_actions"],
                          "check": c["findings"][0]["check"] if c["findings"] else None,
                          "known": known_finding(sg.LAYOUTS[lay], sg.sglang_version()),

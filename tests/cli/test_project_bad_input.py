@@ -66,6 +66,13 @@ CASES = [
     ('', "systems: missing"),
     ('[systems.spec\n', "kvcheck.toml: invalid TOML"),
     (b'[systems.spec]\nengines = ["\xff"]\n', "not UTF-8"),
+    # no pass without work: a budget too short for one step, an absurd one (issue: unearned pass)
+    ('[systems.reference]\nbudget = "0.0000000001s"\n', "[systems.reference] budget: budget '0.0000000001s' is shorter"),
+    ('[systems.reference]\nfault_budget = "' + "9" * 400 + 's"\n', "fault_budget: budget 999999999999... is too large"),
+    ('[systems.spec]\nbudget = "' + "7" * 400 + '"\n', "[systems.spec] budget: budget 777777777777... is too large"),
+    ('[known]\nfine_cow_same_step = { reason = "" }\n[systems.spec]\n', "known.fine_cow_same_step: reason must be"),
+    ('[systems.spec]\nknown = { x = "y" }\n', "[systems.spec] known: applies to vllm only"),
+    ('known_strict = "yes"\n[systems.spec]\n', "known_strict: must be true or false"),
 ]
 
 
