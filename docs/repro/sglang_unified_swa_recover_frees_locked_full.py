@@ -20,7 +20,7 @@ import torch
 def main() -> int:
     import importlib
     try:        # only the import chain's CPU stand-ins (torchvision users), where kvcheck is on the path
-        from kvcheck.fuzz.adapters.sglang_install import _idempotent_autoconfig_register, install_cpu_stubs
+        from kvcheck.engines.sglang.install import _idempotent_autoconfig_register, install_cpu_stubs
         install_cpu_stubs()
         with _idempotent_autoconfig_register():
             import sglang.srt.mem_cache.unified_radix_cache  # noqa: F401

@@ -72,7 +72,7 @@ def test_every_new_check_has_a_fault():
 # one process per interpreter runs everything below (SGLang's import chain takes seconds)
 _RUN = r"""
 import contextlib, io, json, runpy, sys
-from kvcheck.fuzz.adapters import sglang as sg
+from kvcheck.engines.sglang import drivers as sg
 from kvcheck.engines.sglang.layouts import fault_applies
 NEW, out_dir = json.loads(sys.argv[1]), sys.argv[2]
 rows = {r["name"]: r for r in sg.list_layouts() if r["name"]}

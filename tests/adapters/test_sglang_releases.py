@@ -38,7 +38,7 @@ pytestmark = pytest.mark.skipif(not PYTHONS, reason="set KVCHECK_SGLANG_PYTHONS 
 _DRIVER = r"""
 import contextlib, io, json, subprocess, sys, traceback
 from kvcheck.checker.cli import main
-from kvcheck.fuzz.adapters import sglang as sg
+from kvcheck.engines.sglang import drivers as sg
 from kvcheck.engines.sglang.layouts import fault_applies
 out_dir = sys.argv[1]
 

@@ -27,7 +27,7 @@ needs_sglang = pytest.mark.skipif(not PYTHONS, reason="set KVCHECK_SGLANG_PYTHON
 
 _PROBE = r"""
 import json, subprocess, sys, time
-from kvcheck.fuzz.adapters import sglang as sg
+from kvcheck.engines.sglang import drivers as sg
 from kvcheck.engines.sglang.layouts import fault_applies, known_finding
 out = {"version": sg.sglang_version(), "scenario": {}, "faults": [], "clean": [], "ownership": None}
 from kvcheck.fuzz.known import parse_cli
@@ -83,7 +83,7 @@ for lay in lays:
                          "released": c["coverage"].get("state:sched_released", 0)})
 
 # the adapter must model who owns a published request's slots: take the tree's part as the request's
-from kvcheck.fuzz.adapters import sglang_sched
+from kvcheck.engines.sglang import sched as sglang_sched
 real = sglang_sched.SchedMixin._read_back
 def wrong(self, r, s):
     real(self, r, s)

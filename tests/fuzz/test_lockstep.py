@@ -69,7 +69,7 @@ def test_every_driver_and_adapter_goes_through_the_one_core(monkeypatch) -> None
         seen.append(type(self.sut).__name__)
         return real(self, x)
     monkeypatch.setattr(Lockstep, "check", spy)
-    from kvcheck.fuzz import diff
+    from kvcheck.engines.reference import diff
     spec = Spec(CFG)
     f, _, _ = diff.run_scenario(spec, None, _spec_run(spec, 12, seed=0))
     assert f is None and "_CountingSUT" in seen                 # ReferenceSUT's driver subclass
