@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import shlex
 import time
+from ..spec.outputs import file_stem
 from array import array
 from collections import Counter, deque
 from dataclasses import dataclass, replace
@@ -331,7 +332,7 @@ def run_explore(cfg: Config, out: Path | None = None, fault: str | None = None,
         from ..fuzz.walk import to_trace
         tr = to_trace(spec, steps, None, engine="explore")
         tr.meta = {"depth": len(steps), "found_by": "kvcheck explore (BFS: shortest)"}
-        dest = (out or Path("kvcheck-report")) / f"explore-counterexample-{fault or 'clean'}.json"
+        dest = (out or Path("kvcheck-report")) / f"explore-counterexample-{file_stem(fault or 'clean')}.json"
         path = tr.save(dest)
         v["trace"] = str(path)
         v["steps"] = [s.label() for s in tr.steps]

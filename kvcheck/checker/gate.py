@@ -15,6 +15,7 @@ import time
 import json
 import os
 import shlex
+from ..spec.outputs import file_stem
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -82,7 +83,7 @@ def run_gate(cfg: Config, out: Path, config_path: str | None = None, fault: str 
         keep = set(v.invariants)
         short = shrink(spec, v.trace, keep, profile.shrink_seconds)
         trace = to_trace(spec, short, seed)
-        name = f"counterexample-{fault or 'clean'}-seed{seed}.json"
+        name = f"counterexample-{file_stem(fault or 'clean')}-seed{seed}.json"
         path = trace.save(out / name)
         caught_by = trace.violation["invariants"] if trace.violation else v.invariants
         report["violation"] = {

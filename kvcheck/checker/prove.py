@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import shlex
 import time
+from ..spec.outputs import file_stem
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -349,7 +350,7 @@ def run_prove(cfg: Config, out: Path | None = None, fault: str | None = None,
         steps = [(i.action, dict(i.params)) for i in path]
         tr = to_trace(pv.spec, steps, None, engine="bmc")
         tr.meta = {"depth": len(path), "found_by": "kvcheck prove (z3 bmc)"}
-        name = f"prove-counterexample-{fault or 'clean'}.json"
+        name = f"prove-counterexample-{file_stem(fault or 'clean')}.json"
         dest = (out or Path("kvcheck-report")) / name
         trace_path = str(tr.save(dest))
         replay = f"kvcheck replay {shlex.quote(trace_path)}"

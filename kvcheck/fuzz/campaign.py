@@ -13,6 +13,7 @@ import json
 import os
 import re
 import time
+from ..spec.outputs import file_stem
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -239,7 +240,7 @@ def _campaign(cfg: Config, sut: str, budget: Budget, seed: int, fault: str | Non
     if finding is not None:
         trail = finding.trail or list(tally.last_trail)
         trace = _trace(spec, trail, sut, seed, finding, fault, finding.lockstep if finding.trail else tally.lockstep)
-        stem = f"fuzz-{re.sub(r'[^A-Za-z0-9_.-]', '_', sut)}-{fault or 'clean'}-seed{seed}"
+        stem = f"fuzz-{file_stem(sut)}-{file_stem(fault or 'clean')}-seed{seed}"
         path = trace.save(out / f"{stem}.json")
         repro = write_atomic(out / f"{stem}.py", reproducer_text(path, sut))
         result["findings"].append({

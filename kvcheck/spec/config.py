@@ -7,6 +7,7 @@ place that turns untrusted JSON into a config and says clearly what is wrong wit
 from __future__ import annotations
 
 import json
+import stat
 import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -58,13 +59,27 @@ def _int(name: str, v: Any, lo: int, hi: int) -> int:
     return v
 
 
+MAX_INPUT_BYTES = 64 << 20       # no config, trace, project or layout file is near this
+
+
 def read_text(path: str | Path, what: str, error: type[Exception]) -> str:
-    """A UTF-8 text file, every way reading it can fail turned into one line of `error`."""
+    """A UTF-8 text file, every way reading it can fail turned into one line of `error`: only a
+    regular file (a FIFO would block, /dev/zero never ends), at most MAX_INPUT_BYTES."""
     p = Path(path)
     try:
-        raw = p.read_bytes()
+        regular = stat.S_ISREG(p.stat().st_mode)
+        raw = b""
+        if regular:
+            with p.open("rb") as fh:
+                raw = fh.read(MAX_INPUT_BYTES + 1)
     except OSError as e:
         raise error(f"cannot read {what} {p}: {e.strerror or e}") from None
+    except ValueError as e:          # a NUL byte in the path
+        raise error(f"cannot read {what} {str(p)[:200]!r}: {e}") from None
+    if not regular:
+        raise error(f"cannot read {what} {p}: not a regular file")
+    if len(raw) > MAX_INPUT_BYTES:
+        raise error(f"{what} {p} is larger than {MAX_INPUT_BYTES >> 20} MiB: not a {what}")
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -8,6 +8,8 @@ web servers running as another user must be able to read reports, so the final m
 """
 from __future__ import annotations
 
+import re
+
 import os
 import shlex
 import sys
@@ -20,6 +22,13 @@ def umask_mode(base: int = 0o666) -> int:
     mask = os.umask(0)
     os.umask(mask)
     return base & ~mask
+
+
+def file_stem(name: str, limit: int = 80) -> str:
+    """A name that goes into an output file's name (a fault or SUT name, perhaps a user's):
+    only letters, digits and _.+- kept, no leading dot, bounded, so it never leaves the
+    output directory or hides there."""
+    return (re.sub(r"[^A-Za-z0-9_.+-]", "_", str(name)).lstrip(".") or "_")[:limit]
 
 
 def write_atomic(path: str | Path, data: str | bytes, fsync: bool = False) -> Path:

@@ -25,6 +25,7 @@ import random
 import shlex
 import tempfile
 import time
+from kvcheck.spec.outputs import file_stem
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -170,7 +171,7 @@ def run_reference_diff(scenarios: int = 200, seed: int = 0, fault: str | None = 
         f = minimize(spec, fault, f, minimize_seconds)
         trace = to_trace(spec, f.trail, seed, engine="diff", expect_upto=f.lockstep, sut="reference",
                          finding=f, meta={"sut_fault": fault, "checks": CHECKS})
-        path = trace.save(Path(out_dir) / f"diff-reference-{fault or 'clean'}-seed{seed}-s{i}.json")
+        path = trace.save(Path(out_dir) / f"diff-reference-{file_stem(fault or 'clean')}-seed{seed}-s{i}.json")
         mismatches.append({"scenario": i, "theme": theme, "kind": f.kind, "checks": f.checks,
                            "message": f.message, "trace": str(path), "trace_steps": len(trace.steps),
                            "replay": f"kvcheck replay {shlex.quote(str(path))} --sut reference"})

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 from typing import Any
+
+from kvcheck.spec.config import read_json
 
 KINDS = {"full": (), "mla": (), "mla_indexer": (), "swa": ("window",), "swa_mla": ("window",), "chunked_local": ("chunk",),
          "mamba": ()}
@@ -132,15 +133,8 @@ def parse_scale(d: dict, hash_block: int, max_len: int) -> tuple[int, int, tuple
 
 
 def read_layout_file(path: str) -> Any:
-    p = Path(path)
-    try:
-        return json.loads(p.read_text())
-    except OSError as e:
-        raise ValueError(f"--layout-file {path}: cannot read it ({e.strerror})") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"--layout-file {path}: not a text file") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"--layout-file {path}: not JSON ({e.msg}, line {e.lineno})") from None
+    """The file's JSON (bounded, regular files only, depth-bounded: spec.config.read_json)."""
+    return read_json(path, "--layout-file", ValueError)
 
 
 def _int(x: Any) -> bool:
