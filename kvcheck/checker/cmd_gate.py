@@ -36,9 +36,14 @@ def cmd_gate(args: argparse.Namespace) -> int:
         from .gate_project import run_project
         cmd = kvcheck_command("gate", "--project", path, *(["--config", args.config] if args.config else []),
                               *(["--out", args.out] if args.out != "kvcheck-report" else []))
+        check_corpus_location(proj.corpus)     # before the work: a finding must have somewhere to go
         with progress(args, f"gate: {path}") as bar:
             code, rep = run_project(proj, out, cfg, cmd, progress=bar)
-        write_report(out, rep)
+        try:
+            write_report(out, rep)
+        except OSError as e:
+            raise UsageError(f"the gate ran (exit {code}: {rep.get('verdict')}) but its report could not be "
+                             f"written to {out}: {e.strerror or e}") from None
     if junit is not None:
         from .junit import write_junit
         write_junit(junit, rep)
@@ -46,6 +51,19 @@ def cmd_gate(args: argparse.Namespace) -> int:
     emit(args, rep, lambda: (project_text(rep, code, out) if proj is not None else default_text(rep, code, out))
          + (f"\n  junit: {junit}" if junit is not None else ""))
     return code
+
+
+def check_corpus_location(corpus: Path) -> None:
+    """The corpus directory exists and takes files, or its nearest existing parent does (it is
+    created only when there is a finding to save)."""
+    import os
+    if corpus.exists():
+        check_writable(corpus, "corpus directory")
+        return
+    parent = next((p for p in corpus.parents if p.exists()), Path("."))
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write to corpus directory {corpus}: {parent} is "
+                         + ("not a directory" if not parent.is_dir() else "not writable"))
 
 
 def engine_rows(rep: dict[str, Any]) -> list[dict[str, Any]]:
@@ -80,6 +98,8 @@ def project_text(rep: dict[str, Any], code: int, out: Path) -> str:
     lines = [f"kvcheck gate: {rep['verdict']} (exit {code})",
              f"  project: {rep['project']}; corpus {rep['corpus']}: {rep['corpus_replayed']} traces replayed first, "
              f"{len(rep['corpus_saved'])} new findings saved"]
+    if rep.get("corpus_error"):
+        lines.append(f"  NOT SAVED: {rep['corpus_error']}")
     lines += _engine_lines(rep)
     for f in rep["findings"]:
         lines.append(f"  FINDING {f['system']} {f['engine']} [{f['kind']}] {f['check']}: {f['message']}")

@@ -145,6 +145,21 @@ def write_report(out: Path, report: dict[str, Any]) -> None:
         md += render_checkers_md(report) + render_profiles_md(report)
     write_public(out / "report.json", json.dumps(report, indent=1) + "\n")
     write_public(out / "report.md", md)
+    write_html(out)
+
+
+def write_html(out: Path) -> None:
+    """report.html beside them, the page `kvcheck report --html` makes (with the plots the
+    data has), so the gate needs no second command; a page that cannot be rendered leaves
+    the JSON and Markdown as they are and says why in the page's place."""
+    from .report import load_dir
+    from .report_html import render_html
+    try:
+        page = render_html(load_dir(out), out)
+    except Exception as e:  # noqa: BLE001 - the report files are written; the page is a view of them
+        page = (f"<!doctype html><meta charset=utf-8><title>kvcheck gate</title><p>report.html could not be "
+                f"rendered ({type(e).__name__}); see report.md and report.json in this folder.</p>\n")
+    write_public(out / "report.html", page)
 
 
 def write_public(path: Path, data: str | bytes) -> Path:

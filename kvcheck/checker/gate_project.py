@@ -123,7 +123,12 @@ def run_project(proj: Project, out: Path, cfg: Config, command: str,
     except KeyboardInterrupt:
         interrupted = phase
     res.finish()
-    saved = save_findings(proj.corpus, res.traces, corpus) if res.traces else []
+    try:
+        saved = save_findings(proj.corpus, res.traces, corpus) if res.traces else []
+    except OSError as e:              # the report is still written, and says what was not saved
+        saved = []
+        report["corpus_error"] = (f"{len(res.traces)} finding trace(s) not saved to the corpus {proj.corpus}: "
+                                  f"{e.strerror or e}")
     checks = list(res.checks.values())
     report["engines"] = res.engines
     report["checks"] = checks

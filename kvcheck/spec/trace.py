@@ -82,6 +82,7 @@ class Trace:
         if not isinstance(raw, list):
             raise TraceError("trace: 'steps' must be a list")
         steps = [_step(i, s) for i, s in enumerate(raw)]
+        _check_violation(d.get("violation"), len(steps))
         tr = cls(cfg, steps, d.get("fault"), d.get("engine", "walk"), d.get("seed"),
                  d.get("sut", "spec"), d.get("violation"), meta)
         if tr.sut not in OWN_ACTIONS:     # those adapters' traces name their own actions
@@ -91,6 +92,21 @@ class Trace:
     @classmethod
     def load(cls, path: str | Path) -> "Trace":
         return cls.from_dict(read_json(path, "trace", TraceError))
+
+
+def _check_violation(v: Any, n_steps: int) -> None:
+    """The recorded finding's fields have their types, and its step lies inside the trace."""
+    if v is None:
+        return
+    step = v.get("step")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < max(n_steps, 1)):
+        raise TraceError(f"trace: violation.step must be a step index in 0..{max(n_steps - 1, 0)}, got {step!r}")
+    inv = v.get("invariants")
+    if inv is not None and not (isinstance(inv, list) and all(isinstance(x, str) for x in inv)):
+        raise TraceError("trace: violation.invariants must be a list of invariant names")
+    for key in ("check", "kind", "message", "action"):
+        if v.get(key) is not None and not isinstance(v[key], str):
+            raise TraceError(f"trace: violation.{key} must be a string, got {type(v[key]).__name__}")
 
 
 def _step(i: int, s: Any) -> Step:
@@ -107,6 +123,9 @@ def _step(i: int, s: Any) -> Step:
     dec = expect.get("decision")
     if dec is not None and not isinstance(dec, dict):
         raise TraceError(f"{where}.expect.decision must be an object")
+    for key, typ in (("kind", str), ("k", int), ("reasons", list)):
+        if dec is not None and dec.get(key) is not None and (not isinstance(dec[key], typ) or isinstance(dec[key], bool)):
+            raise TraceError(f"{where}.expect.decision.{key} must be {'a string' if typ is str else 'an integer' if typ is int else 'a list'}")
     viol = expect.get("violations")
     if viol is not None and not (isinstance(viol, list) and all(isinstance(x, str) for x in viol)):
         raise TraceError(f"{where}.expect.violations must be a list of invariant names")
