@@ -36,7 +36,9 @@ def engine_of(sut: str) -> Engine | None:
     try:
         return registry.get(sut)
     except registry.UnknownEngine as e:
-        raise UsageError(f"--sut: {e} (or spec, or MODULE:CLASS for your own adapter)") from None
+        raise UsageError(f"--sut: unknown system under test {sut!r}; registered engines: "
+                         f"{', '.join(registry.engines())} (`kvcheck engines`), or spec, or MODULE:CLASS "
+                         "for your own adapter") from None
 
 
 def _not_here(flag: str, dest: str, sut: str, own: bool) -> str:

@@ -91,5 +91,5 @@ def test_project_file_sched_policy(capsys, tmp_path, monkeypatch) -> None:
         seen.update(kw)
         raise v.VllmUnavailable("stop here")
     monkeypatch.setattr(v, "run_campaign", campaign)
-    project_engines.run_vllm(vllm, "full", 0, tmp_path)
+    project_engines.run_engine_variant(vllm, "full", 0, tmp_path)   # the vLLM engine's project_run
     assert seen["sched_policy"] == "priority"
