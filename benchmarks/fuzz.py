@@ -43,7 +43,7 @@ def _detect(job: tuple[str, int, str]) -> dict:
     f = faultlib.get(name)
     sut = "spec" if f.layer == "spec" else "reference"
     with tempfile.TemporaryDirectory() as d:
-        r = run_campaign(Config(), sut, Budget.parse(budget), seed=seed, fault=name, out=Path(d),
+        r = run_campaign(f.config_for(Config()), sut, Budget.parse(budget), seed=seed, fault=name, out=Path(d),
                          shrink_seconds=20)
     found = r["findings"][0] if r["findings"] else None
     expected = found is not None and f.expected in found["checks"]
