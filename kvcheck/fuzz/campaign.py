@@ -62,7 +62,7 @@ class Budget:
             raise ValueError(f"budget {m.group(1)[:12]}... is too large (at most 999999999 steps or seconds)")
         n, unit = float(m.group(1)), m.group(2)
         if unit is None:
-            if n != int(n):
+            if "." in m.group(1):
                 raise ValueError(f"a step count is a whole number, got {m.group(1)!r} (or add s, m, h)")
             return cls(steps=int(n))
         seconds = n * {"s": 1, "m": 60, "h": 3600}[unit]
