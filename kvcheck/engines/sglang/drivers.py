@@ -225,8 +225,13 @@ def replay(trace: Trace | str | Path) -> dict:
         raise LayoutError("trace has no SGLang layout in meta.layout")
     from .layouts import layout_from
     lay = LAYOUTS.get(meta.get("name")) or layout_from(meta, "trace meta.layout")
-    ad = make_adapter(lay, trace.fault, int(trace.meta.get("capacity", lay.capacity)))
-    code, out = replay_on_core(trace, ad, FreeModel())
+    from . import swa
+    recognise, swa.STRICT = swa.STRICT, True      # a replay shows the finding itself, known or not
+    try:
+        ad = make_adapter(lay, trace.fault, int(trace.meta.get("capacity", lay.capacity)))
+        code, out = replay_on_core(trace, ad, FreeModel())
+    finally:
+        swa.STRICT = recognise
     v = out.get("violation")
     want = (trace.violation or {}).get("check")
     return {
