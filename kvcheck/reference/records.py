@@ -63,7 +63,6 @@ class BlockEntry:
     copy: CopyRec = field(default_factory=CopyRec)
 
 
-
 @dataclass
 class Slots:
     """Position j's physical block (prompts > 1, see slots.py): its objects, its copy, the hash
@@ -80,6 +79,7 @@ class Slots:
         n = cfg.blocks
         return cls([{gk: ObjRec(gk[0], gk[1], j) for gk in kinds(j)} for j in range(n)],
                    [CopyRec() for _ in range(n)], [None] * n, [()] * n, [()] * n)
+
 
 @dataclass(eq=False)
 class Request:
