@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -23,7 +22,7 @@ from kvcheck.spec.config import Config
 from kvcheck.spec.objects import D_DURABLE, PARTIAL, R_DECIDED, R_RUNNING, REUSE, block_objects
 
 from . import faults as EF
-from .decode import DecodeMixin
+from .decode import Decoder
 from .hashing import ExtraKeys
 from .kinds import manager_for
 from .manager import CacheManager
@@ -31,6 +30,7 @@ from .records import CopyRec, Refused, Request
 from .slots import Evictable
 from .model import HybridLM, ModelState
 from .prompts import prefix_tokens, prompt_table, salt_of, suffix_tokens
+from .run import Run
 
 # Kernel backend of every model the engine builds ("torch" | "triton"); see kernels/backend.py.
 BACKEND = "torch"
@@ -48,18 +48,10 @@ _MODELS: dict[tuple, HybridLM] = {}          # weights per (config, seed): built
 _FULL: dict[tuple, torch.Tensor] = {}        # full-recompute logits, memoised
 
 
-@dataclass
-class Run:
-    """A request's execution: its working state and the logits it produced with reuse."""
+class Engine:
+    """The reference serving engine: a CacheManager (`mgr`) plus model execution; decode
+    (decode.py) is a collaborator that runs through the engine's `DecodeHost` interface."""
 
-    start: int                                  # token position the reuse path started from
-    state: ModelState
-    logits: list[torch.Tensor] = field(default_factory=list)
-    probe: tuple | None = None                  # (pos, tokens, logits, state) computed at use
-    result: torch.Tensor | None = None          # all logits from `start` on, after finish
-
-
-class Engine(DecodeMixin):
     def __init__(self, cfg: Config, fault: str | None = None, cache_dir: str | None = None,
                  prefix_seed: int | None = None, reuse_disk: bool = False,
                  tier_max_bytes: int | None = None) -> None:
@@ -86,6 +78,7 @@ class Engine(DecodeMixin):
         self.serial = 0
         self.reused: dict[str, int] = {}             # objects read back from pages, per kind
         self.last_finished: tuple[int, Run, list[int], int] | None = None
+        self.decoder = Decoder(self)
 
     # ---- the disk tier's binding and restarts (see tiers.py, recovery.py) --------------------
     def tier_identity(self) -> dict[str, Any]:
@@ -308,6 +301,10 @@ class Engine(DecodeMixin):
             return "evicted", self.append(rid, j, evict=True)
         self.runs.pop(x, None)
         return "preempted", x
+
+    def decode(self, rid: int, j: int) -> None:
+        """One decoded token into block j (decode.py)."""
+        self.decoder.decode(rid, j)
 
     def finish(self, rid: int) -> Run:
         req = self.mgr.requests.get(rid)

@@ -3,34 +3,37 @@
 Owns what a lookup answers: the logical hit from the prefix table, then, from the longest
 candidate down, alignment, fingerprints, the intersection of every group's object states and
 the physical alignment; PREFETCH when a longer hit is usable once an in-flight or durable copy
-is loaded. A mixin of CacheManager (it reads the manager's records and current versions).
+is loaded. A collaborator of CacheManager: it reads the manager's records and current versions
+(`ManagerState`), the recovery sets (structure.py) and whether a copy can be loaded
+(tier_coordinator.py); it changes nothing.
 """
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 from kvcheck.spec.objects import KIND, PARTIAL, PREFETCH, READY, REASONS, RECOMPUTE, REUSE, WRITING
 
 from . import faults as EF
 from .kinds import manager_for
+from .manager_state import ManagerState
 from .records import Decision, ObjRec, Request
-
-if TYPE_CHECKING:
-    from .manager import CacheManager as _Base
-else:
-    _Base = object
+from .structure import Structure
+from .tier_coordinator import TierCoordinator
 
 REASON = dict(REASONS)
 
 
-class FunnelMixin(_Base):
+class Funnel:
+    """What a lookup answers, and whether a hit still passes at bind (queries only)."""
+
+    def __init__(self, m: ManagerState, structure: Structure, coordinator: TierCoordinator) -> None:
+        self.m, self.s, self.coordinator = m, structure, coordinator
+
     def layers_at(self, req: Request, k: int) -> list[tuple[bool, int]]:
         """The four layers at candidate k, each (passes, reason bits if it fails)."""
-        need = self.needed(req, k)
-        l1 = (k % self.cfg.align_blocks == 0, REASON["lcm_alignment"])
-        cur_abi = self.cur["abi"]
-        skip_abi = self.planted(EF.ABI_VERSION_IGNORED)
-        skip_ix = self.planted(EF.INDEXER_VERSION_IGNORED)
+        need = self.s.needed(req, k)
+        l1 = (k % self.m.cfg.align_blocks == 0, REASON["lcm_alignment"])
+        cur_abi = self.m.cur["abi"]
+        skip_abi = self.m.planted(EF.ABI_VERSION_IGNORED)
+        skip_ix = self.m.planted(EF.INDEXER_VERSION_IGNORED)
         stale = {"model_version": False, "indexer_version": False}
         abi_ok = aligned = True
         for o in need:                        # layers 2 and 4 read the same objects: one pass
@@ -40,7 +43,7 @@ class FunnelMixin(_Base):
                 continue
             if o.abi != cur_abi and not skip_abi:
                 abi_ok = False
-            if o.ver != self.version_of(o.kind):
+            if o.ver != self.s.version_of(o.kind):
                 reason = manager_for(o.kind).stale_reason
                 stale[reason] = stale[reason] or not (skip_ix and reason == "indexer_version")
         ver_ok, ix_ok = not stale["model_version"], not stale["indexer_version"]
@@ -50,51 +53,51 @@ class FunnelMixin(_Base):
         bits, ok3, on_disk = 0, True, False
         for o in self._presence_set(req, k, need):
             if o.state == READY or (o.state == WRITING and o.kind == "indexer"
-                                    and self.planted(EF.INDEXER_LAG_NOT_CHECKED)):
+                                    and self.m.planted(EF.INDEXER_LAG_NOT_CHECKED)):
                 continue
             ok3 = False
             bits |= REASON[KIND[o.kind].missing_reason]
-            if not on_disk and self.copy_restorable(self.entry(req.hashes[o.j], o.j)):
+            if not on_disk and self.coordinator.copy_restorable(self.s.entry(req.hashes[o.j], o.j)):
                 on_disk = True
         if on_disk:
             bits |= REASON["on_disk_not_ready"]
         l3 = (ok3, bits)
-        l4 = (aligned or self.planted(EF.MISALIGNED_ADDRESS_ACCEPTED), REASON["misaligned"])
+        l4 = (aligned or self.m.planted(EF.MISALIGNED_ADDRESS_ACCEPTED), REASON["misaligned"])
         return [l1, l2, l3, l4]
 
     def _presence_set(self, req: Request, k: int, need: list[ObjRec]) -> list[ObjRec]:
-        if self.planted(EF.TAIL_CHECK_SKIPPED):
+        if self.m.planted(EF.TAIL_CHECK_SKIPPED):
             return [o for o in need if o.kind != "tail"]
-        if self.planted(EF.SWA_WINDOW_OFF_BY_ONE):
+        if self.m.planted(EF.SWA_WINDOW_OFF_BY_ONE):
             out = []
-            for g in self.cfg.groups:
-                rs = self.recovery_set(g, k)
+            for g in self.m.cfg.groups:
+                rs = self.s.recovery_set(g, k)
                 swa = [j for kind, j in rs if kind == "swa_window"]
                 for kind, j in rs:
                     if kind == "swa_window" and swa and j == swa[0] and g.window is not None:
                         continue
-                    o = self.obj(req, g.index, kind, j)
+                    o = self.s.obj(req, g.index, kind, j)
                     if o is not None:
                         out.append(o)
             return out
         return need
 
     def usable_after_load(self, req: Request, k: int) -> bool:
-        if k % self.cfg.align_blocks:
+        if k % self.m.cfg.align_blocks:
             return False
-        for o in self.needed(req, k):
-            cur = self.version_of(o.kind)
-            if o.state == READY and o.ver == cur and o.abi == self.cur["abi"] and o.aln == 1:
+        for o in self.s.needed(req, k):
+            cur = self.s.version_of(o.kind)
+            if o.state == READY and o.ver == cur and o.abi == self.m.cur["abi"] and o.aln == 1:
                 continue
-            e = self.entry(req.hashes[o.j], o.j)
-            if o.live or not self.copy_restorable(e) or e.copy.hdr[manager_for(o.kind).stamp] != cur:
+            e = self.s.entry(req.hashes[o.j], o.j)
+            if o.live or not self.coordinator.copy_restorable(e) or e.copy.hdr[manager_for(o.kind).stamp] != cur:
                 return False
         return True
 
     def logical_hit(self, req: Request) -> int:
         h = 0
         for j in range(min(req.n, len(req.hashes))):
-            e = self.entries.get(req.hashes[j])
+            e = self.m.entries.get(req.hashes[j])
             if e is None or not e.published:
                 break
             h = j + 1

@@ -1,15 +1,18 @@
-"""The cache manager's records: objects over pages, block entries, copies, requests, decisions.
+"""The cache manager's records: objects over pages, block entries, copies, positions' physical
+blocks (prompts > 1), requests, decisions.
 
 Owns the engine's bookkeeping data (what a prefix table entry, a request's lease and a block's
-on-disk copy hold); the behaviour lives in manager.py, funnel.py and tier_coordinator.py.
+on-disk copy hold); the behaviour lives in manager.py and its collaborators (structure.py,
+funnel.py, slots.py, tier_coordinator.py).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
+from kvcheck.spec.config import Config
 from kvcheck.spec.objects import D_NONE, DECISIONS, FREE, R_WAITING, READY, REASONS, WRITING
 
 from .pools import Page
@@ -58,6 +61,24 @@ class BlockEntry:
     objs: dict[tuple[int, str], ObjRec]
     published: bool = False
     copy: CopyRec = field(default_factory=CopyRec)
+
+
+@dataclass
+class Slots:
+    """Position j's physical block (prompts > 1, see slots.py): its objects, its copy, the hash
+    the table maps to it and the token prefixes its content and that hash were computed from."""
+
+    objs: list[dict[tuple[int, str], ObjRec]]
+    copy: list[CopyRec]
+    key: list[str | None]
+    content: list[tuple[int, ...]]
+    keyed_by: list[tuple[int, ...]]
+
+    @classmethod
+    def make(cls, cfg: Config, kinds: Callable[[int], list[tuple[int, str]]]) -> "Slots":
+        n = cfg.blocks
+        return cls([{gk: ObjRec(gk[0], gk[1], j) for gk in kinds(j)} for j in range(n)],
+                   [CopyRec() for _ in range(n)], [None] * n, [()] * n, [()] * n)
 
 
 @dataclass(eq=False)

@@ -3,14 +3,15 @@
 Owns Next. Each action is a function of a `Ctx` (the pre-state view, the logic, the config,
 the planted fault) and its parameters; it returns the guard and records the effect as writes
 to state slots, computed from the pre-state only (TLA+'s primed variables). The same function
-runs concretely, compiles to Python, and becomes a z3 transition relation.
+runs concretely, compiles to Python, and becomes a z3 transition relation. The table itself
+(`Action`, `ACTIONS`, `@action`) is action_registry.py's, re-exported here.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 from . import content
+from .action_registry import ACTIONS, Action, action, per_block, per_object, per_object_kind, per_request
 from . import faults as F
 from .funnel import Decision
 from .logic import Logic
@@ -19,43 +20,6 @@ from .objects import (header_version, D_DURABLE, D_LOADING, D_NONE, D_OFFLOADING
                       R_PREEMPTED, R_RUNNING, R_WAITING, READY, WRITING, live)
 from .context import Ctx, write_block
 from .state import Layout, ObjSlot, View
-
-
-@dataclass(frozen=True)
-class Action:
-    name: str
-    doc: str
-    params: Callable[[Layout], list[dict[str, Any]]]
-    body: Callable[..., Any]
-
-
-ACTIONS: dict[str, Action] = {}
-
-
-def action(params: Callable[[Layout], Iterable[dict[str, Any]]] | None = None):
-    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
-        name = fn.__name__.rstrip("_")
-        ps = (lambda lay: list(params(lay))) if params else (lambda lay: [{}])
-        ACTIONS[name] = Action(name, (fn.__doc__ or "").strip().split("\n")[0], ps, fn)
-        return fn
-    return deco
-
-
-def per_request(lay: Layout) -> Iterable[dict[str, Any]]:
-    return ({"r": r} for r in range(lay.cfg.requests))
-
-
-def per_block(lay: Layout) -> Iterable[dict[str, Any]]:
-    return ({"j": j} for j in range(lay.cfg.blocks))
-
-
-def per_object(lay: Layout) -> Iterable[dict[str, Any]]:
-    return ({"g": o.group, "kind": o.kind, "j": o.block} for o in lay.objects)
-
-
-def per_object_kind(kinds: tuple[str, ...]):
-    return lambda lay: ({"g": o.group, "kind": o.kind, "j": o.block}
-                        for o in lay.objects if o.kind in kinds)
 
 
 # ---- requests ---------------------------------------------------------------------------
@@ -428,7 +392,9 @@ def run_body(act: Action, v: View, L: Logic, lay: Layout, fault: "str | F.Plante
     return guard, c.finish()
 
 
-from . import decode as _decode  # noqa: E402,F401  (registers `decode`: it needs write_block)
+# The other action modules register into the same table, after this module's actions (the
+# table's order): decode, then append_evict / append_fail, then the duplicate-copy actions.
+from . import decode as _decode  # noqa: E402,F401  (registers `decode`)
 from . import alloc as _alloc  # noqa: E402,F401  (registers append_evict, append_fail)
 from . import duplicates as _duplicates  # noqa: E402,F401  (append_copy, evict_copy, append_evict_copy)
 

@@ -17,13 +17,12 @@ from __future__ import annotations
 from typing import Any
 
 from . import faults as F
-from .actions import action
-from .context import Ctx, fits, write_block
+from .action_registry import action
+from .context import Ctx, fits, spare, write_block
 from .objects import D_OFFLOADING, EVICTED, R_BOUND, R_DECIDED, R_PREEMPTED, R_RUNNING, live
 
 
 def spare_room_with(c: Ctx, j: int, v: int) -> list[Any]:
-    from .duplicates import spare      # registered after this module (actions.py imports both)
     ok, room = spare(c, v)
     return [ok, *fits(c, j, room)]
 

@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from .object_kinds import DEVICE_KINDS
+
 LAYER_KINDS = ("full", "swa", "hca", "csa", "mamba")
 SPEC_LAYER_KINDS = ("full", "swa", "hca", "csa")   # the kinds the spec's state machine models
 EVICTION_MODES = ("tombstone", "drop_hash")
@@ -24,7 +26,7 @@ SEMANTIC_DEFAULTS = {"eviction": "tombstone", "prompts": 1, "salted_prompts": 0,
                      "alloc": "refuse", "duplicates": "forbid"}
 
 # Which device object kinds a group of each layer kind keeps (the kinds themselves are declared
-# once, in objects.py). Full-attention KV pages are swa_window pages with an infinite window:
+# once, in object_kinds.py). Full-attention KV pages are swa_window pages with an infinite window:
 # "raw KV for positions [max(0, L-W+1), L)" with W = inf is all of [0, L).
 GROUP_OBJECTS: dict[str, tuple[str, ...]] = {
     "full": ("swa_window",),
@@ -299,7 +301,6 @@ class Config:
             if pt % self.block_size:
                 raise ConfigError(f"config: page_tokens[{kind}]={pt} must be a positive multiple "
                                   f"of block_size={self.block_size}")
-        from .objects import DEVICE_KINDS   # declared with the kinds (objects.py imports this module)
         if not isinstance(self.capacity, dict):
             raise ConfigError("config: 'capacity' must be an object")
         for kind, cap in self.capacity.items():

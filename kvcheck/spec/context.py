@@ -11,7 +11,7 @@ from typing import Any
 from . import content
 from . import faults as F
 from .logic import Expr, Logic
-from .objects import KIND, POOL, R_BOUND, R_PREEMPTED, R_RUNNING, current_version, live
+from .objects import D_OFFLOADING, KIND, POOL, R_BOUND, R_PREEMPTED, R_RUNNING, current_version, live
 from .state import Layout, ObjSlot, View
 
 
@@ -143,6 +143,20 @@ def fits(c: Ctx, j: int, room: dict[str, Any] | None = None) -> list[Any]:
     room = room or {}
     return [c.occupancy(kind) + L.Count(m) - room.get(kind, 0) <= c.cfg.cap(kind) if kind in room
             else c.occupancy(kind) + L.Count(m) <= c.cfg.cap(kind) for kind, m in new.items()]
+
+
+def spare(c: Ctx, v: int) -> tuple[Any, dict[str, Any]]:
+    """(can every object of block v give up an unreferenced second copy — one exists, fewer
+    holders than copies, not graph-captured, not being offloaded; the slots per kind it frees).
+    Second copies are duplicates.py's; the room they free is here, as `fits`, because
+    alloc.py's append_fail asks it too."""
+    L, objs = c.L, c.block_objects(v)
+    ok = L.And(c.v.disk(v).dst != D_OFFLOADING,
+               *[L.And(c.ob(o).dup == 1, c.ob(o).ref < 2, L.Not(c.gpin(o))) for o in objs])
+    room: dict[str, int] = {}
+    for o in objs:
+        room[o.kind] = room.get(o.kind, 0) + 1
+    return ok, room
 
 
 def write_block(c: Ctx, r: int, j: int, write: Any = True, done: Any = True,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import faults as F
-from .actions import action
+from .action_registry import action
 from .context import write_block
 from .context import Ctx
 from .objects import R_RUNNING

@@ -26,8 +26,8 @@ from typing import Any
 
 from . import content
 from . import faults as F
-from .actions import action
-from .context import Ctx, fits, write_block
+from .action_registry import action
+from .context import Ctx, fits, spare, write_block
 from .objects import D_OFFLOADING, R_RUNNING, READY
 
 
@@ -38,18 +38,6 @@ def _on(cfg: Any) -> bool:
 def _rj(lay: Any) -> list[dict[str, int]]:
     cfg = lay.cfg
     return [{"r": r, "j": j} for r in range(cfg.requests) for j in range(cfg.blocks)] if _on(cfg) else []
-
-
-def spare(c: Ctx, v: int) -> tuple[Any, dict[str, Any]]:
-    """(can every object of block v give up an unreferenced second copy — one exists, fewer
-    holders than copies, not graph-captured, not being offloaded; the slots per kind it frees)."""
-    L, objs = c.L, c.block_objects(v)
-    ok = L.And(c.v.disk(v).dst != D_OFFLOADING,
-               *[L.And(c.ob(o).dup == 1, c.ob(o).ref < 2, L.Not(c.gpin(o))) for o in objs])
-    room: dict[str, int] = {}
-    for o in objs:
-        room[o.kind] = room.get(o.kind, 0) + 1
-    return ok, room
 
 
 @action(_rj)
