@@ -148,6 +148,16 @@ def load_project(path: Path) -> Project:
     return _Validator(path, where).project(table)
 
 
+def _sut_engine(name: str) -> bool:
+    """A registered engine (a third party's too) whose SUT class the core's campaign drives:
+    a system like MODULE:CLASS, named by the engine."""
+    from ..fuzz import registry
+    try:
+        return not registry.get(name).own_driver()
+    except registry.UnknownEngine:
+        return False
+
+
 class _Validator:
     def __init__(self, path: Path, root: str) -> None:
         self.path, self.root, self.base = path, root, path.parent
@@ -249,10 +259,11 @@ class _Validator:
 
     def system(self, name: str, body: Any, default_seeds: tuple[int, ...]) -> System:
         tab = self.sub("systems", name)
-        kind = name if name in ENGINES and name != "user" else "user" if ":" in name else None
+        kind = name if name in ENGINES and name != "user" else "user" if ":" in name or _sut_engine(name) else None
         if kind is None:
             raise self.fail(self.sub("systems"), name, "unknown system under test (known: spec, reference, "
-                            "vllm, transformers, or MODULE:CLASS for your own adapter)")
+                            "vllm, transformers, a registered engine with a SUT class (`kvcheck engines`), "
+                            "or MODULE:CLASS for your own adapter)")
         if not isinstance(body, dict):
             raise self.fail(self.sub("systems"), name, "must be a table")
         for k in body:

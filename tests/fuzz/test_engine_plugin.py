@@ -109,6 +109,14 @@ def test_installed_plugin_fuzzes_with_its_own_layout(plugin_env, tmp_path) -> No
     assert r.returncode == 2 and r.stdout == ""
     assert len(r.stderr.splitlines()) == 1 and "toyengine caches one full-attention layer" in r.stderr
     assert config in r.stderr
+    # a project file names the plugin like a built-in system: its campaign and its planted fault
+    (tmp_path / "kvcheck.toml").write_text(
+        f'[systems.toyengine]\nconfig = "{config}"\nengines = ["fuzz"]\nbudget = 600\n'
+        'expected_faults = ["toy_hash_only_hit"]\nfault_budget = "20s"\n')
+    r = _run([plugin_env.py, "-m", "kvcheck", "gate", "--json", "--out", tmp_path / "gate"], cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr
+    checks = {c["check"]: c["verdict"] for c in json.loads(r.stdout)["checks"] if c["system"] == "toyengine"}
+    assert checks["coverage"] == "passed" and checks["expected_fault:toy_hash_only_hit"] == "passed", checks
 
 
 def test_plugin_is_not_registered_in_kvcheck_own_environment() -> None:
