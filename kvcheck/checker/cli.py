@@ -141,7 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "reference engine; drop_window_position or perturb_key[@LAYER] for transformers")
     pr = add("prove", _lazy("cmd_prove", "cmd_prove"), "Z3: inductive proofs of every invariant, BMC, hit soundness")
     pr.add_argument("--blocks", type=positive_int, default=None, help="override config.blocks")
-    pr.add_argument("--depth", type=nonneg_int, default=None, help="BMC depth (default: 4 clean, 14 when induction fails)")
+    pr.add_argument("--depth", type=nonneg_int, default=None, help="BMC depth (default: 8 clean, 14 when induction fails, 18 with --fault: "
+                    "every spec fault's shortest counterexample)")
     pr.add_argument("--fault", metavar="NAME", help="plant a spec fault; BMC must find it")
     pr.add_argument("--out", metavar="DIR", default=None, help="write prove.json and traces here")
     ex = add("explore", _lazy("cmd_explore", "cmd_explore"), "exhaustive explicit-state exploration of the spec (BFS)")

@@ -319,7 +319,10 @@ class Prover:
 @dataclass(frozen=True)
 class ProveProfile:
     depth: int = 8          # BMC depth for a clean run (induction proves; BMC is a cross-check)
-    fault_depth: int = 14   # BMC depth when induction fails (a fault, or an unproved invariant)
+    fault_depth: int = 14   # BMC depth when induction fails (an unproved invariant)
+    # with a planted fault: its shortest counterexample's length at least (content faults go
+    # deepest: hash_ignores_parent 16, restore_under_stale_key 18 steps, tests/checker/test_prove.py)
+    planted_depth: int = 18
     bmc_seconds: float = 240.0
 
 
@@ -340,7 +343,8 @@ def run_prove(cfg: Config, out: Path | None = None, fault: str | None = None,
     res = pv.induction()
     theorem = pv.hit_soundness()
     open_ = [o for o in res.values() if o.status != "proved"]
-    k = depth if depth is not None else (profile.fault_depth if open_ else profile.depth)
+    k = depth if depth is not None else (profile.planted_depth if fault is not None and open_
+                                         else profile.fault_depth if open_ else profile.depth)
     t1 = time.perf_counter()
     checked, path, viol = pv.bmc(k, deadline=time.perf_counter() + profile.bmc_seconds)
     bmc_s = time.perf_counter() - t1

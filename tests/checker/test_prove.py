@@ -136,3 +136,15 @@ def test_cli_bad_input(tmp_path, capsys):
     assert cli.main(["prove", "--config", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.count("\n") == 2
+
+
+@pytest.mark.parametrize("fault", ["hash_ignores_parent", "restore_under_stale_key"])
+def test_kvcheck_prove_reaches_the_deepest_faults_at_its_default_depth(fault, tmp_path):
+    """`kvcheck prove --fault NAME` searches deep enough for every spec fault's shortest
+    counterexample (the content faults need 16 and 18 steps; the clean default stops at 14)."""
+    from kvcheck.checker.prove import run_prove
+    code, rep = run_prove(fault_config(fault), tmp_path, fault)
+    v = rep["bmc"]["violation"]
+    assert v is not None and len(v["steps"]) == SHORTEST[fault]
+    assert BMC_FIRST.get(fault, faultlib.get(fault).expected) in v["invariants"]
+    assert code == 12                     # a Z3 counterexample
