@@ -6,7 +6,9 @@ explore_states_per_s_no_liveness). prove_seconds: `kvcheck prove` on the default
 of every invariant and auxiliary invariant for every action instance, the hit-soundness theorem,
 BMC to the default depth). induction_seconds_by_blocks: induction alone for blocks = 4, 8, 16,
 32 (skipped once one exceeds --max-induction-s; the trend is what matters). Medians of --reps
-runs. Speed is never asserted by tests.
+runs. Speed is never asserted by tests. --smoke: a tiny run that only checks this script works
+(explore stops at 5,000 states per config; prove and induction use the small CI "tiers" config,
+BMC to depth 2): its figures are not comparable with a full run's.
 """
 from __future__ import annotations
 
@@ -32,12 +34,17 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--max-induction-s", type=float, default=300.0)
     ap.add_argument("--blocks", default="4,8,16,32")
+    ap.add_argument("--smoke", action="store_true",
+                    help="tiny sizes (explore capped at 5,000 states per config; prove and induction on the "
+                         "small CI 'tiers' config, BMC depth 2): checks the script runs, figures not comparable")
     a = ap.parse_args()
+    base = CI_PROFILE["tiers"] if a.smoke else Config()
+    cap = {"max_states": 5_000} if a.smoke else {}
     ex_s, ex_rate, ex_rate_nl, states = [], [], [], 0
     for _ in range(a.reps):
         t, n = 0.0, 0
         for cfg in CI_PROFILE.values():
-            _, res, _ = explore(cfg)
+            _, res, _ = explore(cfg, **cap)
             t += res.seconds
             n += res.states
         ex_s.append(t)
@@ -45,7 +52,7 @@ def main() -> None:
         states = n
         t2 = 0.0
         for cfg in CI_PROFILE.values():
-            _, res, _ = explore(cfg, liveness=False)
+            _, res, _ = explore(cfg, liveness=False, **cap)
             t2 += res.seconds
         ex_rate_nl.append(n / t2)
         print(f"explore: {n} states, {t:.1f} s ({n / t:.0f}/s; {n / t2:.0f}/s without liveness)",
@@ -53,7 +60,7 @@ def main() -> None:
     pr = []
     for _ in range(a.reps):
         t0 = time.perf_counter()
-        code, _ = run_prove(Config(), None)
+        code, _ = run_prove(base, None, depth=2 if a.smoke else None)
         pr.append(time.perf_counter() - t0)
         assert code == 0
         print(f"prove: {pr[-1]:.1f} s", file=sys.stderr, flush=True)
@@ -64,7 +71,7 @@ def main() -> None:
             by_blocks[str(n)] = "skipped (previous size over --max-induction-s)"
             continue
         t0 = time.perf_counter()
-        res = Prover(replace(Config(), blocks=n)).induction()
+        res = Prover(replace(base, blocks=n)).induction()
         dt = time.perf_counter() - t0
         by_blocks[str(n)] = round(dt, 2)
         print(f"induction blocks={n}: {dt:.1f} s", file=sys.stderr, flush=True)
@@ -78,7 +85,7 @@ def main() -> None:
         "explore_states": states,
         "prove_seconds": round(statistics.median(pr), 2),
         "induction_seconds_by_blocks": by_blocks,
-        "reps": a.reps, "python": platform.python_version(), "machine": platform.machine(),
+        "reps": a.reps, "smoke": a.smoke, "python": platform.python_version(), "machine": platform.machine(),
         "loadavg": os.getloadavg()[0],
     }))
 

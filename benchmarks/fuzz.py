@@ -60,7 +60,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--budget", default="60s", help="per fault and seed")
-    ap.add_argument("--faults", nargs="*", help="default: every spec fault (+ engine faults when available)")
+    ap.add_argument("--faults", nargs="*",
+                    help="default: every spec fault (+ engine faults when available); given with no names: none")
     ap.add_argument("--rates-only", action="store_true", help="only the steps/s figures")
     ap.add_argument("--jobs", type=int, default=1,
                     help="fault campaigns run in this many processes (each is single-threaded)")
@@ -75,8 +76,9 @@ def main() -> None:
         out["lockstep_steps_per_s"] = None
         out["lockstep_note"] = f"reference engine not available: {e}"
         have_ref = False
-    names = [] if args.rates_only else args.faults or [f.name for f in faultlib.FAULTS.values()
-                            if f.provider == "spec" or (have_ref and f.provider == "reference")]
+    names = ([] if args.rates_only else args.faults if args.faults is not None
+             else [f.name for f in faultlib.FAULTS.values()
+                   if f.provider == "spec" or (have_ref and f.provider == "reference")])
     jobs = [(name, seed, args.budget) for name in names for seed in range(args.seeds)]
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         runs = list(pool.map(_detect, jobs))

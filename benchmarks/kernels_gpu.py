@@ -3,6 +3,8 @@
     python benchmarks/kernels_gpu.py            # on a CUDA machine
     python benchmarks/kernels_gpu.py --smoke    # CPU, Triton interpreter, tiny shapes: checks
                                                 # that this script runs (timings meaningless)
+    python benchmarks/kernels_gpu.py --tiny     # the --smoke shapes on the GPU (compiled kernels);
+                                                # without CUDA the same as no flag
 
 For each kernel: median time of the Triton kernel and of its PyTorch twin (on the GPU when the
 twin runs there; the reference ops build some constants on the CPU, then the twin is timed on the
@@ -15,6 +17,7 @@ and exits 0.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -23,7 +26,18 @@ import time
 
 import torch
 
-SMOKE = "--smoke" in sys.argv
+if __name__ == "__main__":   # parsed before triton is imported (TRITON_INTERPRET below)
+    _ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _ap.add_argument("--smoke", action="store_true",
+                     help="CPU, Triton interpreter, tiny shapes: checks the script runs (timings meaningless)")
+    _ap.add_argument("--tiny", action="store_true",
+                     help="the --smoke shapes and repetitions on the GPU: checks the script runs there "
+                          "(timings meaningless); without CUDA it reports cuda: false")
+    _ARGS = _ap.parse_args()
+else:
+    _ARGS = argparse.Namespace(smoke=False, tiny=False)
+SMOKE = _ARGS.smoke
+TINY = SMOKE or _ARGS.tiny      # the small shapes and repetitions
 if SMOKE:
     os.environ["TRITON_INTERPRET"] = "1"
 elif torch.cuda.is_available():
@@ -88,15 +102,15 @@ def main() -> dict:
     from kvcheck.reference.model import HybridLM
 
     dev = "cpu" if SMOKE else "cuda"
-    reps = 2 if SMOKE else 20
+    reps = 2 if TINY else 20
     torch.manual_seed(0)
-    out: dict = {"cuda": not SMOKE, "smoke": SMOKE, "torch": torch.__version__,
+    out: dict = {"cuda": not SMOKE, "smoke": SMOKE, "tiny": TINY, "torch": torch.__version__,
                  "triton_interpret": tr.INTERPRET}
     if not SMOKE:
         props = torch.cuda.get_device_properties(0)
         name = props.name
-        big = torch.empty(1 << 28, device="cuda")                 # 1 GiB
-        ms = _time_ms(lambda: big.clone(), "cuda", 10)
+        big = torch.empty(1 << (20 if TINY else 28), device="cuda")    # 1 GiB (4 MiB --tiny)
+        ms = _time_ms(lambda: big.clone(), "cuda", reps if TINY else 10)
         copy_gbps = 2 * big.numel() * 4 / ms / 1e6
         del big
     else:
@@ -106,11 +120,11 @@ def main() -> dict:
                      "copy_GBps_measured": None if copy_gbps is None else round(copy_gbps, 1)}
     ref_bw = peak or copy_gbps
 
-    # shapes: a 512-query chunk against a 4096-token paged context (tiny for --smoke)
-    H, D, P = (2, 16, 4) if SMOKE else (8, 64, 16)
-    T, L = (4, 40) if SMOKE else (512, 4096)
-    E, n, Hi, Di, m, C = (20, 4, 2, 16, 4, 32) if SMOKE else (1024, 64, 8, 64, 8, 1024)
-    nb = 8 if SMOKE else 4096
+    # shapes: a 512-query chunk against a 4096-token paged context (tiny for --smoke, --tiny)
+    H, D, P = (2, 16, 4) if TINY else (8, 64, 16)
+    T, L = (4, 40) if TINY else (512, 4096)
+    E, n, Hi, Di, m, C = (20, 4, 2, 16, 4, 32) if TINY else (1024, 64, 8, 64, 8, 1024)
+    nb = 8 if TINY else 4096
     R = lambda *s: torch.randn(*s, device=dev)   # noqa: E731
     kernels: dict = {}
 
@@ -170,7 +184,7 @@ def main() -> dict:
             mask &= s[None, :] > qpos[:, None] - window
         return lambda: torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask,
                                                                         scale=scale)
-    for window in (None, 512 if not SMOKE else 7):
+    for window in (None, 512 if not TINY else 7):
         seen = L if window is None else min(L, window + T)
         nbytes = 4 * (2 * T * H * D + 2 * seen * H * D) + bt.numel() * 8
         bench(f"paged_attention_{'causal' if window is None else 'swa'}",
@@ -239,7 +253,7 @@ def main() -> dict:
     # the model on the GPU kernels: reuse == recompute, and agreement with the torch backend
     try:
         toks = list(b"the hybrid cache is reused, then continued token by token..")
-        toks = toks[:25] if SMOKE else toks * 4
+        toks = toks[:25] if TINY else toks * 4
         tri, ref = HybridLM(backend="triton"), HybridLM()
         full, _ = tri.prefill(toks)
         cut = len(toks) // 2 + 1

@@ -7,10 +7,13 @@ cost of the GEMM rule (`gemm_rule`: kernels.projection.linear vs plain `x @ w`, 
 the model's weight shapes, at 1 and 512 rows, single-threaded medians), and the
 load average (other processes on a 2-core box distort multi-thread numbers badly: an OpenMP
 region waits for a descheduled worker). Bits do not depend on the thread count.
-Speed is never asserted by tests.
+Speed is never asserted by tests. --smoke: a tiny run that only checks this script works (a
+16-token prefill, decode at position 16, 2 repetitions, GEMM rows 1 and 16; the keys name the
+size it ran, e.g. prefill_16_ms): its figures are not comparable with a full run's.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -36,27 +39,28 @@ def _times_ms(fn, reps: int) -> list[float]:
     return ts
 
 
-def _measure(model: HybridLM, toks: list[int]) -> dict:
+def _measure(model: HybridLM, toks: list[int], smoke: bool = False) -> dict:
     """Medians (the targets' measure) and minima (the cost without other processes' noise)."""
-    pre = _times_ms(lambda: model.prefill(toks[:512]), 11)
-    _, st = model.prefill(toks[:512])
-    dec = _times_ms(lambda: model.decode(toks[512], st), 200)
+    n, pre_reps, dec_reps = (16, 2, 2) if smoke else (512, 11, 200)
+    pre = _times_ms(lambda: model.prefill(toks[:n]), pre_reps)
+    _, st = model.prefill(toks[:n])
+    dec = _times_ms(lambda: model.decode(toks[n], st), dec_reps)
     _, st0 = model.prefill(toks[:8])
-    dec8 = _times_ms(lambda: model.decode(toks[8], st0), 200)
+    dec8 = _times_ms(lambda: model.decode(toks[8], st0), dec_reps)
     r = lambda v: round(v, 3)  # noqa: E731
-    return {"decode_step_ms": r(statistics.median(dec)), "prefill_512_ms": r(statistics.median(pre)),
+    return {"decode_step_ms": r(statistics.median(dec)), f"prefill_{n}_ms": r(statistics.median(pre)),
             "decode_step_at_8_ms": r(statistics.median(dec8)),
-            "decode_step_min_ms": r(min(dec)), "prefill_512_min_ms": r(min(pre))}
+            "decode_step_min_ms": r(min(dec)), f"prefill_{n}_min_ms": r(min(pre))}
 
 
-def _gemm_rule_cost(model: HybridLM) -> dict:
+def _gemm_rule_cost(model: HybridLM, smoke: bool = False) -> dict:
     """linear (the batch-invariant GEMM rule) vs plain x @ w at the model's weight shapes."""
     from kvcheck.kernels.projection import linear
     shapes = sorted({tuple(w.shape) for w in [*model._w_in, *model.weights.values()]
                      if w.dim() == 2 and w.shape[0] in (model.width, model.mlp)})
     g = torch.Generator().manual_seed(2)
     out = {}
-    for m, reps in ((1, 300), (512, 30)):
+    for m, reps in ((1, 2), (16, 2)) if smoke else ((1, 300), (512, 30)):
         t = {"plain": 0.0, "linear": 0.0}
         for k, n in shapes:
             x, w = torch.randn(m, k, generator=g), torch.randn(k, n, generator=g)
@@ -68,18 +72,22 @@ def _gemm_rule_cost(model: HybridLM) -> dict:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--smoke", action="store_true",
+                    help="tiny sizes and 2 repetitions: checks the script runs, figures not comparable")
+    smoke = ap.parse_args().smoke
     model = HybridLM()
     g = torch.Generator().manual_seed(1)
     toks = torch.randint(0, 256, (513,), generator=g).tolist()
     default_threads = torch.get_num_threads()
     load_before = os.getloadavg()[0]
     torch.set_num_threads(1)
-    one = _measure(model, toks)
-    gemm = _gemm_rule_cost(model)
+    one = _measure(model, toks, smoke)
+    gemm = _gemm_rule_cost(model, smoke)
     torch.set_num_threads(default_threads)
-    multi = _measure(model, toks)
+    multi = _measure(model, toks, smoke)
     print(json.dumps({
-        **one, "threads": 1,
+        **one, "threads": 1, "smoke": smoke,
         "decode_target_ms": 2.0, "prefill_target_ms": 100.0,
         "gemm_rule": gemm, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "default_threads": {"threads": default_threads, **multi},

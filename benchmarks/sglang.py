@@ -2,7 +2,7 @@
 detection (and shrunk length) of each planted fault. Prints JSON. Run with the Python of an
 SGLang side venv (scripts/install-sglang.sh VERSION DIR):
 
-    PYTHONPATH=. DIR/bin/python benchmarks/sglang.py [--steps N] [--seeds K] [--layouts a,b] [--no-faults]
+    PYTHONPATH=. DIR/bin/python benchmarks/sglang.py [--steps N] [--seeds K] [--layouts a,b] [--faults f,g | --no-faults]
 
 Throughput is the median over `--seeds` campaigns (seeds 11, 12, ...) of steps per second of
 the process's CPU time (`time.process_time()`: the machine may be shared) and, beside it, of
@@ -30,6 +30,7 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=3, help="seeds per planted fault")
     ap.add_argument("--layouts", default="", help="comma-separated layouts (default: every supported one)")
     ap.add_argument("--no-faults", action="store_true", help="throughput only")
+    ap.add_argument("--faults", default=None, help="comma-separated planted faults to time (default: all)")
     ap.add_argument("--exact", action="store_true", help="the full scan after every step (shrinking's mode)")
     a = ap.parse_args()
     from benchmarks._common import fault_row
@@ -44,6 +45,10 @@ def main() -> int:
     layouts = [r["name"] for r in sg.list_layouts() if r["supported"]]
     if a.layouts:
         layouts = [x for x in layouts if x in a.layouts.split(",")]
+    faults = ([] if a.no_faults else list(sg.FAULTS) if a.faults is None
+              else [x for x in a.faults.split(",") if x])
+    if set(faults) - set(sg.FAULTS):
+        ap.error(f"unknown fault(s) {sorted(set(faults) - set(sg.FAULTS))}; known: {', '.join(sg.FAULTS)}")
     out: dict = {"sglang_version": sg.sglang_version(), "throughput": {}, "faults": {}}
     with tempfile.TemporaryDirectory() as d:
         for lay in layouts:
@@ -59,7 +64,7 @@ def main() -> int:
                                       "ops_per_s_cpu": round(statistics.median(cpu)),
                                       "ops_per_s_wall": round(statistics.median(wall)),
                                       "per_seed_cpu": [round(x) for x in cpu], "findings": found}
-        for f in [] if a.no_faults else sg.FAULTS:
+        for f in faults:
             for lay in [x for x in layouts if fault_applies(f, sg.LAYOUTS[x])]:
                 out["faults"][f"{f}@{lay}"] = fault_row(
                     lambda seed: sg.run_campaign(lay, budget_s=10, seed=seed, fault=f, out_dir=d, shrink_s=5),
