@@ -9,7 +9,7 @@ import torch
 
 from kvcheck.fuzz.campaign import Budget, run_campaign
 from kvcheck.engines.reference.sut import ReferenceSUT
-from kvcheck.fuzz.diff import replay_reference, run_reference_diff
+from kvcheck.engines.reference.diff import replay_reference, run_reference_diff
 from kvcheck.reference.faults import ENGINE_FAULTS
 from kvcheck.fuzz import faults as faultlib
 from kvcheck.spec.config import Config

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from kvcheck.fuzz.diff import run_reference_diff
+from kvcheck.engines.reference.diff import run_reference_diff
 from kvcheck.reference.engine import Engine
 from kvcheck.spec.config import Config
 from kvcheck.spec.objects import DECISION_KINDS, OBJECT_KINDS
@@ -39,7 +39,7 @@ def test_serve_reuse_equals_recompute_and_salt_isolates() -> None:
 
 
 def test_mutant_engine_entry_point() -> None:
-    from kvcheck.fuzz.diff import mutant_engine
+    from kvcheck.engines.reference.diff import mutant_engine
     clean = mutant_engine(Config(), None, 2.0, 0)
     assert clean["detected"] is False and clean["steps"] >= 1
     hit = mutant_engine(Config(), "engine_shared_free_list", 5.0, 0)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from kvcheck.checker.mutants import fault_row
-from kvcheck.fuzz.diff import generate, run_scenario
+from kvcheck.engines.reference.diff import generate, run_scenario
 from kvcheck.reference import faults as EF
 from kvcheck.engines.reference.sut import IMPLEMENTS, ReferenceSUT
 from kvcheck.spec.config import SEMANTIC_DEFAULTS, Config, ConfigError, LayerSpec
