@@ -5,7 +5,7 @@ reported under `load_errors` and changes nothing else. The registry's refusals (
 a wrong name, a taken name) are unit-tested without a venv, on faked entry points."""
 from __future__ import annotations
 
-import importlib.util
+import importlib.metadata
 import json
 import os
 import re
@@ -44,7 +44,11 @@ def plugin_env(tmp_path_factory) -> types.SimpleNamespace:
     layers a side environment), processed with site.addsitedir so that an editable kvcheck's
     own .pth hook runs too."""
     for needed in ("pip", "setuptools"):      # pip installs, setuptools builds (no index, no isolation)
-        if importlib.util.find_spec(needed) is None:
+        # package metadata, not importlib.util.find_spec: asking the import system for "pip"
+        # trips setuptools' distutils hack for the whole process (a later vLLM import then fails)
+        try:
+            importlib.metadata.version(needed)
+        except importlib.metadata.PackageNotFoundError:
             pytest.skip(f"{needed} is not installed in kvcheck's environment")
     root = tmp_path_factory.mktemp("plugin")
     venv = root / "venv"
