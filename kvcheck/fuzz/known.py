@@ -93,8 +93,10 @@ def judge(res: dict[str, Any], defects: Mapping[str, KnownDefect],
           acknowledged: Mapping[str, Acknowledgement] | None, release: str | None,
           strict: bool = False, fails_kinds: frozenset[str] | None = None) -> dict[str, Any]:
     """Turn the `known:NAME` counts of a campaign result into its verdict (module doc): adds
-    `res["known"]` (one row per recognised or acknowledged defect), a finding per unacknowledged
-    one, and raises `res["exit_code"]` where one fails. `fails_kinds`: the finding kinds that
+    `res["known"]`, one row per recognised or acknowledged defect (an unacknowledged one with
+    status "finding", its kind, check, message and reproducer: its occurrences are counted, not
+    saved as traces, so they stay out of `res["findings"]`, whose entries all replay), and raises
+    `res["exit_code"]` where one fails. `fails_kinds`: the finding kinds that
     fail this run (default: every kind but lost_reuse, which fails only under strict reuse)."""
     acknowledged = acknowledged or {}
     counts = {k.split(":", 1)[1]: n for k, n in (res.get("coverage") or {}).items()
@@ -124,15 +126,13 @@ def judge(res: dict[str, Any], defects: Mapping[str, KnownDefect],
         else:
             kind = d.kind if d else "safety"
             row["status"] = "finding"
-            msg = (f"known defect {name} ({d.upstream if d else 'no upstream reference'}; "
-                   f"releases {row['releases']}) recognised {n} time(s): its check {row['check']} fails; "
-                   "acknowledge it in the project file's [known] table (or --acknowledge NAME=REASON) "
-                   "to accept it")
-            res.setdefault("findings", []).append({"kind": kind, "check": row["check"] or f"known:{name}",
-                                                   "known": name, "upstream": row["upstream"],
-                                                   "message": msg, "replay": d.repro if d else None,
-                                                   "trace": None})
-            if kind in fails and code in (0, int(ExitCode.UNDECIDED)):
+            row["fails"] = kind in fails
+            row["message"] = (f"known defect {name} ({d.upstream if d else 'no upstream reference'}; "
+                              f"releases {row['releases']}) recognised {n} time(s): its check {row['check']} "
+                              "fails; acknowledge it in the project file's [known] table (or --acknowledge "
+                              "NAME=REASON) to accept it")
+            row["reproducer"] = d.repro if d else None
+            if row["fails"] and code in (0, int(ExitCode.UNDECIDED)):
                 code = int(FOR_FINDING.get(kind, ExitCode.INVARIANT))
         rows.append(row)
     res["known"] = rows
@@ -141,8 +141,14 @@ def judge(res: dict[str, Any], defects: Mapping[str, KnownDefect],
 
 
 def known_lines(res: dict[str, Any]) -> list[str]:
-    """The console lines of a result's known defects (the findings print themselves)."""
-    return [f"  KNOWN {r['name']} ({r['status']}): " + (r.get("message") or
-            f"recognised {r['recognised']} time(s); acknowledged: {r.get('reason', '')}"
-            + (f" [{r['upstream']}]" if r.get("upstream") else ""))
-            for r in res.get("known", []) if r["status"] != "finding"]
+    """The console lines of a result's known defects: a finding, or what the team acknowledged."""
+    out = []
+    for r in res.get("known", []):
+        if r["status"] == "finding":
+            out += [f"  FINDING [{r['kind']}] {r['check']} (known defect {r['name']}): {r['message']}",
+                    f"    reproducer: {r['reproducer']}"]
+        else:
+            out.append(f"  KNOWN {r['name']} ({r['status']}): " + (r.get("message") or
+                       f"recognised {r['recognised']} time(s); acknowledged: {r.get('reason', '')}"
+                       + (f" [{r['upstream']}]" if r.get("upstream") else "")))
+    return out

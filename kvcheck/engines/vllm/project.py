@@ -39,13 +39,18 @@ def project_system(layouts: list[str] | None, body: Mapping[str, Any],
 
 
 def known_checks(label: str, r: dict[str, Any], strict: bool) -> list[dict[str, Any]]:
-    """One check per acknowledged known defect (fuzz/known.py): `acknowledged` (JUnit: skipped,
-    with the reason), or a stale acknowledgement (`fixed?`: failed under known_strict)."""
+    """One check per known defect of the run (fuzz/known.py): recognised and not acknowledged,
+    failed where its kind fails (a known lost reuse: passed, with the note); acknowledged (JUnit:
+    skipped, with the reason); a stale acknowledgement (`fixed?`: failed under known_strict)."""
     out = []
     for row in r.get("known", []):
         name, secs = f"known:{row['name']}", r["elapsed_s"]
         counts = {"recognised": row["recognised"], "releases": row.get("releases")}
-        if row["status"].startswith("acknowledged"):
+        if row["status"] == "finding":              # recognised, not acknowledged
+            f = finding(row["kind"], row["message"], row.get("reproducer"), [])
+            out.append(check(label, "fuzz", name, "failed" if row.get("fails") else "passed", secs, counts,
+                             f if row.get("fails") else None, note=None if row.get("fails") else row["message"]))
+        elif row["status"].startswith("acknowledged"):
             out.append(check(label, "fuzz", name, "acknowledged", secs, counts,
                              note=f"{row['status']}: {row.get('reason')}" + (f" [{row['upstream']}]" if row.get("upstream") else "")))
         elif row["status"] in ("fixed?", "unknown"):
@@ -79,8 +84,7 @@ def run_vllm(sys: System, layout: str, seed: int, out: Path, fault: str | None =
             lost += 1                  # kept as findings, not failures, without strict reuse
             continue
         failed[x["check"]] = finding(x["kind"], x["message"], x["replay"], labels(x["trace"]))
-        if x.get("trace"):                 # (a known defect's finding has its reproducer, no trace)
-            traces.append(x["trace"])
+        traces.append(x["trace"])
     checks = per_check(label, "fuzz", list(SAFETY_CHECKS) + list(BOOKKEEPING_CHECKS), failed, r["elapsed_s"], counts)
     checks += known_checks(label, r, bool(sys.options.get("strict_known")))
     checks.append(coverage_check(label, r["missing_actions"], r["elapsed_s"], counts))
