@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from known_ack import ACK_ALL
 from kvcheck.engines.vllm import drivers as V
 from kvcheck.engines.vllm import layouts as vllm_layouts
 from kvcheck.engines.vllm import runtime as vllm_runtime
@@ -41,7 +42,7 @@ def test_layouts_and_faults_are_described():
 
 @pytest.mark.parametrize("layout", [k for k in V.LAYOUTS if k not in PRESETS + tuple(REFUSED) + ("generated",)])
 def test_layout_runs_clean(layout, tmp_path):
-    r = V.run_campaign(layout, budget_s=None, steps=1000, seed=3, out_dir=str(tmp_path))
+    r = V.run_campaign(layout, budget_s=None, steps=1000, seed=3, out_dir=str(tmp_path), acknowledged=ACK_ALL)
     json.dumps(r)  # JSON-serialisable
     assert r["exit_code"] == 0, r["findings"]
     assert r["vllm_version"] == "0.33.0" and r["layout"] == layout and r["steps"] == 1000

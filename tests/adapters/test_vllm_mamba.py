@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 vllm = pytest.importorskip("vllm")
+from known_ack import ACK_ALL
 from kvcheck.engines.vllm import drivers as V  # noqa: E402
 from kvcheck.engines.vllm import checks as vllm_checks
 from kvcheck.engines.vllm import mamba as vllm_mamba  # noqa: E402
@@ -42,7 +43,7 @@ def test_the_presets_build_vllms_mamba_groups():
 
 @pytest.mark.parametrize("layout", ["full+mamba", "qwen3-next"])
 def test_mamba_layouts_run_clean_and_hit_a_state(layout, tmp_path):
-    r = V.run_campaign(layout, budget_s=None, steps=1500, seed=3, out_dir=str(tmp_path))
+    r = V.run_campaign(layout, budget_s=None, steps=1500, seed=3, out_dir=str(tmp_path), acknowledged=ACK_ALL)
     assert r["exit_code"] == 0 and not r["findings"], r["findings"]
     assert not r["missing_actions"] and r["lookups_with_hit"] > 10
 
@@ -183,7 +184,7 @@ def test_the_mamba_faults_are_caught_in_scheduler_steps(fault, tmp_path):
 
 @pytest.mark.parametrize("layout", ["full+mamba", "nemotron-h"])
 def test_scheduler_episodes_with_mamba_run_clean(layout, tmp_path):
-    r = V.run_campaign(layout, budget_s=None, steps=2000, seed=4, drive="scheduler", out_dir=str(tmp_path))
+    r = V.run_campaign(layout, budget_s=None, steps=2000, seed=4, drive="scheduler", out_dir=str(tmp_path), acknowledged=ACK_ALL)
     assert r["exit_code"] == 0 and not r["findings"], r["findings"]
     cov = r["coverage"]
     assert cov["state:multi_request_step"] > 20 and cov["state:mamba_state_copy"] > 20 and cov["state:hit"] > 5
@@ -258,7 +259,7 @@ def test_mtp_presets_reserve_speculative_state_blocks_and_run_clean(layout, tmp_
     specs = [m.kv_cache_spec for m in ad.coord.single_type_managers]
     assert ad.drafter and ad.eagle_groups == {0}              # the Mamba groups never take the drop
     assert all(s.num_speculative_blocks == vllm_mamba.SPEC_TOKENS for s in specs[1:])
-    r = V.run_campaign(layout, budget_s=None, steps=1500, seed=3, out_dir=str(tmp_path))
+    r = V.run_campaign(layout, budget_s=None, steps=1500, seed=3, out_dir=str(tmp_path), acknowledged=ACK_ALL)
     if r["findings"]:       # 0.18.1/0.23.0: vLLM #43559 (docs/repro/vllm_mamba_eagle_unaligned_chunk.py)
         assert "mamba_partial_hits" not in FEATS and r["findings"][-1]["check"] == "hash_map_sound"
         return
@@ -270,7 +271,7 @@ def test_a_mamba_group_taking_the_eagle_drop_would_disagree_with_vllm(tmp_path, 
     0.33's coordinator gives Mamba no margin): judged as if the Mamba groups took the drop,
     vLLM's hits on qwen3-next+mtp exceed what the spec allows."""
     monkeypatch.setattr(VllmAdapter, "_eagle_groups", lambda self, *a: set(range(len(self.groups))))
-    r = V.run_campaign("qwen3-next+mtp", budget_s=60, seed=3, out_dir=str(tmp_path))
+    r = V.run_campaign("qwen3-next+mtp", budget_s=60, seed=3, out_dir=str(tmp_path), acknowledged=ACK_ALL)
     assert r["findings"] and r["findings"][-1]["check"] == "hit_exceeds_spec", r["findings"]
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from known_ack import ACK_ALL
 from kvcheck.engines.vllm.presets import PRESETS, REFUSED
 
 vllm = pytest.importorskip("vllm")
@@ -20,7 +21,7 @@ from kvcheck.engines.vllm.layout_file import parse_layout  # noqa: E402
 
 @pytest.mark.parametrize("layout", PRESETS)
 def test_each_preset_runs_clean(layout, tmp_path):
-    r = V.run_campaign(layout, budget_s=None, steps=1000, seed=3, out_dir=str(tmp_path))
+    r = V.run_campaign(layout, budget_s=None, steps=1000, seed=3, out_dir=str(tmp_path), acknowledged=ACK_ALL)
     assert r["exit_code"] == 0 and not r["findings"], r["findings"]
     assert not r["missing_actions"] and r["lookups_with_hit"] > 0
 
@@ -56,7 +57,7 @@ def test_the_generator_is_seeded_and_speaks_the_layout_file_grammar():
 
 
 def test_generated_layouts_run_and_every_finding_replays(tmp_path):
-    r = V.run_campaign("generated", budget_s=None, steps=3000, seed=1, out_dir=str(tmp_path))
+    r = V.run_campaign("generated", budget_s=None, steps=3000, seed=1, out_dir=str(tmp_path), acknowledged=ACK_ALL)
     assert r["exit_code"] == 0 and r["layouts_sampled"] > 20 and not r["missing_actions"]
     # what they find is lost reuse (vLLM's EAGLE rules: docs/adapters-vllm.md#generated-layouts)
     assert {f["kind"] for f in r["findings"]} <= {"lost_reuse"}
@@ -81,7 +82,7 @@ def test_without_the_eagle_rule_the_checks_disagree_with_vllm(tmp_path, monkeypa
     """The adapter's EAGLE rule (a drafter group must match one block past the hit) is what
     keeps the drafter presets clean: judged without it, vLLM's hits look short."""
     monkeypatch.setattr(VllmAdapter, "_eagle_groups", lambda self, *a: set())
-    r = V.run_campaign("gpt-oss+eagle", budget_s=None, steps=1000, seed=3, out_dir=str(tmp_path))
+    r = V.run_campaign("gpt-oss+eagle", budget_s=None, steps=1000, seed=3, out_dir=str(tmp_path), acknowledged=ACK_ALL)
     assert r["lost_reuse_lookups"] > 0 and r["findings"][0]["kind"] == "lost_reuse"
 
 

@@ -6,6 +6,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
+from known_ack import ACK_ALL
 from kvcheck.engines.vllm import drivers as V  # noqa: E402
 from kvcheck.engines.vllm.adapter import VllmAdapter  # noqa: E402
 from kvcheck.fuzz.lockstep import Act, Finding, FreeModel, Lockstep  # noqa: E402
@@ -99,7 +100,7 @@ def test_a_step_keeps_the_schedulers_order():
 
 
 def test_scheduler_drive_runs_clean_and_reaches_the_cases(tmp_path):
-    r = V.run_campaign("full+swa", budget_s=None, steps=1500, seed=2, out_dir=str(tmp_path), drive="scheduler")
+    r = V.run_campaign("full+swa", budget_s=None, steps=1500, seed=2, out_dir=str(tmp_path), drive="scheduler", acknowledged=ACK_ALL)
     json.dumps(r)
     assert r["exit_code"] == 0, r["findings"]
     c = r["coverage"]

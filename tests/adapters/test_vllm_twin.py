@@ -11,6 +11,7 @@ import pytest
 
 vllm = pytest.importorskip("vllm")
 
+from known_ack import ACK_ALL
 from kvcheck.engines.vllm import drivers as V  # noqa: E402
 from kvcheck.engines.vllm.layouts import register_layout  # noqa: E402
 from kvcheck.engines.vllm.twin import TwinAdapter  # noqa: E402
@@ -85,7 +86,7 @@ def test_interval_n_promises_every_n_tokens(tmp_path):
     assert _serve(ad, "b", BASE[:21] + [39, 38])["hit"] == 16    # the segment end below 21
     assert ad.twin_stats["below_twin"] == 1                        # (the dense twin: 20)
     assert not _retention_lost(ad)
-    r = V.run_campaign(name, budget_s=None, steps=1500, seed=2, out_dir=str(tmp_path))
+    r = V.run_campaign(name, budget_s=None, steps=1500, seed=2, out_dir=str(tmp_path), acknowledged=ACK_ALL)
     assert r["dense_twin"]["lookups"] > 0 and r["dense_twin"]["lost_lookups"] == 0, r["findings"]
 
 
@@ -143,13 +144,13 @@ def test_chat_workload_covers_every_mode_and_is_seeded():
     assert len(MODES) == 4 and all(2 <= len(p) <= 44 for p in a)
     assert any(p[:20] == list(range(20)) and len(p) > 20 for p in a)              # next turn / resend + k
     assert any(p[:8] != list(range(8)) and p[:3] == list(range(3)) for p in a)    # a sibling cut early
-    r = V.run_campaign("full+swa-sparse", budget_s=None, steps=1500, seed=1, workload="chat")
+    r = V.run_campaign("full+swa-sparse", budget_s=None, steps=1500, seed=1, workload="chat", acknowledged=ACK_ALL)
     assert r["workload"] == "chat" and r["exit_code"] == 0 and not r["missing_actions"]
     assert r["dense_twin"]["below_twin"] > 0            # the sparse policy's declared slack shows
 
 
 def test_random_workload_unchanged_and_bad_inputs():
-    a = V.run_campaign("full", budget_s=None, steps=400, seed=3, out_dir="/tmp/kvcheck-twin-test")
+    a = V.run_campaign("full", budget_s=None, steps=400, seed=3, out_dir="/tmp/kvcheck-twin-test", acknowledged=ACK_ALL)
     assert "dense_twin" not in a and a["reuse_profile"] == {} and a["workload"] == "random"
     with pytest.raises(ValueError, match="retention interval"):
         TwinAdapter("full+swa", 24, "retention_drops_tail")
