@@ -157,6 +157,8 @@ def test_a_finding_that_shrinks_to_a_known_defect_is_counted_not_reported(monkey
         g.program = list(f.program)
         return g
     monkeypatch.setattr(V, "_shrink", shrink)
-    r = V.run_campaign(layout, budget_s=8, seed=0, fault=fault, out_dir=str(tmp_path))
+    from kvcheck.fuzz.known import parse_cli
+    r = V.run_campaign(layout, budget_s=8, seed=0, fault=fault, out_dir=str(tmp_path),     # counted, then judged:
+                       acknowledged=parse_cli(["stand_in=the test's stand-in defect"]))    # acknowledged here
     assert seen and r["findings"] == [] and r["coverage"]["known:stand_in"] == len(seen), (seen, r["findings"])
     assert r["exit_code"] == 0 and r["time_to_failure_s"] is None

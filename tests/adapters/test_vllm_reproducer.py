@@ -98,6 +98,7 @@ def test_lost_reuse_script_lists_the_entries_it_checks(tmp_path, run_script, mon
 def test_a_trace_that_does_not_reproduce_gets_the_replay_command(tmp_path):
     data = json.loads((TRACES / "vllm_priority_preempt_unwritten.json").read_text())
     data["steps"] = data["steps"][:3]
+    data["violation"]["step"] = 2          # (a recorded step must lie inside the trace)
     p = tmp_path / "short.json"
     p.write_text(json.dumps(data))
     out = write_reproducer(Trace.load(p), str(p))
