@@ -35,13 +35,13 @@ def engine_of(sut: str) -> Engine | None:
         return None
     try:
         return registry.get(sut)
-    except registry.UnknownEngine as e:
+    except registry.UnknownEngine:
         raise UsageError(f"--sut: unknown system under test {sut!r}; registered engines: "
                          f"{', '.join(registry.engines())} (`kvcheck engines`), or spec, or MODULE:CLASS "
                          "for your own adapter") from None
 
 
-def _not_here(flag: str, dest: str, sut: str, own: bool) -> str:
+def _not_here(flag: str, dest: str, sut: str) -> str:
     """Why `flag` does not apply to --sut SUT: the engines whose drivers take it."""
     takers = [n for n, e in registry.engines().items() if dest in e.fuzz_options and e.own_driver()]
     if dest in MACHINE_OPTIONS:
@@ -73,7 +73,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     accepted = eng.fuzz_options if own else MACHINE_OPTIONS
     for dest, flag in ENGINE_OPTIONS.items():
         if getattr(args, dest, None) not in (None, False) and dest not in accepted:
-            raise UsageError(_not_here(flag, dest, args.sut, own))
+            raise UsageError(_not_here(flag, dest, args.sut))
     if own:
         code = eng.fuzz_command(args)
         if code is None:
