@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator
 
 from ..fuzz import faults as faultlib
 from ..spec.config import Config
+from ..spec.outputs import probe_writable
 
 # Which system under test plants the faults of a layer (for messages that say where to go).
 
@@ -64,14 +65,12 @@ def progress(args: argparse.Namespace, label: str) -> Iterator[Callable[..., Non
 
 
 def check_writable(out: Path, what: str = "output directory") -> None:
-    """`out` is (or can be made) a directory this process can create files in."""
+    """`out` is (or can be made) a directory this process can create files in (two runs
+    sharing it never race: spec.outputs.probe_writable)."""
     if out.exists() and not out.is_dir():
         raise UsageError(f"{what} {out} is a file, not a directory")
     try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".kvcheck-write-test"
-        probe.write_text("")
-        probe.unlink()
+        probe_writable(out)
     except OSError as e:
         why = e.strerror or str(e)
         if e.errno in (errno.ENOENT, errno.EACCES, errno.EPERM, errno.EROFS):

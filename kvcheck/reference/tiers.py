@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from ..spec.outputs import probe_writable
 from . import recovery
 from .disk_format import (FORMAT_VERSION, MAGIC, CopyInvalid, CopyRejected, check_binding,
                           check_header, durable_write, pack, unpack)
@@ -83,10 +84,7 @@ class TierStore:
         rec = recovery.Recovery()
         if self.disk:
             try:
-                self.dir.mkdir(parents=True, exist_ok=True)
-                probe = self.dir / ".kvcheck-write-test"
-                probe.write_bytes(b"")
-                probe.unlink()
+                probe_writable(self.dir)
                 rec = recovery.scan(self.dir)
             except OSError as e:
                 raise TierError(f"cache dir {self.dir} is not writable: {e.strerror or e}") from None

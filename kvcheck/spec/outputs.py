@@ -8,9 +8,8 @@ web servers running as another user must be able to read reports, so the final m
 """
 from __future__ import annotations
 
-import re
-
 import os
+import re
 import shlex
 import sys
 import tempfile
@@ -29,6 +28,14 @@ def file_stem(name: str, limit: int = 80) -> str:
     only letters, digits and _.+- kept, no leading dot, bounded, so it never leaves the
     output directory or hides there."""
     return (re.sub(r"[^A-Za-z0-9_.+-]", "_", str(name)).lstrip(".") or "_")[:limit]
+
+
+def probe_writable(directory: Path) -> None:
+    """Create `directory` if needed and prove a file can be created in it (OSError if not).
+    The probe has a name of its own, so processes sharing the directory never race."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=directory, prefix=".kvcheck-write-test-"):
+        pass
 
 
 def write_atomic(path: str | Path, data: str | bytes, fsync: bool = False) -> Path:

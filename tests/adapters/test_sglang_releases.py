@@ -58,8 +58,10 @@ out = {"version": sg.sglang_version(), "clean": {}, "faults": []}
 # SWARadixCache before 0.5.5: its sanity_check rebuilds LRU order from wall-clock stamps (a known
 # defect, sgl-project/sglang#8931): acknowledged, as a team on such a release would
 ACK = "sanity_check_lru_wallclock=sgl-project/sglang#8931, fixed in 0.5.5"
-code, o, e = cli("fuzz", "--sut", "sglang", "--list-layouts", "--json")
+code, o, e = cli("fuzz", "--sut", "sglang", "--list-layouts", "--json", "--out", out_dir)
 out["list"] = {"code": code, "stderr": e[-800:]}
+if code != 0:
+    sys.exit(f"kvcheck fuzz --sut sglang --list-layouts exited {code}: {e[-1500:]}")
 out["info"] = info = json.loads(o)
 ok = [x["name"] for x in info["layouts"] if x["supported"]]
 for lay in ok:                 # each class runs clean briefly, through the command line

@@ -64,3 +64,28 @@ def test_rerun_and_reproducer_commands_are_shell_quoted(tmp_path) -> None:
     weird = tmp_path / "a dir" / "it's.json"
     assert shlex.split(kvcheck_command("replay", weird)) == ["kvcheck", "replay", str(weird)]
     assert shlex.split(python_command(weird)) == [sys.executable, str(weird)]
+
+
+def test_runs_sharing_an_output_directory_never_race_on_the_write_probe(tmp_path):
+    """Two kvcheck processes checking the same --out at once (CI runs side venvs in parallel):
+    a shared probe name let one unlink the other's probe, which then read as 'cannot write'."""
+    import threading
+
+    from kvcheck.checker.common import check_writable
+
+    errors: list[BaseException] = []
+
+    def probe() -> None:
+        try:
+            for _ in range(300):
+                check_writable(tmp_path / "out")
+        except BaseException as e:          # the UsageError the race raised
+            errors.append(e)
+
+    threads = [threading.Thread(target=probe) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert list((tmp_path / "out").iterdir()) == []       # no probe left behind
