@@ -46,6 +46,17 @@ class Engine:
     # `kvcheck fuzz` options this engine's driver takes beyond the common ones (--budget,
     # --seed, --fault, --out, --json): the core refuses the others by name.
     fuzz_options: ClassVar[frozenset[str]] = frozenset()
+    # The engine's own top-level packages ("vllm", "sglang"): an exception whose innermost frame
+    # is there is the engine's; one raised in kvcheck's frames, or on a kvcheck object the
+    # engine was handed, is kvcheck's side of the boundary (fuzz/boundary.py: "cannot drive").
+    packages: ClassVar[tuple[str, ...]] = ()
+    # The package-index distribution of the engine and the releases kvcheck claims to drive,
+    # (oldest, newest) inclusive; None: no release matrix (`kvcheck matrix`).
+    distribution: ClassVar[str | None] = None
+    release_range: ClassVar[tuple[str, str] | None] = None
+    # The script (path relative to kvcheck's repository) that builds a side environment for a
+    # release, called as `PYTHON=<kvcheck's python> bash SCRIPT VERSION DIR`; None: no matrix.
+    install_script: ClassVar[str | None] = None
 
     # ---- what it is -------------------------------------------------------------------------
     def release(self) -> str | None:

@@ -92,3 +92,16 @@ def test_what_an_engine_lacks_is_one_line(capsys) -> None:
     assert_bad_input(code, err, "--sched-policy applies to --sut vllm only")
     code, _, err = run(capsys, "fuzz", "--sut", "sglang", "--workload", "chat")
     assert_bad_input(code, err, "--workload applies to --sut vllm only")
+
+
+def test_the_release_ranges_the_engines_declare_are_the_ones_their_drivers_test():
+    """`kvcheck matrix` reads Engine.release_range; the drivers' OLDEST/NEWEST are the same."""
+    from kvcheck.engines.sglang import install
+    from kvcheck.engines.vllm import runtime
+    from kvcheck.fuzz import registry
+    assert registry.get("vllm").release_range == (runtime.OLDEST, runtime.NEWEST)
+    assert registry.get("sglang").release_range == (install.OLDEST, install.NEWEST)
+    for name in ("vllm", "sglang"):
+        e = registry.get(name)
+        assert e.packages == (name,) and e.distribution == name
+        assert (Path(__file__).resolve().parents[2] / e.install_script).is_file()

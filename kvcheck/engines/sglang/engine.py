@@ -24,6 +24,10 @@ class SglangEngine(Engine):
     legacy_modules = {"kvcheck.fuzz.adapters.sglang": "kvcheck.engines.sglang.drivers"} | {
         f"kvcheck.fuzz.adapters.sglang_{m}": f"kvcheck.engines.sglang.{m}" for m in MODULES}
     fuzz_options = frozenset({"layout", "list_layouts", "layout_file", "acknowledge"})
+    packages = ("sglang",)
+    distribution = "sglang"
+    release_range = ("0.4.10", "0.5.23")           # install.OLDEST, NEWEST (tests check they agree)
+    install_script = "scripts/install-sglang.sh"
 
     def release(self) -> str | None:
         from .install import sglang_version

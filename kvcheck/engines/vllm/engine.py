@@ -24,6 +24,10 @@ class VllmEngine(Engine):
     fuzz_options = frozenset({"layout", "list_layouts", "layout_file", "workload", "sched_policy",
                               "strict_reuse", "ray", "acknowledge"})
     project_variant_key = "layouts"
+    packages = ("vllm",)
+    distribution = "vllm"
+    release_range = ("0.14.1", "0.33.0")           # runtime.OLDEST, NEWEST (tests check they agree)
+    install_script = "scripts/install-vllm.sh"
 
     def release(self) -> str | None:
         """The installed vLLM's version (package metadata: no import; whether its manager can
