@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from kvcheck.fuzz.boundary import check_exception
 from kvcheck.spec.sut import ActionRejected
 
 from .checks import Req, ShadowChecks, Violation
@@ -160,16 +161,21 @@ class SglangAdapter(SchedMixin, ShadowChecks):
             obs = fn(**params) or {}
             self.coverage[action] += 1
             self.check_all()
-        except TypeError as e:
-            if "_a_" in str(e):
-                raise ActionRejected(f"bad parameters for {action}: {e}") from None
-            self.broken, obs = Violation("bookkeeping", "sglang_internal_error", f"SGLang raised TypeError: {e}"), {}
+        except ActionRejected:
+            raise
         except Violation as v:
             self.broken, obs = v, {}
-        except (AssertionError, ValueError, KeyError, IndexError, RuntimeError, AttributeError) as e:
-            self.broken, obs = Violation("bookkeeping", "sglang_internal_error",
-                                         f"SGLang raised {type(e).__name__}: {e}"), {}
+        except Exception as e:  # noqa: BLE001 - whose it is decides: a finding or "cannot drive"
+            if isinstance(e, TypeError) and "_a_" in str(e):
+                raise ActionRejected(f"bad parameters for {action}: {e}") from None
+            self.broken, obs = self.engine_raised(e), {}
         return obs
+
+    def engine_raised(self, e: Exception) -> Violation:
+        """SGLang's own code raised: a finding (sglang_internal_error). One raised on kvcheck's
+        side of the boundary (its stand-ins, its calls) is CannotDrive instead (fuzz/boundary.py)."""
+        check_exception(e, "sglang", load()["version"], ("sglang",))
+        return Violation("bookkeeping", "sglang_internal_error", f"SGLang raised {type(e).__name__}: {e}")
 
     def extra_checks(self, action: str, params: dict[str, Any]) -> tuple[str, str, str] | None:
         v, self.broken = self.broken, None

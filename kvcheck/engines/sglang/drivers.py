@@ -18,6 +18,7 @@ from typing import Mapping
 from kvcheck.spec.trace import Trace
 
 from kvcheck.spec.verdict import FOR_FINDING, ExitCode
+from kvcheck.fuzz.boundary import CannotDrive, check_exception, require, setting_up
 from kvcheck.fuzz.known import Acknowledgement, judge, known_lines
 from kvcheck.fuzz.lockstep import (Act, Finding, FreeModel, Lockstep)
 from kvcheck.fuzz.prompts import PromptGen
@@ -25,6 +26,7 @@ from kvcheck.fuzz.traces import replay as replay_on_core, to_trace
 from .swa import WALLCLOCK_DEFECT
 from .adapter import SglangAdapter
 from .incremental import FULL_SCAN_EVERY
+from .interface import needs
 from .reproducer import write_reproducer
 from .steps import shrink_steps
 from .install import INSTALL_HINT, SglangUnavailable, sglang_version
@@ -144,7 +146,12 @@ def run_campaign(layout: str | Layout, budget_s: float | None = 60, steps: int |
     scan after every step. Known defects recognised on the way are judged by the core's rule
     (fuzz/known.py): findings unless `acknowledged`."""
     lay = get_layout(layout)
-    make_adapter(lay, fault)          # validate layout/fault/release early (and import SGLang)
+    try:
+        with setting_up("sglang", sglang_version, ("sglang",), (SglangUnavailable, LayoutError)):
+            make_adapter(lay, fault)  # validate layout/fault/release early (and import SGLang)
+            require(needs(lay), "sglang", sglang_version())     # the pre-flight interface check
+    except CannotDrive as e:
+        return e.result(**_base(lay, seed, fault))
     # SGLang's import chain leaves ~650,000 objects (torch, transformers, SGLang) that each full
     # collection of the cyclic collector walks (0.4 s on this machine: a fifth of a lockstep
     # campaign's CPU); they outlive the campaign, so it runs with them frozen (out of the
@@ -154,11 +161,27 @@ def run_campaign(layout: str | Layout, budget_s: float | None = 60, steps: int |
         gc.freeze()
     try:
         res = _campaign(lay, budget_s, steps, seed, fault, out_dir, shrink_s, full_scan_every)
-        return judge(res, {WALLCLOCK_DEFECT.name: WALLCLOCK_DEFECT}, acknowledged, res.get("sglang_version"),
-                     strict_known)
+    except CannotDrive as e:      # kvcheck's side of the boundary (fuzz/boundary.py): no verdict
+        return e.result(**_base(lay, seed, fault))
+    except Exception as e:        # raised outside a step's engine calls (the generator, shrinking)
+        try:
+            check_exception(e, "sglang", sglang_version(), ("sglang",))
+        except CannotDrive as cd:
+            return cd.result(**_base(lay, seed, fault))
+        raise
     finally:
         if mine:
             gc.unfreeze()
+    return judge(res, {WALLCLOCK_DEFECT.name: WALLCLOCK_DEFECT}, acknowledged, res.get("sglang_version"),
+                 strict_known)
+
+
+def _base(lay: Layout, seed: int, fault: str | None) -> dict:
+    """The fields of a campaign result that name what ran (a run that never stepped has only these)."""
+    return {"sut": "sglang", "sglang_version": sglang_version(), "layout": lay.name, "class": lay.cls,
+            "seed": seed, "fault": fault, "expected_check": FAULTS[fault].expected if fault else None,
+            "caught": False if fault else None, "steps": 0, "episodes": 0, "coverage": {},
+            "missing_actions": list(ACTIONS), "lookups_with_hit": 0}
 
 
 def _campaign(lay: Layout, budget_s: float | None, steps: int | None, seed: int, fault: str | None,
@@ -228,8 +251,14 @@ def replay(trace: Trace | str | Path) -> dict:
     from . import swa
     recognise, swa.STRICT = swa.STRICT, True      # a replay shows the finding itself, known or not
     try:
-        ad = make_adapter(lay, trace.fault, int(trace.meta.get("capacity", lay.capacity)))
+        with setting_up("sglang", sglang_version, ("sglang",), (SglangUnavailable, LayoutError)):
+            ad = make_adapter(lay, trace.fault, int(trace.meta.get("capacity", lay.capacity)))
+            require(needs(lay), "sglang", sglang_version())
         code, out = replay_on_core(trace, ad, FreeModel())
+    except CannotDrive as e:
+        return {**e.result(sut="sglang", sglang_version=sglang_version(), layout=lay.name, fault=trace.fault,
+                           steps=len(trace.steps), violation=None), "reproduced": False,
+                "expected": (trace.violation or {}).get("check"), "recorded_version": trace.meta.get("sglang_version")}
     finally:
         swa.STRICT = recognise
     v = out.get("violation")
@@ -262,6 +291,8 @@ def cli_fuzz(layout: str | None, layout_file: str | None, list_only: bool, budge
         raise LayoutError(f"unknown fault {fault!r} for --sut sglang; known: {', '.join(FAULTS)}")
     res = run_campaign(lay, budget_s=budget_s, steps=steps, seed=seed, fault=fault, out_dir=out_dir,
                        acknowledged=acknowledged)
+    if "cannot_drive" in res:
+        return res, res["cannot_drive"]["line"]
     lines = [f"kvcheck fuzz --sut sglang --layout {res['layout']} ({res['class']}): exit {res['exit_code']} "
              f"(sglang {res['sglang_version']})",
              f"  {res['steps']} steps in {res['episodes']} episodes, seed {seed}",

@@ -14,8 +14,9 @@ host copy, `on_disk`), and a hit served from host reads only loaded, verified by
 from __future__ import annotations
 
 from contextlib import contextmanager
-from types import SimpleNamespace
 from typing import Any
+
+from kvcheck.fuzz.boundary import StandIn
 
 from .adapter import SglangAdapter
 from .checks import (Req, Violation, ints, slots_of, tokens_of)
@@ -139,7 +140,7 @@ def install_hicache_stand_ins() -> None:
 
 def server_args(host_ratio: float) -> Any:
     """The server args HiRadixCache reads (write-through, direct IO, layer-first, no storage)."""
-    return SimpleNamespace(hicache_io_backend="direct", hicache_mem_layout="layer_first", hicache_ratio=host_ratio,
+    return StandIn(hicache_io_backend="direct", hicache_mem_layout="layer_first", hicache_ratio=host_ratio,
                            hicache_size=0, hicache_storage_backend=None, hicache_write_policy="write_through",
                            hicache_storage_backend_extra_config=None, hicache_storage_prefetch_policy="best_effort",
                            served_model_name="kvcheck", extra_metric_labels=None)
@@ -218,7 +219,7 @@ class HiCacheAdapter(SglangAdapter):
         try:
             self.cache.check_hicache_events()       # acknowledgements: writes, then loads
         except AssertionError as e:
-            self.broken = Violation("bookkeeping", "sglang_internal_error", f"SGLang raised AssertionError: {e}")
+            self.broken = self.engine_raised(e)
             return {}
         return super().apply(action, params)
 

@@ -129,7 +129,7 @@ class MambaAdapter(MambaStates, SglangAdapter):
         new = None if ms is None else self._alloc(self._need(req, hit))     # all, or the first chunk
         if new is None:
             if ms is not None:
-                self.mpool.free(self.torch.tensor([ms], dtype=self.torch.int64))
+                self._mamba_release(ms)
             self.cache.dec_lock_ref(node)
             self.coverage["state:admission_refused"] += 1
             return {"hit": hit, "admitted": False}
@@ -168,7 +168,7 @@ class MambaAdapter(MambaStates, SglangAdapter):
     def _a_abort(self, r: str) -> dict:
         req = self._get(r)
         if req.state == "running":
-            self.mpool.free(self.torch.tensor([self.mslot.pop(r)], dtype=self.torch.int64))
+            self._mamba_release(self.mslot.pop(r))
             self.mlocked.pop(r)
         return super()._a_abort(r)
 
@@ -290,23 +290,26 @@ class MambaAdapter(MambaStates, SglangAdapter):
         self._state_write(self.mslot[r], tuple(self.reqs[r].tokens[:upto]))    # the chunk's forward
 
     def _sglang_call(self, fn: Any) -> None:
-        """cache_unfinished_req forks the request's state into a new slot for the tree
-        (`fork_from` copies the bytes): the shadow follows each copy, as for copy_from."""
-        pool = self.mpool
-        real = pool.fork_from
-
-        def fork_from(src: Any) -> Any:
-            out = real(src)
-            if out is not None:
-                for d, s in zip(out.flatten().tolist(), src.flatten().tolist()):
-                    self.mwritten[int(d)] = self.mwritten.get(int(s))
-            return out
+        """cache_unfinished_req forks the request's state into a new slot for the tree: with the
+        pool's `fork_from` where the release has it, else a new slot and `copy_from` (0.5.14):
+        the shadow follows each copy either way."""
+        pool, parent = self.mpool, super()._sglang_call
         held = {rid: self.reqs[rid].node for rid, ok in self.mlocked.items() if ok}
-        pool.fork_from = fork_from
+        if hasattr(pool, "fork_from"):
+            real = pool.fork_from
+
+            def fork_from(src: Any) -> Any:
+                out = real(src)
+                if out is not None:
+                    for d, s in zip(out.flatten().tolist(), src.flatten().tolist()):
+                        self.mwritten[int(d)] = self.mwritten.get(int(s))
+                return out
+            pool.fork_from = fork_from
         try:
-            super()._sglang_call(fn)
+            self.following_state_copies(lambda: parent(fn))
         finally:
-            del pool.fork_from
+            if "fork_from" in vars(pool):
+                del pool.fork_from
         for rid, node in held.items():
             if node.mamba_value is None:
                 raise Violation("bookkeeping", "no_evict_locked", f"{rid}'s locked node lost its Mamba state "

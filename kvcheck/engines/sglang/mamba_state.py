@@ -48,11 +48,12 @@ def set_server_args_stand_in() -> bool:
         from sglang.srt import server_args as sa
     except Exception:
         return False
-    try:                                      # 0.5.23: a runtime context projected from ServerArgs
+    try:              # 0.5.23: a runtime context projected from ServerArgs (0.5.14: a module of the
+        #               same name holds only the parallel context; the server args are global)
         from sglang.srt import runtime_context as rc
     except ImportError:
         rc = None
-    if rc is not None and hasattr(rc, "get_context"):
+    if rc is not None and hasattr(rc, "get_context") and hasattr(rc, "get_server_args"):
         try:
             cur = rc.get_server_args()
         except ValueError:                    # "Global server args is not set yet!"
@@ -152,7 +153,8 @@ class MambaStates:
         """Run one of SGLang's calls with the state shadow following every copy it makes between
         state slots (the checks then read the bytes against it): SGLang copies a state with the
         pool's `copy_from` (0.5.23's checkpoint fork: a slot from the allocator, then copy_from),
-        which `fork_from` calls too (0.5.7-0.5.15: a new slot and the copy)."""
+        which `fork_from` calls too where a release has it (a new slot and the copy; 0.5.14 has
+        none: the cache takes a slot and calls copy_from itself)."""
         pool = self.mpool
         had, real = "copy_from" in vars(pool), pool.copy_from
 

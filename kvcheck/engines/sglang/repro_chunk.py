@@ -178,7 +178,14 @@ def write_row(sreq, lo, vals):
 def set_len(q):                              # what is computed, in the request's fields
     sreq, n = q["sreq"], q["computed"]
     sreq.kv_committed_len = sreq.kv_allocated_len = n
-    sreq.fill_ids = q["tokens"][:n]
+    set_filled(sreq, q["tokens"], n)
+
+
+def set_filled(sreq, tokens, n):             # 0.5.14's Req: the whole sequence and how much is filled
+    if Req is not None and hasattr(sreq, "fill_len"):
+        sreq.full_untruncated_fill_ids, sreq.fill_len = array("q", tokens), n
+    else:
+        sreq.fill_ids = tokens[:n]
 
 
 def match(r, limit=None):
@@ -259,7 +266,7 @@ def release(r, insert):
     if q["state"] == "running":
         sreq = q["sreq"]
         sreq.output_ids = q["tokens"][q["prompt"]:] + [0]     # the last sampled token: its KV not computed yet
-        sreq.fill_ids = q["tokens"][:q["computed"]]
+        set_filled(sreq, q["tokens"], q["computed"])
         sreq.finished_reason = "length" if insert else "abort"
         if release_kv_cache is not None:
             release_kv_cache(sreq, cache, **kw(release_kv_cache, is_insert=insert))

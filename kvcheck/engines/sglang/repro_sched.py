@@ -28,7 +28,7 @@ def takes(fn, name):
     return name in inspect.signature(fn).parameters
 
 
-class FlatReq:          # the fields of SGLang's Req that cache_unfinished_req / cache_finished_req read (<= 0.5.12)
+class FlatReq:          # the fields of SGLang's Req that cache_unfinished_req / cache_finished_req read (< 0.5.23)
     def __init__(self, rid, prompt, computed, node, hit, receipt, prefix):
         self.rid, self.origin_input_ids, self.output_ids, self.fill_ids = rid, seq(prompt), seq([]), seq(prompt[:computed])
         self.prefix_indices = torch.tensor(prefix, dtype=torch.int64)
@@ -46,6 +46,11 @@ class FlatReq:          # the fields of SGLang's Req that cache_unfinished_req /
         self.kv_overallocated_freed = True; return self.kv_committed_len, self.kv_allocated_len
     def finished(self):
         return self.finished_reason is not None
+    @property
+    def fill_len(self):     # releases after 0.5.12 (0.5.14) read the filled tokens through these
+        return len(self.fill_ids)
+    def get_fill_ids(self):
+        return self.fill_ids
 
 
 def sched_req(r, prompt, computed, node, hit, rec, receipt, prefix):

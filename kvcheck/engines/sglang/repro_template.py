@@ -267,7 +267,10 @@ def finish(r):
     if SWA:
         if declined:
             free(q["slots"][q["hit"]:n]); plen = n
-        else:                                # SWARadixCache.insert frees its duplicates itself
+        elif PARAMS_API:                     # SWARadixCache.insert frees its duplicates itself
+            plen = cache.insert(bpc.InsertParams(key=key(q["tokens"][:n]), value=vals,
+                                                 prev_prefix_len=q["hit"])).prefix_len
+        else:
             plen = int(cache.insert(key(q["tokens"][:n]), vals, q["hit"]))
         unlock(q["node"], q["receipt"])
     else:

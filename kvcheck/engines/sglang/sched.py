@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvcheck.fuzz.boundary import assign
 from kvcheck.spec.sut import ActionRejected
 
 from .checks import Req, Violation
@@ -168,9 +169,16 @@ class SchedMixin:
         if self.kv_api:
             q.kv.kv_committed_len = q.kv.kv_allocated_len = n
             q.extend_end = n
-        else:
+        elif isinstance(q, FlatReq):
             q.kv_committed_len = q.kv_allocated_len = n
             q.fill_ids = self._seq(self.reqs[q.rid].tokens[:n])
+        else:                   # SGLang's own Req (ChunkCache, 0.5.7+): only fields it has are set
+            toks = self.reqs[q.rid].tokens
+            if hasattr(q, "fill_len"):        # 0.5.14: the whole sequence, and how much is filled
+                assign(q, full_untruncated_fill_ids=self._seq(toks), fill_len=n,
+                       kv_committed_len=n, kv_allocated_len=n)
+            else:
+                assign(q, fill_ids=self._seq(toks[:n]), kv_committed_len=n, kv_allocated_len=n)
 
     # ---- SGLang's own publishing and release ----------------------------------------------
     def _publish(self, r: str, s: Sched) -> None:

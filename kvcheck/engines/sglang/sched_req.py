@@ -12,8 +12,10 @@ ROWS = 8        # request rows (the generator keeps at most four requests)
 
 @dataclass
 class FlatReq:
-    """The fields of SGLang's `Req` that 0.4.10-0.5.12's caches read in cache_unfinished_req /
-    cache_finished_req (RadixCache, SWARadixCache, MambaRadixCache, UnifiedRadixCache)."""
+    """The fields of SGLang's `Req` that 0.4.10-0.5.22's caches read in cache_unfinished_req /
+    cache_finished_req (RadixCache, SWARadixCache, MambaRadixCache, UnifiedRadixCache, ChunkCache).
+    A stand-in because SGLang's own Req before 0.5.23 does not import on CPU everywhere; checked
+    against the installed release before every campaign (interface.py: what the caches read)."""
     rid: str
     origin_input_ids: list[int]
     output_ids: list[int] = field(default_factory=list)
@@ -54,6 +56,15 @@ class FlatReq:
 
     def finished(self) -> bool:
         return self.finished_reason is not None
+
+    # releases after 0.5.12 (0.5.14 ...) read the computed tokens through these (Req keeps full_untruncated_fill_ids
+    # and admits by moving fill_len); here they are the tokens the scheduler has computed
+    @property
+    def fill_len(self) -> int:
+        return len(self.fill_ids)
+
+    def get_fill_ids(self) -> list[int]:
+        return self.fill_ids
 
 
 @dataclass

@@ -15,6 +15,7 @@ from collections import Counter
 from typing import Any
 
 from kvcheck.spec.config import Config
+from kvcheck.fuzz.boundary import check_exception
 from kvcheck.spec.sut import ActionRejected
 
 from . import mamba
@@ -24,7 +25,7 @@ from .checks import ShadowChecks, Violation, Req
 from .layouts import (EAGLE, LAYOUT_DATA, MAMBA_FAULTS, RETENTION, SWA_FAULTS, ACTIONS, DROP_REF_ON_FREE,
                       EARLY_READER_FORWARD, EVICT_KEEPS_HASH, LAYOUTS, RETENTION_DROPS_TAIL,
                       SWA_OVERSTRICT, VOCAB, make_specs, vllm_modules, layout_config, layout_scale,
-                      planted, release_gap)
+                      planted, release_gap, vllm_version)
 
 
 class VllmAdapter(ShadowChecks):
@@ -190,15 +191,17 @@ class VllmAdapter(ShadowChecks):
                 self._forward()                 # one request per step: its forward
             if not self.timeline.open:
                 mamba.release_retained(self)    # the step's scheduling is over
-        except TypeError as e:
-            if "argument" in str(e) and "_a_" in str(e):
-                raise ActionRejected(f"bad parameters for {action}: {e}") from None
-            self.broken, obs = Violation("bookkeeping", "vllm_internal_error", f"vLLM raised TypeError: {e}"), {}
-        except (AssertionError, ValueError, KeyError, IndexError) as e:
-            self.broken, obs = Violation("bookkeeping", "vllm_internal_error",
-                                         f"vLLM raised {type(e).__name__}: {e}"), {}
+        except ActionRejected:
+            raise
         except Violation as v:
             self.broken, obs = v, {}
+        except Exception as e:  # noqa: BLE001 - whose it is decides: a finding or "cannot drive"
+            if isinstance(e, TypeError) and "argument" in str(e) and "_a_" in str(e):
+                raise ActionRejected(f"bad parameters for {action}: {e}") from None
+            # raised on kvcheck's side of the boundary: CannotDrive (fuzz/boundary.py), no finding
+            check_exception(e, "vllm", vllm_version(), ("vllm",))
+            self.broken, obs = Violation("bookkeeping", "vllm_internal_error",
+                                         f"vLLM raised {type(e).__name__}: {e}"), {}
         if self.broken is None and self.strict and len(self.lost) > n_lost:
             self.broken = self.lost[-1]
         return obs

@@ -97,6 +97,8 @@ def fuzz_command(args: argparse.Namespace) -> int:
     res["command"] = kvcheck_command(*cmd)
 
     def text() -> str:
+        if "cannot_drive" in res:
+            return res["cannot_drive"]["line"]
         lines = [f"kvcheck fuzz --sut vllm --layout {args.layout}: exit {code} (vLLM {res.get('vllm_version')})",
                  f"  {res.get('steps')} steps, seed {args.seed}"
                  + (f", {policy.upper()} scheduling" if policy != "fcfs" else "") + f"; rerun: {res['command']}",

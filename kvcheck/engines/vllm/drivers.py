@@ -20,6 +20,7 @@ from pathlib import Path
 from kvcheck.spec.trace import Trace
 
 from kvcheck.spec.verdict import FOR_FINDING, ExitCode
+from kvcheck.fuzz.boundary import CannotDrive, as_cannot_drive, setting_up
 from kvcheck.fuzz.known import Acknowledgement, judge
 from kvcheck.fuzz.lockstep import (Act, Finding, FreeModel, Lockstep)
 from kvcheck.fuzz.prompts import PromptGen
@@ -174,8 +175,17 @@ def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = N
                  acknowledged: Mapping[str, Acknowledgement] | None = None, strict_known: bool = False) -> dict:
     """`_campaign`, then the core's rule for known defects (fuzz/known.py): a recognised one
     is a finding unless `acknowledged`; a stale acknowledgement fails with `strict_known`."""
-    res = _campaign(layout, budget_s, steps, seed, strict_reuse, fault, out_dir, twin, workload, drive,
-                    sched_policy)
+    try:
+        res = _campaign(layout, budget_s, steps, seed, strict_reuse, fault, out_dir, twin, workload, drive,
+                        sched_policy)
+    except (VllmUnavailable, ValueError):
+        raise                          # the release lacks it, or bad arguments: one line, exit 2
+    except Exception as e:  # noqa: BLE001 - kvcheck's side of the boundary is "cannot drive"
+        cd = e if isinstance(e, CannotDrive) else as_cannot_drive(e, "vllm", vllm_version(), ("vllm",))
+        if cd is None:
+            raise
+        return cd.result(sut="vllm", vllm_version=vllm_version(), layout=layout, seed=seed, fault=fault,
+                         steps=0, coverage={})
     fails = frozenset(FOR_FINDING) - (frozenset() if strict_reuse else {"lost_reuse"})
     return judge(res, known.defects(), acknowledged, res["vllm_version"], strict_known, fails)
 
@@ -206,7 +216,8 @@ def _campaign(layout: str, budget_s: float | None = 60, steps: int | None = None
     twin = wants_twin(first, fault) if twin_arg is None else twin_arg
     if fault == RETENTION_DROPS_TAIL.name and not twin:
         raise ValueError("fault 'retention_drops_tail' is caught by the dense twin only: run with the twin on")
-    make_adapter(first, 24, fault, False, twin)   # validate layout/fault early (and import vLLM)
+    with setting_up("vllm", vllm_version, ("vllm",), (VllmUnavailable, ValueError)):
+        make_adapter(first, 24, fault, False, twin)   # validate layout/fault early (and import vLLM)
     layout_all, sampled = layout, 0
     t0 = time.monotonic()
     if budget_s is None and steps is None:
@@ -332,10 +343,16 @@ def replay(trace: Trace | str | Path) -> dict:
     if not isinstance(trace, Trace):
         trace = Trace.load(trace)
     layout = resolve_layout(trace)
-    ad = make_adapter(layout, int(trace.meta.get("num_blocks", 24)), trace.fault,
-                  bool(trace.meta.get("strict_reuse")), bool(trace.meta.get("dense_twin")),
-                  trace.meta.get("sched_policy", "fcfs"))
-    code, out = replay_on_core(trace, ad, FreeModel())
+    try:
+        with setting_up("vllm", vllm_version, ("vllm",), (VllmUnavailable, ValueError)):
+            ad = make_adapter(layout, int(trace.meta.get("num_blocks", 24)), trace.fault,
+                              bool(trace.meta.get("strict_reuse")), bool(trace.meta.get("dense_twin")),
+                              trace.meta.get("sched_policy", "fcfs"))
+        code, out = replay_on_core(trace, ad, FreeModel())
+    except CannotDrive as e:
+        return {**e.result(sut="vllm", vllm_version=vllm_version(), layout=layout, fault=trace.fault,
+                           steps=len(trace.steps), violation=None),
+                "expected": (trace.violation or {}).get("check"), "reproduced": False}
     v = out.get("violation")
     want = (trace.violation or {}).get("check")
     return {

@@ -22,10 +22,11 @@ claims and every state a step resumes from is the state at the step's start.
 """
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
-from .runtime import vllm_modules
+from kvcheck.fuzz.boundary import Needs, StandIn, require
+
+from .runtime import vllm_modules, vllm_version
 from .violation import Violation
 
 MAMBA = "mamba"
@@ -132,18 +133,26 @@ def split(ad: Any, o: Any, hit: int, chunk: int, max_prefill: int = 0) -> int:
     return fn(me, o, chunk, hit)       # (a waiting request has 0 computed tokens: hit is passed)
 
 
+_PREFLIGHT: list[bool] = []
+
+
 def _split_fn(ad: Any) -> tuple:
     from vllm.v1.core.sched.scheduler import Scheduler
     mb = mamba_block(ad.groups)
     eagle = bool(getattr(ad, "drafter", False))
     fine = partial(ad)
-    me = SimpleNamespace(
-        cache_config=SimpleNamespace(block_size=mb), block_size=ad.sched_bs, hash_block_size=ad.hb,
+    me = StandIn(
+        cache_config=StandIn(block_size=mb), block_size=ad.sched_bs, hash_block_size=ad.hb,
         use_eagle=eagle, use_eagle_block_drop=eagle, num_hash_lookahead_tokens=0,
         mamba_partial_cache_hit=fine, mamba_has_prefill_checkpoint_blocks=False,
         mamba_prefill_checkpoint_alignment=None, max_num_scheduled_tokens=0,
         mamba_shared_prefix_checkpoint=fine and bool(getattr(ad.mgr, "mamba_shared_prefix_checkpoint", False)),
-        scheduler_config=SimpleNamespace(long_prefill_token_threshold=0))
+        scheduler_config=StandIn(long_prefill_token_threshold=0))
+    if not _PREFLIGHT:                  # once per process: what the release reads off the stand-in
+        require([Needs("vllm.v1.core.sched.scheduler:Scheduler._mamba_block_aligned_split", reads=("self", lambda: me),
+                       where="kvcheck/engines/vllm/mamba.py (_split_fn: the Scheduler stand-in)")],
+                "vllm", vllm_version())
+        _PREFLIGHT.append(True)
     ad._mamba_split = (Scheduler._mamba_block_aligned_split, me)
     return ad._mamba_split
 
