@@ -149,12 +149,16 @@ def blame(exc: BaseException, packages: tuple[str, ...]) -> tuple[str, str] | No
 def as_cannot_drive(exc: BaseException, engine: str, release: str | None,
                     packages: tuple[str, ...]) -> CannotDrive | None:
     """CannotDrive for `exc` when it is kvcheck's side, else None (the engine's own)."""
+    if isinstance(exc, CannotDrive):
+        return exc
     got = blame(exc, packages)
     return None if got is None else CannotDrive(engine, release, *got)
 
 
 def check_exception(exc: BaseException, engine: str, release: str | None, packages: tuple[str, ...]) -> None:
     """Raise CannotDrive (from `exc`) when it is kvcheck's side; return when it is the engine's."""
+    if isinstance(exc, CannotDrive):
+        raise exc
     got = blame(exc, packages)
     if got is not None:
         raise CannotDrive(engine, release, *got) from exc

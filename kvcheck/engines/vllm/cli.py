@@ -79,7 +79,7 @@ def fuzz_command(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     except ValueError as e:
         raise UsageError(str(e)) from None
-    if args.ray is None and not res.get("reuse_profile") and args.layout != "generated":
+    if args.ray is None and not res.get("reuse_profile") and args.layout != "generated" and "cannot_drive" not in res:
         try:
             res["reuse_profile"] = v.reuse_profile(args.layout)   # usable hit by divergence position
         except ValueError:
