@@ -18,6 +18,7 @@ from ..spec.trace import TraceError
 from ..spec.verdict import SUMMARY as EXIT_SUMMARY
 from ..spec.verdict import ExitCode
 from ..fuzz.suts import SutError
+from .cmd_matrix import add_matrix_arguments
 from .common import OneLineParser, UsageError, nonneg_int, positive_int
 
 
@@ -150,6 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--fault", metavar="NAME", help="plant a spec fault; BFS finds the shortest violation")
     ex.add_argument("--graph", metavar="FILE", default=None, help="export the state graph (FILE.graphml or FILE.dot)")
     ex.add_argument("--out", metavar="DIR", default=None, help="write explore.json, diagrams and traces here")
+    mx = add("matrix", _lazy("cmd_matrix", "cmd_matrix"),
+             "every release of an engine x every layout: one verdict per cell (clean, finding, cannot "
+             "express, cannot drive, undecided, error)", config=False)
+    add_matrix_arguments(mx)
     rp = add("report", _lazy("report", "cmd_report"), "render the report directory as Markdown (and HTML)", config=False)
     rp.add_argument("--in", dest="in_dir", metavar="DIR", default="kvcheck-report", help="report directory (default: %(default)s)")
     rp.add_argument("--html", action="store_true", help="also write one self-contained report.html")

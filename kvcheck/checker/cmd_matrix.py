@@ -1,0 +1,175 @@
+"""`kvcheck matrix`: every release of an engine x every layout, one verdict per cell.
+
+Parses and checks everything up front (one line, exit 2, before any environment is built), then
+hands the plan to checker/matrix.py and writes matrix_report's outputs. Kept light at import:
+cli.py adds the command's arguments from here."""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..spec.verdict import ExitCode
+from .common import UsageError, check_writable, emit, positive_int
+
+DESCRIPTION = """\
+Run a short kvcheck fuzz campaign on every layout of every release of an engine (vLLM, SGLang)
+and show one verdict per cell, release x layout. Each release gets its own side environment
+(built once with the engine's install script, then reused), or give interpreters with --python.
+
+what a cell says:
+  clean           the campaign ran its budget, every check held, every action was exercised
+  finding         a check failed: the release's defect (a recognised known defect is named,
+                  e.g. "finding: fine_cow_same_step (known, vllm#...)"); the notes give the
+                  command that replays it
+  cannot express  the release cannot build this layout (a cache class or option it lacks); not run
+  cannot drive    kvcheck cannot drive this release (its stand-ins or call signatures do not fit
+                  it): kvcheck's gap, not a finding about the engine
+  undecided       the campaign ran but decided nothing (e.g. actions never exercised: a longer
+                  --budget-per-cell)
+  error           no verdict: a traceback, a driver that died or timed out, an environment that
+                  did not build (its one line is in the notes)
+
+exit: 3 if any cell is cannot drive, undecided or error (the matrix did not prove the releases);
+else the first finding's code (10-13); else 0. Outputs in --out: matrix-ENGINE.json, .md, .html;
+each release's traces under OUT/ENGINE-RELEASE/, the drivers' logs under OUT/drivers/.
+Docs: docs/matrix.md"""
+
+
+def add_matrix_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = DESCRIPTION
+    p.add_argument("--sut", required=True, metavar="NAME",
+                   help="the engine: vllm or sglang (any registered engine with a release_range)")
+    p.add_argument("--releases", default=None, metavar="WHICH",
+                   help="all (every release on the package index in the engine's claimed range), minors "
+                        "(the newest patch of each minor; the default), A,B,... or A..B")
+    p.add_argument("--python", action="append", metavar="PY", default=None,
+                   help="use this existing interpreter as a release instead of building one (repeatable; "
+                        "its release is whatever the engine reports there); not with --releases")
+    p.add_argument("--allow-outside-range", action="store_true",
+                   help="run releases outside the range kvcheck claims to drive")
+    p.add_argument("--layouts", metavar="L1,L2", default=None,
+                   help="only these layouts (default: every layout each release has)")
+    p.add_argument("--budget-per-cell", default="30s", metavar="BUDGET",
+                   help="each cell's campaign: a time (30s, 5m) or a step count (300) (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="seed of every campaign (default: %(default)s)")
+    p.add_argument("--envs", metavar="DIR", default=None,
+                   help="where release environments are built and reused (default: $KVCHECK_ENVS or "
+                        "~/.cache/kvcheck/envs)")
+    p.add_argument("--out", metavar="DIR", default="kvcheck-matrix", help="output directory (default: %(default)s)")
+    p.add_argument("--workers", type=positive_int, default=1,
+                   help="releases built and run side by side (default: %(default)s)")
+
+
+def _command(args: argparse.Namespace) -> str:
+    cmd = ["kvcheck", "matrix", "--sut", args.sut]
+    if args.python:
+        for py in args.python:
+            cmd += ["--python", py]
+    else:
+        cmd += ["--releases", args.releases or "minors"]
+    if args.allow_outside_range:
+        cmd.append("--allow-outside-range")
+    if args.layouts:
+        cmd += ["--layouts", args.layouts]
+    cmd += ["--budget-per-cell", args.budget_per_cell, "--seed", str(args.seed), "--out", args.out]
+    if args.envs:
+        cmd += ["--envs", args.envs]
+    if args.workers != 1:
+        cmd += ["--workers", str(args.workers)]
+    return shlex.join(cmd)
+
+
+def _engine(name: str, building: bool) -> Any:
+    from ..fuzz import registry
+    try:
+        eng = registry.get(name)
+    except registry.UnknownEngine as e:
+        raise UsageError(f"--sut: {e}") from None
+    missing = [a for a in ("distribution", "release_range") + (("install_script",) if building else ())
+               if not getattr(eng, a, None)]
+    if missing:
+        with_range = [n for n, e in registry.engines().items() if e.release_range and e.install_script]
+        raise UsageError(f"--sut {name}: the engine declares no {' or '.join(missing)}, so it has no release "
+                         f"matrix (engines with one: {', '.join(with_range) or 'none'})")
+    return eng
+
+
+def _layouts(text: str | None, eng: Any) -> tuple[list[str] | None, list[str]]:
+    try:
+        known = list(eng.layouts())
+    except Exception as e:  # noqa: BLE001 - an engine that cannot list its layouts here
+        raise UsageError(f"--sut {eng.name}: its layouts cannot be listed: {type(e).__name__}: {e}") from None
+    if text is None:
+        return None, known
+    names = [x.strip() for x in text.split(",")]
+    if not all(names):
+        raise UsageError(f"--layouts: {text[:60]!r} has an empty entry")
+    unknown = [x for x in names if x not in known]
+    if unknown:
+        raise UsageError(f"--layouts: unknown {eng.name} layout {unknown[0]!r}; known: {', '.join(known)}")
+    names = list(dict.fromkeys(names))
+    return names, names
+
+
+def cmd_matrix(args: argparse.Namespace) -> int:
+    from ..fuzz.campaign import Budget
+    from ..fuzz.pool import cap_workers
+    from . import matrix as mx
+    from .matrix_envs import ReleaseError, default_envs, index_versions, select_releases
+    from .matrix_report import matrix_data, render_text, write_outputs
+
+    if args.python and args.releases is not None:
+        raise UsageError("--releases and --python both say which releases: give one (--python uses the "
+                         "release installed for each interpreter)")
+    building = not args.python
+    eng = _engine(args.sut, building)
+    try:
+        budget = Budget.parse(args.budget_per_cell)
+    except ValueError as e:
+        raise UsageError(f"--budget-per-cell: {e}") from None
+    wanted, columns = _layouts(args.layouts, eng)
+    sources: list[mx.Source] = []
+    for py in args.python or []:
+        path = os.path.abspath(py)           # not resolved: a venv's python is a link into its base
+        if not os.path.isfile(path) or not os.access(path, os.X_OK):
+            raise UsageError(f"--python {py}: no such interpreter (not an executable file)")
+        sources.append(mx.Source(python=path))
+    out = Path(args.out)
+    check_writable(out)
+    envs = None
+    if building:
+        envs = Path(args.envs) if args.envs else default_envs()
+        check_writable(envs, "environments directory (--envs)")
+        try:
+            releases = select_releases(args.releases or "minors", eng.distribution, tuple(eng.release_range),
+                                       lambda: index_versions(eng.distribution), args.allow_outside_range)
+        except ReleaseError as e:
+            raise UsageError(str(e)) from None
+        sources = [mx.Source(release=r) for r in releases]
+    elif args.envs:
+        raise UsageError("--envs: with --python nothing is built (drop --envs)")
+    workers, note = cap_workers(args.workers)
+    if note:
+        print(f"kvcheck matrix: {note}", file=sys.stderr)
+    plan = mx.Plan(engine=eng.name, budget=args.budget_per_cell.strip(), seed=args.seed, out=out,
+                   columns=columns, layouts=wanted, sources=sources, distribution=eng.distribution,
+                   script=eng.install_script, envs=envs, workers=workers,
+                   cell_timeout_s=mx.cell_timeout(budget.seconds))
+    meta = {"distribution": eng.distribution, "release_range": list(eng.release_range),
+            "releases": None if args.python else (args.releases or "minors"),
+            "pythons": [s.python for s in sources] if args.python else None,
+            "envs": str(envs) if envs else None, "kvcheck_python": sys.executable}
+    try:
+        rows = mx.run_matrix(plan)
+        code, interrupted = mx.exit_code(rows), False
+    except KeyboardInterrupt as e:
+        rows, code, interrupted = mx.sort_rows(getattr(e, "rows", [])), int(ExitCode.INTERRUPTED), True
+    data = matrix_data(eng.name, rows, columns, command=_command(args), seed=args.seed,
+                       budget=plan.budget, code=code, meta=dict(meta, interrupted=interrupted))
+    write_outputs(data, out)
+    emit(args, data, lambda: render_text(data))
+    return code
