@@ -138,6 +138,16 @@ def install_hicache_stand_ins() -> None:
         dist.init_process_group("gloo", rank=0, world_size=1)
 
 
+def in_flight_writes(cache: Any) -> list[tuple[Any, list[Any]]]:
+    """(the node a write-through locks, the nodes whose host copy awaits its acknowledgement) for
+    each write in flight: SGLang keeps the node itself (0.4.10-0.5.12), or (lock node, length,
+    nodes published on the ack) where a split can move the ack to the new nodes (0.5.14)."""
+    out = []
+    for v in cache.ongoing_write_through.values():
+        out.append((v[0], list(v[2])) if isinstance(v, tuple) else (v, [v]))
+    return out
+
+
 def server_args(host_ratio: float) -> Any:
     """The server args HiRadixCache reads (write-through, direct IO, layer-first, no storage)."""
     return StandIn(hicache_io_backend="direct", hicache_mem_layout="layer_first", hicache_ratio=host_ratio,
@@ -310,7 +320,9 @@ class HiCacheAdapter(SglangAdapter):
         holders: dict[int, int] = {}
         root = c.root_node
         starts = [r.node for r in self.reqs.values() if r.state == "running"]
-        starts += list(c.ongoing_write_through.values()) + list(c.ongoing_load_back.values())
+        flight = in_flight_writes(c)
+        starts += [lock for lock, _ in flight] + list(c.ongoing_load_back.values())
+        unacked = {id(n) for _, nodes in flight for n in nodes}
         for n in starts:
             while n is not root:
                 if n.parent is None or not any(x is n for x in n.parent.children.values()):
@@ -327,7 +339,7 @@ class HiCacheAdapter(SglangAdapter):
                 raise Violation("bookkeeping", "lock_ref_equals_holders", f"node at depth {len(path)} has lock_ref "
                                 f"{node.lock_ref}, holders (requests + in-flight transfers) {holders.get(id(node), 0)}")
             dv, hv = self.conv(node.value, slots_of), self.conv(node.host_value, slots_of)
-            acked = node.id not in c.ongoing_write_through
+            acked = id(node) not in unacked
             if inc is not None and inc.clean(node, (id(path), id(node.key), id(node.value), id(node.host_value), acked,
                                                     id(node) in loading), dev=dv, host=hv):
                 if dv is not None:          # as at the last check, and no slot of it changed
