@@ -45,7 +45,9 @@ def add_matrix_arguments(p: argparse.ArgumentParser) -> None:
                    help="the engine: vllm or sglang (any registered engine with a release_range)")
     p.add_argument("--releases", default=None, metavar="WHICH",
                    help="all (every release on the package index in the engine's claimed range), minors "
-                        "(the newest patch of each minor; the default), A,B,... or A..B")
+                        "(the newest release of each X.Y; the default), patches (the newest post release of "
+                        "each X.Y.Z: SGLang's releases are all 0.5.Z), rotate:KEY (one X.Y.Z strictly inside "
+                        "the range, picked by a hex KEY such as a commit hash: CI), A,B,... or A..B")
     p.add_argument("--python", action="append", metavar="PY", default=None,
                    help="use this existing interpreter as a release instead of building one (repeatable; "
                         "its release is whatever the engine reports there); not with --releases")

@@ -1,6 +1,6 @@
 """`kvcheck matrix`: which releases of an engine, and a side environment for each.
 
-`select_releases` turns `--releases` (all, minors, A,B,..., A..B) into release numbers, reading
+`select_releases` turns `--releases` (all, minors, patches, rotate:KEY, A,B,..., A..B) into release numbers, reading
 the package index through pip (`index_versions`) only when the selector needs it, and refuses a
 release outside the range the engine claims (`Engine.release_range`) unless allowed. `ensure_env`
 reuses `DIR/<engine>-<version>` when its python has that release installed, else runs the
@@ -23,7 +23,7 @@ from packaging.version import InvalidVersion, Version
 from ..spec.outputs import file_stem
 
 ROOT = Path(__file__).resolve().parents[2]          # kvcheck's repository (install scripts, PYTHONPATH)
-SELECTORS = ("all", "minors")
+SELECTORS = ("all", "minors", "patches")
 BUILD_TIMEOUT_S = 1800.0
 
 
@@ -99,13 +99,22 @@ def select_releases(selector: str, distribution: str, claimed: tuple[str, str],
                 out.setdefault(v, v)
         return sorted(out)
 
-    if text in SELECTORS:
+    if text in SELECTORS or text.startswith("rotate:"):
         found = listed(lo, hi)
-        if text == "minors":
+        if text != "all":     # minors: the newest of each X.Y; patches (and rotate): of each X.Y.Z
+            width = 2 if text == "minors" else 3
             newest: dict[tuple[int, ...], Version] = {}
             for v in found:
-                newest[v.release[:2]] = max(v, newest.get(v.release[:2], v))
+                newest[v.release[:width]] = max(v, newest.get(v.release[:width], v))
             found = sorted(newest.values())
+        if text.startswith("rotate:"):     # one release strictly inside the range, picked by a hex key
+            key = text.split(":", 1)[1].strip()
+            try:
+                k = int(key[:12], 16)
+            except ValueError:
+                raise ReleaseError(f"--releases rotate:KEY needs a hex key (a commit hash), not {key[:20]!r}") from None
+            inner = [v for v in found if v.release[:3] not in (lo.release[:3], hi.release[:3])] or found
+            found = [inner[k % len(inner)]] if inner else []
         if not found:
             raise ReleaseError(f"--releases {text}: the package index has no release of {distribution} "
                                f"in {lo}..{hi}")

@@ -412,3 +412,16 @@ def test_a_real_matrix_on_the_installed_vllm(capsys, tmp_path) -> None:
     for name in ("matrix-vllm.json", "matrix-vllm.md", "matrix-vllm.html"):
         assert (out / name).stat().st_size > 0
     assert (out / "drivers").is_dir() and (out / f"vllm-{row['release']}").is_dir()
+
+
+def test_patches_and_rotate_pick_releases_by_x_y_z():
+    from kvcheck.checker.matrix_envs import ReleaseError, select_releases
+    index = ["0.4.10", "0.4.10.post2", "0.5.1", "0.5.1.post3", "0.5.2", "0.5.3rc1", "0.5.14", "0.5.23", "0.6.0"]
+    pick = lambda sel: select_releases(sel, "sglang", ("0.4.10", "0.5.23"), lambda: index)  # noqa: E731
+    assert pick("patches") == ["0.4.10.post2", "0.5.1.post3", "0.5.2", "0.5.14", "0.5.23"]
+    assert pick("minors") == ["0.4.10.post2", "0.5.23"]
+    inner = ["0.5.1.post3", "0.5.2", "0.5.14"]             # never the range's own ends
+    assert {pick(f"rotate:{k:x}")[0] for k in range(12)} == set(inner)
+    assert pick("rotate:c04379e") == pick("rotate:c04379e") and len(pick("rotate:c04379e")) == 1
+    with pytest.raises(ReleaseError, match="hex key"):
+        pick("rotate:zz")
