@@ -425,3 +425,26 @@ def test_patches_and_rotate_pick_releases_by_x_y_z():
     assert pick("rotate:c04379e") == pick("rotate:c04379e") and len(pick("rotate:c04379e")) == 1
     with pytest.raises(ReleaseError, match="hex key"):
         pick("rotate:zz")
+
+
+def test_ci_matrix_gate_fails_on_cannot_drive_and_error_only(tmp_path):
+    """scripts/matrix_gate.py (.ci/run): a cannot-drive or error cell fails CI; findings and
+    undecided cells are reported; no result at all fails."""
+    import subprocess
+    import sys
+    root = Path(__file__).resolve().parents[2]
+
+    def gate(rows) -> int:
+        p = tmp_path / "m.json"
+        p.write_text(json.dumps({"engine": "sglang", "rows": rows}))
+        return subprocess.run([sys.executable, str(root / "scripts/matrix_gate.py"), str(p)],
+                              capture_output=True, text=True).returncode
+    cell = lambda v: {"verdict": v, "line": f"a {v} line"}  # noqa: E731
+    ok = {"release": "0.5.14", "cells": {"radix": cell("clean"), "swa": cell("finding"), "chunk": cell("undecided")}}
+    assert gate([ok]) == 0
+    assert gate([ok, {"release": "0.5.9", "cells": {"radix": cell("cannot drive")}}]) == 1
+    assert gate([{"release": "0.5.9", "cells": {"radix": cell("error")}}]) == 1
+    assert gate([{"release": "0.5.9", "error": "the environment did not build", "cells": {}}]) == 1
+    assert gate([]) == 1
+    assert subprocess.run([sys.executable, str(root / "scripts/matrix_gate.py"), str(tmp_path / "none.json")],
+                          capture_output=True).returncode == 1
