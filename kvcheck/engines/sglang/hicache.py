@@ -120,13 +120,36 @@ def _host_alloc(dims: Any, dtype: Any, device: str, pin_memory: bool, allocator:
     return allocator.allocate(dims, dtype=dtype, device=device)
 
 
+class _TorchUnpinned:
+    """KVCHECK_CPU_STUB: `torch` as the HiCache modules of releases before ALLOC_MEMORY_FUNCS and
+    `device_module` see it: `empty(pin_memory=True)` allocates plain memory (a CPU-only torch has
+    no pinned allocator; pinning only speeds a GPU's DMA, which the CPU stand-in copy has not),
+    and `torch.cuda` (their streams and events, used directly) is the CPU device below."""
+
+    def __init__(self, torch: Any) -> None:
+        self._torch = torch
+        self.cuda = CPU_DEVICE
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._torch, name)
+
+    def empty(self, *a: Any, **k: Any) -> Any:
+        k.pop("pin_memory", None)
+        return self._torch.empty(*a, **k)
+
+
 def install_hicache_stand_ins() -> None:
     import torch.distributed as dist
     from sglang.srt.managers import cache_controller as cc
     from sglang.srt.mem_cache import memory_pool_host as mph
     cc.device_module = CPU_DEVICE
     mph.transfer_kv_direct = transfer_kv_direct
-    mph.ALLOC_MEMORY_FUNCS["cpu"] = _host_alloc
+    if hasattr(mph, "ALLOC_MEMORY_FUNCS"):       # releases that register host memory through it
+        mph.ALLOC_MEMORY_FUNCS["cpu"] = _host_alloc
+    else:                       # older ones pin it with torch.empty(pin_memory=True), use torch.cuda
+        for mod in (mph, cc):
+            if not isinstance(mod.torch, _TorchUnpinned):
+                mod.torch = _TorchUnpinned(mod.torch)
     if not dist.is_initialized():
         import os
         import socket
@@ -156,6 +179,24 @@ def server_args(host_ratio: float) -> Any:
                            served_model_name="kvcheck", extra_metric_labels=None)
 
 
+def old_keywords(cls: Any, alloc: Any, group: Any, sa: Any) -> dict[str, Any]:
+    """HiRadixCache's keyword constructor (before CacheInitParams) from the same server args:
+    each of its parameters named as the server arg it comes from, the others as below."""
+    import inspect
+    named = {"req_to_token_pool": None, "token_to_kv_pool_allocator": alloc, "tp_cache_group": group,
+             "page_size": 1, "enable_metrics": False, "model_name": sa.served_model_name,
+             "storage_backend_extra_config": sa.hicache_storage_backend_extra_config}
+    out = {}
+    for p in list(inspect.signature(cls.__init__).parameters.values())[1:]:
+        if p.name in named:
+            out[p.name] = named[p.name]
+        elif hasattr(sa, p.name):
+            out[p.name] = getattr(sa, p.name)
+        elif p.default is inspect.Parameter.empty:
+            raise TypeError(f"{cls.__name__}.__init__ takes {p.name!r}, which kvcheck does not know how to set")
+    return out
+
+
 class HiCacheAdapter(SglangAdapter):
     """SglangAdapter for HiRadixCache: write-through on insert, device eviction of backed-up
     nodes, load-back on a host hit; checks on the bytes of both tiers."""
@@ -180,9 +221,13 @@ class HiCacheAdapter(SglangAdapter):
         self.kv = MHATokenToKVPool(size=self.capacity, page_size=1, dtype=torch.float32, head_num=1, head_dim=1,
                                    layer_num=2, device="cpu", enable_memory_saver=False)
         self.alloc = S["allocator"].TokenToKVPoolAllocator(self.capacity, torch.float32, "cpu", self.kv, False)
-        params = S["CacheInitParams"](disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=self.alloc,
-                                      page_size=1, tp_cache_group=dist.group.WORLD)
-        self.cache = cache_class(self.lay.cls)(params, server_args(2.0))
+        cls, sa = cache_class(self.lay.cls), server_args(2.0)
+        if S["CacheInitParams"] is not None:
+            params = S["CacheInitParams"](disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=self.alloc,
+                                          page_size=1, tp_cache_group=dist.group.WORLD)
+            self.cache = cls(params, sa)
+        else:                   # releases before CacheInitParams: the same settings as keywords
+            self.cache = cls(**old_keywords(cls, self.alloc, dist.group.WORLD, sa))
         self.cache.load_back_threshold = 1          # SGLang's 10 would skip every short host hit here
         self.host = self.cache.token_to_kv_pool_host
         self.reqs: dict[str, Req] = {}

@@ -172,13 +172,15 @@ class SchedMixin:
         elif isinstance(q, FlatReq):
             q.kv_committed_len = q.kv_allocated_len = n
             q.fill_ids = self._seq(self.reqs[q.rid].tokens[:n])
-        else:                   # SGLang's own Req (ChunkCache, 0.5.7+): only fields it has are set
+        else:                   # SGLang's own Req (ChunkCache, 0.5.2+): only fields it has are set
             toks = self.reqs[q.rid].tokens
             if hasattr(q, "fill_len"):        # 0.5.14: the whole sequence, and how much is filled
-                assign(q, full_untruncated_fill_ids=self._seq(toks), fill_len=n,
-                       kv_committed_len=n, kv_allocated_len=n)
+                assign(q, full_untruncated_fill_ids=self._seq(toks), fill_len=n)
             else:
-                assign(q, fill_ids=self._seq(toks[:n]), kv_committed_len=n, kv_allocated_len=n)
+                assign(q, fill_ids=self._seq(toks[:n]))
+            for k in ("kv_committed_len", "kv_allocated_len"):     # what releases with them free
+                if hasattr(q, k):             # (0.5.2's ChunkCache frees prompt + output instead)
+                    setattr(q, k, n)
 
     # ---- SGLang's own publishing and release ----------------------------------------------
     def _publish(self, r: str, s: Sched) -> None:
