@@ -226,9 +226,13 @@ class ChunkAdapter(SglangAdapter):
                 if s in free or self.written.get(s) != tuple(req.tokens[:p + 1]) or row[p] != s:
                     raise Violation("safety", "request_kv_intact", f"{r} holds position {p} in slot {s}, which is "
                                     f"{'free' if s in free else 'overwritten'} (its row names slot {row[p]})")
-        if self.cache.protected_size() != 0:
+        # 0.5.3-0.5.4's ChunkCache counts the KV its chunked requests published as protected
+        # (protected_size_: + at cache_unfinished_req, - at cache_finished_req); others count none
+        held = (sum(len(s.req.prefix_indices) for s in self.sched.values() if s.req.prefix_indices is not None)
+                if "protected_size_" in type(self.cache).cache_unfinished_req.__code__.co_names else 0)
+        if self.cache.protected_size() != held:
             raise Violation("bookkeeping", "lock_ref_equals_holders", "ChunkCache reports "
-                            f"{self.cache.protected_size()} protected tokens; it holds no references")
+                            f"{self.cache.protected_size()} protected tokens; its requests' published KV is {held}")
         if self.cache.evictable_size() != 0:
             raise Violation("bookkeeping", "size_accounting", f"ChunkCache reports {self.cache.evictable_size()} "
                             "evictable tokens; it keeps none")

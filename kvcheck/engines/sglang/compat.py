@@ -82,8 +82,18 @@ def first(name: str, *mods: str) -> Any:
 
 
 def kw(fn: Any, **kwargs: Any) -> dict[str, Any]:
-    """The keyword arguments `fn` accepts (constructors changed between releases)."""
-    names = _params(fn)
+    """The keyword arguments `fn` accepts (constructors changed between releases). Where `fn`
+    forwards **kwargs to the class a `..._class` parameter defaults to (0.5.2's SWAKVPool builds
+    its MHATokenToKVPool so), that class's keywords are accepted too."""
+    names = set(_params(fn))
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        params = []
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        for p in params:
+            if p.name.endswith("_class") and isinstance(p.default, type):
+                names |= _params(p.default.__init__) - {"self"}
     return {k: v for k, v in kwargs.items() if k in names}
 
 

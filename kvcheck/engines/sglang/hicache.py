@@ -120,6 +120,25 @@ def _host_alloc(dims: Any, dtype: Any, device: str, pin_memory: bool, allocator:
     return allocator.allocate(dims, dtype=dtype, device=device)
 
 
+class _CudaOnCpu:
+    """`torch.cuda` for those modules: the CPU device's streams and events, and a `cudart()` whose
+    host registration (pinning a host buffer for DMA) has nothing to do on CPU."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(CPU_DEVICE, name)
+
+    def cudart(self) -> Any:
+        return _NoHostRegister()
+
+
+class _NoHostRegister:
+    def cudaHostRegister(self, *a: Any) -> int:        # noqa: N802 - CUDA's name
+        return 0
+
+    def cudaHostUnregister(self, *a: Any) -> int:      # noqa: N802
+        return 0
+
+
 class _TorchUnpinned:
     """KVCHECK_CPU_STUB: `torch` as the HiCache modules of releases before ALLOC_MEMORY_FUNCS and
     `device_module` see it: `empty(pin_memory=True)` allocates plain memory (a CPU-only torch has
@@ -128,7 +147,7 @@ class _TorchUnpinned:
 
     def __init__(self, torch: Any) -> None:
         self._torch = torch
-        self.cuda = CPU_DEVICE
+        self.cuda = _CudaOnCpu()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._torch, name)

@@ -18,6 +18,7 @@ from typing import Any
 from .adapter import SglangAdapter
 from .checks import (Req, Violation, key_tokens, slots_of, tokens_of)
 from .layouts import FAULTS
+from .compat import kw
 from .mamba_state import (MambaStates, fingerprint, mamba_pools, set_server_args_stand_in)  # noqa: F401
 
 
@@ -49,8 +50,10 @@ class MambaAdapter(MambaStates, SglangAdapter):
         pools = mamba_pools(self.capacity, 12)       # the shared pools (mamba_state.py)
         self.rtp, self.mpool, self.mslots, self.alloc = pools["rtp"], pools["mpool"], pools["mslots"], pools["alloc"]
         self.mamba_size, self.m_all = pools["size"], pools["every"]
-        self.cache = cache_class(self.lay.cls)(S["CacheInitParams"](
-            disable=False, req_to_token_pool=self.rtp, token_to_kv_pool_allocator=self.alloc, page_size=1))
+        cls = cache_class(self.lay.cls)
+        settings = dict(disable=False, req_to_token_pool=self.rtp, token_to_kv_pool_allocator=self.alloc, page_size=1)
+        self.cache = (cls(S["CacheInitParams"](**settings)) if S["CacheInitParams"] is not None
+                      else cls(**kw(cls.__init__, **settings)))      # before CacheInitParams (0.5.3-0.5.4)
         self.params_api = hasattr(S["bpc"], "MatchPrefixParams")
         self.reqs: dict[str, Req] = {}
         self.written: dict[int, tuple[int, ...]] = {}

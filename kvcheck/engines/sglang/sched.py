@@ -32,6 +32,17 @@ from .layouts import FAULTS, MAX_TOKENS
 from .sched_req import (PENDING, ROWS, FlatReq, Sched)  # noqa: F401 (FlatReq: the API)
 
 
+def frees_committed(cache: Any) -> bool:
+    """Whether the release's `cache_finished_req` frees what the request committed (0.5.7+:
+    `pop_committed_kv_cache`), so that SGLang's scheduler may release a request aborted in the
+    middle of its chunked prefill. Before (0.4.10-0.5.4) it frees the whole prompt's row, and
+    the scheduler never releases a request mid-prefill that way: it aborts it by shrinking its
+    prompt to one token and finishing it (`set_finish_with_abort`; `is_insert=False` is for
+    retracting decoding requests), so kvcheck does not drive such an abort there."""
+    names = getattr(getattr(type(cache).cache_finished_req, "__code__", None), "co_names", ())
+    return "pop_committed_kv_cache" in names or "kv_committed_len" in names
+
+
 class SchedMixin:
     """Mixed into SglangAdapter: the `chunk` action and SGLang's own caching of such requests.
     A class adapts it through hooks, each documented where it is defined: `_sched_admit` (SGLang's
@@ -141,7 +152,7 @@ class SchedMixin:
             sreq.lock = TreeLock(node, rec.to_dec_params() if hasattr(rec, "to_dec_params") else rec)
         else:
             sreq = FlatReq(req.rid, self._seq(prompt), fill_ids=self._seq(prompt[:computed]), last_node=node,
-                           cache_protected_len=hit, swa_uuid_for_lock=rec, is_chunked=1)
+                           cache_protected_len=hit, last_matched_prefix_len=hit, swa_uuid_for_lock=rec, is_chunked=1)
             sreq.prefix_indices = self.torch.tensor(req.slots[:hit], dtype=self.torch.int64)
         self._sched_new(req.rid, sreq)
         row = alloc_row(self.rows, sreq)
@@ -386,7 +397,7 @@ class SchedMixin:
         mid = {r for r, s in sched.items() if s.computed < s.prompt}
         for a in ("decode", "finish"):
             out[a] = [r for r in out[a] if r not in mid]
-        if not self.kv_api and not takes(self.cache.cache_finished_req, "is_insert"):
+        if not self.kv_api and not frees_committed(self.cache):
             out["abort"] = [r for r in out["abort"] if r not in mid]
         out["chunk"] = [r for r, q in self.reqs.items() if q.state == "waiting" or r in mid]
         return out

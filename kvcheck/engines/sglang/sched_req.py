@@ -24,6 +24,7 @@ class FlatReq:
     req_pool_idx: int | None = None
     last_node: Any = None
     cache_protected_len: int = 0
+    last_matched_prefix_len: int = 0     # 0.5.3-0.5.4 (EAGLE's unmatched token): the hit at admission
     extra_key: Any = None
     priority: int = 0
     is_chunked: int = 0
