@@ -73,7 +73,10 @@ class Results:
             e["exit_code"] = int(run.code)
         self.traces += [(label, engine, t) for t in run.traces]
         for k, v in run.extra.items():          # e.g. reuse_profile: {layout: points}, merged
-            e.setdefault(k, {}).update(v)
+            if k == "metrics":
+                merge_metrics(e.setdefault(k, {}), v)
+            else:
+                e.setdefault(k, {}).update(v)
 
     def finish(self) -> None:
         for e in self.engines.values():
@@ -82,6 +85,17 @@ class Results:
             e["checks"] = {k: n for k, n in tally.items() if n}
             e["verdict"] = ("failed" if tally["failed"] else "undecided" if tally["undecided"] else
                             "skipped" if mine and tally["skipped"] == len(mine) else "holds")
+
+
+def merge_metrics(old: dict[str, Any], new: dict[str, Any]) -> None:
+    """Hit rates over seeds: the mean weighted by each run's `weight`; degradations summed."""
+    w0, w1 = old.get("weight", 0), new["weight"]
+    for k in ("logical_hit_rate", "usable_hit_rate"):
+        old[k] = round((old.get(k, 0.0) * w0 + new[k] * w1) / (w0 + w1), 4) if w0 + w1 else new[k]
+    old["weight"] = w0 + w1
+    degr = old.setdefault("degradations", {})
+    for reason, n in new["degradations"].items():
+        degr[reason] = degr.get(reason, 0) + n
 
 
 def run_project(proj: Project, out: Path, cfg: Config, command: str,
@@ -203,6 +217,14 @@ def render_project_md(rep: dict[str, Any]) -> str:
         lines.append(f"| {e['system']} | {e['engine']} | {e['verdict']} | "
                      + ", ".join(f"{k} {n}" for k, n in e["checks"].items())
                      + " | " + ", ".join(f"{k} {v}" for k, v in e["counts"].items()) + f" | {e['seconds']} |")
+    rates = [e for e in rep["engines"].values() if e.get("metrics")]
+    if rates:                       # plotted per system in report.html
+        lines += ["", "## Hit rates", "", "| system | engine | logical hit rate | usable hit rate | degradations |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {e['system']} | {e['engine']} | {e['metrics']['logical_hit_rate']} | "
+                  f"{e['metrics']['usable_hit_rate']} | "
+                  + (", ".join(f"{k} {n}" for k, n in e["metrics"]["degradations"].items()) or "none") + " |"
+                  for e in rates]
     if rep["findings"]:
         lines += ["", "## Findings", ""]
         for f in rep["findings"]:

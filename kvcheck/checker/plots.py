@@ -86,7 +86,7 @@ def detection_times(rows: list[tuple[str, str, float, str]]) -> str:
     faults = list(dict.fromkeys(r[0] for r in rows))
     engines = list(dict.fromkeys(r[1] for r in rows))
     per_fault = {f: sum(1 for r in rows if r[0] == f) for f in faults}
-    fig = _figure(5.6, min(40.0, 1.0 + sum(0.12 * n + 0.1 for n in per_fault.values())))
+    fig = _figure(5.6, min(40.0, max(2.2, 1.0 + sum(0.12 * n + 0.1 for n in per_fault.values()))))
     ax = fig.add_subplot()
     n = max(1, len(engines))
     h = 0.8 / n

@@ -33,7 +33,15 @@ class EngineRun:
     counts: dict[str, Any]
     checks: list[dict[str, Any]]
     traces: list[str] = field(default_factory=list)     # findings' trace files (for the corpus)
-    extra: dict[str, dict] = field(default_factory=dict)   # report.json engine data (reuse_profile)
+    extra: dict[str, dict] = field(default_factory=dict)   # report.json engine data (reuse_profile, metrics)
+    detection_s: float | None = None     # seconds to the first failure (an expected fault's detection time)
+
+
+def metrics(logical: float, usable: float, degradations: dict[str, int], weight: float) -> dict[str, Any]:
+    """An engine run's hit rates and degradations (the report's plots), merged over seeds by the
+    gate weighted by `weight` (the walk's requested blocks, the diff's scenarios)."""
+    return {"logical_hit_rate": logical, "usable_hit_rate": usable, "degradations": dict(degradations),
+            "weight": weight}
 
 
 def check(system: str, engine: str, name: str, verdict: str, seconds: float, counts: dict[str, Any],
@@ -106,8 +114,11 @@ def run_walk(sys: System, cfg: Config, seed: int, out: Path) -> EngineRun:
     und = {"coverage": "not reached: " + ", ".join(missing)} if missing and code == ExitCode.OK else {}
     if und:
         code = ExitCode.UNDECIDED
+    m = res.metrics.to_dict()
     return EngineRun(code, secs, counts, per_check(sys.name, "walk", invariants(cfg) + ["coverage"],
-                                                    failed, secs, counts, und), traces)
+                                                    failed, secs, counts, und), traces,
+                     {"metrics": metrics(m["logical_hit_rate"], m["usable_hit_rate"], m["degradations"],
+                                         res.metrics.requested_blocks)})
 
 
 def run_prove(sys: System, cfg: Config, out: Path) -> EngineRun:
@@ -173,7 +184,8 @@ def run_fuzz(sys: System, cfg: Config, seed: int, out: Path, fault: str | None =
         + (["campaign"] if und else [])
     checks = per_check(sys.name, "fuzz", names, failed, r["seconds"], counts, und)
     checks.append(coverage_check(sys.name, r["coverage"]["actions_missing"], r["seconds"], counts))
-    return EngineRun(code, r["seconds"], counts, checks, traces)
+    return EngineRun(code, r["seconds"], counts, checks, traces,
+                     detection_s=r.get("seconds_to_detection", r.get("seconds_to_first_failure")))
 
 
 def coverage_check(label: str, missing: list[str], seconds: float, counts: dict[str, Any]) -> dict[str, Any]:
@@ -211,7 +223,9 @@ def run_reference_diff(sys: System, cfg: Config, seed: int, out: Path, fault: st
         traces.append(m["trace"])
     return EngineRun(d["exit_code"], d["seconds"], counts,
                      per_check(sys.name, "diff", ["reuse_equals_recompute"] + list(LOCKSTEP[:2]),
-                                failed, d["seconds"], counts), traces)
+                                failed, d["seconds"], counts), traces,
+                     {"metrics": metrics(d["logical_hit_rate"], d["usable_hit_rate"], d["degradations"],
+                                         d["scenarios"])})
 
 
 def run_engine_variant(sys: System, variant: str, seed: int, out: Path, fault: str | None = None) -> EngineRun:
@@ -249,7 +263,7 @@ def run_expected_fault(sys: System, engine: str, cfg: Config, seed: int, out: Pa
         from .mutants import engines_for
         secs = sys.fault_budget.seconds or 30.0
         r = engines_for("spec")["walk"](cfg, fault, secs, seed)
-        caught_by, label = r["caught_by"], sys.name
+        caught_by, label, detected_at = r["caught_by"], sys.name, r["seconds"]
         detail = f"walk of {r['steps']} steps"
     else:
         label = sys.name if variant is None else f"{sys.kind}[{variant}]"
@@ -263,8 +277,11 @@ def run_expected_fault(sys: System, engine: str, cfg: Config, seed: int, out: Pa
             caught_by = ["divergent"]          # the registry names the verdict that catches these
         unit = "steps" if "steps" in run.counts else "scenarios"
         detail = f"{engine} of {run.counts.get(unit)} {unit}"
+        detected_at = run.detection_s
     secs = time.perf_counter() - t0
-    counts = {"expected": want, "caught_by": caught_by}
+    counts: dict[str, Any] = {"expected": want, "caught_by": caught_by}
+    if caught_by:        # the report's detection time: to the first failure where the engine tells
+        counts["seconds_to_detection"] = round(detected_at if detected_at is not None else secs, 3)   # else its run
     name = f"expected_fault:{fault}"
     if want in caught_by:
         return check(label, engine, name, "passed", secs, counts, note=f"caught by {want} ({detail})")

@@ -248,41 +248,65 @@ def sections(data: dict[str, Any], d: Path) -> list[tuple[str, str, str]]:
     return out
 
 
-def plots(data: dict[str, Any]) -> list[tuple[str, str]]:
-    """(img, caption) for every plot the data supports."""
-    eng = engines(data)
-    rates, degr, times, profiles = [], {}, [], []
+class PlotData:
+    """The numbers the plots are drawn from, pulled out of engine blocks (or adapted into this
+    shape from elsewhere, as the project gate's per-system page does: report_project.py)."""
+
+    def __init__(self) -> None:
+        self.rates: list[tuple[str, float, float]] = []        # (source, logical, usable)
+        self.degr: dict[str, dict[str, float]] = {}             # source -> {reason: count}
+        self.times: list[tuple[str, str, float, str]] = []      # (fault, engine, seconds, status)
+        self.profiles: list[tuple[str, str, list[tuple[float, float]]]] = []   # (source, layout, points)
+
+    def __bool__(self) -> bool:
+        return bool(self.rates or self.degr or self.times or self.profiles)
+
+
+def plot_data(eng: dict[str, dict[str, Any]], pd: PlotData | None = None) -> PlotData:
+    """Every plottable number of these engine blocks, keyed by their names."""
+    pd = pd or PlotData()
     for name, x in eng.items():
         src = x.get("metrics") if isinstance(x.get("metrics"), dict) else x
         if "logical_hit_rate" in src and "usable_hit_rate" in src:
-            rates.append((name, num(src["logical_hit_rate"], f"{name}.logical_hit_rate"),
-                          num(src["usable_hit_rate"], f"{name}.usable_hit_rate")))
+            pd.rates.append((name, num(src["logical_hit_rate"], f"{name}.logical_hit_rate"),
+                             num(src["usable_hit_rate"], f"{name}.usable_hit_rate")))
         if src.get("degradations"):
-            degr[name] = counts(src["degradations"], f"{name}.degradations")
+            pd.degr[name] = counts(src["degradations"], f"{name}.degradations")
         for r in _matrix_rows(x, f"{name}.matrix") if name.startswith("mutants") or "matrix" in x else []:
             for en, c in obj(r.get("engines", {}), f"{name}.matrix.engines").items():
                 c = obj(c, f"{name}.matrix.engines.{en}")
                 if c.get("detected"):
                     st = "killed" if c.get("expected_caught") else "mis-attributed"
-                    times.append((str(r.get("fault")), en, num(c.get("seconds"), f"{name}.matrix.seconds"), st))
+                    pd.times.append((str(r.get("fault")), en, num(c.get("seconds"), f"{name}.matrix.seconds"), st))
         for layout, pts in obj(x.get("reuse_profile", {}), f"{name}.reuse_profile").items():
             w = f"engines.{name}.reuse_profile.{layout}"
             pairs = [lst(p, w) for p in lst(pts, w)]
             if any(len(p) != 2 for p in pairs):
                 raise ShapeError(f"{w} must be a list of [divergence_pos, usable_hit_tokens] pairs")
-            profiles.append((name, layout, [(num(a, w), num(b, w)) for a, b in pairs]))
+            pd.profiles.append((name, layout, [(num(a, w), num(b, w)) for a, b in pairs]))
+    return pd
+
+
+def draw(pd: PlotData) -> list[tuple[str, str]]:
+    """(img, caption) for every plot the numbers support; one line instead when matplotlib is
+    missing."""
     why = pl.available()
     if why:
-        return [("", why)] if (rates or degr or times or profiles) else []
+        return [("", why)] if pd else []
     out = []
-    if rates:
-        out.append((pl.hit_rates(rates), "Logical hit rate (the prefix table matched) vs usable hit rate "
-                                         "(every object needed to resume was valid)."))
-    if degr:
-        out.append((pl.degradations(degr), "Why lookups were degraded, per reason (one lookup can have several)."))
-    if times:
-        out.append((pl.detection_times(times), "Seconds each engine needed to catch each planted fault."))
-    for name, layout, pts in profiles:
+    if pd.rates:
+        out.append((pl.hit_rates(pd.rates), "Logical hit rate (the prefix table matched) vs usable hit rate "
+                                            "(every object needed to resume was valid)."))
+    if pd.degr:
+        out.append((pl.degradations(pd.degr), "Why lookups were degraded, per reason (one lookup can have several)."))
+    if pd.times:
+        out.append((pl.detection_times(pd.times), "Seconds each engine needed to catch each planted fault."))
+    for name, layout, pts in pd.profiles:
         out.append((pl.reuse_profile(layout, pts), f"Reuse profile of layout {layout} ({name}): usable hit "
                                                    "tokens by divergence position."))
     return out
+
+
+def plots(data: dict[str, Any]) -> list[tuple[str, str]]:
+    """(img, caption) for every plot the data supports."""
+    return draw(plot_data(engines(data)))

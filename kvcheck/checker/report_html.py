@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from . import report_engines as eng
+from . import report_project as proj
 from .report_findings import Finding, collect
 from .timeline import Row, Timeline
 
@@ -49,6 +50,7 @@ table.timeline tr.refused td{color:#888;font-style:italic}
 td.changes{min-width:250px}.changes{color:#444}.note{color:#666;font-size:13px;font-style:italic}
 .plots{display:flex;flex-wrap:wrap;gap:14px;align-items:flex-start}.plots figure{margin:0;background:#fff;border:1px solid #ddd;padding:6px}
 .plots figcaption{font-size:12px;color:#555;max-width:560px}
+.system-plots{margin:6px 0 14px}
 img.plot{display:block;max-width:100%}
 .pics{display:flex;flex-wrap:wrap;gap:12px;align-items:flex-start}
 section.engine{background:#fff;border:1px solid #ddd;padding:4px 16px 12px;margin:12px 0}
@@ -84,7 +86,7 @@ def _header(data: dict[str, Any], findings: list[Finding]) -> tuple[str, str]:
     lines = [f"<header class='verdict {tone}' id='verdict'><h1>kvcheck: {e(verdict)}</h1>",
              f"<p>exit code {e(str(code))}"
              + (f" &middot; <code>{e(str(rep['command']))}</code>" if rep.get("command") else "")
-             + (f" &middot; seed {e(str(rep.get('seed')))}" if "seed" in rep else "")
+             + (f" &middot; seed {e(str(rep.get('seed')))}" if rep.get("seed") is not None else "")
              + (f" &middot; planted fault <b>{e(str(rep['fault']))}</b>" if rep.get("fault") else "") + "</p>"]
     fr = rep.get("fault_result")
     if isinstance(fr, dict) and "expected" in fr:
@@ -151,10 +153,33 @@ def _finding(i: int, f: Finding) -> str:
     return "\n".join(H)
 
 
+def _figures(plots: list[tuple[str, str]]) -> str:
+    return ("<div class='plots'>" + "".join(f"<figure>{img}<figcaption>{e(cap)}</figcaption></figure>"
+                                            for img, cap in plots) + "</div>")
+
+
+def _plots(data: dict[str, Any]) -> str:
+    """The plots section: one group per system for a project gate (with a line for what a
+    system has no numbers for), else every plot the engines' data supports."""
+    if not proj.is_project(data):
+        plots = eng.plots(data)
+        return f"<section id='plots'><h2>Plots</h2>{_figures(plots)}</section>" if plots else ""
+    groups = proj.system_plots(data)
+    if not groups:
+        return ""
+    H = ["<section id='plots'><h2>Plots per system</h2>"]
+    for system, figs, note in groups:
+        H.append(f"<div class='system-plots' data-system='{e(system)}'><h3>{e(system)}</h3>"
+                 + (_figures(figs) if figs else "")
+                 + (f"<p class='note no-plot'>{e(note)}</p>" if note else "") + "</div>")
+    H.append("</section>")
+    return "\n".join(H)
+
+
 def render_html(data: dict[str, Any], d: Path) -> str:
     findings = collect(data, d)
     sections = eng.sections(data, d)
-    plots = eng.plots(data)
+    plots = _plots(data)
     links = [("findings", "findings"), ("engines", "engines")] + ([("plots", "plots")] if plots else []) \
         + [(sid, title) for sid, title, _ in sections]
     nav = [f"<a href='#{e(sid)}'>{e(title)}</a>" for sid, title in links]
@@ -171,9 +196,7 @@ def render_html(data: dict[str, Any], d: Path) -> str:
     H.append("</section>")
     H.append(eng.summary_table(data))
     if plots:
-        H.append("<section id='plots'><h2>Plots</h2><div class='plots'>")
-        H += [f"<figure>{img}<figcaption>{e(cap)}</figcaption></figure>" for img, cap in plots]
-        H.append("</div></section>")
+        H.append(plots)
     for sid, title, body in sections:
         H.append(f"<section class='engine' id='{e(sid)}'><h2>{e(title)}</h2>{body}</section>")
     H.append("</main></body></html>")
