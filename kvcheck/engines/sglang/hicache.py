@@ -115,8 +115,12 @@ def transfer_kv_direct(src_layers: list, dst_layers: list, src_indices: Any, dst
     copy() if s is CPU_DEVICE.default else s.queue.append(copy)
 
 
-def _host_alloc(dims: Any, dtype: Any, device: str, pin_memory: bool, allocator: Any) -> Any:
-    """KVCHECK_CPU_STUB for host-memory registration: nothing to register on CPU."""
+def _host_alloc(dims: Any, dtype: Any, device: str, pin_memory: bool = False, allocator: Any = None) -> Any:
+    """KVCHECK_CPU_STUB for host-memory registration: nothing to register on CPU (0.5.6 passes
+    no allocator: plain memory)."""
+    if allocator is None:
+        import torch
+        return torch.empty(dims, dtype=dtype, device=device)
     return allocator.allocate(dims, dtype=dtype, device=device)
 
 

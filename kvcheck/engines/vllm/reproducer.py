@@ -18,6 +18,8 @@ Checks with a standalone condition: see :data:`CONDITIONS`. Others get the repla
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import dataclasses
 import enum
 from pathlib import Path
@@ -193,7 +195,7 @@ def record(trace: Any) -> dict | None:
     if ad.has_mamba:      # the scheduler's settings its split reads (vllm_mamba._split_fn)
         from . import mamba as vllm_mamba
         me = (ad.__dict__.get("_mamba_split") or vllm_mamba._split_fn(ad))[1]
-        split = {k: (vars(v) if hasattr(v, "__dict__") and type(v).__name__ == "SimpleNamespace" else v)
+        split = {k: (dict(vars(v)) if isinstance(v, SimpleNamespace) else v)       # (StandIn is one)
                  for k, v in vars(me).items() if k != "max_num_scheduled_tokens"}
     return {"layout": layout, "groups": ad.groups, "hb": ad.hb, "sched": ad.sched_bs, "steps": steps,
             "specs": [(type(g.kv_cache_spec).__module__, type(g.kv_cache_spec).__name__, _changed(g.kv_cache_spec))
