@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 from . import models
+from .interface import returned_cache
 from . import rules
 from .models import (ALIASES, MAX_PARAMS, AdapterError, config_mapping, decoder_type, derive_config,
                      import_transformers, one_line)
@@ -130,7 +131,7 @@ def build_model(model_type: str, config_json: str | None = None, dtype: str = "f
                 out = model(input_ids=torch.zeros((1, 4), dtype=torch.long), use_cache=True)
             if getattr(out, "logits", None) is None:
                 raise AdapterError("the model returns no logits")
-            if getattr(out, "cache", None) is None and getattr(out, "past_key_values", None) is None:
+            if returned_cache(out) is None:
                 raise AdapterError(f"{type(model).__name__} returns no cache object with use_cache=True (it keeps "
                                    "its state inside its modules): reuse cannot be driven through a cache")
             return model, model.config, mt, params

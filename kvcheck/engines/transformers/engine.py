@@ -20,6 +20,7 @@ class TransformersEngine(Engine):
         f"kvcheck.fuzz.adapters.transformers_{m}": f"kvcheck.engines.transformers.{m}" for m in (
             "build", "cache", "models", "plan", "rules", "scenarios", "trace")}
     project_variant_key = "model_types"
+    packages = ("transformers",)      # fuzz/boundary.py: its frames are the engine's (interface.PACKAGES)
 
     def release(self) -> str | None:
         from importlib import metadata

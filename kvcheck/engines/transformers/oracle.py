@@ -17,6 +17,7 @@ import tempfile
 from typing import Any
 
 from .cache import (FAULTS, KINDS, RECURRENT, cache_layers, objects)
+from .interface import CannotDrive, classify
 from .models import (AdapterError, import_transformers, jsonable, one_line)
 from .models import derive_config as default_config
 from .plan import EPS_FLOOR, NOISE_FACTOR
@@ -96,7 +97,25 @@ def run_diff(model_type: str, config_json: str | None = None, dtype: str = "floa
     ``model_hook(model)`` runs on the built model first (to plant a bug in one operation).
     ``cover``: run at least one scenario on, one before and one after every boundary (more than
     ``scenarios`` if the model has many boundaries; the CLI and the sweep do).
+    Raises :class:`kvcheck.fuzz.boundary.CannotDrive` (no verdict, nothing recorded) when the run
+    fails on kvcheck's side of the boundary with transformers: the installed release ignored the
+    cache kvcheck passed (interface.py), or kvcheck's own code failed on it (``boundary.blame``).
+    An exception of transformers' own code stays the scenario's verdict ``error``.
     """
+    try:
+        return _run_diff(model_type, config_json, dtype, scenarios, seed, fault, out_dir, trace, model_hook, cover)
+    except (AdapterError, CannotDrive):
+        raise
+    except Exception as exc:  # noqa: BLE001 - classified: kvcheck's side is CannotDrive, else as it was
+        cd = classify(exc)
+        if cd is None:
+            raise
+        raise cd from exc
+
+
+def _run_diff(model_type: str, config_json: str | None, dtype: str, scenarios: int, seed: int,
+              fault: str | None, out_dir: str | None, trace: bool, model_hook, cover: bool) -> dict:
+    """run_diff's body (see its docstring)."""
     from .build import build_model, torch_dtype
     from .models import decoder_type, derive_config
     from .scenarios import Runner
@@ -137,6 +156,9 @@ def run_diff(model_type: str, config_json: str | None = None, dtype: str = "floa
         except AdapterError:
             raise
         except Exception as exc:  # noqa: BLE001 - the SUT crashed outside a scenario (e.g. probing its cache)
+            cd = classify(exc)
+            if cd is not None:
+                raise cd from exc
             run = dict(verdict="error", error=runner.crash(exc, "setup"), scenarios=[],
                        counts={v: 0 for v in VERDICTS[:4]}, boundaries={})
         cal = run.pop("cal", None)
@@ -165,6 +187,8 @@ def run_diff(model_type: str, config_json: str | None = None, dtype: str = "floa
                 from .trace import trace as trace_op
                 try:
                     tr = trace_op(runner, ids, sc["prefix_len"], sc["steps"], restored, L, rel)
+                except CannotDrive:
+                    raise
                 except Exception as exc:  # noqa: BLE001 - tracing must not hide the verdict
                     tr = dict(operation=None, how=f"tracing failed: {type(exc).__name__}: {one_line(exc)}")
                 tr.update(scenario=idx, layer=L)

@@ -13,6 +13,7 @@ import random
 from typing import Any
 
 from .cache import cache_layers, compare_caches, select_row
+from .interface import returned_cache
 from .models import boundaries_of
 
 SUFFIX_MODES = ("one_chunk", "token_by_token", "chunks")
@@ -132,7 +133,7 @@ def calibrate(runner, length: int, gen) -> dict[str, Any]:
         runner.rec.start()
         with torch.no_grad():
             out = runner._call("calibration", input_ids=ids, use_cache=True)
-        out_cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+        out_cache = returned_cache(out, runner.cache_keyword)
         hs = runner.rec.stop()
         ref = out.logits[0].double()
         scale = max(scale, float(ref.abs().max()))
@@ -143,7 +144,7 @@ def calibrate(runner, length: int, gen) -> dict[str, Any]:
             outb = runner._call("calibration", input_ids=batch, use_cache=True)
         hsb = runner.rec.stop()
         noise = max(noise, float((outb.logits[1].double() - ref).abs().max()))
-        row_cache = select_row(getattr(outb, "cache", None) or getattr(outb, "past_key_values", None), 1)
+        row_cache = select_row(returned_cache(outb, runner.cache_keyword), 1)
         if row_cache is not None:
             for r in compare_caches(row_cache, out_cache):
                 if math.isfinite(r["max_abs_diff"]):

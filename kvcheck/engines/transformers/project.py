@@ -9,6 +9,7 @@ from typing import Any, Mapping
 from kvcheck.checker.project import System
 from kvcheck.checker.project_engines import EngineRun, finding, per_check, skipped
 from kvcheck.spec.outputs import kvcheck_command
+from kvcheck.fuzz.boundary import CannotDrive
 from kvcheck.fuzz.engine import ProjectKeyError
 from kvcheck.spec.verdict import ExitCode
 
@@ -41,6 +42,10 @@ def run_transformers(sys: System, model_type: str, seed: int, out: Path, fault: 
         res = hf.run_diff(model_type, scenarios=n, seed=seed, fault=fault, out_dir=str(out), cover=True)
     except hf.AdapterError as e:
         return skipped(label, "diff", str(e))
+    except CannotDrive as e:     # kvcheck cannot drive this release: undecided (exit 3), never a finding
+        secs = time.perf_counter() - t0
+        return EngineRun(ExitCode.UNDECIDED, secs, {}, per_check(label, "diff", ["reuse_equals_recompute"], {},
+                                                                 secs, {}, {"reuse_equals_recompute": e.line}))
     secs = time.perf_counter() - t0
     counts = {"scenarios": len(res.get("scenarios", [])), **(res.get("counts") or {})}
     verdict = res["verdict"]

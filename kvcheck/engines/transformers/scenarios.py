@@ -16,6 +16,8 @@ from typing import Any
 
 from . import plan as planlib
 from .cache import FAULTS, CacheFault, compare_caches
+from .interface import (CannotDrive, cache_keyword, call_with_cache, classify, here, output_fields, release,
+                        returned_cache)
 from .models import AdapterError, finite, one_line
 
 VERDICT_ORDER = ("exact", "within-tolerance", "divergent", "error")
@@ -39,8 +41,9 @@ def decoder_layers(model) -> list:
 
 
 def cache_of(out):
-    """The cache object a forward returned (transformers 5 calls it ``cache``)."""
-    return getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+    """The cache object a forward returned, from the output field this release declares
+    (``cache`` in 5.24, ``past_key_values`` in 5.16: interface.returned_cache)."""
+    return returned_cache(out)
 
 
 class LayerRecorder:
@@ -130,6 +133,7 @@ class Runner:
         self.dtype_name, self.seed = dtype, seed
         self.vocab = int(config.get_text_config(decoder=True).vocab_size)
         self.layers = decoder_layers(model)
+        self.cache_keyword = cache_keyword(model)   # this release's own keyword (CannotDrive if none)
         self.rec = LayerRecorder(self.layers)
         self.mods = ModuleStack(model)
         self.eps = float(torch.finfo(next(model.parameters()).dtype).eps)
@@ -160,11 +164,20 @@ class Runner:
 
     def prefill(self, ids):
         out = self._call("prefill", input_ids=ids, use_cache=True)
-        return out.logits[0].double(), cache_of(out)
+        cache = returned_cache(out, self.cache_keyword)
+        if cache is None:
+            raise CannotDrive("transformers", release(), (
+                f"{type(self.model).__name__} returned no cache kvcheck can read after a prefill with use_cache=True "
+                f"(its output {type(out).__name__} declares {', '.join(output_fields(out)) or 'no fields'})"), here())
+        return out.logits[0].double(), cache
 
     def step(self, ids, cache, path="extend"):
-        out = self._call(path if ids.shape[1] > 1 else "decode", input_ids=ids, cache=cache, use_cache=True)
-        return out.logits[0].double(), cache_of(out)
+        """Continue ``cache`` with ``ids`` through the keyword this release's forward declares; a
+        model that ignored the cache is CannotDrive (interface.check_used), never a divergence."""
+        path = path if ids.shape[1] > 1 else "decode"
+        out, got = call_with_cache(self.model, cache, call=lambda **kw: self._call(path, **kw),
+                                   input_ids=ids, use_cache=True)
+        return out.logits[0].double(), got
 
     def tokens(self, gen, n: int, batch: int = 1):
         return self.torch.randint(0, self.vocab, (batch, n), generator=gen)
@@ -185,6 +198,9 @@ class Runner:
         try:
             res.update(self._scenario(idx, ids, P, S, mode, chunks, cal, fault))
         except Exception as exc:  # noqa: BLE001 - a crash of the SUT is a finding, not ours
+            cd = classify(exc)   # kvcheck's side of the boundary (fuzz/boundary.py): no verdict
+            if cd is not None:
+                raise cd from exc
             res.update(verdict="error", error=self.crash(exc, f"scenario {idx} (prefix {P}, {mode})"),
                        max_abs_diff=None, first_divergent_layer=None)
         return res
@@ -324,6 +340,9 @@ class Runner:
         try:
             cal = planlib.calibrate(self, max_len, gen)
         except Exception as exc:  # noqa: BLE001
+            cd = classify(exc)
+            if cd is not None:
+                raise cd from exc
             return dict(boundaries=bounds, verdict="error", error=self.crash(exc, "calibration"),
                         scenarios=[], counts={v: 0 for v in VERDICT_ORDER})
         results = [self.scenario(i, *p, gen, cal, fault) for i, p in enumerate(todo)]

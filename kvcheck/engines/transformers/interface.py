@@ -1,0 +1,176 @@
+"""How the installed transformers release takes and returns a model's cache: the one place kvcheck
+passes a cache to a model and reads one back (docs/adapters-transformers.md, "One interface per
+release").
+
+transformers renamed the cache argument (`past_key_values=` up to 5.16, `cache=` in 5.24; the
+Mamba family's `cache_params=`) and the output field that returns it, and every `forward` takes
+`**kwargs`: a keyword of another release is swallowed without a word and the model runs without
+the cache, so a reuse run would compare a recompute of the suffix alone with the full forward
+and report a divergence that is kvcheck's. So:
+
+- the keyword is the explicit parameter of the model class's own `forward` signature among
+  `CACHE_KEYWORDS` (inspected once per class), never one a release may swallow;
+- the cache comes back from the output field the output class declares (`cache`,
+  `past_key_values`, `cache_params`; never a deprecated alias property);
+- after a call made with a cache, the returned cache must be the one passed (updated in place)
+  or hold the prefix (its sequence length grew by the call's tokens); otherwise the model did not
+  use it and kvcheck cannot drive this release (`CannotDrive`, exit 3), never a divergence.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import sys
+from pathlib import Path
+from typing import Any
+
+from kvcheck.fuzz.boundary import CannotDrive, as_cannot_drive
+
+ENGINE = "transformers"
+PACKAGES = ("transformers",)
+CACHE_KEYWORDS = ("cache", "past_key_values", "cache_params")    # newest first
+_ROOT = Path(__file__).resolve().parents[3]                        # the repository (kvcheck's parent)
+
+
+def release() -> str | None:
+    """The transformers release this process runs (the imported module's own version)."""
+    mod = sys.modules.get("transformers")
+    if mod is not None and getattr(mod, "__version__", None):
+        return str(mod.__version__)
+    try:
+        from importlib import metadata
+        return metadata.version("transformers")
+    except Exception:  # noqa: BLE001 - the release is only named in a message
+        return None
+
+
+def here(depth: int = 0) -> str:
+    """``file:line (function)`` of the line calling `here` (``depth`` 0) or of its caller
+    ``depth`` frames up: the `where` of a CannotDrive, the kvcheck code that relies on something."""
+    f = sys._getframe(depth + 1)
+    try:
+        name = str(Path(f.f_code.co_filename).resolve().relative_to(_ROOT))
+    except ValueError:
+        name = f.f_code.co_filename
+    return f"{name}:{f.f_lineno} ({f.f_code.co_name})"
+
+
+def _signature(cls: type) -> inspect.Signature | None:
+    try:
+        return inspect.signature(cls.forward)
+    except (TypeError, ValueError, AttributeError):
+        return None
+
+
+def cache_parameters(cls: type) -> tuple[str, ...]:
+    """The cache parameters ``cls.forward`` declares explicitly (by name or keyword), newest first;
+    inspected once per forward function (a class's, or a replaced one's)."""
+    fn = getattr(cls, "forward", None)
+    return _declared(fn) if fn is not None else ()
+
+
+@functools.lru_cache(maxsize=None)
+def _declared(forward: Any) -> tuple[str, ...]:
+    try:
+        params = inspect.signature(forward).parameters
+    except (TypeError, ValueError):
+        return ()
+    ok = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return tuple(k for k in CACHE_KEYWORDS if k in params and params[k].kind in ok)
+
+
+def cache_keyword(model: Any) -> str:
+    """The keyword this release's ``type(model).forward`` takes the cache by; CannotDrive when its
+    signature declares none (a cache passed by any name would go into ``**kwargs``)."""
+    cls = model if isinstance(model, type) else type(model)
+    found = cache_parameters(cls)
+    if not found:
+        raise CannotDrive(ENGINE, release(), (
+            f"{cls.__name__}.forward declares none of the cache parameters kvcheck knows "
+            f"({', '.join(CACHE_KEYWORDS)}), so a cache passed by any of those names would be swallowed by "
+            f"its **kwargs; its signature: {_signature(cls)}"), here(1))
+    return found[0]
+
+
+def cache_kwargs(model: Any, cache: Any) -> dict[str, Any]:
+    """``{keyword: cache}`` for a call of ``model`` continuing ``cache``."""
+    return {cache_keyword(model): cache}
+
+
+def output_fields(out: Any) -> list[str]:
+    if dataclasses.is_dataclass(out) and not isinstance(out, type):
+        return [f.name for f in dataclasses.fields(out)]
+    if isinstance(out, dict):
+        return list(out)
+    return []
+
+
+def returned_cache(out: Any, keyword: str | None = None) -> Any:
+    """The cache a forward returned: the output field named like the keyword the release takes
+    (when given), else the first of `CACHE_KEYWORDS` the output class declares; None if none."""
+    declared = set(output_fields(out))
+    names = ([keyword] if keyword else []) + [k for k in CACHE_KEYWORDS if k != keyword]
+    for name in names:
+        if name in declared:
+            value = getattr(out, name, None)
+            if value is None and isinstance(out, dict):
+                value = out.get(name)
+            if value is not None:
+                return value
+    return None
+
+
+def seq_length(cache: Any) -> int | None:
+    """The number of tokens ``cache`` has seen (its ``get_seq_length()``); None if it cannot say."""
+    fn = getattr(cache, "get_seq_length", None)
+    if not callable(fn):
+        return None
+    try:
+        n = fn()
+    except Exception:  # noqa: BLE001 - a cache with no attention layer cannot say; identity decides
+        return None
+    return int(n) if isinstance(n, int) or hasattr(n, "__index__") else None
+
+
+def check_used(model: Any, passed: Any, before: int | None, got: Any, tokens: int, where: str) -> None:
+    """CannotDrive unless the call of ``model`` that was given ``passed`` (holding ``before``
+    tokens) and ``tokens`` new tokens used it: ``got`` is ``passed`` itself (updated in place), or
+    it holds ``before + tokens`` tokens (``before`` > 0, so a fresh cache of only the new tokens
+    never counts)."""
+    if got is not None and got is passed:
+        return
+    after = seq_length(got) if got is not None else None
+    if got is not None and before and after == before + tokens:
+        return
+    cls = type(model)
+    key = cache_keyword(model)
+    if got is None:
+        returned = "returned no cache"
+    else:
+        returned = (f"returned a new {type(got).__name__}"
+                    + (f" holding {after} tokens instead of {before} + {tokens}" if after is not None else ""))
+    raise CannotDrive(ENGINE, release(), (
+        f"kvcheck passed the cache as {key}= to {cls.__name__}.forward and the model ignored it ({returned}); "
+        f"the forward's cache parameters: {', '.join(cache_parameters(cls)) or 'none'}"), where)
+
+
+def call_with_cache(model: Any, cache: Any, call: Any = None, **kw: Any) -> tuple[Any, Any]:
+    """``model(**kw)`` (or ``call(**kw)``, a wrapper that calls it) continuing ``cache`` by the
+    keyword this release takes: (output, returned cache); CannotDrive when the model did not use
+    the cache (`check_used`), naming kvcheck's caller as where it relies on the keyword."""
+    where = here(1)
+    key = cache_keyword(model)
+    before = seq_length(cache)
+    out = (call or model)(**kw, **{key: cache})
+    got = returned_cache(out, key)
+    ids = kw.get("input_ids")
+    tokens = int(ids.shape[1]) if ids is not None else int(kw["inputs_embeds"].shape[1])
+    check_used(model, cache, before, got, tokens, where)
+    return out, got
+
+
+def classify(exc: BaseException) -> CannotDrive | None:
+    """CannotDrive for an exception raised on kvcheck's side of the boundary with transformers
+    (`kvcheck.fuzz.boundary.blame`), None when it is transformers' own."""
+    return as_cannot_drive(exc, ENGINE, release(), PACKAGES)
