@@ -88,9 +88,21 @@ KNOWN: tuple[Known, ...] = (
           "docs/repro/vllm_eagle_margin_capped.py", lambda ad: ad.drafter and _hybrid(ad), margin_to_hashed),
     Known("fine_block_past_candidate", "lost_reuse", "0.33.0", "0.33.0", "none found (new)",
           "docs/repro/vllm_fine_block_past_candidate.py", _fine_wide_full, full_at_candidate),
-    Known("mamba_eagle_unaligned_chunk", "hash_map_sound", "0.18.1", "0.23.0",
+    Known("mamba_eagle_unaligned_chunk", "hash_map_sound", "0.15.0", "0.23.0",
           "vllm-project/vllm#43559, fixed by PR #51113", "docs/repro/vllm_mamba_eagle_unaligned_chunk.py",
           _mamba_drafter, message=r"stale prefix-cache entry"),
+    # found by the release matrix (kvcheck matrix --sut vllm), each reproducer exits 1 on 0.15.1
+    # and 0.16.0 and 0 on 0.17.1: a resumed request's chunk is not block-aligned, so a Mamba
+    # state is published under the hash of a block it does not end (#33706 aligns resumed ones
+    # too); and no same-step guard, so a request resumes from a Mamba state the step's other
+    # request publishes but has not written yet (#29387's guard, absent in these releases)
+    Known("mamba_resume_unaligned_split", "hash_map_sound", "0.15.0", "0.16.0",
+          "vllm-project/vllm PR #33706 (merged; fixed in 0.17)", "docs/repro/vllm_mamba_resume_unaligned_split.py",
+          lambda ad: not ad.drafter and any(k == "mamba" for k, _, _ in ad.groups), message=r"stale prefix-cache entry"),
+    Known("mamba_same_step_hit", "state_copy_sound", "0.15.0", "0.16.0",
+          "vllm-project/vllm PR #29387 (the same-step guard, back in 0.17)", "docs/repro/vllm_mamba_same_step_hit.py",
+          lambda ad: any(k == "mamba" for k, _, _ in ad.groups),
+          message=r"whose bytes are not written yet when the step's copies run"),
     Known("fine_cow_same_step", "state_copy_sound", "0.28.0", "0.33.0", "none found (new)",
           "docs/repro/vllm_fine_cow_same_step.py", lambda ad: _mamba_drafter(ad, fine=True),
           message=r"source's bytes are not (written yet|what the copy claims) \(published in this step"),
