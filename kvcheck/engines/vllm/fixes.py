@@ -118,6 +118,10 @@ def drop_once(ad: Any, find: Callable, hashes: Any, m: int, to_hashed: bool = Fa
         return hashes if spec.block_size == hb else ku.BlockHashListWithBlockSize(hashes, hb, spec.block_size)
 
     groups = coord.attention_groups
+    marked = getattr(coord, "eagle_attn_group_indices", None)     # 0.20-0.22: EAGLE per group
+
+    def eagle(idx: int) -> bool:
+        return idx in marked if marked is not None else bool(coord.use_eagle)
     by: list = [None] * len(ad.groups)
     simple = len(groups) == 2 and isinstance(groups[0][0], Full)
     hit, verified = m, set()
@@ -128,7 +132,7 @@ def drop_once(ad: Any, find: Callable, hashes: Any, m: int, to_hashed: bool = Fa
             if isinstance(spec, Full) and by[gids[0]] is not None:
                 curr = curr // spec.block_size * spec.block_size
                 continue
-            drop = coord.use_eagle and idx not in verified
+            drop = eagle(idx) and idx not in verified
             got = mcls.find_longest_cache_hit(
                 block_hashes=hashes_of(spec), max_length=min(curr + spec.block_size, bound) if drop else curr,
                 kv_cache_group_ids=gids, block_pool=coord.block_pool, kv_cache_spec=spec,
