@@ -21,7 +21,7 @@ from kvcheck.spec.sut import ActionRejected
 
 from .checks import Req, ShadowChecks, Violation
 from .sched import SchedMixin
-from .compat import new_allocator, new_cache, new_key
+from .compat import has_params, new_allocator, new_cache, new_key
 from .steps import expand
 from .install import load
 from kvcheck.spec.faults import Planted
@@ -217,12 +217,12 @@ class SglangAdapter(SchedMixin, ShadowChecks):
             if self._inserts % 2 == 0:
                 return len(tokens) // self.lay.page_size * self.lay.page_size
         key = self._key(tokens)
-        if self.params_api:
+        if has_params("InsertParams"):
             return self.cache.insert(self.S["bpc"].InsertParams(key=key, value=vals)).prefix_len
         return int(self.cache.insert(key, vals))
 
     def _cache_evict(self, n: int, swa: int | None = None) -> int:
-        if self.params_api:
+        if has_params("EvictParams"):
             return self.cache.evict(self.S["bpc"].EvictParams(num_tokens=n)).num_tokens_evicted
         before = self.alloc.available_size()
         self.cache.evict(n)

@@ -33,7 +33,7 @@ from typing import Any
 
 from .adapter import SglangAdapter
 from .checks import Req, Violation
-from .compat import (alloc_row, free_row, kw, new_allocator)
+from .compat import (alloc_row, free_row, has_params, kw, new_allocator)
 from .install import cache_class, load
 from .layouts import MAX_TOKENS
 from .mamba_state import set_server_args_stand_in
@@ -202,7 +202,7 @@ class ChunkAdapter(SglangAdapter):
     def _evict(self, n: int, swa: int | None = None) -> int:
         """ChunkCache.evict must free nothing: every KV slot belongs to a running request."""
         before = set(self.free_slots())
-        if self.params_api:
+        if has_params("EvictParams"):
             self.cache.evict(self.S["bpc"].EvictParams(num_tokens=n))
         else:
             self.cache.evict(n)

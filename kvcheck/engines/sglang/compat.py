@@ -97,6 +97,12 @@ def kw(fn: Any, **kwargs: Any) -> dict[str, Any]:
     return {k: v for k, v in kwargs.items() if k in names}
 
 
+def has_params(name: str) -> bool:
+    """Whether the release's base_prefix_cache has this *Params / *Result class: they came one
+    call at a time (0.5.8: MatchPrefixParams; 0.5.9: Insert/EvictParams; 0.5.10: the lock's)."""
+    return hasattr(load()["bpc"], name)
+
+
 def dec_params(rec: Any) -> Any:
     """The release's DecLockRefParams from an inc_lock_ref receipt (0.5.11 has no to_dec_params)."""
     if hasattr(rec, "to_dec_params"):

@@ -19,6 +19,7 @@ from typing import Any
 from kvcheck.fuzz.boundary import StandIn
 
 from .adapter import SglangAdapter
+from .compat import has_params
 from .checks import (Req, Violation, ints, slots_of, tokens_of)
 from .layouts import FAULTS
 from .mamba import fingerprint
@@ -199,7 +200,8 @@ def server_args(host_ratio: float) -> Any:
     return StandIn(hicache_io_backend="direct", hicache_mem_layout="layer_first", hicache_ratio=host_ratio,
                            hicache_size=0, hicache_storage_backend=None, hicache_write_policy="write_through",
                            hicache_storage_backend_extra_config=None, hicache_storage_prefetch_policy="best_effort",
-                           served_model_name="kvcheck", extra_metric_labels=None)
+                           served_model_name="kvcheck", extra_metric_labels=None,
+                           disable_hicache_numa_detect=True)       # 0.5.8-0.5.9 (no NUMA on a CPU stand-in)
 
 
 def old_keywords(cls: Any, alloc: Any, group: Any, sa: Any) -> dict[str, Any]:
@@ -308,7 +310,7 @@ class HiCacheAdapter(SglangAdapter):
         hit, node = len(m.device_indices), m.last_device_node
         self._host_len, self._refused = m.host_hit_length, False
         if m.host_hit_length > 0:
-            if self.params_api:
+            if has_params("InitLoadBackParams"):
                 loaded, node2 = c.init_load_back(bpc.InitLoadBackParams(best_match_node=m.last_host_node,
                                                                         host_hit_length=m.host_hit_length))
             else:
@@ -344,7 +346,7 @@ class HiCacheAdapter(SglangAdapter):
     def _cache_evict(self, n: int, swa: int | None = None) -> int:
         before = self.alloc.available_size()
         locked = [x for x, _ in self.tree() if x.lock_ref > 0 and x.value is not None]
-        self.cache.evict(self.S["bpc"].EvictParams(num_tokens=n) if self.params_api else n)
+        self.cache.evict(self.S["bpc"].EvictParams(num_tokens=n) if has_params("EvictParams") else n)
         if any(x.value is None for x in locked):
             raise Violation("bookkeeping", "no_evict_locked", f"evict({n}) dropped a locked node's device copy")
         self.coverage["state:device_evicted"] += any(x.value is None for x, _ in self.tree())

@@ -18,14 +18,15 @@ from typing import Any
 from .adapter import SglangAdapter
 from .checks import (Req, Violation, key_tokens, slots_of, tokens_of)
 from .layouts import FAULTS
-from .compat import kw
+from .compat import has_params, kw
 from .mamba_state import (MambaStates, fingerprint, mamba_pools, set_server_args_stand_in)  # noqa: F401
 
 
-def tree_frees_duplicates(params_api: bool) -> bool:
-    """Who frees a finished request's duplicate KV slots [hit, prefix_len): the tree on the
-    *Params releases (0.5.12: `_insert_helper` frees them from `prev_prefix_len`), else the caller."""
-    return params_api
+def tree_frees_duplicates(cache: Any) -> bool:
+    """Who frees a finished request's duplicate KV slots [hit, prefix_len): the tree where its
+    insert reads `prev_prefix_len` (0.5.12: `_insert_helper` frees them from there), else the
+    caller (0.5.7; 0.5.9 has InsertParams but its Mamba tree does not read that field)."""
+    return "prev_prefix_len" in getattr(getattr(type(cache), "insert", None), "__code__", compile("", "", "exec")).co_names
 
 
 class MambaAdapter(MambaStates, SglangAdapter):
@@ -90,7 +91,7 @@ class MambaAdapter(MambaStates, SglangAdapter):
     def _cache_evict(self, n: int, mamba: int | None = 0) -> int:
         c, mamba = self.cache, mamba or 0
         before = self.alloc.available_size()
-        if self.params_api:
+        if has_params("EvictParams"):
             c.evict(self.S["bpc"].EvictParams(num_tokens=n, mamba_num=mamba))
         else:
             c.evict(n)
@@ -158,13 +159,13 @@ class MambaAdapter(MambaStates, SglangAdapter):
         dropped = self.planted(FAULTS["drop_insert"]) and self._inserts % 2 == 0
         if dropped:
             prefix_len, exist = len(req.tokens), True     # declined: the caller frees all it has
-        elif self.params_api:
+        elif has_params("InsertParams"):
             res = self.cache.insert(self.S["bpc"].InsertParams(key=self._key(req.tokens), value=vals,
                                                                 mamba_value=mv, prev_prefix_len=req.hit))
             prefix_len, exist = res.prefix_len, res.mamba_exist
         else:
             prefix_len, exist = self.cache.insert(self._key(req.tokens), vals, mv)
-        if dropped or not tree_frees_duplicates(self.params_api):
+        if dropped or not tree_frees_duplicates(self.cache):
             self._free(req.slots[req.hit:prefix_len])           # duplicates of the tree's
         return prefix_len, exist
 

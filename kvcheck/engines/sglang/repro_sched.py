@@ -51,6 +51,8 @@ class FlatReq:          # the fields of SGLang's Req that cache_unfinished_req /
         return len(self.fill_ids)
     def get_fill_ids(self):
         return self.fill_ids
+    def is_dllm(self):      # 0.5.9's ReqToTokenPool.alloc asks
+        return False
 
 
 def sched_req(r, prompt, computed, node, hit, rec, receipt, prefix):

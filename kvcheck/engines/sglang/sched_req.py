@@ -67,6 +67,9 @@ class FlatReq:
     def get_fill_ids(self) -> list[int]:
         return self.fill_ids
 
+    def is_dllm(self) -> bool:      # 0.5.9's ReqToTokenPool.alloc asks (a diffusion LM's request)
+        return False
+
 
 @dataclass
 class Sched:

@@ -16,6 +16,7 @@ import sys
 from typing import Any
 
 from .adapter import SglangAdapter
+from .compat import has_params
 from kvcheck.fuzz.known import KnownDefect
 
 from .checks import Req, Violation, ints
@@ -69,10 +70,10 @@ class SwaAdapter(SglangAdapter):
     def _lock(self, node: Any) -> Any:
         """inc_lock_ref; the receipt's swa_uuid (0.5.8+ wrap it in an IncLockRefResult)."""
         rec = self.cache.inc_lock_ref(node)
-        return rec.swa_uuid_for_lock if self.params_api else rec
+        return rec.swa_uuid_for_lock if has_params("IncLockRefResult") else rec
 
     def _unlock(self, node: Any, uuid: Any) -> None:
-        if self.params_api:
+        if has_params("DecLockRefParams"):
             self.cache.dec_lock_ref(node, self.S["bpc"].DecLockRefParams(swa_uuid_for_lock=uuid))
         else:
             self.cache.dec_lock_ref(node, uuid)
@@ -80,7 +81,7 @@ class SwaAdapter(SglangAdapter):
     def _cache_evict(self, n: int, swa: int | None = None) -> int:
         before = self.alloc.full_available_size() + self.alloc.swa_available_size()
         swa = n if swa is None else swa
-        if self.params_api:
+        if has_params("EvictParams"):
             self.cache.evict(self.S["bpc"].EvictParams(num_tokens=n, swa_num_tokens=swa))
         else:
             self.cache.evict(n, swa)
@@ -159,7 +160,7 @@ class SwaAdapter(SglangAdapter):
         else:
             # SWARadixCache.insert frees the duplicates [prev_prefix_len, prefix_len) itself
             key = self._key(req.tokens[:n])
-            if self.params_api:
+            if has_params("InsertParams"):
                 prefix_len = self.cache.insert(self.S["bpc"].InsertParams(key=key, value=vals,
                                                                           prev_prefix_len=req.hit)).prefix_len
             else:
