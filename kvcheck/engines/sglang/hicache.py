@@ -311,7 +311,10 @@ class HiCacheAdapter(SglangAdapter):
         self._host_len, self._refused = m.host_hit_length, False
         if m.host_hit_length > 0:
             if has_params("InitLoadBackParams"):
-                loaded, node2 = c.init_load_back(bpc.InitLoadBackParams(best_match_node=m.last_host_node,
+                field = ("best_match_node" if "best_match_node" in getattr(bpc.InitLoadBackParams,
+                                                                               "__dataclass_fields__", {})
+                         else "last_host_node")         # 0.5.10-0.5.11 name it last_host_node
+                loaded, node2 = c.init_load_back(bpc.InitLoadBackParams(**{field: m.last_host_node},
                                                                         host_hit_length=m.host_hit_length))
             else:
                 loaded, node2 = c.init_load_back(m.last_host_node, m.host_hit_length)
