@@ -76,7 +76,7 @@ class ChunkAdapter(SglangAdapter):
             self.release_kv_cache: Any = release_kv_cache
         except ImportError:                        # 0.4.10: the scheduler calls cache_finished_req
             self.release_kv_cache = None
-        self.req_cls = _sglang_req()
+        self.req_cls = sglang_req()
         self.reqs: dict[str, Req] = {}
         self.written: dict[int, tuple[int, ...]] = {}
         self.twin: set[tuple[int, ...]] = set()
@@ -312,7 +312,7 @@ class ChunkAdapter(SglangAdapter):
         return list(q.slots) if q is not None else []
 
 
-def _sglang_req() -> tuple[Any, Any] | None:
+def sglang_req() -> tuple[Any, Any] | None:
     """SGLang's Req and SamplingParams where they import on CPU (0.5.7+), else None."""
     try:
         from sglang.srt.managers.schedule_batch import Req as Req_

@@ -26,6 +26,10 @@ def needs(lay: Layout) -> list[Needs]:
     if not isinstance(cls, type):
         return []                    # the layout cannot be expressed: said elsewhere (exit 2)
     out: list[Needs] = []
+    if lay.cls == "ChunkCache":
+        from .chunk import sglang_req
+        if sglang_req() is not None:
+            return out               # SGLang's own Req is driven there (FlatReq only where it does not import)
     if not kv_record_api():
         target = f"{cls.__module__}:{cls.__qualname__}"
         for method in ("cache_unfinished_req", "cache_finished_req"):

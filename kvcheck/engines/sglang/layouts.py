@@ -315,11 +315,11 @@ FAULT_CLASSES = {"match_ignores_tombstones": ("SWARadixCache", "UnifiedRadixCach
 # (the check that fires, the releases measured with it, the upstream fix). A clean-run test
 # accepts exactly this finding on exactly these releases.
 # (class, components) -> (check, (first, last) release range inclusive, upstream). SWARadixCache:
-# reproduced on 0.4.10, 0.5.7, 0.5.11, 0.5.12 and 0.5.14 (the release matrix); 0.5.23 has no
-# SWARadixCache (its successors run clean), so the range ends at the last release before it.
+# reproduced on every release from 0.4.10 to 0.5.14 by the release matrix (docs/matrix-sglang.md);
+# 0.5.15 ran clean there (3,000 steps), so the range ends at 0.5.14.
 KNOWN_FINDINGS = {
-    ("UnifiedRadixCache", ("full", "swa")): ("no_evict_locked", ("0.5.11", "0.5.12"), "sgl-project/sglang#29352"),
-    ("SWARadixCache", ("full", "swa")): ("no_evict_locked", ("0.4.10", "0.5.22"), "sgl-project/sglang#29352"),
+    ("UnifiedRadixCache", ("full", "swa")): ("no_evict_locked", ("0.5.11", "0.5.14"), "sgl-project/sglang#29352"),
+    ("SWARadixCache", ("full", "swa")): ("no_evict_locked", ("0.4.10", "0.5.14"), "sgl-project/sglang#29352"),
 }
 
 

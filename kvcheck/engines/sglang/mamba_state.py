@@ -40,6 +40,26 @@ class _ServerArgsStandIn:
     strip_thinking_cache = False
 
 
+def unresolved(cls: Any, **values: Any) -> Any:
+    """A dataclass instance of `cls` (SGLang's ServerArgs) with its defaults and `values`, without
+    running its __post_init__: 0.5.15's resolves the model's HF config there (a download; there
+    is no model); 0.5.23's is no dataclass and resolves nothing when built."""
+    import dataclasses
+    if not dataclasses.is_dataclass(cls):     # 0.5.23: a msgspec Struct, resolved only on demand
+        return cls(**values)
+    obj = cls.__new__(cls)
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            setattr(obj, f.name, f.default)
+        elif f.default_factory is not dataclasses.MISSING:
+            setattr(obj, f.name, f.default_factory())
+        else:
+            setattr(obj, f.name, None)
+    for k, v in values.items():
+        setattr(obj, k, v)
+    return obj
+
+
 def set_server_args_stand_in() -> bool:
     """Make SGLang's global server args readable on a machine with no server; True if this call
     set them. Never replaces real ones (a user's own server args are left as they are): where
@@ -65,7 +85,7 @@ def set_server_args_stand_in() -> bool:
             return False
         # an unresolved ServerArgs (resolving it would load the model's HF config) with the chunk
         # size pre-seeded, as SGLang's own test fixtures do for a dummy model
-        args = sa.ServerArgs(model_path="kvcheck-cpu-stand-in", device="cpu")
+        args = unresolved(sa.ServerArgs, model_path="kvcheck-cpu-stand-in", device="cpu", page_size=1)
         args._mamba_cache_chunk_size = CHUNK
         rc.get_context().set_server_args(args)
         return True

@@ -37,6 +37,7 @@ class FlatReq:          # the fields of SGLang's Req that cache_unfinished_req /
         self.kv_committed_len = self.kv_allocated_len = computed
         self.kv_committed_freed = self.kv_overallocated_freed = False
         self.swa_uuid_for_lock, self.swa_prefix_lock_released, self.swa_evicted_seqlen = receipt, False, 0
+        self.swa_evict_floor = 0
         self.mamba_pool_idx = self.mamba_last_track_seqlen = self.mamba_ping_pong_track_buffer = None
         self.mamba_next_track_idx = self.mamba_branching_seqlen = None
         self.finished_reason = self.finished_len = None
@@ -51,6 +52,10 @@ class FlatReq:          # the fields of SGLang's Req that cache_unfinished_req /
         return len(self.fill_ids)
     def get_fill_ids(self):
         return self.fill_ids
+    @property
+    def extend_range(self):  # 0.5.15: what this round computes (the caches read .end)
+        import collections
+        return collections.namedtuple("Range", "start end")(len(self.prefix_indices), len(self.fill_ids))
     def is_dllm(self):      # 0.5.9's ReqToTokenPool.alloc asks
         return False
 

@@ -187,6 +187,9 @@ class SchedMixin:
             toks = self.reqs[q.rid].tokens
             if hasattr(q, "fill_len"):        # 0.5.14: the whole sequence, and how much is filled
                 assign(q, full_untruncated_fill_ids=self._seq(toks), fill_len=n)
+            elif hasattr(q, "extend_range"):  # 0.5.15: the sequence, and the round's range
+                from sglang.srt.utils.common import Range
+                assign(q, full_untruncated_fill_ids=self._seq(toks), extend_range=Range(0, n))
             else:
                 assign(q, fill_ids=self._seq(toks[:n]))
             for k in ("kv_committed_len", "kv_allocated_len"):     # what releases with them free

@@ -35,6 +35,7 @@ class FlatReq:
     swa_uuid_for_lock: Any = None
     swa_prefix_lock_released: bool = False
     swa_evicted_seqlen: int = 0
+    swa_evict_floor: int = 0             # 0.5.15: tokens below it kept from SWA eviction (Req: 0)
     mamba_pool_idx: Any = None
     mamba_last_track_seqlen: Any = None
     mamba_ping_pong_track_buffer: Any = None
@@ -66,6 +67,12 @@ class FlatReq:
 
     def get_fill_ids(self) -> list[int]:
         return self.fill_ids
+
+    @property
+    def extend_range(self) -> Any:      # 0.5.15: what this round computes, [prefix, filled)
+        from collections import namedtuple
+        start = 0 if self.prefix_indices is None else len(self.prefix_indices)
+        return namedtuple("Range", "start end")(start, len(self.fill_ids))
 
     def is_dllm(self) -> bool:      # 0.5.9's ReqToTokenPool.alloc asks (a diffusion LM's request)
         return False
