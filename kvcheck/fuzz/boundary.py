@@ -132,6 +132,9 @@ def blame(exc: BaseException, packages: tuple[str, ...]) -> tuple[str, str] | No
     if owner == "kvcheck":
         return what, _at(frame, lineno)
     obj = getattr(exc, "obj", None) if isinstance(exc, AttributeError) else None
+    if isinstance(exc, (ImportError, NameError)):     # the release's code cannot run in kvcheck's CPU
+        return (f"{what}: the release's code cannot run in kvcheck's environment here "   # setting (its stand-ins)
+                f"(at {_at(frame, lineno)})", _at(frame, lineno))
     if obj is not None and is_kvcheck_object(obj):
         name = getattr(obj, "__name__", None) if isinstance(obj, types.ModuleType) else type(obj).__qualname__
         return (f"the release reads {exc.name!r} from kvcheck's {name}, which has none "

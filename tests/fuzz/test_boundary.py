@@ -35,6 +35,9 @@ def takes_key(*, key):
 def via_stdlib(d):
     import json
     return json.loads(d)
+
+def uses_a_kernel(x):
+    return transfer_kv_direct(x)    # imported only where the kernel package has it (not on CPU)
 '''
 
 
@@ -107,6 +110,13 @@ def test_the_engine_reading_a_field_its_own_object_lacks_is_the_engines(eng):
 
 def test_an_engine_assertion_on_its_own_logic_stays_the_engines(eng):
     assert blame(_raised(eng.own_bug, [1]), ("fakeengine",)) is None
+
+
+def test_engine_code_that_cannot_run_here_is_kvchecks_side(eng):
+    """A NameError / ImportError inside the release's code: it cannot run in kvcheck's CPU
+    setting (a kernel its stand-ins lack), which says nothing about its cache logic."""
+    got = blame(_raised(eng.uses_a_kernel, 1), ("fakeengine",))
+    assert got is not None and "transfer_kv_direct" in got[0] and "cannot run" in got[0]
 
 
 def test_an_exception_in_a_library_the_engine_calls_is_the_engines(eng):

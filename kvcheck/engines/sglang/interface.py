@@ -18,6 +18,15 @@ def _flat_req() -> object:
     return FlatReq("kvcheck-preflight", [])
 
 
+def _keeps_kv_record(req_cls: type) -> bool:
+    """Whether the release's Req keeps its KV bookkeeping in a record (`self.kv = ...`)."""
+    import inspect
+    try:
+        return "self.kv =" in inspect.getsource(req_cls.__init__)
+    except (OSError, TypeError):
+        return False
+
+
 def needs(lay: Layout) -> list[Needs]:
     """The interface `lay`'s adapter drives at the installed release."""
     from .compat import kv_record_api
@@ -28,8 +37,12 @@ def needs(lay: Layout) -> list[Needs]:
     out: list[Needs] = []
     if lay.cls == "ChunkCache":
         from .chunk import sglang_req
-        if sglang_req() is not None:
-            return out               # SGLang's own Req is driven there (FlatReq only where it does not import)
+        if sglang_req() is not None:     # SGLang's own Req is driven there (FlatReq only where it does not import)
+            if _keeps_kv_record(sglang_req()[0]) and not kv_record_api():
+                # a Req with a KV record (req.kv) that kvcheck drives only in 0.5.23's form
+                out.append(Needs("sglang.srt.mem_cache.common:release_kv_cache", keywords=("checkpoint",),
+                                 where="kvcheck/engines/sglang/sched.py (a request's KV record, as 0.5.23 keeps it)"))
+            return out
     if not kv_record_api():
         target = f"{cls.__module__}:{cls.__qualname__}"
         for method in ("cache_unfinished_req", "cache_finished_req"):
