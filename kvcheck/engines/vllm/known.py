@@ -88,7 +88,7 @@ KNOWN: tuple[Known, ...] = (
           "docs/repro/vllm_eagle_margin_capped.py", lambda ad: ad.drafter and _hybrid(ad), margin_to_hashed),
     Known("fine_block_past_candidate", "lost_reuse", "0.33.0", "0.33.0", "none found (new)",
           "docs/repro/vllm_fine_block_past_candidate.py", _fine_wide_full, full_at_candidate),
-    Known("mamba_eagle_unaligned_chunk", "hash_map_sound", "0.15.0", "0.23.0",
+    Known("mamba_eagle_unaligned_chunk", "hash_map_sound", "0.15.0", "0.26.0",   # reproducer: 1 on 0.15.1-0.26.0, 0 on 0.27.1+
           "vllm-project/vllm#43559, fixed by PR #51113", "docs/repro/vllm_mamba_eagle_unaligned_chunk.py",
           _mamba_drafter, message=r"stale prefix-cache entry"),
     # found by the release matrix (kvcheck matrix --sut vllm), each reproducer exits 1 on 0.15.1
