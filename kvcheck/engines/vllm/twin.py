@@ -56,8 +56,26 @@ class DenseTwin(VllmAdapter):
 
     def reset(self, cfg: Any = None) -> None:
         super().reset(cfg)
-        self.uncapped = self.mgr.get_computed_blocks
-        self.mgr.get_computed_blocks = self._capped
+        import inspect
+        if "max_cache_hit_length" in inspect.signature(self.mgr.get_computed_blocks).parameters:
+            self.uncapped = self.mgr.get_computed_blocks
+            self.mgr.get_computed_blocks = self._capped
+        else:                   # 0.29-0.32: the lookup's bound is the coordinator's max_length
+            coord = self.mgr.coordinator
+            find = coord.find_longest_cache_hit
+
+            def capped_find(hashes: Any, max_length: int, *a: Any, **k: Any) -> Any:
+                return find(hashes, max_length if self.cap is None else min(max_length, self.cap), *a, **k)
+            coord.find_longest_cache_hit = capped_find
+            real = self.mgr.get_computed_blocks
+
+            def uncapped(request: Any) -> Any:
+                cap, self.cap = self.cap, None
+                try:
+                    return real(request)
+                finally:
+                    self.cap = cap
+            self.uncapped = uncapped
 
     def _capped(self, request: Any, max_cache_hit_length: int | None = None) -> Any:
         return self.uncapped(request, self.cap if self.cap is not None else max_cache_hit_length)
