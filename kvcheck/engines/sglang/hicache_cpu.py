@@ -1,0 +1,215 @@
+"""HiRadixCache's CPU stand-ins (KVCHECK_CPU_STUB, installed on SGLang's modules for this
+process only) and the release differences of its construction: streams and events (work on a
+side stream is queued and runs when the device "progresses" or when someone waits on its
+event), the direct transfer kernel as torch indexing, host-memory registration and pinning
+(nothing to pin on CPU), the server args it reads, its keyword constructor before
+CacheInitParams, and the two shapes of a write-through in flight."""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any
+
+from kvcheck.fuzz.boundary import StandIn
+
+
+# ---- KVCHECK_CPU_STUB: streams, events, transfer kernel, host registration ------------------
+class _CpuStream:
+    """A stream whose work is queued until it progresses (or an event on it is waited for)."""
+
+    def __init__(self, *a: Any, **k: Any) -> None:
+        self.queue: list[Any] = []
+
+    def run(self, upto: Any = None) -> None:
+        while self.queue:
+            fn = self.queue.pop(0)
+            fn()
+            if upto is not None and fn is upto:
+                return
+
+    def wait_event(self, ev: "_CpuEvent") -> None:
+        ev.synchronize()
+
+    def synchronize(self) -> None:
+        self.run()
+
+
+class _CpuEvent:
+    def __init__(self, *a: Any, **k: Any) -> None:
+        self.done, self.stream, self.mark = True, None, None
+
+    def record(self, stream: Any = None) -> None:
+        s = stream or CPU_DEVICE.current
+        if s is CPU_DEVICE.default:
+            self.done = True
+            return
+        self.done, self.stream = False, s
+
+        def mark() -> None:
+            self.done = True
+        self.mark = mark
+        s.queue.append(mark)
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        if not self.done and self.stream is not None:
+            self.stream.run(upto=self.mark)
+
+    def wait(self, stream: Any = None) -> None:
+        self.synchronize()
+
+
+class _CpuDevice:
+    """Stands for SGLang's `device_module` (torch.cuda): Stream, Event, stream(), current_stream()."""
+
+    Stream, Event = _CpuStream, _CpuEvent
+
+    def __init__(self) -> None:
+        self.default = _CpuStream()
+        self.current = self.default
+        self.streams: list[_CpuStream] = []
+
+    @contextmanager
+    def stream(self, s: _CpuStream) -> Any:
+        prev, self.current = self.current, s
+        if s not in self.streams:
+            self.streams.append(s)
+        try:
+            yield
+        finally:
+            self.current = prev
+
+    def current_stream(self) -> _CpuStream:
+        return self.current
+
+    def progress(self) -> None:
+        for s in self.streams:
+            s.run()
+
+
+CPU_DEVICE = _CpuDevice()
+
+
+def transfer_kv_direct(src_layers: list, dst_layers: list, src_indices: Any, dst_indices: Any,
+                       page_size: int = 1) -> None:
+    """KVCHECK_CPU_STUB for sgl_kernel's direct transfer: runs on the current stream, in order."""
+    src_i, dst_i = src_indices.clone(), dst_indices.clone()
+
+    def copy() -> None:
+        for s, d in zip(src_layers, dst_layers):
+            d[dst_i] = s[src_i]
+    s = CPU_DEVICE.current
+    copy() if s is CPU_DEVICE.default else s.queue.append(copy)
+
+
+def _host_alloc(dims: Any, dtype: Any, device: str, pin_memory: bool = False, allocator: Any = None) -> Any:
+    """KVCHECK_CPU_STUB for host-memory registration: nothing to register on CPU (0.5.6 passes
+    no allocator: plain memory)."""
+    if allocator is None:
+        import torch
+        return torch.empty(dims, dtype=dtype, device=device)
+    return allocator.allocate(dims, dtype=dtype, device=device)
+
+
+class _CudaOnCpu:
+    """`torch.cuda` for those modules: the CPU device's streams and events, and a `cudart()` whose
+    host registration (pinning a host buffer for DMA) has nothing to do on CPU."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(CPU_DEVICE, name)
+
+    def cudart(self) -> Any:
+        return _NoHostRegister()
+
+
+class _NoHostRegister:
+    def cudaHostRegister(self, *a: Any) -> int:        # noqa: N802 - CUDA's name
+        return 0
+
+    def cudaHostUnregister(self, *a: Any) -> int:      # noqa: N802
+        return 0
+
+
+class _TorchUnpinned:
+    """KVCHECK_CPU_STUB: `torch` as the HiCache modules of releases before ALLOC_MEMORY_FUNCS and
+    `device_module` see it: `empty(pin_memory=True)` allocates plain memory (a CPU-only torch has
+    no pinned allocator; pinning only speeds a GPU's DMA, which the CPU stand-in copy has not),
+    and `torch.cuda` (their streams and events, used directly) is the CPU device below."""
+
+    def __init__(self, torch: Any) -> None:
+        self._torch = torch
+        self.cuda = _CudaOnCpu()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._torch, name)
+
+    def empty(self, *a: Any, **k: Any) -> Any:
+        k.pop("pin_memory", None)
+        return self._torch.empty(*a, **k)
+
+
+def install_hicache_stand_ins() -> None:
+    import torch.distributed as dist
+    from sglang.srt.managers import cache_controller as cc
+    from sglang.srt.mem_cache import memory_pool_host as mph
+    cc.device_module = CPU_DEVICE
+    mph.transfer_kv_direct = transfer_kv_direct
+    import importlib
+    for name in ("sglang.srt.mem_cache.pool_host.mha", "sglang.srt.mem_cache.pool_host.mla"):
+        try:                    # 0.5.16+: the host pools moved to pool_host/ (each imports the kernel)
+            importlib.import_module(name).transfer_kv_direct = transfer_kv_direct
+        except ImportError:
+            pass
+    if hasattr(mph, "ALLOC_MEMORY_FUNCS"):       # releases that register host memory through it
+        mph.ALLOC_MEMORY_FUNCS["cpu"] = _host_alloc
+    else:                       # older ones pin it with torch.empty(pin_memory=True), use torch.cuda
+        for mod in (mph, cc):
+            if not isinstance(mod.torch, _TorchUnpinned):
+                mod.torch = _TorchUnpinned(mod.torch)
+    if not dist.is_initialized():
+        import os
+        import socket
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(port))
+        dist.init_process_group("gloo", rank=0, world_size=1)
+
+
+def in_flight_writes(cache: Any) -> list[tuple[Any, list[Any]]]:
+    """(the node a write-through locks, the nodes whose host copy awaits its acknowledgement) for
+    each write in flight: SGLang keeps the node itself (0.4.10-0.5.12), or (lock node, length,
+    nodes published on the ack) where a split can move the ack to the new nodes (0.5.14)."""
+    out = []
+    for v in cache.ongoing_write_through.values():
+        out.append((v[0], list(v[2])) if isinstance(v, tuple) else (v, [v]))
+    return out
+
+
+def server_args(host_ratio: float) -> Any:
+    """The server args HiRadixCache reads (write-through, direct IO, layer-first, no storage)."""
+    return StandIn(hicache_io_backend="direct", hicache_mem_layout="layer_first", hicache_ratio=host_ratio,
+                           hicache_size=0, hicache_storage_backend=None, hicache_write_policy="write_through",
+                           hicache_storage_backend_extra_config=None, hicache_storage_prefetch_policy="best_effort",
+                           served_model_name="kvcheck", extra_metric_labels=None,
+                           disable_hicache_numa_detect=True)       # 0.5.8-0.5.9 (no NUMA on a CPU stand-in)
+
+
+def old_keywords(cls: Any, alloc: Any, group: Any, sa: Any) -> dict[str, Any]:
+    """HiRadixCache's keyword constructor (before CacheInitParams) from the same server args:
+    each of its parameters named as the server arg it comes from, the others as below."""
+    import inspect
+    named = {"req_to_token_pool": None, "token_to_kv_pool_allocator": alloc, "tp_cache_group": group,
+             "page_size": 1, "enable_metrics": False, "model_name": sa.served_model_name,
+             "storage_backend_extra_config": sa.hicache_storage_backend_extra_config}
+    out = {}
+    for p in list(inspect.signature(cls.__init__).parameters.values())[1:]:
+        if p.name in named:
+            out[p.name] = named[p.name]
+        elif hasattr(sa, p.name):
+            out[p.name] = getattr(sa, p.name)
+        elif p.default is inspect.Parameter.empty:
+            raise TypeError(f"{cls.__name__}.__init__ takes {p.name!r}, which kvcheck does not know how to set")
+    return out
