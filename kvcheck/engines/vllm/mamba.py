@@ -147,6 +147,8 @@ def _split_fn(ad: Any) -> tuple:
         mamba_partial_cache_hit=fine, mamba_has_prefill_checkpoint_blocks=False,
         mamba_prefill_checkpoint_alignment=None, max_num_scheduled_tokens=0,
         mamba_shared_prefix_checkpoint=fine and bool(getattr(ad.mgr, "mamba_shared_prefix_checkpoint", False)),
+        # 0.30's name of the same opt-in (the pre-flight found the stand-in lacked it)
+        mamba_fine_grained_prefix_cache=fine and bool(getattr(ad.mgr, "mamba_fine_grained_prefix_cache", False)),
         scheduler_config=StandIn(long_prefill_token_threshold=0))
     if not _PREFLIGHT:                  # once per process: what the release reads off the stand-in
         require([Needs("vllm.v1.core.sched.scheduler:Scheduler._mamba_block_aligned_split", reads=("self", lambda: me),
