@@ -16,7 +16,9 @@ from __future__ import annotations
 from typing import Any
 
 from .adapter import SglangAdapter
-from .compat import has_params
+from kvcheck.fuzz.boundary import CannotDrive
+
+from .compat import has_params, new_allocator
 from .checks import (Req, Violation, ints, slots_of, tokens_of)
 from .hicache_cpu import (CPU_DEVICE, install_hicache_stand_ins, in_flight_writes, server_args, old_keywords)
 from .layouts import FAULTS
@@ -36,6 +38,14 @@ class HiCacheAdapter(SglangAdapter):
 
         from .install import cache_class, load
         S = load()
+        from sglang.srt.managers import cache_controller as cc
+        if hasattr(cc.HiCacheController, "write_thread_func_direct"):
+            # before 0.5.2 the write-through runs on a background thread that drives CUDA streams
+            # itself (set_stream, synchronize); the CPU device stand-in models streams stepped by
+            # the scheduler, not that thread: a verdict there would be about the stand-in
+            raise CannotDrive("sglang", S["version"], "HiCacheController writes through on a background thread "
+                              "(write_thread_func_direct), which kvcheck's CPU device stand-in does not model",
+                              "kvcheck/engines/sglang/hicache_cpu.py (_CpuDevice)")
         install_hicache_stand_ins()
         import logging        # a refused load-back is an expected outcome here, not a warning to print
         log = logging.getLogger("sglang.srt.mem_cache.hiradix_cache")
@@ -46,7 +56,7 @@ class HiCacheAdapter(SglangAdapter):
         self.params_api = hasattr(S["bpc"], "MatchPrefixParams")     # 0.5.12: *Params objects
         self.kv = MHATokenToKVPool(size=self.capacity, page_size=1, dtype=torch.float32, head_num=1, head_dim=1,
                                    layer_num=2, device="cpu", enable_memory_saver=False)
-        self.alloc = S["allocator"].TokenToKVPoolAllocator(self.capacity, torch.float32, "cpu", self.kv, False)
+        self.alloc = new_allocator(S["allocator"].TokenToKVPoolAllocator, self.capacity, torch.float32, "cpu", self.kv)
         cls, sa = cache_class(self.lay.cls), server_args(2.0)
         if S["CacheInitParams"] is not None:
             params = S["CacheInitParams"](disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=self.alloc,

@@ -21,8 +21,9 @@ def _flat_req() -> object:
 def _keeps_kv_record(req_cls: type) -> bool:
     """Whether the release's Req keeps its KV bookkeeping in a record (`self.kv = ...`)."""
     import inspect
+    import re
     try:
-        return "self.kv =" in inspect.getsource(req_cls.__init__)
+        return re.search(r"self\.kv\s*[:=]", inspect.getsource(req_cls.__init__)) is not None
     except (OSError, TypeError):
         return False
 
