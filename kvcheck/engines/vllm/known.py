@@ -76,7 +76,7 @@ def _mamba_drafter(ad: Any, fine: bool = False) -> bool:
 # no lookup to rerun: it is matched by its signature (check, layout, release range and the
 # finding's message), each signature checked against the defect's standalone reproducer.
 KNOWN: tuple[Known, ...] = (
-    Known("second_full_group_truncation", "hit_length_equal", "0.18.1", "0.28.0", "none found (fixed in 0.33.0)",
+    Known("second_full_group_truncation", "hit_length_equal", "0.15.0", "0.28.0", "none found (fixed in 0.33.0)",   # reproducer: 1 on 0.15.1-0.18.1, 0 on 0.14.1
           "docs/repro/vllm_second_full_group_truncation.py", _two_full, truncate_all),
     Known("swa_eagle_realign", "lost_reuse", "0.23.0", "0.33.0", "none found",
           "docs/repro/vllm_swa_eagle_realign.py", _swa_eagle_mixed, realign),
