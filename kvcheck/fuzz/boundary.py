@@ -132,8 +132,8 @@ def blame(exc: BaseException, packages: tuple[str, ...]) -> tuple[str, str] | No
     if owner == "kvcheck":
         return what, _at(frame, lineno)
     obj = getattr(exc, "obj", None) if isinstance(exc, AttributeError) else None
-    if isinstance(exc, (ImportError, NameError)):     # the release's code cannot run in kvcheck's CPU
-        return (f"{what}: the release's code cannot run in kvcheck's environment here "   # setting (its stand-ins)
+    if isinstance(exc, (ImportError, NameError)):     # the release cannot run in kvcheck's CPU setting
+        return (f"{what}: the release's code cannot run in kvcheck's environment here "
                 f"(at {_at(frame, lineno)})", _at(frame, lineno))
     if obj is not None and is_kvcheck_object(obj):
         name = getattr(obj, "__name__", None) if isinstance(obj, types.ModuleType) else type(obj).__qualname__
@@ -160,11 +160,11 @@ def as_cannot_drive(exc: BaseException, engine: str, release: str | None,
 
 def check_exception(exc: BaseException, engine: str, release: str | None, packages: tuple[str, ...]) -> None:
     """Raise CannotDrive (from `exc`) when it is kvcheck's side; return when it is the engine's."""
-    if isinstance(exc, CannotDrive):
-        raise exc
-    got = blame(exc, packages)
-    if got is not None:
-        raise CannotDrive(engine, release, *got) from exc
+    cd = as_cannot_drive(exc, engine, release, packages)
+    if cd is exc:
+        raise cd
+    if cd is not None:
+        raise cd from exc
 
 
 @contextmanager

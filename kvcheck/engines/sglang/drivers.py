@@ -18,7 +18,7 @@ from typing import Mapping
 from kvcheck.spec.trace import Trace
 
 from kvcheck.spec.verdict import FOR_FINDING, ExitCode
-from kvcheck.fuzz.boundary import CannotDrive, check_exception, require, setting_up
+from kvcheck.fuzz.boundary import CannotDrive, as_cannot_drive, require, setting_up
 from kvcheck.fuzz.known import Acknowledgement, judge, known_lines
 from kvcheck.fuzz.lockstep import (Act, Finding, FreeModel, Lockstep)
 from kvcheck.fuzz.prompts import PromptGen
@@ -164,11 +164,10 @@ def run_campaign(layout: str | Layout, budget_s: float | None = 60, steps: int |
     except CannotDrive as e:      # kvcheck's side of the boundary (fuzz/boundary.py): no verdict
         return e.result(**_base(lay, seed, fault))
     except Exception as e:        # raised outside a step's engine calls (the generator, shrinking)
-        try:
-            check_exception(e, "sglang", sglang_version(), ("sglang",))
-        except CannotDrive as cd:
-            return cd.result(**_base(lay, seed, fault))
-        raise
+        cd = as_cannot_drive(e, "sglang", sglang_version(), ("sglang",))
+        if cd is None:
+            raise
+        return cd.result(**_base(lay, seed, fault))
     finally:
         if mine:
             gc.unfreeze()

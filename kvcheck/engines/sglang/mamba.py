@@ -26,7 +26,8 @@ def tree_frees_duplicates(cache: Any) -> bool:
     """Who frees a finished request's duplicate KV slots [hit, prefix_len): the tree where its
     insert reads `prev_prefix_len` (0.5.12: `_insert_helper` frees them from there), else the
     caller (0.5.7; 0.5.9 has InsertParams but its Mamba tree does not read that field)."""
-    return "prev_prefix_len" in getattr(getattr(type(cache), "insert", None), "__code__", compile("", "", "exec")).co_names
+    code = getattr(getattr(type(cache), "insert", None), "__code__", None)
+    return code is not None and "prev_prefix_len" in code.co_names
 
 
 class MambaAdapter(MambaStates, SglangAdapter):
