@@ -105,7 +105,7 @@ def is_kvcheck_object(obj: Any) -> bool:
 
 
 def _defined_at(obj: Any) -> str:
-    t = obj if isinstance(obj, (type, types.ModuleType)) else type(obj)
+    t = obj if isinstance(obj, (type, types.ModuleType, types.FunctionType)) else type(obj)
     try:
         _, line = inspect.getsourcelines(t)      # type: ignore[arg-type]
         return f"{_short(inspect.getsourcefile(t) or '?')}:{line}"  # type: ignore[arg-type]
@@ -146,6 +146,27 @@ def blame(exc: BaseException, packages: tuple[str, ...]) -> tuple[str, str] | No
                 if str(exc).startswith(f"{t.__qualname__}."):
                     return (f"the release calls kvcheck's {t.__qualname__} in a way it does not take: {exc} "
                             f"(at {_at(frame, lineno)})", _defined_at(t))
+        fn = _kvcheck_function_named(frame, str(exc))
+        if fn is not None:          # a wrapper kvcheck put on an engine object (a planted fault, a probe)
+            return (f"the release calls kvcheck's {fn.__qualname__} in a way it does not take: {exc} "
+                    f"(at {_at(frame, lineno)})", _defined_at(fn))
+    return None
+
+
+def _kvcheck_function_named(frame: Any, message: str) -> Any:
+    """A kvcheck-defined function the failing engine frame can reach (a local, or one set on a
+    local object's instance dict: a wrapper kvcheck installed) that a TypeError message names as
+    the callee ("Qual.name() got an unexpected keyword argument ...")."""
+    seen: list[Any] = []
+    for v in list(frame.f_locals.values()):
+        seen.append(v)
+        d = getattr(v, "__dict__", None)
+        if isinstance(d, dict) and not isinstance(v, (type, types.ModuleType)):
+            seen.extend(list(d.values()))
+    for f in seen:
+        if isinstance(f, types.FunctionType) and (f.__module__ or "").split(".")[0] == "kvcheck" \
+                and message.startswith(f"{f.__qualname__}("):
+            return f
     return None
 
 

@@ -36,6 +36,16 @@ def via_stdlib(d):
     import json
     return json.loads(d)
 
+class Cache:
+    def dec_lock_ref(self, node, *, skip_swa=False):
+        return 0
+
+    def release(self, node):
+        return self.dec_lock_ref(node, skip_swa=True)     # a keyword a newer release passes
+
+    def own_mistake(self, node):
+        return self.dec_lock_ref(node, bogus=True)         # the engine's own call, wrong
+
 def uses_a_kernel(x):
     return transfer_kv_direct(x)    # imported only where the kernel package has it (not on CPU)
 '''
@@ -136,6 +146,21 @@ def test_an_engine_attribute_kvcheck_relies_on_that_is_gone_is_kvchecks_side(our
 def test_the_engine_calling_a_stand_in_method_with_other_arguments_is_kvchecks_side(eng):
     got = blame(_raised(eng.calls_method, _flat()), ("fakeengine",))
     assert got is not None and "FlatReq" in got[0] and "sched_req.py" in got[1]
+
+
+def test_the_engine_calling_a_wrapper_kvcheck_installed_with_a_new_keyword_is_kvchecks_side(eng, ours):
+    """A planted fault (or probe) wraps an engine method on the instance; a release that passes the
+    method a keyword the wrapper does not forward fails inside the engine's frame, but on kvcheck's
+    wrapper (0.5.16's SWA tree passed `skip_swa` to the lock_ref_leak wrapper: a false finding)."""
+    cache = eng.Cache()
+    ns: dict = {}
+    exec(compile("def dec(node, *rest):\n    return real(node, *rest)\n", "kvcheck_wrapper", "exec"),
+         {"real": cache.dec_lock_ref, "__name__": "kvcheck.fake_adapter"}, ns)
+    cache.dec_lock_ref = ns["dec"]
+    got = blame(_raised(cache.release, object()), ("fakeengine",))
+    assert got is not None and "kvcheck's dec" in got[0] and "skip_swa" in got[0]
+    # the engine's own method called wrongly by the engine itself stays the engine's
+    assert blame(_raised(eng.Cache().own_mistake, object()), ("fakeengine",)) is None
 
 
 def test_assign_refuses_a_field_the_object_does_not_have():

@@ -85,8 +85,8 @@ class SglangAdapter(SchedMixin, ShadowChecks):
         if f == "lock_ref_leak":
             real_dec = c.dec_lock_ref
 
-            def dec(node: Any, *rest: Any) -> Any:
-                out = real_dec(node, *rest)
+            def dec(node: Any, *rest: Any, **kw: Any) -> Any:
+                out = real_dec(node, *rest, **kw)
                 if node is not c.root_node:     # a reference nobody holds
                     if hasattr(node, "full_lock_ref"):
                         node.full_lock_ref += 1
@@ -97,18 +97,18 @@ class SglangAdapter(SchedMixin, ShadowChecks):
         elif f in ("evict_locked", "evict_no_free"):
             real_evict = c.evict
 
-            def evict(*params: Any) -> Any:
+            def evict(*params: Any, **kw: Any) -> Any:
                 if f == "evict_no_free":
                     a = c.token_to_kv_pool_allocator
                     real = {n: getattr(a, n) for n in ("free", "free_segment", "free_swa") if hasattr(a, n)}
                     for n in real:
                         setattr(a, n, lambda *x, **k: None)
                     try:
-                        return real_evict(*params)
+                        return real_evict(*params, **kw)
                     finally:
                         for n, fn in real.items():
                             setattr(a, n, fn)
-                out = real_evict(*params)
+                out = real_evict(*params, **kw)
                 locked = [n for n, _ in self.tree() if lock_ref(n) > 0 and not n.children]
                 if locked:
                     n = locked[0]

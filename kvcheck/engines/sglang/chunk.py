@@ -33,11 +33,11 @@ from typing import Any
 
 from .adapter import SglangAdapter
 from .checks import Req, Violation
-from .compat import (alloc_row, free_row, has_params, kw, new_allocator)
+from .compat import (alloc_row, free_row, has_params, kw, new_allocator, sglang_req)
 from .install import cache_class, load
 from .layouts import MAX_TOKENS
 from .mamba_state import set_server_args_stand_in
-from .sched_req import ROWS, FlatReq, Sched
+from .sched_req import ROWS, FlatReq, Sched, req_set
 
 CHUNK_TOKENS = 12      # CacheInitParams.chunked_prefill_size: the largest chunk the generator draws
 
@@ -131,7 +131,7 @@ class ChunkAdapter(SglangAdapter):
         if row is None:
             self.coverage["state:admission_refused"] += 1
             return {"hit": 0, "admitted": False}
-        sreq.req_pool_idx = row
+        req_set(sreq, req_pool_idx=row)
         self._lock_call("inc_lock_ref", m.last_device_node)
         need = self._need(req, 0)                  # the whole prompt, or its first chunk
         slots = self._alloc(need)
@@ -188,7 +188,7 @@ class ChunkAdapter(SglangAdapter):
             insert = super()._release_call(r, s, insert)
         else:
             self._finished_fields(r, s, insert)
-            self.release_kv_cache(s.req, self.cache, **kw(self.release_kv_cache, is_insert=insert))
+            self.release_kv_cache(s.req, self.cache, **kw(self.release_kv_cache, is_insert=insert, checkpoint=insert))
             free_row(self.rtp, s.req, s.row)      # 0.5.7's cache_finished_req and 0.5.12's release freed it
         self._lock_call("dec_lock_ref", None)
         return insert
@@ -310,13 +310,3 @@ class ChunkAdapter(SglangAdapter):
         """The slots a running request's Req holds (by its rid)."""
         q = self.reqs.get(sreq.rid)
         return list(q.slots) if q is not None else []
-
-
-def sglang_req() -> tuple[Any, Any] | None:
-    """SGLang's Req and SamplingParams where they import on CPU (0.5.7+), else None."""
-    try:
-        from sglang.srt.managers.schedule_batch import Req as Req_
-        from sglang.srt.sampling.sampling_params import SamplingParams
-    except Exception:        # 0.4.10: its import chain needs torch._C._cpu._is_amx_tile_supported
-        return None
-    return Req_, SamplingParams

@@ -157,6 +157,25 @@ def free_row(pool: Any, req: Any, idx: int) -> None:
         pool.free(idx)
 
 
+def sglang_req() -> tuple[Any, Any] | None:
+    """SGLang's Req and SamplingParams where they import on CPU (0.5.7+), else None."""
+    try:
+        from sglang.srt.managers.schedule_batch import Req as Req_
+        from sglang.srt.sampling.sampling_params import SamplingParams
+    except Exception:        # 0.4.10: its import chain needs torch._C._cpu._is_amx_tile_supported
+        return None
+    return Req_, SamplingParams
+
+
+def own_req_cls() -> tuple[Any, Any] | None:
+    """SGLang's Req and SamplingParams where the scheduler path drives SGLang's own request: its Req
+    keeps a KV record (`self.kv`, 0.5.16+), which a flat stand-in cannot follow from release to
+    release (the record gains fields each release); None where FlatReq stands in (0.4.10-0.5.15)."""
+    from .sched_req import keeps_kv_record
+    own = sglang_req()
+    return own if own is not None and keeps_kv_record(own[0]) else None
+
+
 def kv_record_api() -> bool:
     """Whether this release keeps a request's KV bookkeeping in a record (`req.kv`, `req.lock`)
     and publishes through `checkpoint` + `release_kv_cache` (0.5.23) rather than through the

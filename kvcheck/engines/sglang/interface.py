@@ -2,7 +2,7 @@
 (fuzz/boundary.py's pre-flight): a release that changed it is "cannot drive" (exit 3, one line)
 before the first step, never a finding about SGLang.
 
-On releases without a request KV record (before 0.5.23) SGLang's caches read kvcheck's
+On releases without a request KV record (before 0.5.16) SGLang's caches read kvcheck's
 `FlatReq` (sched_req.py) in `cache_unfinished_req` / `cache_finished_req`: every attribute
 they (and the methods of their class they hand the request to) read off it must exist there.
 """
@@ -18,33 +18,17 @@ def _flat_req() -> object:
     return FlatReq("kvcheck-preflight", [])
 
 
-def _keeps_kv_record(req_cls: type) -> bool:
-    """Whether the release's Req keeps its KV bookkeeping in a record (`self.kv = ...`)."""
-    import inspect
-    import re
-    try:
-        return re.search(r"self\.kv\s*[:=]", inspect.getsource(req_cls.__init__)) is not None
-    except (OSError, TypeError):
-        return False
-
-
 def needs(lay: Layout) -> list[Needs]:
     """The interface `lay`'s adapter drives at the installed release."""
-    from .compat import kv_record_api
+    from .compat import own_req_cls, sglang_req
     from .install import load
     cls = load()["classes"].get(lay.cls)
     if not isinstance(cls, type):
         return []                    # the layout cannot be expressed: said elsewhere (exit 2)
     out: list[Needs] = []
-    if lay.cls == "ChunkCache":
-        from .chunk import sglang_req
-        if sglang_req() is not None:     # SGLang's own Req is driven there (FlatReq only where it does not import)
-            if _keeps_kv_record(sglang_req()[0]) and not kv_record_api():
-                # a Req with a KV record (req.kv) that kvcheck drives only in 0.5.23's form
-                out.append(Needs("sglang.srt.mem_cache.common:release_kv_cache", keywords=("checkpoint",),
-                                 where="kvcheck/engines/sglang/sched.py (a request's KV record, as 0.5.23 keeps it)"))
-            return out
-    if not kv_record_api():
+    if lay.cls == "ChunkCache" and sglang_req() is not None:
+        return out                   # SGLang's own Req is driven there (FlatReq only where it does not import)
+    if own_req_cls() is None:       # the flat stand-in: every field SGLang reads off it must exist
         target = f"{cls.__module__}:{cls.__qualname__}"
         for method in ("cache_unfinished_req", "cache_finished_req"):
             if hasattr(cls, method):

@@ -5,8 +5,10 @@ classes only: admission (`match`, or a request's first `chunk`), each later `chu
 cache_unfinished_req (a new row per chunk on 0.4.10-0.5.7), decode into the row, and SGLang's own
 release (release_kv_cache, or 0.4.10's cache_finished_req)."""
 
+from .repro_sched import REQ_RECORD
+
 BODY = r'''
-import importlib.metadata, inspect
+import dataclasses, importlib.metadata, inspect, re
 from array import array
 import sglang.srt.mem_cache.allocator as al
 from sglang.srt.mem_cache import base_prefix_cache as bpc
@@ -56,7 +58,7 @@ except Exception:             # 0.4.10 on CPU: a stand-in with the fields ChunkC
             self.rid, self.origin_input_ids, self.output_ids, self.fill_ids = rid, list(tokens), [], []
             self.req_pool_idx = self.prefix_indices = self.finished_reason = None
 PARAMS_API = hasattr(bpc, "MatchPrefixParams")
-ROW_PER_CHUNK = "need_size" in inspect.signature(rtp.alloc).parameters   # 0.4.10-0.5.7: a new row per chunk
+''' + REQ_RECORD + r'''ROW_PER_CHUNK = "need_size" in inspect.signature(rtp.alloc).parameters   # 0.4.10-0.5.7: a new row per chunk
 RK = getattr(rc, "RadixKey", None)
 
 
@@ -177,13 +179,19 @@ def write_row(sreq, lo, vals):
 
 def set_len(q):                              # what is computed, in the request's fields
     sreq, n = q["sreq"], q["computed"]
-    sreq.kv_committed_len = sreq.kv_allocated_len = n
+    if OWN_REQ:                              # 0.5.16+: where the release keeps them (its kv record)
+        kvset(sreq, kv_committed_len=n, kv_allocated_len=n)
+    else:
+        sreq.kv_committed_len = sreq.kv_allocated_len = n
     set_filled(sreq, q["tokens"], n)
 
 
 def set_filled(sreq, tokens, n):             # 0.5.14's Req: the whole sequence and how much is filled
     if Req is not None and hasattr(sreq, "fill_len"):
         sreq.full_untruncated_fill_ids, sreq.fill_len = array("q", tokens), n
+    elif Req is not None and hasattr(sreq, "extend_range"):     # 0.5.15+: the round's range
+        from sglang.srt.utils.common import Range
+        sreq.full_untruncated_fill_ids, sreq.extend_range = array("q", tokens), Range(0, n)
     else:
         sreq.fill_ids = tokens[:n]
 
@@ -269,7 +277,7 @@ def release(r, insert):
         set_filled(sreq, q["tokens"], q["computed"])
         sreq.finished_reason = "length" if insert else "abort"
         if release_kv_cache is not None:
-            release_kv_cache(sreq, cache, **kw(release_kv_cache, is_insert=insert))
+            release_kv_cache(sreq, cache, **kw(release_kv_cache, is_insert=insert, checkpoint=insert))
         else:
             cache.cache_finished_req(sreq)
         free_row(sreq)

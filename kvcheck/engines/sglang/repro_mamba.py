@@ -4,7 +4,7 @@ plays the trace as unified_mamba.py plays SGLang's scheduler, with SGLang's clas
 on the Python tree core, the Rust one, or both in lockstep (then their results must agree)."""
 
 BODY = r'''
-import dataclasses, importlib, importlib.metadata, inspect
+import dataclasses, importlib, importlib.metadata, inspect, re
 from array import array
 os.environ.setdefault("SGLANG_MAMBA_SSM_DTYPE", "float32")
 import sglang.srt.mem_cache.allocator as al

@@ -44,7 +44,7 @@ def w_chunk(self, r, n):
         prompt, computed = list(q["tokens"]), len(q["slots"])
         sr = sched_req(r, prompt, computed, q["h"], q["hit"], q["rec"], getattr(q["rec"], "swa_uuid_for_lock", None),
                        q["slots"][:q["hit"]])
-        (sr.kv if KV_API else sr).mamba_pool_idx = torch.tensor(q["ms"], dtype=torch.int64)   # its state slot
+        kvset(sr, mamba_pool_idx=torch.tensor(q["ms"], dtype=torch.int64))   # its state slot
         s = q["sched"] = {"req": sr, "row": sched_row(self.rtp, sr), "prompt": len(prompt), "computed": computed}
         self.row_write(s, 0, q["slots"][:computed]); sched_len(sr, q["tokens"], computed)
     else:
@@ -101,7 +101,7 @@ def w_sched_decode(self, r, tok):
     out = self.decode(r, tok)
     if out.get("allocated"):
         self.row_write(s, s["computed"], [q["slots"][s["computed"]]]); s["computed"] += 1
-        if KV_API:
+        if OWN_REQ:
             s["req"].output_ids.append(tok)
         sched_len(s["req"], q["tokens"], s["computed"])
     return out

@@ -1,25 +1,58 @@
 """The scheduler-path part of an SGLang reproducer script: chunked prefill published by SGLang's own
 cache_unfinished_req / checkpoint_kv_cache, and such a request released by SGLang's own
-cache_finished_req / release_kv_cache, on SGLang's Req (0.5.23) or the fields it reads (<= 0.5.12).
-SCHED_API is what every class's script shares (the request SGLang sees, its row, the calls); SCHED
+cache_finished_req / release_kv_cache, on SGLang's Req (0.5.16+: REQ_RECORD, which the ChunkCache script
+shares too) or the fields it reads (<= 0.5.15). SCHED_API is what every class's script shares (the request SGLang sees, its row, the calls); SCHED
 (SCHED_API and the RadixCache / SWARadixCache part) goes into sglang_repro_template.TEMPLATE at
 @SCHED@; the UnifiedRadixCache FULL+MAMBA script takes SCHED_API (repro_mamba_sched.py).
 """
 
-SCHED_API = r'''# ---- the scheduler path: chunked prefill; SGLang's own cache_unfinished_req / checkpoint, and its own
-# ---- cache_finished_req / release_kv_cache for such a request (on SGLang's Req, or its fields)
+REQ_RECORD = r'''# ---- SGLang's request: its own Req where it keeps a KV record (0.5.16+), its fields' holder
 try:
     from sglang.srt.mem_cache import common as _common
 except ImportError:
     _common = None
 KV_API = _common is not None and hasattr(_common, "checkpoint_kv_cache") and \
-    "checkpoint" in inspect.signature(_common.release_kv_cache).parameters     # 0.5.23: req.kv records
+    "checkpoint" in inspect.signature(_common.release_kv_cache).parameters     # 0.5.22+: req.kv records
+try:
+    from sglang.srt.managers import schedule_batch as _sb
+    OWN_REQ = KV_API or re.search(r"self\.kv\s*[:=]", inspect.getsource(_sb.Req.__init__)) is not None
+except Exception:       # 0.4.10: its import chain does not run on CPU
+    _sb, OWN_REQ = None, False
+_KVF = {f.name: f for f in dataclasses.fields(_sb.ReqKvInfo)} if OWN_REQ and hasattr(_sb, "ReqKvInfo") else {}
 if KV_API:
     from sglang.srt import runtime_context as _rc
     if not _rc._CONTEXT.is_config_namespace_published("serving"):     # SGLang's test default config,
         _rc._CONTEXT.override_server_args(_mamba_cache_chunk_size=64).install()   # the Mamba chunk seeded
+elif OWN_REQ:           # release_kv_cache reads the global server args: an unresolved dummy one
+    from sglang.srt import runtime_context as _rc, server_args as _sa
+    try:
+        _rc.get_server_args()
+    except ValueError:
+        _args = _sa.ServerArgs.__new__(_sa.ServerArgs)
+        for _f in dataclasses.fields(_sa.ServerArgs):
+            setattr(_args, _f.name, _f.default if _f.default is not dataclasses.MISSING else
+                    _f.default_factory() if _f.default_factory is not dataclasses.MISSING else None)
+        _args.model_path, _args.device, _args.page_size, _args._mamba_cache_chunk_size = "dummy", "cpu", 1, 64
+        _rc.get_context().set_server_args(_args)
 
 
+def kv_holder(sr, k):   # where the release keeps request field k: its kv record if declared there
+    if k not in _KVF:
+        return sr
+    if sr.kv is None:   # 0.5.16-0.5.18 make it at allocation: its required fields 0
+        sr.kv = _sb.ReqKvInfo(**{n: 0 for n, f in _KVF.items() if f.default is dataclasses.MISSING
+                                 and f.default_factory is dataclasses.MISSING})
+    return sr.kv
+
+
+def kvset(sr, **values):
+    for k, v in values.items():
+        setattr(kv_holder(sr, k), k, v)
+
+
+'''
+SCHED_API = REQ_RECORD + r'''# ---- the scheduler path: chunked prefill; SGLang's own cache_unfinished_req / checkpoint, and its own
+# ---- cache_finished_req / release_kv_cache for such a request (on SGLang's Req, or its fields)
 def seq(tokens):
     return array("q", tokens) if PARAMS_API else list(tokens)
 
@@ -70,6 +103,14 @@ def sched_req(r, prompt, computed, node, hit, rec, receipt, prefix):
         sr.refresh_fill_ids(); sr.prefix_len, sr.last_node = hit, node; sr.kv.cache_protected_len = hit
         sr.lock = TreeLock(node, rec.to_dec_params() if hasattr(rec, "to_dec_params") else rec)
         return sr
+    if OWN_REQ:
+        from sglang.srt.sampling.sampling_params import SamplingParams
+        sr = _sb.Req(r, "", seq(prompt), SamplingParams(max_new_tokens=MAX_TOKENS))
+        kvset(sr, last_node=node, cache_protected_len=hit, prefix_indices=torch.tensor(prefix, dtype=torch.int64))
+        for k, v in (("last_matched_prefix_len", hit), ("swa_uuid_for_lock", receipt), ("is_chunked", 1)):
+            if k in _KVF or hasattr(sr, k):
+                kvset(sr, **{k: v})
+        return sr
     return FlatReq(r, prompt, computed, node, hit, receipt, prefix)
 
 
@@ -82,13 +123,17 @@ def sched_row(pool, sr):
     else:
         row = int(pool.alloc(1)[0])
     if not KV_API:
-        sr.req_pool_idx = row
+        kvset(sr, req_pool_idx=row)
     return row
 
 
 def sched_len(sr, tokens, n):       # the computed length, in the release's fields
     if KV_API:
         sr.kv.kv_committed_len = sr.kv.kv_allocated_len = n; sr.extend_end = n
+    elif OWN_REQ:
+        from sglang.srt.utils.common import Range
+        sr.full_untruncated_fill_ids, sr.extend_range = seq(tokens), Range(0, n)
+        kvset(sr, kv_committed_len=n, kv_allocated_len=n)
     else:
         sr.kv_committed_len = sr.kv_allocated_len = n; sr.fill_ids = seq(tokens[:n])
 
@@ -102,23 +147,23 @@ def publish_call(cache, sr):        # the scheduler's call after a chunk that le
 
 
 def protected_len(cache, sr):       # the part of a published request's row the tree owns
-    if KV_API:
-        return sr.kv.cache_protected_len
+    if OWN_REQ:
+        return getattr(kv_holder(sr, "cache_protected_len"), "cache_protected_len")
     if "cache_protected_len" in type(cache).cache_unfinished_req.__code__.co_names:
         return sr.cache_protected_len
     return len(sr.prefix_indices)
 
 
 def can_abort_mid_prefill(cache):   # 0.4.10 has no is_insert: an abort only after the prefill
-    return KV_API or takes(cache.cache_finished_req, "is_insert")
+    return OWN_REQ or takes(cache.cache_finished_req, "is_insert")
 
 
 def release_call(cache, sr, tokens, prompt, computed, insert):
     """(SGLang's release of a finished (insert) or aborted request, whether it caches it)."""
-    if KV_API:
-        from sglang.srt.managers import schedule_batch as sb
-        sr.finished_reason = sb.FINISH_LENGTH(length=len(sr.output_ids)) if insert else sb.FINISH_ABORT()
-        return (lambda: _common.release_kv_cache(sr, cache, checkpoint=insert)), insert
+    if OWN_REQ:     # SGLang's own release: the tree's insert, the request's tail, its row
+        sr.finished_reason = _sb.FINISH_LENGTH(length=len(sr.output_ids)) if insert else _sb.FINISH_ABORT()
+        kw = {"checkpoint" if KV_API else "is_insert": insert}
+        return (lambda: _common.release_kv_cache(sr, cache, **kw)), insert
     sr.output_ids = seq(tokens[prompt:] + [0]); sr.fill_ids = seq(tokens[:computed])   # the sampled token: no KV
     sr.finished_reason = "length" if insert else "abort"
     if takes(cache.cache_finished_req, "is_insert"):
@@ -127,7 +172,7 @@ def release_call(cache, sr, tokens, prompt, computed, insert):
 
 
 def free_row(pool, sr, row):        # the flat API's scheduler frees the request's row itself
-    if not KV_API and row not in pool.free_slots:
+    if not OWN_REQ and row not in pool.free_slots:
         pool.free(sr) if "req" in inspect.signature(pool.free).parameters else pool.free(row)
 
 

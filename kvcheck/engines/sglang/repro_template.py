@@ -7,7 +7,7 @@ from .repro_views import VIEWS
 
 _PRELUDE = r'''# Needs only SGLang (the caches run on CPU, no model, no GPU). Exit 1: the bug is present;
 # exit 0: fixed (or not this release). Prints every step, each hit, the tree and the pool.
-import importlib.abc, importlib.machinery, importlib.util, inspect, os, sys, types
+import dataclasses, importlib.abc, importlib.machinery, importlib.util, inspect, os, re, sys, types
 from array import array
 
 RECORDED_RELEASE, CLASS, PAGE, WINDOW, CAPACITY = @RELEASE@, @CLASS@, @PAGE@, @WINDOW@, @CAPACITY@
@@ -118,14 +118,14 @@ def evict(n):
 
 if FAULT in ("evict_locked", "evict_no_free"):    # ==== PLANTED FAULT: a wrapper around cache.evict
     _evict_real = cache.evict
-    def _evict(*a):
+    def _evict(*a, **kw):
         if FAULT == "evict_no_free":         # deletes nodes without freeing their slots
             real = {k: getattr(alloc, k) for k in ("free", "free_segment", "free_swa") if hasattr(alloc, k)}
             for k in real: setattr(alloc, k, lambda *x, **kw: None)
-            try: return _evict_real(*a)
+            try: return _evict_real(*a, **kw)
             finally:
                 for k, fn in real.items(): setattr(alloc, k, fn)
-        out = _evict_real(*a)                # evict_locked: also frees and deletes the deepest locked leaf
+        out = _evict_real(*a, **kw)          # evict_locked: also frees and deletes the deepest locked leaf
         lk = [nd for nd, _ in tree() if lock_ref(nd) > 0 and not nd.children]
         if lk:
             alloc.free(lk[0].value); cache._delete_leaf(lk[0])
@@ -250,7 +250,7 @@ def decode(r, tok):
     s = q["spare"].pop(0); q["slots"].append(s); write(q, len(q["tokens"]) - 1, s)
     if q.get("sched"):                       # the scheduler path: the row and lengths follow
         row_write(q, q["sched"]["computed"], [s]); q["sched"]["computed"] += 1
-        if KV_API:
+        if OWN_REQ:
             q["sched"]["req"].output_ids.append(tok)
         set_len(q)
 
@@ -297,8 +297,8 @@ def abort(r):
 
 @SCHED@if FAULT == "lock_ref_leak":                 # ==== PLANTED FAULT: a released node keeps one reference
     _dec_real = cache.dec_lock_ref
-    def _dec(node, *rest):
-        out = _dec_real(node, *rest)
+    def _dec(node, *rest, **kw):
+        out = _dec_real(node, *rest, **kw)
         if node is not root:
             if SWA: node.full_lock_ref += 1
             else: node.lock_ref += 1
@@ -394,7 +394,7 @@ for n, (action, p) in enumerate(STEPS):
         release_sched(r, True) if q.get("sched") else finish(r)
     elif action == "abort" and r in reqs:
         if q.get("sched"):
-            if KV_API or takes(cache.cache_finished_req, "is_insert") or not mid:
+            if OWN_REQ or takes(cache.cache_finished_req, "is_insert") or not mid:
                 release_sched(r, False)
         else:
             abort(r)

@@ -27,9 +27,10 @@ from kvcheck.fuzz.boundary import assign
 from kvcheck.spec.sut import ActionRejected
 
 from .checks import Req, Violation
-from .compat import (alloc_row, free_row, kv_record_api, row_pool, runtime_config, takes, token_seq)
+from .compat import (alloc_row, free_row, kv_record_api, own_req_cls, row_pool, runtime_config, takes, token_seq)
 from .layouts import FAULTS, MAX_TOKENS
-from .sched_req import (PENDING, ROWS, FlatReq, Sched)  # noqa: F401 (FlatReq: the API)
+from .mamba_state import set_server_args_stand_in
+from .sched_req import (PENDING, ROWS, FlatReq, Sched, req_get, req_has, req_set)  # noqa: F401 (FlatReq: the API)
 
 
 def frees_committed(cache: Any) -> bool:
@@ -59,8 +60,11 @@ class SchedMixin:
         if getattr(self, "_sched_for", None) is not self.cache:
             self._sched_for, self.sched = self.cache, {}
             self.kv_api = kv_record_api()
+            self.own_req = self.kv_api or own_req_cls() is not None
             if self.kv_api:
                 runtime_config()
+            elif self.own_req:          # release_kv_cache reads the global server args
+                set_server_args_stand_in()
             pool = getattr(self.cache, "req_to_token_pool", None)
             if pool is None or not hasattr(pool, "req_to_token"):
                 pool = row_pool(ROWS, MAX_TOKENS + 8)
@@ -151,20 +155,31 @@ class SchedMixin:
             sreq.kv.cache_protected_len = hit
             sreq.lock = TreeLock(node, rec.to_dec_params() if hasattr(rec, "to_dec_params") else rec)
         else:
-            sreq = FlatReq(req.rid, self._seq(prompt), fill_ids=self._seq(prompt[:computed]), last_node=node,
-                           cache_protected_len=hit, last_matched_prefix_len=hit, swa_uuid_for_lock=rec, is_chunked=1)
-            sreq.prefix_indices = self.torch.tensor(req.slots[:hit], dtype=self.torch.int64)
+            sreq = self._own_or_flat_req(req.rid, prompt, computed)
+            req_set(sreq, last_node=node, cache_protected_len=hit,
+                    prefix_indices=self.torch.tensor(req.slots[:hit], dtype=self.torch.int64))
+            for k, v in (("last_matched_prefix_len", hit), ("swa_uuid_for_lock", rec), ("is_chunked", 1)):
+                if req_has(sreq, k):     # what this release's Req has of them (FlatReq: all)
+                    req_set(sreq, **{k: v})
         self._sched_new(req.rid, sreq)
         row = alloc_row(self.rows, sreq)
         if row is None:         # no row: as a refused admission (cannot happen with ROWS > requests)
             raise Violation("bookkeeping", "sglang_internal_error", "the ReqToTokenPool has no free row")
         if not self.kv_api:
-            sreq.req_pool_idx = row
+            req_set(sreq, req_pool_idx=row)
         s = Sched(sreq, row, len(prompt), computed)
         self._row_write(s, 0, req.slots[:computed])
         self._set_len(s, computed)
         self.coverage["state:sched_admitted"] += 1
         return s
+
+    def _own_or_flat_req(self, rid: str, prompt: list[int], computed: int) -> Any:
+        """SGLang's own Req where it keeps a KV record (0.5.16-0.5.21, before 0.5.22's API), as the
+        tokenizer manager builds it (real SamplingParams); else the flat stand-in (0.4.10-0.5.15)."""
+        if not self.own_req:
+            return FlatReq(rid, self._seq(prompt), fill_ids=self._seq(prompt[:computed]))
+        req_cls, sampling = own_req_cls()
+        return req_cls(rid, "", self._seq(prompt), sampling(max_new_tokens=MAX_TOKENS))
 
     def _seq(self, tokens: list[int]) -> Any:
         return token_seq(tokens, self.params_api)
@@ -193,8 +208,8 @@ class SchedMixin:
             else:
                 assign(q, fill_ids=self._seq(toks[:n]))
             for k in ("kv_committed_len", "kv_allocated_len"):     # what releases with them free
-                if hasattr(q, k):             # (0.5.2's ChunkCache frees prompt + output instead)
-                    setattr(q, k, n)
+                if req_has(q, k):             # (0.5.2's ChunkCache frees prompt + output instead)
+                    req_set(q, **{k: n})
 
     # ---- SGLang's own publishing and release ----------------------------------------------
     def _publish(self, r: str, s: Sched) -> None:
@@ -266,8 +281,8 @@ class SchedMixin:
     def _protected_len(self, q: Any) -> int:
         """The part of a published request's row the tree owns (its own part starts there): SGLang's
         `cache_protected_len` where the release tracks it, else the prefix indices (0.4.10)."""
-        if self.kv_api:
-            return q.kv.cache_protected_len
+        if self.own_req:
+            return req_get(q, "cache_protected_len")
         if "cache_protected_len" in type(self.cache).cache_unfinished_req.__code__.co_names:
             return q.cache_protected_len
         return len(q.prefix_indices)
@@ -336,7 +351,7 @@ class SchedMixin:
             req = self.reqs[r]
             self._row_write(s, s.computed, [req.slots[s.computed]])
             s.computed += 1
-            if self.kv_api:
+            if self.own_req:
                 s.req.output_ids.append(tok)
             self._set_len(s, s.computed)
         return out
@@ -349,7 +364,7 @@ class SchedMixin:
 
     def _s_abort(self, r: str) -> dict:
         s = self.sched[r]
-        if not self.kv_api and not takes(self.cache.cache_finished_req, "is_insert") and s.computed < s.prompt:
+        if not self.own_req and not takes(self.cache.cache_finished_req, "is_insert") and s.computed < s.prompt:
             raise ActionRejected("this release aborts a request only after its prefill (no is_insert)")
         return self._release_sched(r, s, insert=False)
 
@@ -369,11 +384,12 @@ class SchedMixin:
         """SGLang's call that releases a finished (insert) or aborted request, as the release's
         scheduler makes it; whether the request was cached (0.4.10 caches an aborted one)."""
         q, c = s.req, self.cache
-        if self.kv_api:
+        if self.own_req:        # SGLang's own release: the tree's insert, the request's tail, its row
             from sglang.srt.managers import schedule_batch as sb
             from sglang.srt.mem_cache import common
             q.finished_reason = sb.FINISH_LENGTH(length=len(q.output_ids)) if insert else sb.FINISH_ABORT()
-            self._sglang_call(lambda: common.release_kv_cache(q, c, checkpoint=insert))
+            key = "checkpoint" if self.kv_api else "is_insert"
+            self._sglang_call(lambda: common.release_kv_cache(q, c, **{key: insert}))
             return insert
         self._finished_fields(r, s, insert)
         if takes(c.cache_finished_req, "is_insert"):
@@ -400,7 +416,7 @@ class SchedMixin:
         mid = {r for r, s in sched.items() if s.computed < s.prompt}
         for a in ("decode", "finish"):
             out[a] = [r for r in out[a] if r not in mid]
-        if not self.kv_api and not frees_committed(self.cache):
+        if not self.own_req and not frees_committed(self.cache):
             out["abort"] = [r for r in out["abort"] if r not in mid]
         out["chunk"] = [r for r, q in self.reqs.items() if q.state == "waiting" or r in mid]
         return out

@@ -1,10 +1,18 @@
 """The scheduler's side of a request on SGLang's scheduler path (sched.py): the fields of
-SGLang's `Req` that 0.4.10-0.5.12's caches read (`FlatReq`, where SGLang's own `Req` keeps no `kv`
-record or does not import on CPU) and what the adapter keeps of such a request (`Sched`)."""
+SGLang's `Req` that 0.4.10-0.5.15's caches read (`FlatReq`, where SGLang's own `Req` keeps no `kv`
+record or does not import on CPU), where a release keeps each of a request's KV fields on its own
+`Req` (`req_get` / `req_set`: the request, or its `kv` record) and what the adapter keeps of such
+a request (`Sched`)."""
 from __future__ import annotations
 
+import dataclasses
+import inspect
+import re
+import sys
 from dataclasses import dataclass, field
 from typing import Any
+
+from kvcheck.fuzz.boundary import assign
 
 PENDING = 0     # the token sampled last: in output_ids, its KV not computed yet (0.4.10 drops it)
 ROWS = 8        # request rows (the generator keeps at most four requests)
@@ -87,3 +95,56 @@ class Sched:
     prompt: int
     computed: int
     inserted: bool = False
+
+
+# ---- a request's KV fields, wherever the release keeps them ----------------------------------
+def keeps_kv_record(req_cls: type) -> bool:
+    """Whether the release's Req keeps (part of) its KV bookkeeping in a record (`self.kv`, 0.5.16+)."""
+    try:
+        return re.search(r"self\.kv\s*[:=]", inspect.getsource(req_cls.__init__)) is not None
+    except (OSError, TypeError):
+        return False
+
+
+def _record_cls(q: Any) -> Any:
+    """The release's KV record type (`ReqKvInfo`, beside its Req), None without one."""
+    cls = getattr(sys.modules.get(type(q).__module__), "ReqKvInfo", None)
+    return cls if isinstance(cls, type) and dataclasses.is_dataclass(cls) else None
+
+
+def _record_fields(q: Any) -> dict[str, dataclasses.Field] | None:
+    cls = _record_cls(q)
+    return None if cls is None else {f.name: f for f in dataclasses.fields(cls)}
+
+
+def holder(q: Any, name: str) -> Any:
+    """The object that keeps request field `name` in this release: the request's `kv` record where
+    the record declares it (0.5.16-0.5.18 move a few fields there, 0.5.19+ all of them), else the
+    request. A record the release makes at allocation (0.5.16-0.5.18: `kv` None until then; kvcheck
+    allocates the row itself) is made here as that allocation makes it: its required fields 0."""
+    fs = _record_fields(q)
+    if fs is None or name not in fs:
+        return q
+    rec = getattr(q, "kv", None)
+    if rec is None:
+        rec = _record_cls(q)(**{n: 0 for n, f in fs.items() if f.default is dataclasses.MISSING
+                     and f.default_factory is dataclasses.MISSING})
+        q.kv = rec
+    return rec
+
+
+def req_has(q: Any, name: str) -> bool:
+    """Whether this release keeps field `name` of a request (on it, or in its record)."""
+    fs = _record_fields(q)
+    return (fs is not None and name in fs) or hasattr(q, name)
+
+
+def req_get(q: Any, name: str) -> Any:
+    return getattr(holder(q, name), name)
+
+
+def req_set(q: Any, **values: Any) -> None:
+    """Set request fields where the release keeps them; one it has nowhere is kvcheck's drift
+    (`assign`: "cannot drive"), never silently ignored."""
+    for k, v in values.items():
+        assign(holder(q, k), **{k: v})

@@ -271,7 +271,7 @@ class UnifiedAdapter(UnifiedChecks, SglangAdapter):
         elif f in ("evict_locked", "evict_no_free"):
             real_evict = c.evict
 
-            def evict(*params: Any) -> Any:
+            def evict(*params: Any, **kw: Any) -> Any:
                 if f == "evict_no_free":      # every free path: the allocator's, its halves', and the
                     a = c.token_to_kv_pool_allocator      # bound frees components keep (0.5.12: _free_full)
                     owners = [a] + [getattr(a, h) for h in ("full_attn_allocator", "swa_attn_allocator")
@@ -283,11 +283,11 @@ class UnifiedAdapter(UnifiedChecks, SglangAdapter):
                                 saved.append((o, n, n in vars(o), vars(o).get(n)))
                                 setattr(o, n, lambda *x, **k: None)
                     try:
-                        return real_evict(*params)
+                        return real_evict(*params, **kw)
                     finally:
                         for o, n, had, fn in reversed(saved):
                             setattr(o, n, fn) if had else delattr(o, n)
-                out = real_evict(*params)
+                out = real_evict(*params, **kw)
                 locked = [v.node for v in self.views() if v.full_lock > 0 and not v.node.children]
                 if locked:                   # free and unlink the deepest locked leaf
                     n = locked[0]
