@@ -79,7 +79,7 @@ class World:
         p = dict(disable=False, req_to_token_pool=self.rtp, token_to_kv_pool_allocator=self.alloc, page_size=1,
                  tree_components=(CT.FULL, CT.MAMBA), tree_core_backend=core, enable_mamba_extra_buffer=False)
         self.cache = UnifiedRadixCache(CacheInitParams(**{k: v for k, v in p.items() if k in names}))
-        self.tree_cores = "tree_core_backend" in names
+        self.tree_cores = hasattr(self.cache, "tree_core")     # node handles are ids (0.5.17+)
         self.skips = "skip_lock_node_ids" in {f.name for f in dataclasses.fields(bpc.IncLockRefResult)}
         self.plant()
 

@@ -30,7 +30,8 @@ from .checks import Req, Violation
 from .compat import (alloc_row, free_row, kv_record_api, own_req_cls, row_pool, runtime_config, takes, token_seq)
 from .layouts import FAULTS, MAX_TOKENS
 from .mamba_state import set_server_args_stand_in
-from .sched_req import (PENDING, ROWS, FlatReq, Sched, req_get, req_has, req_set)  # noqa: F401 (FlatReq: the API)
+from .sched_req import (PENDING, ROWS, FlatReq, Sched, keep_lock, req_get, req_has,  # noqa: F401 (FlatReq)
+                        req_set)
 
 
 def frees_committed(cache: Any) -> bool:
@@ -158,9 +159,10 @@ class SchedMixin:
             sreq = self._own_or_flat_req(req.rid, prompt, computed)
             req_set(sreq, last_node=node, cache_protected_len=hit,
                     prefix_indices=self.torch.tensor(req.slots[:hit], dtype=self.torch.int64))
-            for k, v in (("last_matched_prefix_len", hit), ("swa_uuid_for_lock", rec), ("is_chunked", 1)):
+            for k, v in (("last_matched_prefix_len", hit), ("is_chunked", 1)):
                 if req_has(sreq, k):     # what this release's Req has of them (FlatReq: all)
                     req_set(sreq, **{k: v})
+            keep_lock(sreq, rec)
         self._sched_new(req.rid, sreq)
         row = alloc_row(self.rows, sreq)
         if row is None:         # no row: as a refused admission (cannot happen with ROWS > requests)

@@ -148,3 +148,30 @@ def req_set(q: Any, **values: Any) -> None:
     (`assign`: "cannot drive"), never silently ignored."""
     for k, v in values.items():
         assign(holder(q, k), **{k: v})
+
+
+# ---- the admission's lock receipt, as the release's scheduler keeps it in the request --------
+def keep_lock(q: Any, rec: Any) -> None:
+    """Keep `rec` (what inc_lock_ref returned: an IncLockRefResult, or 0.5.7's SWA uuid) in the
+    request's field for it: `lock_receipt` (0.5.20-0.5.21: its DecLockRefParams), else
+    `swa_uuid_for_lock` (0.5.19 and FlatReq: the SWA uuid alone). 0.5.22+ keep a TreeLock (sched.py)."""
+    if req_has(q, "lock_receipt"):
+        from .compat import dec_params, load
+        params = load()["bpc"].DecLockRefParams
+        req_set(q, lock_receipt=params() if rec is None else dec_params(rec) if hasattr(rec, "swa_uuid_for_lock")
+                or hasattr(rec, "to_dec_params") else params(swa_uuid_for_lock=rec))
+    elif req_has(q, "swa_uuid_for_lock"):
+        req_set(q, swa_uuid_for_lock=getattr(rec, "swa_uuid_for_lock", rec))
+
+
+def kept_lock(q: Any) -> Any:
+    """The lock receipt the request keeps after SGLang moved its lock (the field `keep_lock` wrote)."""
+    for name in ("lock", "lock_receipt", "swa_uuid_for_lock"):
+        if req_has(q, name):
+            return req_get(q, name)
+    return None
+
+
+def swa_uuid(receipt: Any) -> Any:
+    """The SWA uuid of a kept receipt (a DecLockRefParams / IncLockRefResult, or the uuid itself)."""
+    return getattr(receipt, "swa_uuid_for_lock", receipt)

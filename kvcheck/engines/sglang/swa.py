@@ -17,6 +17,7 @@ from typing import Any
 
 from .adapter import SglangAdapter
 from .compat import has_params
+from .sched_req import kept_lock, swa_uuid
 from kvcheck.fuzz.known import KnownDefect
 
 from .checks import Req, Violation, ints
@@ -176,7 +177,7 @@ class SwaAdapter(SglangAdapter):
         return self.receipt[r]
 
     def _relocked(self, r: str, s: Any) -> None:
-        self.receipt[r] = s.req.swa_uuid_for_lock
+        self.receipt[r] = swa_uuid(kept_lock(s.req))
 
     def _released(self, r: str, s: Any) -> None:
         self.receipt.pop(r, None)

@@ -20,6 +20,7 @@ from typing import Any
 from .adapter import SglangAdapter
 from .checks import Req, Violation
 from .compat import dec_params, swa_pools
+from .sched_req import kept_lock
 from .install import SglangUnavailable, cache_class, load
 from .layouts import FAULTS, LayoutError
 from .unified_checks import Hold, UnifiedChecks
@@ -47,7 +48,6 @@ class UnifiedAdapter(UnifiedChecks, SglangAdapter):
         self.S, self.torch, self.CT = S, torch, component_types()
         if logging.getLogger("sglang").level != logging.CRITICAL:   # (setLevel clears every logger's cache)
             logging.getLogger("sglang").setLevel(logging.CRITICAL)
-        self.tree_cores = has_tree_cores()
         # 0.5.12's SWA lock walk skips tombstones (listing them in the receipt); 0.5.11 asserts
         # there are none, TreeCore releases count them
         self.skips_tombstones = "skip_lock_node_ids" in {f.name for f in fields(S["bpc"].IncLockRefResult)}
@@ -56,7 +56,9 @@ class UnifiedAdapter(UnifiedChecks, SglangAdapter):
         self.swa = "swa" in self.lay.components
         self.W = self.lay.window or 0
         self.cache = self._build()
-        if self.tree_cores and type(self.cache.tree_core).__name__ != \
+        # node handles are ids into a tree core (0.5.17+, whether or not its backend is pluggable)
+        self.tree_cores = hasattr(self.cache, "tree_core")
+        if has_tree_cores() and type(self.cache.tree_core).__name__ != \
                 {"python": "UnifiedTreeCore", "rust": "RustUnifiedTreeCore"}[self.core]:
             raise SglangUnavailable(f"asked for the {self.core} tree core, SGLang built "
                                     f"{type(self.cache.tree_core).__name__} (it fell back)")
@@ -227,10 +229,10 @@ class UnifiedAdapter(UnifiedChecks, SglangAdapter):
 
     # ---- the scheduler path (sched.py): SGLang moves the lock, the holds follow ------
     def _lock_receipt(self, r: str) -> Any:
-        """0.5.23 keeps the whole receipt in `req.lock`; 0.5.11-0.5.12's scheduler keeps only its
-        `swa_uuid_for_lock` in the request (`_req_inc_lock_ref`), and so must this one."""
-        rec = self.holds[r].receipt
-        return rec if self.kv_api else rec.swa_uuid_for_lock
+        """The admission's whole receipt: the request keeps what its release keeps of it (0.5.22+ a
+        TreeLock, 0.5.20-0.5.21 its DecLockRefParams, 0.5.11-0.5.19 its `swa_uuid_for_lock`, as
+        the scheduler's `_req_inc_lock_ref` does): sched_req.keep_lock."""
+        return self.holds[r].receipt
 
     def _relocked(self, r: str, s: Any) -> None:
         """The lock SGLang moved: the SWA segment it covers is the one an inc_lock_ref at the new
@@ -238,7 +240,7 @@ class UnifiedAdapter(UnifiedChecks, SglangAdapter):
         req = self.reqs[r]
         hit = len(self.path_slots_of(req.node))
         hold = self.lock_model(req.node, hit) if hit else Hold(None)
-        hold.receipt = s.req.lock if self.kv_api else s.req.swa_uuid_for_lock
+        hold.receipt = kept_lock(s.req)
         self.holds[r] = hold
         self.keys.add(tuple(req.tokens[:hit]))
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from .checks import Req, Violation
 from .compat import dec_params
+from .sched_req import kept_lock
 from .layouts import FAULTS
 from .mamba_state import MambaStates, mamba_pools
 from .unified import Hold, UnifiedAdapter
@@ -253,8 +254,8 @@ class UnifiedMambaAdapter(UnifiedMambaChecks, MambaStates, UnifiedAdapter):
         """The full lock and holds as UnifiedAdapter reads them; the mamba reference is on the new last
         node (where the checkpoint put the forked state), unless the receipt skipped the component."""
         super()._relocked(r, s)
-        lock = getattr(s.req, "lock", None)
-        skipped = tuple(getattr(getattr(lock, "receipt", None), "skipped_lock_components", ()) or ())
+        lock = kept_lock(s.req)       # a TreeLock (0.5.22+: its receipt), DecLockRefParams, or a uuid
+        skipped = tuple(getattr(getattr(lock, "receipt", lock), "skipped_lock_components", ()) or ())
         self.mlocked[r] = self._mamba_lock_node(self.reqs[r].node, skipped)
 
     def _remember(self, req: Req, n: int) -> None:
