@@ -20,6 +20,7 @@ from .checks import (Req, Violation, key_tokens, slots_of, tokens_of)
 from .layouts import FAULTS
 from .compat import has_params, kw
 from .mamba_state import (MambaStates, fingerprint, mamba_pools, set_server_args_stand_in)  # noqa: F401
+from .sched_req import req_get, req_set
 
 
 def tree_frees_duplicates(cache: Any) -> bool:
@@ -288,8 +289,16 @@ class MambaAdapter(MambaStates, SglangAdapter):
 
     # ---- the scheduler path (sched.py): the request's state slot travels with it ---
     def _sched_new(self, r: str, sreq: Any) -> None:
-        """The row SGLang's HybridReqToTokenPool hands out maps to the state slot the admission took."""
-        sreq.mamba_pool_idx = self.torch.tensor(self.mslot[r], dtype=self.torch.int64)
+        """The row SGLang's HybridReqToTokenPool hands out maps to the state slot the admission took
+        (its `alloc` takes a new state slot only for a request that holds none), set where the
+        release keeps `mamba_pool_idx` (`req_set`): on the request up to 0.5.18, in its `ReqKvInfo`
+        record from 0.5.19. Set on the request there, the field was a stray attribute: `alloc` saw
+        `req.kv.holds_mamba` False, gave the request a second, never-written state slot, and
+        `cache_unfinished_req` copied that one into the tree (a false tree_content_matches).
+        The resume copy of a hit node's state (0.5.16+: deferred to the forward through
+        `kv.mamba_cow_src_index`, set only by a match that is passed the request with `cow_mamba`)
+        is the adapter's own, made at admission (`_a_match`): its match passes no request."""
+        req_set(sreq, mamba_pool_idx=self.torch.tensor(self.mslot[r], dtype=self.torch.int64))
 
     def _computed(self, r: str, upto: int) -> None:
         self._state_write(self.mslot[r], tuple(self.reqs[r].tokens[:upto]))    # the chunk's forward
@@ -322,7 +331,7 @@ class MambaAdapter(MambaStates, SglangAdapter):
 
     def _relocked(self, r: str, s: Any) -> None:
         """The lock SGLang moved is a mamba lock if the new last node keeps a state."""
-        self.mlocked[r] = s.req.last_node.mamba_value is not None
+        self.mlocked[r] = req_get(s.req, "last_node").mamba_value is not None
 
     def _released(self, r: str, s: Any) -> None:
         self.mslot.pop(r, None)

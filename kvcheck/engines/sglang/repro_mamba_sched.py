@@ -77,7 +77,7 @@ def w_publish(self, q, r):    # the scheduler's call after a chunk: insert what 
         if KV_API:                                                               # lock stays on the old node
             c.unlock(sr.lock); c.lock(old)
         else:
-            c.inc_lock_ref(old); rec = sr.swa_uuid_for_lock
+            c.inc_lock_ref(old); rec = kept_uuid(sr)
             c.dec_lock_ref(sr.last_node, *([] if rec is None else [bpc.DecLockRefParams(swa_uuid_for_lock=rec)]))
     q["h"], n = sr.last_node, s["computed"]
     q["slots"] = [int(x) for x in self.rtp.req_to_token[s["row"], :n].tolist()] + q["slots"][n:]

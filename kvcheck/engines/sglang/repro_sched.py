@@ -27,12 +27,16 @@ elif OWN_REQ:           # release_kv_cache reads the global server args: an unre
     from sglang.srt import runtime_context as _rc, server_args as _sa
     try:
         _rc.get_server_args()
-    except ValueError:
-        _args = _sa.ServerArgs.__new__(_sa.ServerArgs)
-        for _f in dataclasses.fields(_sa.ServerArgs):
-            setattr(_args, _f.name, _f.default if _f.default is not dataclasses.MISSING else
-                    _f.default_factory() if _f.default_factory is not dataclasses.MISSING else None)
-        _args.model_path, _args.device, _args.page_size, _args._mamba_cache_chunk_size = "dummy", "cpu", 1, 64
+    except ValueError:  # a dataclass: its defaults without __post_init__ (it would load the model's config)
+        if dataclasses.is_dataclass(_sa.ServerArgs):
+            _args = _sa.ServerArgs.__new__(_sa.ServerArgs)
+            for _f in dataclasses.fields(_sa.ServerArgs):
+                setattr(_args, _f.name, _f.default if _f.default is not dataclasses.MISSING else
+                        _f.default_factory() if _f.default_factory is not dataclasses.MISSING else None)
+            _args.model_path, _args.device, _args.page_size = "dummy", "cpu", 1
+        else:           # 0.5.20+: a Struct that resolves nothing when built
+            _args = _sa.ServerArgs(model_path="dummy", device="cpu", page_size=1)
+        _args._mamba_cache_chunk_size = 64
         _rc.get_context().set_server_args(_args)
 
 
@@ -48,6 +52,20 @@ def kv_holder(sr, k):   # where the release keeps request field k: its kv record
 def kvset(sr, **values):
     for k, v in values.items():
         setattr(kv_holder(sr, k), k, v)
+
+
+def keep_lock(sr, rec):     # the admission's lock receipt, in the field the release's Req keeps it in
+    if hasattr(sr, "lock_receipt"):         # 0.5.20-0.5.21: its DecLockRefParams
+        P = bpc.DecLockRefParams
+        sr.lock_receipt = P() if rec is None else rec.to_dec_params() if hasattr(rec, "to_dec_params") else \
+            P(swa_uuid_for_lock=getattr(rec, "swa_uuid_for_lock", rec))
+    elif "swa_uuid_for_lock" in _KVF or hasattr(sr, "swa_uuid_for_lock"):     # its SWA uuid alone
+        kvset(sr, swa_uuid_for_lock=getattr(rec, "swa_uuid_for_lock", rec))
+
+
+def kept_uuid(sr):          # the SWA uuid of the receipt the request keeps after SGLang moved its lock
+    r = getattr(sr, "lock_receipt", None) or getattr(kv_holder(sr, "swa_uuid_for_lock"), "swa_uuid_for_lock", None)
+    return getattr(r, "swa_uuid_for_lock", r)
 
 
 '''
@@ -107,9 +125,10 @@ def sched_req(r, prompt, computed, node, hit, rec, receipt, prefix):
         from sglang.srt.sampling.sampling_params import SamplingParams
         sr = _sb.Req(r, "", seq(prompt), SamplingParams(max_new_tokens=MAX_TOKENS))
         kvset(sr, last_node=node, cache_protected_len=hit, prefix_indices=torch.tensor(prefix, dtype=torch.int64))
-        for k, v in (("last_matched_prefix_len", hit), ("swa_uuid_for_lock", receipt), ("is_chunked", 1)):
+        for k, v in (("last_matched_prefix_len", hit), ("is_chunked", 1)):
             if k in _KVF or hasattr(sr, k):
                 kvset(sr, **{k: v})
+        keep_lock(sr, rec if rec is not None else receipt)
         return sr
     return FlatReq(r, prompt, computed, node, hit, receipt, prefix)
 
@@ -219,12 +238,12 @@ def publish(q, r):
             cache.unlock(sr.lock); cache.lock(old)
         else:
             cache.inc_lock_ref(old)
-            unlock(sr.last_node, sr.swa_uuid_for_lock)
+            unlock(sr.last_node, kept_uuid(sr))
     q["node"], n = sr.last_node, s["computed"]
     q["slots"] = [int(x) for x in rows.req_to_token[s["row"], :n].tolist()] + q["slots"][n:]
     q["hit"] = protected_len(cache, sr)
     if SWA:
-        q["receipt"] = sr.swa_uuid_for_lock
+        q["receipt"] = kept_uuid(sr)
     full_free, swa_free = free_sets()
     print(f"  cache_unfinished_req: {n} tokens published, lock now on a {len(path_slots(q['node']))}-token node, row {q['slots'][:n]}")
     for p in range(n):

@@ -30,8 +30,8 @@ from .checks import Req, Violation
 from .compat import (alloc_row, free_row, kv_record_api, own_req_cls, row_pool, runtime_config, takes, token_seq)
 from .layouts import FAULTS, MAX_TOKENS
 from .mamba_state import set_server_args_stand_in
-from .sched_req import (PENDING, ROWS, FlatReq, Sched, keep_lock, req_get, req_has,  # noqa: F401 (FlatReq)
-                        req_set)
+from .sched_req import (PENDING, ROWS, FlatReq, Sched, keep_lock, kept_lock, req_get,  # noqa: F401 (FlatReq)
+                        req_has, req_set)
 
 
 def frees_committed(cache: Any) -> bool:
@@ -260,11 +260,11 @@ class SchedMixin:
             c.lock(old)
             return
         c.inc_lock_ref(old)
-        rec = q.swa_uuid_for_lock
+        rec, params = kept_lock(q), getattr(self.S["bpc"], "DecLockRefParams", None)
         if rec is None or not (takes(c.dec_lock_ref, "params") or takes(c.dec_lock_ref, "swa_uuid_for_lock")):
             c.dec_lock_ref(q.last_node)
         elif takes(c.dec_lock_ref, "params"):
-            c.dec_lock_ref(q.last_node, self.S["bpc"].DecLockRefParams(swa_uuid_for_lock=rec))
+            c.dec_lock_ref(q.last_node, rec if isinstance(rec, params) else params(swa_uuid_for_lock=rec))  # type: ignore
         else:
             c.dec_lock_ref(q.last_node, rec)
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from .checks import Req, Violation
 from .compat import dec_params
-from .sched_req import kept_lock
+from .sched_req import kept_lock, req_set
 from .layouts import FAULTS
 from .mamba_state import MambaStates, mamba_pools
 from .unified import Hold, UnifiedAdapter
@@ -238,7 +238,7 @@ class UnifiedMambaAdapter(UnifiedMambaChecks, MambaStates, UnifiedAdapter):
     def _sched_new(self, r: str, sreq: Any) -> None:
         """SGLang's request carries the state slot the admission took, so the row SGLang's
         HybridReqToTokenPool hands out maps to it (else alloc takes a second slot for it)."""
-        (sreq.kv if self.kv_api else sreq).mamba_pool_idx = self.torch.tensor(self.mslot[r], dtype=self.torch.int64)
+        req_set(sreq, mamba_pool_idx=self.torch.tensor(self.mslot[r], dtype=self.torch.int64))   # (req.kv 0.5.19+)
 
     def _computed(self, r: str, upto: int) -> None:
         self._state_write(self.mslot[r], tuple(self.reqs[r].tokens[:upto]))    # the chunk's forward
