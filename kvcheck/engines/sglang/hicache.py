@@ -20,7 +20,8 @@ from kvcheck.fuzz.boundary import CannotDrive
 
 from .compat import has_params, new_allocator
 from .checks import (Req, Violation, ints, slots_of, tokens_of)
-from .hicache_cpu import (CPU_DEVICE, install_hicache_stand_ins, in_flight_writes, server_args, old_keywords)
+from .hicache_cpu import (CPU_DEVICE, install_hicache_stand_ins, in_flight_writes, old_keywords, published_settings,
+                          server_args)
 from .layouts import FAULTS
 from .mamba import fingerprint
 
@@ -58,12 +59,13 @@ class HiCacheAdapter(SglangAdapter):
                                    layer_num=2, device="cpu", enable_memory_saver=False)
         self.alloc = new_allocator(S["allocator"].TokenToKVPoolAllocator, self.capacity, torch.float32, "cpu", self.kv)
         cls, sa = cache_class(self.lay.cls), server_args(2.0)
-        if S["CacheInitParams"] is not None:
-            params = S["CacheInitParams"](disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=self.alloc,
-                                          page_size=1, tp_cache_group=dist.group.WORLD)
-            self.cache = cls(params, sa)
-        else:                   # releases before CacheInitParams: the same settings as keywords
-            self.cache = cls(**old_keywords(cls, self.alloc, dist.group.WORLD, sa))
+        with published_settings(sa):        # releases that read them from the runtime context's bags
+            if S["CacheInitParams"] is not None:
+                params = S["CacheInitParams"](disable=False, req_to_token_pool=None, page_size=1,
+                                              token_to_kv_pool_allocator=self.alloc, tp_cache_group=dist.group.WORLD)
+                self.cache = cls(params, sa)
+            else:               # releases before CacheInitParams: the same settings as keywords
+                self.cache = cls(**old_keywords(cls, self.alloc, dist.group.WORLD, sa))
         self.cache.load_back_threshold = 1          # SGLang's 10 would skip every short host hit here
         self.host = self.cache.token_to_kv_pool_host
         self.reqs: dict[str, Req] = {}

@@ -59,6 +59,13 @@ class _CpuEvent:
     def wait(self, stream: Any = None) -> None:
         self.synchronize()
 
+    def elapsed_time(self, end: "_CpuEvent") -> float:
+        """A timing event's reading (SGLang's transfer metrics, 0.5.18+, with metrics on): the CPU
+        device has no clock for queued work; 0 ms once both events completed, as CUDA requires."""
+        if not (self.done and end.done):
+            raise RuntimeError("elapsed_time on an event that has not completed")
+        return 0.0
+
 
 class _CpuDevice:
     """Stands for SGLang's `device_module` (torch.cuda): Stream, Event, stream(), current_stream()."""
@@ -103,9 +110,12 @@ def transfer_kv_direct(src_layers: list, dst_layers: list, src_indices: Any, dst
     copy() if s is CPU_DEVICE.default else s.queue.append(copy)
 
 
-def _host_alloc(dims: Any, dtype: Any, device: str, pin_memory: bool = False, allocator: Any = None) -> Any:
-    """KVCHECK_CPU_STUB for host-memory registration: nothing to register on CPU (0.5.6 passes
-    no allocator: plain memory)."""
+def _host_alloc(dims: Any, dtype: Any, device: str, pin_memory: bool = False, allocator: Any = None,
+                registration_granularity_bytes: int | None = None) -> Any:
+    """KVCHECK_CPU_STUB for host-memory registration (`alloc_with_host_register`): nothing to
+    register on CPU (0.5.6 passes no allocator: plain memory). It takes what the real one takes:
+    0.5.19+ pass `registration_granularity_bytes`, the chunking of cudaHostRegister (no bearing on
+    the buffer's shape or bytes), which has nothing to chunk here."""
     if allocator is None:
         import torch
         return torch.empty(dims, dtype=dtype, device=device)
@@ -156,6 +166,11 @@ def install_hicache_stand_ins() -> None:
     cc.device_module = CPU_DEVICE
     mph.transfer_kv_direct = transfer_kv_direct
     import importlib
+    try:        # 0.5.18+: the controller's transfers run in L2TransferEngine, on its own module's
+        #         streams and events (torch.cpu's here: synchronous, a premature ack never visible)
+        importlib.import_module("sglang.srt.mem_cache.l2_transfer").device_module = CPU_DEVICE
+    except ImportError:
+        pass
     for name in ("sglang.srt.mem_cache.pool_host.mha", "sglang.srt.mem_cache.pool_host.mla"):
         try:                    # 0.5.16+: the host pools moved to pool_host/ (each imports the kernel)
             importlib.import_module(name).transfer_kv_direct = transfer_kv_direct
@@ -195,6 +210,51 @@ def server_args(host_ratio: float) -> Any:
                            hicache_storage_backend_extra_config=None, hicache_storage_prefetch_policy="best_effort",
                            served_model_name="kvcheck", extra_metric_labels=None,
                            disable_hicache_numa_detect=True)       # 0.5.8-0.5.9 (no NUMA on a CPU stand-in)
+
+
+@contextmanager
+def published_settings(sa: Any) -> Any:
+    """While HiRadixCache is built, the runtime context's config bags hold the settings of `sa`.
+
+    Releases with a runtime context (`get_memory()`: 0.5.18-0.5.20's HiRadixCache, and the host
+    pool's `get_allocator_type`) read the HiCache settings (ratio, size, layout, IO backend, write
+    policy, storage) from its "memory" bag, projected from the published ServerArgs, not from the
+    server args passed to the constructor. Nothing published: the bag is missing ("config namespace
+    'memory' not published"); an unresolved stand-in published (`set_server_args_stand_in`, the
+    scheduler path's): `hicache_ratio` is None, which only ServerArgs' __post_init__ resolves to 2.0
+    (the host pool's `device_pool.size * None`), and the layout and IO backend are SGLang's defaults
+    (page_first, kernel), not the layer-first direct transfer the CPU stand-ins model. So each field
+    of `sa` that the release routes to a bag (its own `namespace_of`, as `RuntimeContext.override`
+    routes) is set there with the bag's scoped `override`, over SGLang's own test publish
+    (`override_server_args`, a dummy ServerArgs) where no config is published. Both are undone
+    when the construction ends (no read after it): the process's config is left as it was.
+    Releases without config bags read `sa` itself: nothing to do."""
+    from contextlib import ExitStack
+    try:
+        from sglang.srt import runtime_context as rc
+        from sglang.srt.arg_groups.arg_utils import namespace_of
+    except ImportError:
+        rc = None
+    ctx = rc.get_context() if rc is not None and hasattr(rc, "get_context") else None
+    if ctx is None or not hasattr(ctx, "config_bag") or not hasattr(ctx, "override_server_args"):
+        yield
+        return
+    with ExitStack() as stack:
+        try:
+            ctx.config_bag("memory")
+        except ValueError:              # "config namespace 'memory' not published"
+            stack.enter_context(ctx.override_server_args())
+        routes: dict[str, dict[str, Any]] = {}
+        for name, path in namespace_of(type(ctx.server_args)).items():
+            if name in vars(sa):
+                routes.setdefault(path, {})[name] = getattr(sa, name)
+        for path, values in routes.items():
+            top, *subs = path.split(".")
+            bag = ctx.config_bag(top)
+            for seg in subs:
+                bag = getattr(bag, seg)
+            stack.enter_context(bag.override(**values))
+        yield
 
 
 def old_keywords(cls: Any, alloc: Any, group: Any, sa: Any) -> dict[str, Any]:
