@@ -57,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="walk steps (default: 10000 clean, up to 400000 with --fault)")
     g.add_argument("--project", metavar="FILE", help="project file naming the systems to check (default: "
                    "[tool.kvcheck] in ./pyproject.toml, else ./kvcheck.toml; without one, the default profile)")
+    g.add_argument("--strict-known", action="store_true",
+                   help="with a project file: as its known_strict = true (an acknowledged defect the release "
+                        "under test cannot have fails the gate)")
     g.add_argument("--junit", metavar="FILE", help="also write the checks as JUnit XML (one test case per "
                    "system, engine and check)")
     i = add("init", _lazy("cmd_init", "cmd_init"), "write a commented starter kvcheck.toml for `kvcheck gate`",
@@ -95,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--sut vllm|sglang: accept a known engine defect (shown, not failing); without it a "
                         "recognised known defect is a finding with its check's exit code (repeatable; the "
                         "project file's [known] table is the same)")
+    z.add_argument("--strict-known", action="store_true", default=None,
+                   help="--sut vllm|sglang: an acknowledged defect (--acknowledge) this release cannot have "
+                        "fails the run (\"fixed? remove the entry\"); the project file's known_strict = true")
     z.add_argument("--list-layouts", action="store_true", help="--sut vllm|sglang: list the layouts")
     z.add_argument("--layout-file", metavar="FILE", help="--sut vllm / sglang: a layout of your own (JSON; docs/adapters-vllm.md)")
     z.add_argument("--workload", metavar="NAME", default=None,

@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 ENGINE_OPTIONS = {"workload": "--workload", "sched_policy": "--sched-policy", "layout": "--layout",
                   "list_layouts": "--list-layouts", "layout_file": "--layout-file",
                   "strict_reuse": "--strict-reuse", "ray": "--ray", "redis": "--redis",
-                  "observability": "--observability", "acknowledge": "--acknowledge"}
+                  "observability": "--observability", "acknowledge": "--acknowledge",
+                  "strict_known": "--strict-known"}
 MACHINE_OPTIONS = frozenset({"ray", "redis", "observability"})
 
 

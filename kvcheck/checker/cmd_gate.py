@@ -19,6 +19,11 @@ def cmd_gate(args: argparse.Namespace) -> int:
         raise UsageError(f"--fault/--steps/--seed apply to the default profile; with a project file "
                          f"({path}) list expected_faults, budgets and seeds there")
     proj = load_project(path) if path is not None else None
+    if getattr(args, "strict_known", False):
+        if proj is None:
+            raise UsageError("--strict-known applies to a project gate (its known defects); the default "
+                             "profile acknowledges none")
+        proj.strict_known()
     cfg = load_config(args)
     if args.fault is not None:
         check_fault(args.fault, ("spec",), "`kvcheck gate`")
@@ -35,6 +40,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
     else:
         from .gate_project import run_project
         cmd = kvcheck_command("gate", "--project", path, *(["--config", args.config] if args.config else []),
+                              *(["--strict-known"] if getattr(args, "strict_known", False) else []),
                               *(["--out", args.out] if args.out != "kvcheck-report" else []))
         check_corpus_location(proj.corpus)     # before the work: a finding must have somewhere to go
         with progress(args, f"gate: {path}") as bar:

@@ -104,6 +104,12 @@ class Project:
     systems: tuple[System, ...]
     corpus: Path
 
+    def strict_known(self) -> None:
+        """`kvcheck gate --strict-known`: every engine system as under `known_strict = true`."""
+        for s in self.systems:
+            if "strict_known" in s.options:
+                s.options["strict_known"] = True
+
 
 def find_project(explicit: str | None, cwd: Path | None = None) -> Path | None:
     """--project FILE, else ./pyproject.toml with [tool.kvcheck], else ./kvcheck.toml, else None."""

@@ -123,3 +123,44 @@ def test_the_project_gate_fails_on_it_unless_the_file_acknowledges_it(monkeypatc
     proj.write_text('[known]\nfine_cow_same_step = { upstream = "vllm#41838" }\n' + base)
     assert_bad_input(*run(capsys, "gate", "--project", str(proj), "--out", str(tmp_path / "c"))[::2],
                      "known.fine_cow_same_step: reason must be a non-empty string")
+
+
+def _with_release(monkeypatch, version: str) -> None:
+    """A vLLM campaign that meets no known defect, on `version` (where fine_cow_same_step cannot be)."""
+    from kvcheck.engines.vllm import drivers
+    real = drivers._campaign
+
+    def campaign(*a, **k):
+        res = real(*a, **k)
+        res["vllm_version"] = version
+        return res
+    monkeypatch.setattr(drivers, "_campaign", campaign)
+
+
+def test_strict_known_on_the_command_line_fails_a_stale_acknowledgement(monkeypatch, capsys, tmp_path):
+    """`--strict-known` mirrors the project file's known_strict: an acknowledged defect the release
+    under test cannot have is "fixed? remove the entry" and fails; without the flag it is shown only."""
+    _with_release(monkeypatch, "0.20.0")
+    args = ("fuzz", "--sut", "vllm", "--layout", "full+swa", "--budget", "40", "--json", "--out", str(tmp_path),
+            "--acknowledge", "fine_cow_same_step=waiting for vllm PR #42359")
+    code, out, _ = run(capsys, *args)
+    res = json.loads(out)
+    assert code == 0 and res["known"][0]["status"] == "fixed?"
+    code, out, _ = run(capsys, *args, "--strict-known")
+    res = json.loads(out)
+    assert code == 13 and res["known"][0]["status"] == "fixed?" and "--strict-known" in res["command"]
+    assert_bad_input(*run(capsys, "fuzz", "--sut", "spec", "--strict-known")[::2],
+                     "--strict-known applies to --sut sglang and --sut vllm only")
+
+
+def test_strict_known_on_the_gate_is_the_files_known_strict(monkeypatch, capsys, tmp_path):
+    _with_release(monkeypatch, "0.20.0")
+    proj = tmp_path / "kvcheck.toml"
+    proj.write_text('[known]\nfine_cow_same_step = { reason = "waiting for PR #42359" }\n'
+                    '[systems.vllm]\nlayouts = ["full+swa"]\nengines = ["fuzz"]\nbudget = 40\n')
+    code, out, _ = run(capsys, "gate", "--project", str(proj), "--out", str(tmp_path / "a"), "--json")
+    assert code == 0, out
+    code, out, _ = run(capsys, "gate", "--project", str(proj), "--out", str(tmp_path / "b"), "--json", "--strict-known")
+    assert code != 0 and "fixed?" in out, out
+    assert_bad_input(*run(capsys, "gate", "--strict-known", "--out", str(tmp_path / "c"))[::2],
+                     "--strict-known applies to a project gate")

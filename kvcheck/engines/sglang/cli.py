@@ -17,7 +17,8 @@ def fuzz_command(args: argparse.Namespace) -> int:
         b = Budget.parse(args.budget)
         check_writable(Path(args.out))
         res, text = sg.cli_fuzz(args.layout, args.layout_file, args.list_layouts, b.seconds, b.steps,
-                                args.seed, args.fault, args.out, parse_cli(args.acknowledge))
+                                args.seed, args.fault, args.out, parse_cli(args.acknowledge),
+                                bool(getattr(args, "strict_known", False)))
     except (sg.SglangUnavailable, ValueError) as e:
         raise UsageError(str(e)) from None
     emit(args, res, lambda: text)

@@ -272,7 +272,8 @@ def replay(trace: Trace | str | Path) -> dict:
 
 def cli_fuzz(layout: str | None, layout_file: str | None, list_only: bool, budget_s: float | None,
              steps: int | None, seed: int, fault: str | None, out_dir: str,
-             acknowledged: Mapping[str, Acknowledgement] | None = None) -> tuple[dict, str]:
+             acknowledged: Mapping[str, Acknowledgement] | None = None,
+             strict_known: bool = False) -> tuple[dict, str]:
     """What `kvcheck fuzz --sut sglang` prints: (JSON result, text). Raises LayoutError or
     SglangUnavailable (the CLI turns them into one line, exit 2)."""
     if list_only:
@@ -289,7 +290,7 @@ def cli_fuzz(layout: str | None, layout_file: str | None, list_only: bool, budge
     if fault is not None and fault not in FAULTS:
         raise LayoutError(f"unknown fault {fault!r} for --sut sglang; known: {', '.join(FAULTS)}")
     res = run_campaign(lay, budget_s=budget_s, steps=steps, seed=seed, fault=fault, out_dir=out_dir,
-                       acknowledged=acknowledged)
+                       acknowledged=acknowledged, strict_known=strict_known)
     if "cannot_drive" in res:
         return res, res["cannot_drive"]["line"]
     lines = [f"kvcheck fuzz --sut sglang --layout {res['layout']} ({res['class']}): exit {res['exit_code']} "

@@ -23,7 +23,7 @@ class SglangEngine(Engine):
     docs = "docs/adapters-sglang.md"
     legacy_modules = {"kvcheck.fuzz.adapters.sglang": "kvcheck.engines.sglang.drivers"} | {
         f"kvcheck.fuzz.adapters.sglang_{m}": f"kvcheck.engines.sglang.{m}" for m in MODULES}
-    fuzz_options = frozenset({"layout", "list_layouts", "layout_file", "acknowledge"})
+    fuzz_options = frozenset({"layout", "list_layouts", "layout_file", "acknowledge", "strict_known"})
     packages = ("sglang",)
     distribution = "sglang"
     release_range = ("0.4.10", "0.5.23")           # install.OLDEST, NEWEST (tests check they agree)

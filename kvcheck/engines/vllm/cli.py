@@ -74,7 +74,8 @@ def fuzz_command(args: argparse.Namespace) -> int:
         else:
             res = v.run_campaign(args.layout, budget_s=budget.seconds, steps=budget.steps, seed=args.seed,
                                  strict_reuse=args.strict_reuse, fault=args.fault, out_dir=str(out),
-                                 workload=workload, sched_policy=policy, acknowledged=acknowledged)
+                                 workload=workload, sched_policy=policy, acknowledged=acknowledged,
+                                 strict_known=bool(args.strict_known))
     except v.VllmUnavailable as e:
         raise UsageError(str(e)) from None
     except ValueError as e:
@@ -92,6 +93,7 @@ def fuzz_command(args: argparse.Namespace) -> int:
         + (["--workload", workload] if workload != "random" else []) \
         + (["--sched-policy", policy] if policy != "fcfs" else []) \
         + [f"--acknowledge={n}={a.reason}" for n, a in acknowledged.items()] \
+        + (["--strict-known"] if args.strict_known else []) \
         + (["--ray", *([args.ray] if args.ray else []), "--workers", str(len(res["ray"]["shards"]) // len(layouts))]
            if args.ray is not None else [])
     res["command"] = kvcheck_command(*cmd)

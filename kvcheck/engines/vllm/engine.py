@@ -22,7 +22,7 @@ class VllmEngine(Engine):
             "machine", "mamba", "mamba_faults", "presets", "release", "reproducer", "reproducer_body",
             "sched", "timeline", "twin", "workloads")}
     fuzz_options = frozenset({"layout", "list_layouts", "layout_file", "workload", "sched_policy",
-                              "strict_reuse", "ray", "acknowledge"})
+                              "strict_reuse", "ray", "acknowledge", "strict_known"})
     project_variant_key = "layouts"
     packages = ("vllm",)
     distribution = "vllm"
