@@ -23,26 +23,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvcheck.fuzz.boundary import assign
 from kvcheck.spec.sut import ActionRejected
 
 from .checks import Req, Violation
 from .compat import (alloc_row, free_row, kv_record_api, own_req_cls, row_pool, runtime_config, takes, token_seq)
 from .layouts import FAULTS, MAX_TOKENS
 from .mamba_state import set_server_args_stand_in
-from .sched_req import (PENDING, ROWS, FlatReq, Sched, keep_lock, kept_lock, req_get,  # noqa: F401 (FlatReq)
-                        req_has, req_set)
-
-
-def frees_committed(cache: Any) -> bool:
-    """Whether the release's `cache_finished_req` frees what the request committed (0.5.7+:
-    `pop_committed_kv_cache`), so that SGLang's scheduler may release a request aborted in the
-    middle of its chunked prefill. Before (0.4.10-0.5.4) it frees the whole prompt's row, and
-    the scheduler never releases a request mid-prefill that way: it aborts it by shrinking its
-    prompt to one token and finishing it (`set_finish_with_abort`; `is_insert=False` is for
-    retracting decoding requests), so kvcheck does not drive such an abort there."""
-    names = getattr(getattr(type(cache).cache_finished_req, "__code__", None), "co_names", ())
-    return "pop_committed_kv_cache" in names or "kv_committed_len" in names
+from .sched_req import (PENDING, ROWS, FlatReq, Sched, fill_own, frees_committed,  # noqa: F401 (FlatReq)
+                        keep_lock, kept_lock, req_get, req_has, req_set)
 
 
 class SchedMixin:
@@ -200,18 +188,8 @@ class SchedMixin:
         elif isinstance(q, FlatReq):
             q.kv_committed_len = q.kv_allocated_len = n
             q.fill_ids = self._seq(self.reqs[q.rid].tokens[:n])
-        else:                   # SGLang's own Req (ChunkCache, 0.5.2+): only fields it has are set
-            toks = self.reqs[q.rid].tokens
-            if hasattr(q, "fill_len"):        # 0.5.14: the whole sequence, and how much is filled
-                assign(q, full_untruncated_fill_ids=self._seq(toks), fill_len=n)
-            elif hasattr(q, "extend_range"):  # 0.5.15: the sequence, and the round's range
-                from sglang.srt.utils.common import Range
-                assign(q, full_untruncated_fill_ids=self._seq(toks), extend_range=Range(0, n))
-            else:
-                assign(q, fill_ids=self._seq(toks[:n]))
-            for k in ("kv_committed_len", "kv_allocated_len"):     # what releases with them free
-                if req_has(q, k):             # (0.5.2's ChunkCache frees prompt + output instead)
-                    req_set(q, **{k: n})
+        else:                   # SGLang's own Req (ChunkCache 0.5.2+; every class 0.5.16-0.5.21)
+            fill_own(q, self._seq(self.reqs[q.rid].tokens), n)
 
     # ---- SGLang's own publishing and release ----------------------------------------------
     def _publish(self, r: str, s: Sched) -> None:

@@ -97,6 +97,33 @@ class Sched:
     inserted: bool = False
 
 
+def frees_committed(cache: Any) -> bool:
+    """Whether the release's `cache_finished_req` frees what the request committed (0.5.7+:
+    `pop_committed_kv_cache`), so that SGLang's scheduler may release a request aborted in the
+    middle of its chunked prefill. Before (0.4.10-0.5.4) it frees the whole prompt's row, and
+    the scheduler never releases a request mid-prefill that way: it aborts it by shrinking its
+    prompt to one token and finishing it (`set_finish_with_abort`; `is_insert=False` is for
+    retracting decoding requests), so kvcheck does not drive such an abort there."""
+    names = getattr(getattr(type(cache).cache_finished_req, "__code__", None), "co_names", ())
+    return "pop_committed_kv_cache" in names or "kv_committed_len" in names
+
+
+def fill_own(q: Any, seq: Any, n: int) -> None:
+    """SGLang's own Req computed up to n of `seq` (its whole token sequence), in the fields this
+    release has: `fill_len` (0.5.14), `extend_range` (0.5.15+), else `fill_ids`; and the KV lengths
+    where it keeps them (0.5.2's ChunkCache frees prompt + output instead)."""
+    if hasattr(q, "fill_len"):
+        assign(q, full_untruncated_fill_ids=seq, fill_len=n)
+    elif hasattr(q, "extend_range"):
+        from sglang.srt.utils.common import Range
+        assign(q, full_untruncated_fill_ids=seq, extend_range=Range(0, n))
+    else:
+        assign(q, fill_ids=seq[:n])
+    for k in ("kv_committed_len", "kv_allocated_len"):
+        if req_has(q, k):
+            req_set(q, **{k: n})
+
+
 # ---- a request's KV fields, wherever the release keeps them ----------------------------------
 def keeps_kv_record(req_cls: type) -> bool:
     """Whether the release's Req keeps (part of) its KV bookkeeping in a record (`self.kv`, 0.5.16+)."""
