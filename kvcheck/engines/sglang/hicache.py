@@ -20,8 +20,9 @@ from kvcheck.fuzz.boundary import CannotDrive
 
 from .compat import has_params, new_allocator
 from .checks import (Req, Violation, ints, slots_of, tokens_of)
-from .hicache_cpu import (CPU_DEVICE, install_hicache_stand_ins, in_flight_writes, old_keywords, published_settings,
-                          server_args)
+from .hicache_cpu import (CPU_DEVICE, install_hicache_stand_ins, in_flight_loads, in_flight_writes, old_keywords,
+                          published_settings, server_args)
+from .hicache_thread import THREADS
 from .layouts import FAULTS
 from .mamba import fingerprint
 
@@ -40,14 +41,12 @@ class HiCacheAdapter(SglangAdapter):
         from .install import cache_class, load
         S = load()
         from sglang.srt.managers import cache_controller as cc
-        if hasattr(cc.HiCacheController, "write_thread_func_direct"):
-            # before 0.5.2 the write-through runs on a background thread that drives CUDA streams
-            # itself (set_stream, synchronize); the CPU device stand-in models streams stepped by
-            # the scheduler, not that thread: a verdict there would be about the stand-in
-            raise CannotDrive("sglang", S["version"], "HiCacheController writes through on a background thread "
-                              "(write_thread_func_direct), which kvcheck's CPU device stand-in does not model",
-                              "kvcheck/engines/sglang/hicache_cpu.py (_CpuDevice)")
+        THREADS.reset()                 # the last cache's held threads (if any) unwind
         install_hicache_stand_ins()
+        if hasattr(cc.HiCacheController, "write_thread_func_direct"):
+            # before 0.5.2 the controller writes through and loads back on threads of its own
+            # (set_stream, synchronize): kvcheck holds them and steps SGLang's own thread functions
+            THREADS.install(cc)
         import logging        # a refused load-back is an expected outcome here, not a warning to print
         log = logging.getLogger("sglang.srt.mem_cache.hiradix_cache")
         if log.level != logging.ERROR:          # (setLevel clears every logger's cache: once)
@@ -66,6 +65,11 @@ class HiCacheAdapter(SglangAdapter):
                 self.cache = cls(params, sa)
             else:               # releases before CacheInitParams: the same settings as keywords
                 self.cache = cls(**old_keywords(cls, self.alloc, dist.group.WORLD, sa))
+        if THREADS.unknown():
+            raise CannotDrive("sglang", S["version"], "HiCacheController started threads kvcheck does not know "
+                              f"how to step: {', '.join(THREADS.unknown())}",
+                              "kvcheck/engines/sglang/hicache_thread.py (ROLES)")
+        THREADS.run()                   # the controller's threads start: each runs until it waits for a job
         self.cache.load_back_threshold = 1          # SGLang's 10 would skip every short host hit here
         self.host = self.cache.token_to_kv_pool_host
         self.reqs: dict[str, Req] = {}
@@ -109,6 +113,7 @@ class HiCacheAdapter(SglangAdapter):
     # ---- the scheduler's loop ---------------------------------------------------------------
     def apply(self, action: str, params: dict[str, Any]) -> dict[str, Any]:
         CPU_DEVICE.progress()                       # the device ran since the last step
+        THREADS.settle()                            # (and the controller's own threads, where it has them)
         try:
             self.cache.check_hicache_events()       # acknowledgements: writes, then loads
         except AssertionError as e:
@@ -134,6 +139,7 @@ class HiCacheAdapter(SglangAdapter):
             self._refused = not len(loaded)          # no device room: a shorter hit is legitimate
             if len(loaded):
                 c.cache_controller.layer_done_counter.set_consumer(c.ready_to_load_host_cache())
+                THREADS.run()       # a load thread woken by that runs until it waits on the device
                 self.coverage["state:loaded_back"] += 1
                 if not self.planted(FAULTS["load_back_before_copy"]):
                     for i in range(self.kv.layer_num):     # the forward waits for each layer's load
@@ -207,7 +213,7 @@ class HiCacheAdapter(SglangAdapter):
         root = c.root_node
         starts = [r.node for r in self.reqs.values() if r.state == "running"]
         flight = in_flight_writes(c)
-        starts += [lock for lock, _ in flight] + list(c.ongoing_load_back.values())
+        starts += [lock for lock, _ in flight] + in_flight_loads(c)
         unacked = {id(n) for _, nodes in flight for n in nodes}
         for n in starts:
             while n is not root:
@@ -217,7 +223,7 @@ class HiCacheAdapter(SglangAdapter):
                 holders[id(n)] = holders.get(id(n), 0) + 1
                 n = n.parent
         pending = any(s.queue for s in CPU_DEVICE.streams)      # a load whose bytes are still in flight
-        loading = {id(a) for x in c.ongoing_load_back.values() for a in self._ancestors(x)} if pending else set()
+        loading = {id(a) for x in in_flight_loads(c) for a in self._ancestors(x)} if pending else set()
         dev_free, host_free = set(self.free_slots()), set(ints([self.host.free_slots]))
         dev_owned, host_owned, total, prot = [], [], 0, 0
         for node, path in nodes:

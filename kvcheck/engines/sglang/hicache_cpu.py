@@ -30,6 +30,10 @@ class _CpuStream:
         ev.synchronize()
 
     def synchronize(self) -> None:
+        """The host waits for the stream: its work runs now; on one of SGLang's own transfer threads
+        kvcheck holds (hicache_thread.py), that thread blocks until the device ran it."""
+        if CPU_DEVICE.thread_sync is not None and CPU_DEVICE.thread_sync(self):
+            return
         self.run()
 
 
@@ -68,14 +72,26 @@ class _CpuEvent:
 
 
 class _CpuDevice:
-    """Stands for SGLang's `device_module` (torch.cuda): Stream, Event, stream(), current_stream()."""
+    """Stands for SGLang's `device_module` (torch.cuda): Stream, Event, stream(), current_stream(),
+    set_stream(). The current stream is per thread, as CUDA's is (a controller's own thread sets
+    its side stream for itself: set_stream, 0.4.10-0.5.1)."""
 
     Stream, Event = _CpuStream, _CpuEvent
 
     def __init__(self) -> None:
+        import threading
         self.default = _CpuStream()
-        self.current = self.default
+        self._tls = threading.local()
         self.streams: list[_CpuStream] = []
+        self.thread_sync: Any = None        # hicache_thread's hook: a held thread's stream.synchronize()
+
+    @property
+    def current(self) -> _CpuStream:
+        return getattr(self._tls, "stream", self.default)
+
+    @current.setter
+    def current(self, s: _CpuStream) -> None:
+        self._tls.stream = s
 
     @contextmanager
     def stream(self, s: _CpuStream) -> Any:
@@ -86,6 +102,11 @@ class _CpuDevice:
             yield
         finally:
             self.current = prev
+
+    def set_stream(self, s: _CpuStream) -> None:
+        if s not in self.streams:
+            self.streams.append(s)
+        self.current = s
 
     def current_stream(self) -> _CpuStream:
         return self.current
@@ -201,6 +222,12 @@ def in_flight_writes(cache: Any) -> list[tuple[Any, list[Any]]]:
     for v in cache.ongoing_write_through.values():
         out.append((v[0], list(v[2])) if isinstance(v, tuple) else (v, [v]))
     return out
+
+
+def in_flight_loads(cache: Any) -> list[Any]:
+    """The node each load-back in flight locks: SGLang keeps it (0.5.2+), or (the ancestor it
+    loads below, that node) (0.4.10-0.5.1)."""
+    return [v[1] if isinstance(v, tuple) else v for v in cache.ongoing_load_back.values()]
 
 
 def server_args(host_ratio: float) -> Any:

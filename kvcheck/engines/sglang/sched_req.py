@@ -6,6 +6,7 @@ a request (`Sched`)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import re
 import sys
@@ -125,6 +126,7 @@ def fill_own(q: Any, seq: Any, n: int) -> None:
 
 
 # ---- a request's KV fields, wherever the release keeps them ----------------------------------
+@functools.lru_cache(maxsize=None)
 def keeps_kv_record(req_cls: type) -> bool:
     """Whether the release's Req keeps (part of) its KV bookkeeping in a record (`self.kv`, 0.5.16+)."""
     try:
