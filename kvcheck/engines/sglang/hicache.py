@@ -5,7 +5,9 @@ The device pool is a real `MHATokenToKVPool` and the host pool a real `MHATokenT
 (KVCHECK_CPU_STUB, installed on SGLang's modules for this process only): host-memory registration
 (nothing to pin on CPU), streams and events (work on a side stream is queued and runs when the
 device "progresses" or when someone waits on its event, so transfers are really asynchronous to
-the scheduler), and the direct transfer kernel (`transfer_kv_direct` as torch indexing). The
+the scheduler), and the direct transfer kernel (`transfer_kv_direct` as torch indexing). Where the
+release's controller moves the bytes on threads of its own (0.4.10-0.5.1), kvcheck holds those
+threads and steps SGLang's own thread functions where they would block (hicache_thread.py). The
 controller's group is a single-process gloo group. The adapter writes a fingerprint of each
 position's prefix into the device KV; every check reads bytes: a write-through is acknowledged
 (`ongoing_write_through` released) only when the host copy holds the node's bytes (the spec's
