@@ -33,7 +33,7 @@ from typing import Any
 
 from .adapter import SglangAdapter
 from .checks import Req, Violation
-from .compat import (alloc_row, free_row, has_params, kw, new_allocator, sglang_req)
+from .compat import (alloc_row, free_row, has_params, kw, method_reads, new_allocator, sglang_req)
 from .install import cache_class, load
 from .layouts import MAX_TOKENS
 from .mamba_state import set_server_args_stand_in
@@ -229,7 +229,7 @@ class ChunkAdapter(SglangAdapter):
         # 0.5.3-0.5.4's ChunkCache counts the KV its chunked requests published as protected
         # (protected_size_: + at cache_unfinished_req, - at cache_finished_req); others count none
         held = (sum(len(s.req.prefix_indices) for s in self.sched.values() if s.req.prefix_indices is not None)
-                if "protected_size_" in type(self.cache).cache_unfinished_req.__code__.co_names else 0)
+                if method_reads(self.cache, "cache_unfinished_req", "protected_size_") else 0)
         if self.cache.protected_size() != held:
             raise Violation("bookkeeping", "lock_ref_equals_holders", "ChunkCache reports "
                             f"{self.cache.protected_size()} protected tokens; its requests' published KV is {held}")

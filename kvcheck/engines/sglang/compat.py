@@ -206,6 +206,13 @@ def runtime_config() -> None:
         ctx.override_server_args(_mamba_cache_chunk_size=MAMBA_CHUNK).install()
 
 
+def method_reads(cache: Any, method: str, *names: str) -> bool:
+    """Whether the release's `method` of `cache`'s class reads any of `names` (the names its code
+    uses): how a release difference inside one method is told apart (who frees, what it counts)."""
+    code = getattr(getattr(type(cache), method, None), "__code__", None)
+    return code is not None and any(n in code.co_names for n in names)
+
+
 def takes(fn: Any, name: str) -> bool:
     """Whether `fn` takes a parameter `name` (e.g. cache_finished_req's `is_insert`, 0.5.1+)."""
     return name in _params(fn)

@@ -1,9 +1,10 @@
 """HiRadixCache's CPU stand-ins (KVCHECK_CPU_STUB, installed on SGLang's modules for this
 process only) and the release differences of its construction: streams and events (work on a
 side stream is queued and runs when the device "progresses" or when someone waits on its
-event; the current stream is per thread), the direct transfer kernel as torch indexing, host-memory registration and pinning
-(nothing to pin on CPU), the server args it reads, its keyword constructor before
-CacheInitParams, and the two shapes of a write-through in flight."""
+event; the current stream is per thread), the direct transfer kernel as torch indexing,
+host-memory registration and pinning (nothing to pin on CPU), the server args it reads, its
+keyword constructor before CacheInitParams, and the two shapes of a write-through (and of a
+load-back) in flight."""
 from __future__ import annotations
 
 from contextlib import contextmanager

@@ -18,7 +18,7 @@ from typing import Any
 from .adapter import SglangAdapter
 from .checks import (Req, Violation, key_tokens, slots_of, tokens_of)
 from .layouts import FAULTS
-from .compat import has_params, kw
+from .compat import has_params, kw, method_reads
 from .mamba_state import (MambaStates, fingerprint, mamba_pools, set_server_args_stand_in)  # noqa: F401
 from .sched_req import req_get, req_set
 
@@ -27,8 +27,7 @@ def tree_frees_duplicates(cache: Any) -> bool:
     """Who frees a finished request's duplicate KV slots [hit, prefix_len): the tree where its
     insert reads `prev_prefix_len` (0.5.12: `_insert_helper` frees them from there), else the
     caller (0.5.7; 0.5.9 has InsertParams but its Mamba tree does not read that field)."""
-    code = getattr(getattr(type(cache), "insert", None), "__code__", None)
-    return code is not None and "prev_prefix_len" in code.co_names
+    return method_reads(cache, "insert", "prev_prefix_len")
 
 
 class MambaAdapter(MambaStates, SglangAdapter):

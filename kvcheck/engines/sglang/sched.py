@@ -26,7 +26,8 @@ from typing import Any
 from kvcheck.spec.sut import ActionRejected
 
 from .checks import Req, Violation
-from .compat import (alloc_row, free_row, kv_record_api, own_req_cls, row_pool, runtime_config, takes, token_seq)
+from .compat import (alloc_row, free_row, kv_record_api, method_reads, own_req_cls, row_pool, runtime_config, takes,
+                     token_seq)
 from .layouts import FAULTS, MAX_TOKENS
 from .mamba_state import set_server_args_stand_in
 from .sched_req import (PENDING, ROWS, FlatReq, Sched, fill_own, frees_committed,  # noqa: F401 (FlatReq)
@@ -263,7 +264,7 @@ class SchedMixin:
         `cache_protected_len` where the release tracks it, else the prefix indices (0.4.10)."""
         if self.own_req:
             return req_get(q, "cache_protected_len")
-        if "cache_protected_len" in type(self.cache).cache_unfinished_req.__code__.co_names:
+        if method_reads(self.cache, "cache_unfinished_req", "cache_protected_len"):
             return q.cache_protected_len
         return len(q.prefix_indices)
 

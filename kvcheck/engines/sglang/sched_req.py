@@ -105,8 +105,8 @@ def frees_committed(cache: Any) -> bool:
     the scheduler never releases a request mid-prefill that way: it aborts it by shrinking its
     prompt to one token and finishing it (`set_finish_with_abort`; `is_insert=False` is for
     retracting decoding requests), so kvcheck does not drive such an abort there."""
-    names = getattr(getattr(type(cache).cache_finished_req, "__code__", None), "co_names", ())
-    return "pop_committed_kv_cache" in names or "kv_committed_len" in names
+    from .compat import method_reads
+    return method_reads(cache, "cache_finished_req", "pop_committed_kv_cache", "kv_committed_len")
 
 
 def fill_own(q: Any, seq: Any, n: int) -> None:
