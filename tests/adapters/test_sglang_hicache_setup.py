@@ -47,16 +47,23 @@ def _context():
     return ctx if ctx is not None and hasattr(ctx, "config_bag") and hasattr(ctx, "override_server_args") else None
 
 
-def test_host_tier_with_nothing_published(monkeypatch):
+def _fresh_context(monkeypatch):
+    """The release's runtime context (None without one) as a fresh process has it: no config
+    projected yet (restored after the test); skipped where SGLang does not load."""
     from kvcheck.engines.sglang.install import SglangUnavailable, load
     try:
         load()
     except SglangUnavailable as e:
         pytest.skip(str(e))
     ctx = _context()
-    if ctx is not None:                         # a fresh process: no config projected yet
+    if ctx is not None:
         monkeypatch.setattr(ctx, "_server_args", None)
         monkeypatch.setattr(ctx, "_config_bags", None)
+    return ctx
+
+
+def test_host_tier_with_nothing_published(monkeypatch):
+    ctx = _fresh_context(monkeypatch)
     _check_host_tier(_build())
     if ctx is not None:
         with pytest.raises(ValueError):
@@ -64,20 +71,13 @@ def test_host_tier_with_nothing_published(monkeypatch):
 
 
 def test_host_tier_under_an_unresolved_config(monkeypatch):
-    from kvcheck.engines.sglang.install import SglangUnavailable, load
-    try:
-        load()
-    except SglangUnavailable as e:
-        pytest.skip(str(e))
-    ctx = _context()
+    ctx = _fresh_context(monkeypatch)
     if ctx is None:
         pytest.skip("this release has no runtime-context config bags")
     from sglang.srt import server_args as sa
     from sglang.srt.runtime_context import get_memory
 
     from kvcheck.engines.sglang.mamba_state import unresolved
-    monkeypatch.setattr(ctx, "_server_args", None)      # (restored after the test)
-    monkeypatch.setattr(ctx, "_config_bags", None)
     ctx.set_server_args(unresolved(sa.ServerArgs, model_path="kvcheck-cpu-stand-in", device="cpu", page_size=1))
     before = dict(object.__getattribute__(get_memory(), "_fields"))
     # (the scheduler path's stand-in: 0.5.18-0.5.20 declare hicache_ratio None until __post_init__)
