@@ -25,12 +25,19 @@ def kw(fn, **k):
     return {a: b for a, b in k.items() if a in names}
 
 
-class _ServerArgsStandIn:     # no server here: the fields SGLang's Req and release_kv_cache read
+''' + REQ_RECORD + r'''class _ServerArgsStandIn:     # no server here: the fields SGLang's Req and release_kv_cache read
     page_size, speculative_eagle_topk, speculative_algorithm, strip_thinking_cache = 1, None, None, False
 
 
-if getattr(sa, "_global_server_args", None) is None and hasattr(sa, "set_global_server_args_for_scheduler"):
+# (0.5.16+: REQ_RECORD published an unresolved ServerArgs in the runtime context, whose publishing
+# resolves what it is given: a stand-in there would not do)
+if not OWN_REQ and getattr(sa, "_global_server_args", None) is None and \
+        hasattr(sa, "set_global_server_args_for_scheduler"):
     sa.set_global_server_args_for_scheduler(_ServerArgsStandIn())
+
+
+def row_of(sreq):                             # the request's row, where the release keeps it (req.kv: 0.5.19+)
+    return getattr(kv_holder(sreq, "req_pool_idx"), "req_pool_idx")
 A = al.TokenToKVPoolAllocator
 alloc = A(CAPACITY, torch.int64, "cpu", None, False) if "need_sort" in inspect.signature(A.__init__).parameters \
     else A(CAPACITY, torch.int64, "cpu", None)
@@ -58,7 +65,7 @@ except Exception:             # 0.4.10 on CPU: a stand-in with the fields ChunkC
             self.rid, self.origin_input_ids, self.output_ids, self.fill_ids = rid, list(tokens), [], []
             self.req_pool_idx = self.prefix_indices = self.finished_reason = None
 PARAMS_API = hasattr(bpc, "MatchPrefixParams")
-''' + REQ_RECORD + r'''ROW_PER_CHUNK = "need_size" in inspect.signature(rtp.alloc).parameters   # 0.4.10-0.5.7: a new row per chunk
+ROW_PER_CHUNK = "need_size" in inspect.signature(rtp.alloc).parameters   # 0.4.10-0.5.7: a new row per chunk
 RK = getattr(rc, "RadixKey", None)
 
 
@@ -155,26 +162,26 @@ def allocate(n):
 
 def alloc_row(sreq):
     if not ROW_PER_CHUNK:                    # 0.5.12+: rows per request (recorded on it)
-        return None if rtp.alloc([sreq]) is None else sreq.req_pool_idx
+        return None if rtp.alloc([sreq]) is None else row_of(sreq)
     out = rtp.alloc(1)
     if out is not None:
-        sreq.req_pool_idx = out[0]
+        kvset(sreq, req_pool_idx=out[0])
     return None if out is None else out[0]
 
 
 def free_row(sreq):
-    if sreq.req_pool_idx is None or sreq.req_pool_idx in rtp.free_slots:
+    if row_of(sreq) is None or row_of(sreq) in rtp.free_slots:
         return                               # the release already gave it back
     if not ROW_PER_CHUNK:
         rtp.free(sreq)
     else:
-        rtp.free(sreq.req_pool_idx); sreq.req_pool_idx = None
+        rtp.free(row_of(sreq)); kvset(sreq, req_pool_idx=None)
 
 
 def write_row(sreq, lo, vals):
     t = vals if hasattr(vals, "dtype") else torch.tensor(vals, dtype=torch.int32)
     if len(t):
-        rtp.write((sreq.req_pool_idx, slice(lo, lo + len(t))), t.to(rtp.req_to_token.dtype))
+        rtp.write((row_of(sreq), slice(lo, lo + len(t))), t.to(rtp.req_to_token.dtype))
 
 
 def set_len(q):                              # what is computed, in the request's fields
@@ -217,7 +224,7 @@ def match(r, limit=None):
         written[slots[p]] = tuple(toks[:p + 1])
     write_row(sreq, 0, slots); set_len(q)
     last_admitted[:] = slots
-    print(f"  admitted: row {sreq.req_pool_idx}, {need} of {len(toks)} tokens computed in slots {slots}")
+    print(f"  admitted: row {row_of(sreq)}, {need} of {len(toks)} tokens computed in slots {slots}")
 
 
 def publish(r):
@@ -233,7 +240,7 @@ def publish(r):
         return
     if ROW_PER_CHUNK:
         free_row(sreq); alloc_row(sreq); write_row(sreq, 0, sreq.prefix_indices)
-        print(f"  the scheduler moves it to row {sreq.req_pool_idx} for its next chunk")
+        print(f"  the scheduler moves it to row {row_of(sreq)} for its next chunk")
 
 
 def chunk(r, n):
@@ -291,7 +298,7 @@ def check_state():
     for r, q in reqs.items():
         if q["state"] != "running":
             continue
-        row = [int(x) for x in rtp.req_to_token[q["sreq"].req_pool_idx, :len(q["slots"])].tolist()]
+        row = [int(x) for x in rtp.req_to_token[row_of(q["sreq"]), :len(q["slots"])].tolist()]
         for p, s in enumerate(q["slots"]):
             if s in free or written.get(s) != tuple(q["tokens"][:p + 1]) or row[p] != s:
                 bugs.append(f"{r} holds position {p} in slot {s}, which is free or overwritten"); return
@@ -299,7 +306,7 @@ def check_state():
         bugs.append(f"ChunkCache reports {cache.protected_size()} protected / {cache.evictable_size()} evictable tokens")
     run = [q for q in reqs.values() if q["state"] == "running"]
     for name, owned, pfree, every in (("KV", [s for q in run for s in q["slots"]], sorted(free), set(range(1, CAPACITY + 1))),
-                                      ("rows", [q["sreq"].req_pool_idx for q in run], list(rtp.free_slots), ROWS_ALL)):
+                                      ("rows", [row_of(q["sreq"]) for q in run], list(rtp.free_slots), ROWS_ALL)):
         seen = owned + pfree
         if len(seen) != len(set(seen)) or set(seen) != every:
             bugs.append(f"{name}: {len(owned)} held + {len(pfree)} free of {len(every)}: "
