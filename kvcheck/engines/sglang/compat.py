@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import re
 from array import array
 from dataclasses import fields
 from typing import Any
@@ -167,11 +168,19 @@ def sglang_req() -> tuple[Any, Any] | None:
     return Req_, SamplingParams
 
 
+@functools.lru_cache(maxsize=None)
+def keeps_kv_record(req_cls: type) -> bool:
+    """Whether the release's Req keeps (part of) its KV bookkeeping in a record (`self.kv`, 0.5.16+)."""
+    try:
+        return re.search(r"self\.kv\s*[:=]", inspect.getsource(req_cls.__init__)) is not None
+    except (OSError, TypeError):
+        return False
+
+
 def own_req_cls() -> tuple[Any, Any] | None:
     """SGLang's Req and SamplingParams where the scheduler path drives SGLang's own request: its Req
     keeps a KV record (`self.kv`, 0.5.16+), which a flat stand-in cannot follow from release to
     release (the record gains fields each release); None where FlatReq stands in (0.4.10-0.5.15)."""
-    from .sched_req import keeps_kv_record
     own = sglang_req()
     return own if own is not None and keeps_kv_record(own[0]) else None
 

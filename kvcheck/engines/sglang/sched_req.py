@@ -6,14 +6,13 @@ a request (`Sched`)."""
 from __future__ import annotations
 
 import dataclasses
-import functools
-import inspect
-import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvcheck.fuzz.boundary import assign
+
+from .compat import dec_params, load, method_reads
 
 PENDING = 0     # the token sampled last: in output_ids, its KV not computed yet (0.4.10 drops it)
 ROWS = 8        # request rows (the generator keeps at most four requests)
@@ -105,7 +104,6 @@ def frees_committed(cache: Any) -> bool:
     the scheduler never releases a request mid-prefill that way: it aborts it by shrinking its
     prompt to one token and finishing it (`set_finish_with_abort`; `is_insert=False` is for
     retracting decoding requests), so kvcheck does not drive such an abort there."""
-    from .compat import method_reads
     return method_reads(cache, "cache_finished_req", "pop_committed_kv_cache", "kv_committed_len")
 
 
@@ -126,15 +124,6 @@ def fill_own(q: Any, seq: Any, n: int) -> None:
 
 
 # ---- a request's KV fields, wherever the release keeps them ----------------------------------
-@functools.lru_cache(maxsize=None)
-def keeps_kv_record(req_cls: type) -> bool:
-    """Whether the release's Req keeps (part of) its KV bookkeeping in a record (`self.kv`, 0.5.16+)."""
-    try:
-        return re.search(r"self\.kv\s*[:=]", inspect.getsource(req_cls.__init__)) is not None
-    except (OSError, TypeError):
-        return False
-
-
 def _record_cls(q: Any) -> Any:
     """The release's KV record type (`ReqKvInfo`, beside its Req), None without one."""
     cls = getattr(sys.modules.get(type(q).__module__), "ReqKvInfo", None)
@@ -185,7 +174,6 @@ def keep_lock(q: Any, rec: Any) -> None:
     request's field for it: `lock_receipt` (0.5.20-0.5.21: its DecLockRefParams), else
     `swa_uuid_for_lock` (0.5.19 and FlatReq: the SWA uuid alone). 0.5.22+ keep a TreeLock (sched.py)."""
     if req_has(q, "lock_receipt"):
-        from .compat import dec_params, load
         params = load()["bpc"].DecLockRefParams
         req_set(q, lock_receipt=params() if rec is None else dec_params(rec) if hasattr(rec, "swa_uuid_for_lock")
                 or hasattr(rec, "to_dec_params") else params(swa_uuid_for_lock=rec))
