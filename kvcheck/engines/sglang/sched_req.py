@@ -6,6 +6,7 @@ a request (`Sched`)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -132,7 +133,13 @@ def _record_cls(q: Any) -> Any:
 
 def _record_fields(q: Any) -> dict[str, dataclasses.Field] | None:
     cls = _record_cls(q)
-    return None if cls is None else {f.name: f for f in dataclasses.fields(cls)}
+    return None if cls is None else _fields_of(cls)
+
+
+@functools.lru_cache(maxsize=None)
+def _fields_of(cls: type) -> dict[str, dataclasses.Field]:
+    """A record type's fields by name, read once per type (every request field set asks)."""
+    return {f.name: f for f in dataclasses.fields(cls)}
 
 
 def holder(q: Any, name: str) -> Any:
