@@ -28,7 +28,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if eng is not None:
         try:
             code, res, text = eng.replay(trace)
-        except EngineUnavailable as e:
+        except (EngineUnavailable, ValueError) as e:     # (a trace field the engine cannot take: one line)
             raise UsageError(str(e)) from None
         emit(args, res, lambda: f"kvcheck replay {args.trace} {text}")
         return code

@@ -84,14 +84,18 @@ class VllmAdapter(ShadowChecks):
         if drafter is not None:
             sched["use_eagle"] = True
         sched.update(mamba.manager_kwargs(self.has_mamba, feats))
-        self.drafter, self.retained = drafter is not None, []    # (retained: the step's copies' endpoints)
         self.build_args = {"config": extra, "manager": {"max_model_len": self.max_len, "hash_block_size": self.hb,
                                                          **sched}}     # (what a reproducer rebuilds)
         self.mgr = V["KVCacheManager"](kcfg, max_model_len=self.max_len, hash_block_size=self.hb, **sched)
+        self.hasher = V["ku"].get_request_block_hasher(self.hb, V["sha256"])
+        self._fresh(drafter, flag, specs)
+
+    def _fresh(self, drafter: tuple[int, ...] | None, flag: bool, specs: list) -> None:
+        """Everything the checks keep, for the fresh manager in `self.mgr`."""
+        self.drafter, self.retained = drafter is not None, []    # (retained: the step's copies' endpoints)
         self.pool = self.mgr.block_pool
         self.coord = self.mgr.coordinator
         self.align = int(getattr(self.coord, "_cache_hit_alignment_tokens", self.sched_bs))
-        self.hasher = V["ku"].get_request_block_hasher(self.hb, V["sha256"])
         self.eagle_groups = self._eagle_groups(drafter, flag, specs)
         self.reqs: dict[str, Req] = {}
         self.written: dict[int, tuple] = {}        # block id -> (salt, token prefix) written there
@@ -177,7 +181,7 @@ class VllmAdapter(ShadowChecks):
         """Perform one action; the first check it breaks is kept for `extra_checks` (the
         checks run inside the action, where vLLM's answer is at hand)."""
         fn = getattr(self, f"_a_{action}", None)
-        if fn is None or action not in ACTIONS:
+        if fn is None or action not in self.actions:
             raise ActionRejected(f"unknown vLLM adapter action {action!r}")
         n_lost = len(self.lost)
         try:
@@ -244,19 +248,7 @@ class VllmAdapter(ShadowChecks):
             o.shared_prefix_boundary = junction[0]      # as the scheduler does
         self.hits += hit > 0
         self._check_hit(req, blocks, hit)
-        obs: dict[str, Any] = {"hit": hit, "usable": usable}
-        if hit < usable:
-            v = Violation("lost_reuse", "lost_reuse",
-                          f"{self.layout}: request {r} ({o.num_tokens} tokens): the spec allows a "
-                          f"hit of {usable} tokens from the cached blocks, vLLM returned {hit}",
-                          {"tokens_lost": usable - hit, "prompt_tokens": o.num_tokens,
-                           "share": round((usable - hit) / o.num_tokens, 3), "usable": usable, "hit": hit})
-            self.lost.append(v)
-            obs["lost_reuse"] = str(v)
-        elif hit > usable:
-            raise Violation("divergence", "hit_exceeds_spec",
-                            f"vLLM hit {hit} > spec-usable {usable} for {r} although every needed "
-                            "block holds the right content (alignment rule differs?)")
+        obs: dict[str, Any] = {"hit": hit, "usable": usable, **self._judge_hit(req, usable, hit)}
         chunk = mamba.split(self, o, hit, max(1, min(chunk, o.num_tokens - hit)), mp)
         self.last_n = chunk               # (the tokens scheduled: a reproducer replays this count)
         if chunk == 0:                    # the scheduler gives it no tokens this step
@@ -270,16 +262,7 @@ class VllmAdapter(ShadowChecks):
             obs["admitted"] = False
             return obs
         self._own(req, new)
-        bs = [x[1] for x in self.groups]
-        # the admitted table starts with exactly the hit blocks
-        for g, lst in enumerate(blocks.blocks):
-            table = self._table(g, r)
-            # (allocate_slots may already have nulled blocks that fell out of a window)
-            if len(table) < len(lst) or any(t.block_id != b.block_id and not t.is_null
-                                            and not (i == hit // bs[g] and hit % bs[g])   # copy-on-write
-                                            for i, (t, b) in enumerate(zip(table, lst))):
-                raise Violation("bookkeeping", "hit_blocks_bound",
-                                f"group {g}: request {r}'s table does not start with its hit blocks")
+        self._check_table_starts(req, blocks, hit)
         if self.has_mamba:
             mamba.admitted(self, req, hit)
         o.status = vllm_modules()["RequestStatus"].RUNNING
@@ -292,6 +275,37 @@ class VllmAdapter(ShadowChecks):
             self._maybe_sample(req)
         obs["admitted"] = True
         return obs
+
+    def _check_table_starts(self, req: Req, blocks: Any, hit: int) -> None:
+        """An admitted request's block table starts with exactly its hit blocks."""
+        r = req.rid
+        bs = [x[1] for x in self.groups]
+        # the admitted table starts with exactly the hit blocks
+        for g, lst in enumerate(blocks.blocks):
+            table = self._table(g, r)
+            # (allocate_slots may already have nulled blocks that fell out of a window)
+            if len(table) < len(lst) or any(t.block_id != b.block_id and not t.is_null
+                                            and not (i == hit // bs[g] and hit % bs[g])   # copy-on-write
+                                            for i, (t, b) in enumerate(zip(table, lst))):
+                raise Violation("bookkeeping", "hit_blocks_bound",
+                                f"group {g}: request {r}'s table does not start with its hit blocks")
+
+    def _judge_hit(self, req: Req, usable: int, hit: int) -> dict[str, Any]:
+        """A hit shorter than the spec allows is lost reuse (recorded); a longer one, a divergence."""
+        r, o = req.rid, req.obj
+        if hit < usable:
+            v = Violation("lost_reuse", "lost_reuse",
+                          f"{self.layout}: request {r} ({o.num_tokens} tokens): the spec allows a "
+                          f"hit of {usable} tokens from the cached blocks, vLLM returned {hit}",
+                          {"tokens_lost": usable - hit, "prompt_tokens": o.num_tokens,
+                           "share": round((usable - hit) / o.num_tokens, 3), "usable": usable, "hit": hit})
+            self.lost.append(v)
+            return {"lost_reuse": str(v)}
+        elif hit > usable:
+            raise Violation("divergence", "hit_exceeds_spec",
+                            f"vLLM hit {hit} > spec-usable {usable} for {r} although every needed "
+                            "block holds the right content (alignment rule differs?)")
+        return {}
 
     def _step(self, req: Req, n: int, tok: int | None, la: int = 0, mp: int = 0) -> dict:
         tl, o = self.timeline, req.obj

@@ -7,11 +7,17 @@ from kvcheck.spec.trace import Trace
 
 from .adapter import VllmAdapter
 from .layouts import LAYOUTS, register_layout
+from .sched_build import SchedKnobs
 from .twin import TwinAdapter
 
 
 def make_adapter(layout: str, num_blocks: int, fault: str | None, strict: bool, twin: bool,
-             sched_policy: str = "fcfs") -> VllmAdapter:
+             sched_policy: "str | SchedKnobs" = "fcfs") -> VllmAdapter:
+    """The manager drive's adapter; `sched_policy` given as scheduler knobs: vLLM's own Scheduler
+    drives (engine_sched.py; it takes its block count from the knobs, and runs no twin yet)."""
+    if isinstance(sched_policy, SchedKnobs):
+        from .engine_sched import EngineAdapter
+        return EngineAdapter(layout, sched_policy, fault, strict)
     ad = (TwinAdapter if twin else VllmAdapter)(layout, num_blocks, fault, strict)
     ad.sched_policy = sched_policy          # (what a preemption may take back: vllm_adapter._a_preempt)
     return ad

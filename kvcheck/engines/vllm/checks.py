@@ -96,20 +96,24 @@ class ShadowChecks(Bookkeeping):
             req.hashed = len(hs)
             if req.state != "running":
                 continue
-            lo, n = req.stamped, o.num_computed_tokens
-            for g, (kind, bs, _) in enumerate(self.groups):
-                if kind == mamba.MAMBA:             # a state block: written whole, at n
-                    mamba.stamp(self, req, g, n)
-                    continue
-                table = self._table(g, req.rid)
-                for i in range(lo // bs, min(len(table), cdiv(n, bs))):
-                    b = table[i]
-                    if b.block_id in req.owned[g] and not b.is_null:
-                        end = min((i + 1) * bs, n)
-                        if end > i * bs:
-                            self.written[b.block_id] = self._content(req, end)
-            req.stamped = n
+            self._stamp(req, o.num_computed_tokens)
         self.check_step()
+
+    def _stamp(self, req: Req, n: int) -> None:
+        """Record what `req`'s blocks hold once its tokens up to `n` are computed (its own blocks)."""
+        lo = req.stamped
+        for g, (kind, bs, _) in enumerate(self.groups):
+            if kind == mamba.MAMBA:             # a state block: written whole, at n
+                mamba.stamp(self, req, g, n)
+                continue
+            table = self._table(g, req.rid)
+            for i in range(lo // bs, min(len(table), cdiv(n, bs))):
+                b = table[i]
+                if b.block_id in req.owned[g] and not b.is_null:
+                    end = min((i + 1) * bs, n)
+                    if end > i * bs:
+                        self.written[b.block_id] = self._content(req, end)
+        req.stamped = n
 
     # ---- ground truth --------------------------------------------------------------------
     @_per_layout

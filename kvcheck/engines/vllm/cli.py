@@ -46,7 +46,12 @@ def fuzz_command(args: argparse.Namespace) -> int:
         raise UsageError(f"--workload: unknown workload {workload!r}; known: {', '.join(v.WORKLOADS)}")
     if workload != "random" and args.ray is not None:
         raise UsageError("--workload: the Ray shards drive the random workload only (drop --ray or --workload)")
-    policy = sched_policy(args.sched_policy)
+    drive = getattr(args, "drive", None) or "mixed"
+    if drive not in v.DRIVES:
+        raise UsageError(f"--drive: unknown drive {drive!r}; known: {', '.join(v.DRIVES)}")
+    policy = args.sched_policy if drive == "engine" and args.sched_policy is None else sched_policy(args.sched_policy)
+    if drive != "mixed" and args.ray is not None:
+        raise UsageError("--drive: the Ray shards run the mixed drive only (drop --ray or --drive)")
     try:
         acknowledged = parse_cli(args.acknowledge)
     except ValueError as e:
@@ -74,7 +79,7 @@ def fuzz_command(args: argparse.Namespace) -> int:
         else:
             res = v.run_campaign(args.layout, budget_s=budget.seconds, steps=budget.steps, seed=args.seed,
                                  strict_reuse=args.strict_reuse, fault=args.fault, out_dir=str(out),
-                                 workload=workload, sched_policy=policy, acknowledged=acknowledged,
+                                 workload=workload, sched_policy=policy, acknowledged=acknowledged, drive=drive,
                                  strict_known=bool(args.strict_known))
     except v.VllmUnavailable as e:
         raise UsageError(str(e)) from None
@@ -91,7 +96,8 @@ def fuzz_command(args: argparse.Namespace) -> int:
            "--seed", str(args.seed)] + (["--strict-reuse"] if args.strict_reuse else []) \
         + (["--fault", args.fault] if args.fault else []) \
         + (["--workload", workload] if workload != "random" else []) \
-        + (["--sched-policy", policy] if policy != "fcfs" else []) \
+        + (["--drive", drive] if drive != "mixed" else []) \
+        + (["--sched-policy", policy] if policy not in ("fcfs", None) else []) \
         + [f"--acknowledge={n}={a.reason}" for n, a in acknowledged.items()] \
         + (["--strict-known"] if args.strict_known else []) \
         + (["--ray", *([args.ray] if args.ray else []), "--workers", str(len(res["ray"]["shards"]) // len(layouts))]
@@ -103,7 +109,8 @@ def fuzz_command(args: argparse.Namespace) -> int:
             return res["cannot_drive"]["line"]
         lines = [f"kvcheck fuzz --sut vllm --layout {args.layout}: exit {code} (vLLM {res.get('vllm_version')})",
                  f"  {res.get('steps')} steps, seed {args.seed}"
-                 + (f", {policy.upper()} scheduling" if policy != "fcfs" else "") + f"; rerun: {res['command']}",
+                 + (f", {policy.upper()} scheduling" if policy not in ("fcfs", None) else "")
+                 + (", vLLM's own scheduler" if drive == "engine" else "") + f"; rerun: {res['command']}",
                  "  actions: " + ", ".join(f"{k} {n}" for k, n in sorted(res.get("coverage", {}).items())
                                            if isinstance(n, int))]
         if "ray" in res:

@@ -36,6 +36,7 @@ from .layouts import RETENTION_DROPS_TAIL
 from .twin import TwinAdapter, twin_summary, wants_twin
 from .workloads import WORKLOADS, reuse_profile
 from .sched import POLICIES, SchedGen
+from . import engine_sched
 from .layouts import (LAYOUT_DATA, ACTIONS, FAULTS, SINGLE_ACTIONS, STEP_ACTIONS, GENERATED,
                       INSTALL_HINT, LAYOUTS, VOCAB, VllmUnavailable, layout_config, layout_scale,
                       supported_layouts, vllm_version, FILE_LAYOUTS, load_layout_file, register_layout)
@@ -81,7 +82,7 @@ class _Gen(PromptGen):
         return a, {"r": r}
 
 
-DRIVES = ("mixed", "single", "scheduler")
+DRIVES = ("mixed", "single", "scheduler", "engine")
 
 
 def execute(layout: str, num_blocks: int, fault: str | None, program: list[Act],
@@ -152,16 +153,22 @@ def _alternatives(num_blocks: int):
 
 def _save(layout: str, num_blocks: int, fault: str | None, seed: int, f: Finding, strict: bool,
           out_dir: str, tag: str, twin: bool = False, size: dict | None = None, sched_policy: str = "fcfs") -> dict:
+    knobs = sched_policy if isinstance(sched_policy, engine_sched.SchedKnobs) else None
     trace = to_trace(None, f.trail, seed, engine="vllm-fuzz", cfg=layout_config(layout), sut="vllm",
                      finding=f, fault=fault,
                      meta={"vllm_version": vllm_version(), "layout": layout, "num_blocks": num_blocks,
-                           "strict_reuse": strict, "sched_policy": sched_policy, **({"dense_twin": True} if twin else {}),
+                           "strict_reuse": strict, "sched_policy": knobs.policy if knobs else sched_policy,
+                           **({"drive": "engine", "scheduler": knobs.as_dict()} if knobs else {}),
+                           **({"dense_twin": True} if twin else {}),
                            **({"lost_reuse_size": size} if size else {}),
                            **({"layout_file": FILE_LAYOUTS[layout]} if layout in FILE_LAYOUTS else {})})
     path = str(trace.save(Path(out_dir) / f"vllm-{_file_safe(layout)}-{tag}-seed{seed}.json"))
     return {"kind": f.kind, "check": f.checks[0], "message": f.message, "trace": path, "layout": layout,
             "steps": len(trace.steps), "replay": f"kvcheck replay {path} --sut vllm",
-            **({"size": size} if size else {}), **write_reproducer(trace, path)}
+            **({"size": size} if size else {}),
+            **(write_reproducer(trace, path) if knobs is None else
+               {"reproducer": None, "reproducer_note": "the scheduler drive has no standalone reproducer yet: "
+                                                        "replay the trace"})}
 
 
 def _file_safe(name: str) -> str:
@@ -203,21 +210,32 @@ def _campaign(layout: str, budget_s: float | None = 60, steps: int | None = None
     `sched_policy`: the scheduler's preemption policy, "fcfs" or "priority"."""
     if drive not in DRIVES:
         raise ValueError(f"unknown drive {drive!r}; known: {', '.join(DRIVES)}")
-    if sched_policy not in POLICIES:
+    engine = drive == "engine"           # vLLM's own Scheduler (engine_sched.py); policy None: drawn
+    if sched_policy is None and not engine:
+        sched_policy = "fcfs"
+    if sched_policy is not None and sched_policy not in POLICIES:
         raise ValueError(f"unknown scheduling policy {sched_policy!r}; known: {', '.join(POLICIES)}")
     if layout not in LAYOUTS:
         raise ValueError(f"unknown vLLM layout {layout!r}; known: {', '.join(LAYOUTS)}")
     if workload not in WORKLOADS:
         raise ValueError(f"unknown workload {workload!r}; known: {', '.join(WORKLOADS)}")
+    if engine and workload != "random":
+        raise ValueError("--workload: the engine drive draws its own arrivals (fresh prompts, resends, "
+                         "multi-turn continuations): drop --workload")
     from . import generator as gen_layouts
     generated = layout == GENERATED       # a layout sampled per episode (generator.py)
     first = gen_layouts.sample_layout(seed, fault) if generated else layout
     twin_arg = twin
     twin = wants_twin(first, fault) if twin_arg is None else twin_arg
+    if engine and twin:
+        if twin_arg or fault == RETENTION_DROPS_TAIL.name:
+            raise ValueError("the dense twin runs on the manager drive only (drop --drive engine)")
+        twin = twin_arg = False
     if fault == RETENTION_DROPS_TAIL.name and not twin:
         raise ValueError("fault 'retention_drops_tail' is caught by the dense twin only: run with the twin on")
     with setting_up("vllm", vllm_version, ("vllm",), (VllmUnavailable, ValueError)):
-        make_adapter(first, 24, fault, False, twin)   # validate layout/fault early (and import vLLM)
+        make_adapter(first, 24, fault, False, twin,   # validate layout/fault early (and import vLLM)
+                     engine_sched.draw_knobs(random.Random(seed), first, sched_policy) if engine else "fcfs")
     layout_all, sampled = layout, 0
     t0 = time.monotonic()
     if budget_s is None and steps is None:
@@ -230,15 +248,21 @@ def _campaign(layout: str, budget_s: float | None = 60, steps: int | None = None
     exit_code: int = ExitCode.OK
     first_fail_s = first_lost_s = None
     twins: list = []
+    knobs_seen: dict[str, Counter] = {}      # the scheduler drive: each knob's values over episodes
     while time.monotonic() < deadline and (steps is None or total < steps):
         ep_seed = seed * 1_000_003 + episodes
         if generated:
             layout, sampled = gen_layouts.sample_layout(ep_seed, fault), sampled + 1
         rng = random.Random(ep_seed)
         if generated:
-            twin = wants_twin(layout, fault) if twin_arg is None else twin_arg
+            twin = wants_twin(layout, fault) if twin_arg is None and not engine else bool(twin_arg)
         gen = _Gen(rng, layout_scale(layout)[1])
+        policy: "str | engine_sched.SchedKnobs" = sched_policy     # (engine: the episode's knobs)
+        if engine:
+            policy = engine_sched.draw_knobs(rng, layout, sched_policy)
+            gen = engine_sched.EngineGen(gen)
         stepped = drive == "scheduler" or (drive == "mixed" and episodes % 2 == 1)   # mixed: alternate
+        scheduler_episodes += engine
         if stepped:
             gen = SchedGen(gen, sched_policy)
             scheduler_episodes += 1
@@ -246,7 +270,11 @@ def _campaign(layout: str, budget_s: float | None = 60, steps: int | None = None
             gen = WORKLOADS[workload](gen)
         per_req = max(16, layout_scale(layout)[1] // min(bs for _, bs, _ in LAYOUT_DATA[layout][1]))
         num_blocks = rng.choice([10, 14, 20, 32]) * max(2, len(LAYOUT_DATA[layout][1])) // 2 * per_req // 16
-        ad = make_adapter(layout, num_blocks, fault, strict_reuse, twin, sched_policy)
+        num_blocks = policy.num_blocks if engine else num_blocks
+        if engine:
+            for k, v in policy.as_dict().items():
+                knobs_seen.setdefault(k, Counter())[str(v)] += 1
+        ad = make_adapter(layout, num_blocks, fault, strict_reuse, twin, policy)
         _incremental(ad)
         known.install(ad, vllm_version())     # known defects counted here, judged by run_campaign
         core = Lockstep(FreeModel(), ad)
@@ -279,7 +307,7 @@ def _campaign(layout: str, budget_s: float | None = 60, steps: int | None = None
                     lost_seen.add(key)
                     lv = core.stamp(Finding("lost_reuse", [last.check], last.message))
                     small = _shrink(layout, num_blocks, fault, lv, True, min(deadline - time.monotonic(), 20), twin,
-                                    sched_policy)
+                                    policy)
                     if small.checks[0].startswith("known:"):      # shrunk, it is a known defect's
                         coverage[small.checks[0]] += 1
                         lost_total -= 1
@@ -287,7 +315,7 @@ def _campaign(layout: str, budget_s: float | None = 60, steps: int | None = None
                         continue
                     findings.append(_save(layout, num_blocks, fault, ep_seed, small, True, out_dir,
                                           f"{last.check}{len(lost_seen)}", twin,
-                                          _size_of(layout, num_blocks, fault, small, twin, sched_policy), sched_policy))
+                                          _size_of(layout, num_blocks, fault, small, twin, policy), policy))
             if viol is not None:
                 break
         hits += ad.hits
@@ -300,17 +328,18 @@ def _campaign(layout: str, budget_s: float | None = 60, steps: int | None = None
         if viol is not None:
             at = round(time.monotonic() - t0, 2)
             strict = viol.kind == "lost_reuse"
-            small = _shrink(layout, num_blocks, fault, viol, strict, 30, twin, sched_policy)
+            small = _shrink(layout, num_blocks, fault, viol, strict, 30, twin, policy)
             if small.checks[0].startswith("known:"):              # shrunk, it is a known defect's:
                 coverage[small.checks[0]] += 1                    # counted, and the campaign goes on
                 continue
             first_fail_s = at
             findings.append(_save(layout, num_blocks, fault, ep_seed, small, strict, out_dir, viol.checks[0],
-                                  twin, _size_of(layout, num_blocks, fault, small, twin, sched_policy) if strict else None,
-                                  sched_policy))
+                                  twin, _size_of(layout, num_blocks, fault, small, twin, policy) if strict else None,
+                                  policy))
             exit_code = FOR_FINDING[viol.kind]
             break
-    missing = [a for a in ACTIONS if not coverage.get(a) and (scheduler_episodes or a not in STEP_ACTIONS)]
+    declared = engine_sched.ENGINE_ACTIONS if engine else ACTIONS
+    missing = [a for a in declared if not coverage.get(a) and (engine or scheduler_episodes or a not in STEP_ACTIONS)]
     if exit_code == 0 and missing:
         exit_code = ExitCode.UNDECIDED
     return {
@@ -319,7 +348,8 @@ def _campaign(layout: str, budget_s: float | None = 60, steps: int | None = None
         "fault": fault, "expected_check": FAULTS[fault][0] if fault else None,
         "caught": (any(f["check"] == FAULTS[fault][0] for f in findings) if fault else None),
         "strict_reuse": strict_reuse, "steps": total, "episodes": episodes,
-        "drive": drive, "sched_policy": sched_policy, "scheduler_episodes": scheduler_episodes,
+        "drive": drive, "sched_policy": sched_policy or "drawn per episode", "scheduler_episodes": scheduler_episodes,
+        **({"scheduler": engine_sched.describe(knobs_seen)} if engine else {}),
         "elapsed_s": round(time.monotonic() - t0, 2), "time_to_failure_s": first_fail_s,
         "time_to_first_lost_reuse_s": first_lost_s,
         "coverage": {k: coverage[k] for k in sorted(coverage)}, "missing_actions": missing,
@@ -347,7 +377,7 @@ def replay(trace: Trace | str | Path) -> dict:
         with setting_up("vllm", vllm_version, ("vllm",), (VllmUnavailable, ValueError)):
             ad = make_adapter(layout, int(trace.meta.get("num_blocks", 24)), trace.fault,
                               bool(trace.meta.get("strict_reuse")), bool(trace.meta.get("dense_twin")),
-                              trace.meta.get("sched_policy", "fcfs"))
+                              engine_sched.knobs_of(trace.meta) or trace.meta.get("sched_policy", "fcfs"))
         code, out = replay_on_core(trace, ad, FreeModel())
     except CannotDrive as e:
         return {**e.result(sut="vllm", vllm_version=vllm_version(), layout=layout, fault=trace.fault,

@@ -21,7 +21,7 @@ class VllmEngine(Engine):
             "adapter", "bookkeeping", "checks", "fixes", "generator", "known", "layout_file", "layouts",
             "machine", "mamba", "mamba_faults", "presets", "release", "reproducer", "reproducer_body",
             "sched", "timeline", "twin", "workloads")}
-    fuzz_options = frozenset({"layout", "list_layouts", "layout_file", "workload", "sched_policy",
+    fuzz_options = frozenset({"drive", "layout", "list_layouts", "layout_file", "workload", "sched_policy",
                               "strict_reuse", "ray", "acknowledge", "strict_known"})
     project_variant_key = "layouts"
     packages = ("vllm",)

@@ -171,6 +171,12 @@ def take_copies(ad: Any) -> None:
     if take is None:
         return
     copies, retained = take()
+    note_copies(ad, copies)
+    ad.retained.extend(retained)
+
+
+def note_copies(ad: Any, copies: Any) -> None:
+    """Check and record the step's block copies (the source holds what the copy claims)."""
     for c in copies:
         claim, exact, g = _claim(ad, c.src_block_id, c.dst_block_id)
         w = ad.written.get(c.src_block_id)
@@ -184,7 +190,6 @@ def take_copies(ad: Any) -> None:
         ad.coverage["state:cow_copy"] += 1
         ad.coverage["state:mamba_entry_moved"] += ad.pool.blocks[c.dst_block_id].ref_cnt == 1 and exact \
             and ad.pool.blocks[c.dst_block_id].block_hash is not None
-    ad.retained.extend(retained)
 
 
 def release_retained(ad: Any) -> None:

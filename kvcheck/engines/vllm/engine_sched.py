@@ -1,0 +1,296 @@
+"""vLLM's own v1 ``Scheduler`` as the driver: kvcheck submits, aborts and steps; vLLM decides.
+
+A step is what ``EngineCore.step`` does: ``schedule()`` → ``SchedulerOutput`` → a model-runner
+output → ``update_from_output()``. Which requests run, their chunk sizes, admission, preemption
+(FCFS or PRIORITY), prefix-cache lookups and retention are decided by the release's scheduler
+code under the episode's knobs (sched_build.SchedKnobs). kvcheck keeps only what the GPU worker
+does: the forward writes the scheduled tokens' KV (timeline.py), and the model samples one token
+for each request whose prompt is done — a deterministic function of its context (a greedy model:
+equal contexts give equal continuations, so resends and multi-turn chats share prefixes).
+
+The checks are the manager drive's (checks.py, bookkeeping.py, timeline.py), hooked where the
+scheduler calls the manager: every ``get_computed_blocks`` is judged against the spec's usable hit
+(safety of the hit, lost reuse), every ``allocate_slots`` records the blocks the request now owns
+and what they will hold, every ``free`` forgets a preempted request's blocks; after ``schedule()``
+the step's forward is checked (reads of bytes not written, copies) and the bookkeeping of the pool.
+Not yet on this drive: Mamba groups, EAGLE drafts (the lookahead slots are allocated, no draft is
+proposed), the dense twin, standalone reproducers (docs/adapters-vllm.md, "The scheduler drive").
+"""
+from __future__ import annotations
+
+import inspect
+import zlib
+from typing import Any
+
+from kvcheck.spec.sut import ActionRejected
+
+from . import mamba
+from .adapter import VllmAdapter
+from .checks import Req
+from .layouts import DROP_REF_ON_FREE, VOCAB, vllm_modules
+from .sched_build import Built, SchedKnobs, build
+
+ENGINE_ACTIONS = ("submit", "step", "abort", "reset_prefix_cache", "evict_blocks")
+
+
+def next_token(tokens: list[int]) -> int:
+    """The fake model's greedy token after `tokens` (a stable hash of the recent context)."""
+    return zlib.crc32(bytes(t & 0xFF for t in tokens[-8:]) + len(tokens).to_bytes(4, "little")) % VOCAB
+
+
+class EngineAdapter(VllmAdapter):
+    """vLLM's Scheduler behind the adapter protocol (the manager is the scheduler's own)."""
+
+    actions = frozenset(ENGINE_ACTIONS)
+    drive = "engine"
+
+    def __init__(self, layout: str, knobs: SchedKnobs, fault: str | None = None, strict: bool = False) -> None:
+        self.knobs = knobs
+        self.sched_policy = knobs.policy
+        super().__init__(layout, knobs.num_blocks, fault, strict)
+
+    def reset(self, cfg: Any = None) -> None:
+        built: Built = build(self.layout, self.knobs)
+        self.sched, self.mgr, self.hasher = built.scheduler, built.scheduler.kv_cache_manager, built.hasher
+        self.build_args = {"scheduler": self.knobs.as_dict()}
+        V = vllm_modules()
+        from .layouts import EAGLE, make_specs
+        drafter = EAGLE.get(self.layout)
+        self._fresh(drafter, drafter is not None and "is_eagle_group" in V["features"], make_specs(self.layout))
+        self.arrivals = 0
+        self.done: list[list[int]] = []          # finished requests' whole token lists (multi-turn)
+        self.stepped: set[str] = set()           # requests allocated in the open step
+        self._alloc_sig = inspect.signature(type(self.mgr).allocate_slots)   # (the class's: wrappers hide it)
+        self._hook("allocate_slots", self._on_alloc)
+        self._hook("free", self._on_free)
+        if hasattr(self.mgr, "take_kv_cache_block_copies"):     # the scheduler drains the copies itself
+            self._hook("take_kv_cache_block_copies", self._on_copies)
+        self._req_args = set(inspect.signature(V["Request"]).parameters)
+        self._out_args = self._model_output_defaults()
+
+    # ---- hooks where the scheduler calls its manager -----------------------------------------
+    def _hook(self, name: str, around: Any) -> None:
+        inner = getattr(self.mgr, name)
+
+        def hooked(*a: Any, **k: Any) -> Any:
+            return around(inner, *a, **k)
+        hooked._kvcheck_hook = True       # type: ignore[attr-defined]
+        setattr(self.mgr, name, hooked)
+
+    def _outermost_lookup_hook(self) -> None:
+        """The hit check wraps every other wrapper (known.install's runs inside it)."""
+        if not getattr(self.mgr.get_computed_blocks, "_kvcheck_hook", False):
+            self._hook("get_computed_blocks", self._on_lookup)
+
+    def _on_lookup(self, inner: Any, request: Any, *a: Any, **k: Any) -> Any:
+        req = self.reqs[request.request_id]
+        usable = self.spec_usable(req)
+        out = inner(request, *a, **k)
+        blocks, hit = out[0], out[1]
+        self.last_hit = hit
+        self.hits += hit > 0
+        self.coverage["state:hit" if hit else "state:miss"] += 1
+        self._check_hit(req, blocks, hit)
+        self._judge_hit(req, usable, hit)
+        req.pending = (blocks, hit)      # type: ignore[attr-defined]
+        return out
+
+    def _on_alloc(self, inner: Any, request: Any, *a: Any, **k: Any) -> Any:
+        args = self._alloc_sig.bind(self.mgr, request, *a, **k).arguments
+        lo = request.num_computed_tokens
+        new = inner(request, *a, **k)
+        req = self.reqs.get(request.request_id)
+        if new is None or req is None:
+            self.coverage["state:alloc_refused"] += new is None
+            return new
+        self._own(req, new)
+        hit = int(args.get("num_new_computed_tokens", 0) or 0)
+        pending = getattr(req, "pending", None)
+        if pending is not None and lo == 0:
+            req.pending = None           # type: ignore[attr-defined]
+            self._check_table_starts(req, pending[0], hit)
+        self._stamp(req, lo + hit + int(args["num_new_tokens"]))
+        self.stepped.add(req.rid)
+        return new
+
+    def _on_copies(self, inner: Any, *a: Any, **k: Any) -> Any:
+        out = inner(*a, **k)
+        mamba.note_copies(self, out[0])
+        return out
+
+    def _on_free(self, inner: Any, request: Any, *a: Any, **k: Any) -> Any:
+        req = self.reqs.get(request.request_id)
+        held = [b for g in range(len(self.groups)) for b in self._table(g, request.request_id) if not b.is_null]
+        out = inner(request, *a, **k)
+        if self.planted(DROP_REF_ON_FREE):
+            shared = [b for b in held if b.ref_cnt >= 1]
+            if shared:
+                shared[0].ref_cnt -= 1
+        if req is not None:
+            req.owned, req.stamped = [set() for _ in self.groups], 0
+            self.timeline.forget(req.rid)
+        return out
+
+    # ---- the protocol ------------------------------------------------------------------------
+    def enabled(self) -> dict[str, list[str]]:
+        live = list(self.reqs)
+        return {"submit": [], "step": [], "abort": live, "reset_prefix_cache": [], "evict_blocks": []}
+
+    def apply(self, action: str, params: dict[str, Any]) -> dict[str, Any]:
+        if action not in ENGINE_ACTIONS:
+            raise ActionRejected(f"unknown action {action!r} on the vLLM scheduler drive")
+        return super().apply(action, params)
+
+    def _sync(self) -> None:
+        """Requests as the scheduler holds them: finished ones leave (their tokens are kept)."""
+        st = vllm_modules()["RequestStatus"]
+        for rid in list(self.reqs):
+            o = self.sched.requests.get(rid)
+            if o is None:
+                self.done.append(list(self.reqs.pop(rid).obj.all_token_ids))
+                self.timeline.forget(rid)
+                continue
+            self.reqs[rid].state = ("running" if o.status == st.RUNNING else
+                                    "preempted" if o.status == st.PREEMPTED else "waiting")
+
+    # ---- actions -----------------------------------------------------------------------------
+    def _a_submit(self, tokens: list[int], salt: str | None = None, r: str | None = None,
+                  prio: int = 0, max_tokens: int = 8) -> dict:
+        V = vllm_modules()
+        rid = r or f"r{self.next_id}"
+        if rid in self.reqs:
+            raise ActionRejected(f"request {rid} already exists")
+        if not 1 <= len(tokens) < self.max_tokens:
+            raise ActionRejected(f"a request needs 1..{self.max_tokens - 1} tokens")
+        self.next_id += 1
+        self.arrivals += 1
+        mt = max(1, min(int(max_tokens), self.max_tokens - len(tokens)))
+        kw = {k: v for k, v in dict(cache_salt=salt, block_hasher=self.hasher, eos_token_id=None,
+                                    priority=int(prio), arrival_time=float(self.arrivals)).items()
+              if k in self._req_args}
+        obj = V["Request"](rid, list(tokens), V["SamplingParams"](max_tokens=mt), None, **kw)
+        self.reqs[rid] = Req(rid, obj, salt, owned=[set() for _ in self.groups])
+        self.sched.add_request(obj)
+        return {"r": rid}
+
+    def _a_abort(self, r: str) -> dict:
+        if r not in self.reqs:
+            raise ActionRejected(f"request {r} is not live")
+        self.sched.finish_requests([r], vllm_modules()["RequestStatus"].FINISHED_ABORTED)
+        self._sync()
+        return {}
+
+    def _a_step(self) -> dict:
+        self._outermost_lookup_hook()
+        tl = self.timeline
+        tl.begin()
+        self.stepped = set()
+        so = self.sched.schedule()
+        self._sync()
+        new = {x.req_id for x in so.scheduled_new_reqs}
+        new |= set(getattr(so.scheduled_cached_reqs, "resumed_req_ids", ()) or ())
+        for rid, n in so.num_scheduled_tokens.items():
+            hi = self.sched.requests[rid].num_computed_tokens
+            tl.scheduled(rid, hi - n, hi, None, admitted=rid in new)
+        self.coverage["state:multi_request_step"] += len(so.num_scheduled_tokens) > 1
+        gone = set(getattr(so, "preempted_req_ids", ()) or ())
+        self.coverage["state:preempted"] += len(gone)
+        self.coverage["state:preempt_scheduled"] += len(gone & self.stepped)   # PRIORITY: after its allocation
+        self._after_step()
+        tl.forward()                      # the forward writes, then every read is checked
+        ids = list(so.num_scheduled_tokens)
+        toks = []
+        for rid in ids:
+            o = self.sched.requests[rid]
+            toks.append([next_token(o.all_token_ids)] if o.num_computed_tokens >= o.num_tokens else [])
+        out = vllm_modules()["ModelRunnerOutput"](req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                                                   sampled_token_ids=toks, **self._out_args)
+        self.sched.update_from_output(so, out)
+        self._sync()
+        return {"ran": len(ids)}
+
+    def _model_output_defaults(self) -> dict[str, Any]:
+        """The release's required ModelRunnerOutput fields besides the three kvcheck fills."""
+        V = vllm_modules()
+        if "ModelRunnerOutput" not in V:
+            from vllm.v1.outputs import ModelRunnerOutput
+            V["ModelRunnerOutput"] = ModelRunnerOutput
+        out: dict[str, Any] = {}
+        for k, p in inspect.signature(V["ModelRunnerOutput"]).parameters.items():
+            if p.default is inspect.Parameter.empty and k not in ("req_ids", "req_id_to_index", "sampled_token_ids"):
+                out[k] = [] if "list" in str(p.annotation) else {} if "dict" in str(p.annotation) else None
+        return out
+
+
+class EngineGen:
+    """Seeded workload for the scheduler drive: arrivals (fresh prompts with shared prefixes,
+    identical resends, multi-turn continuations of finished requests), steps, rare aborts,
+    prefix-cache resets and connector evictions. The scheduler decides everything else."""
+
+    def __init__(self, base: Any) -> None:
+        self.base, self.rng = base, base.rng
+        self.bases = getattr(base, "bases", None)
+
+    def next(self, ad: EngineAdapter) -> tuple[str, dict]:
+        rng = self.rng
+        live = len(ad.reqs)
+        x = rng.random()
+        if live < ad.knobs.max_num_seqs + 2 and x < (0.6 if live == 0 else 0.25):
+            return "submit", self._arrival(ad)
+        if live and x < 0.28:
+            return "abort", {"r": rng.choice(list(ad.reqs))}
+        if x < 0.285:
+            return "reset_prefix_cache", {}
+        if x < 0.295:
+            return "evict_blocks", {"block_ids": [rng.randrange(1, ad.num_blocks) for _ in range(rng.randint(1, 3))]}
+        return "step", {}
+
+    def _arrival(self, ad: EngineAdapter) -> dict:
+        rng, cap = self.rng, ad.max_tokens - 1
+        y = rng.random()
+        if ad.done and y < 0.3:         # the next turn of a finished chat: its whole text + a new message
+            prev = rng.choice(ad.done)
+            toks = prev + self.base.prompt(max(2, cap - len(prev)))[: rng.randint(1, 8)]
+        elif ad.done and y < 0.4:       # an identical resend
+            toks = list(rng.choice(ad.done))
+        else:
+            toks = self.base.prompt(self.base.max_prompt)
+        toks = toks[:cap] or [1]
+        return {"r": f"r{ad.next_id}", "tokens": toks, "salt": rng.choice([None, None, None, "s1"]),
+                "prio": rng.randint(0, 3), "max_tokens": rng.choice([1, 2, 4, 8, 16])}
+
+
+def draw_knobs(rng: Any, layout: str, policy: str | None = None) -> SchedKnobs:
+    """An episode's scheduler configuration (swarm testing: each episode its own)."""
+    from .layouts import LAYOUT_DATA, layout_scale
+    groups = LAYOUT_DATA[layout][1]
+    max_len = layout_scale(layout)[1]
+    scale = max(1, max_len // 64)
+    per_req = max(4, max_len // min(bs for _, bs, _ in groups))
+    return SchedKnobs(policy=policy or rng.choice(["fcfs", "priority"]),
+                      max_num_batched_tokens=rng.choice([8, 16, 32, 1 << 12]) * scale,
+                      max_num_seqs=rng.choice([1, 2, 3, 4, 8]),
+                      long_prefill_token_threshold=rng.choice([0, 0, 4, 12]) * scale,
+                      num_blocks=1 + rng.choice([1, 2, 3, 5]) * per_req * len(groups) // 2 + per_req,
+                      spec_tokens=rng.choice([1, 2]))
+
+
+def knobs_of(meta: dict) -> SchedKnobs | None:
+    """A trace's scheduler knobs (None: a manager-drive trace); ValueError names a bad field."""
+    if meta.get("drive") != "engine":
+        return None
+    got = meta.get("scheduler")
+    fields = SchedKnobs().as_dict()
+    if not isinstance(got, dict) or set(got) != set(fields) or any(
+            type(got[k]) is not type(v) for k, v in fields.items()):
+        raise ValueError(f"trace meta.scheduler: expected {{{', '.join(f'{k}: {type(v).__name__}' for k, v in fields.items())}}}")
+    return SchedKnobs(**got)
+
+
+def describe(seen: dict) -> dict[str, Any]:
+    """What ran, for the campaign's JSON: vLLM's scheduler, the knobs drawn, the worker model."""
+    return {"driver": "vllm.v1.core.sched.scheduler.Scheduler (the release's own: schedule, update_from_output)",
+            "knobs": {k: dict(sorted(c.items())) for k, c in seen.items()},
+            "worker_model": "kvcheck's: the forward writes each scheduled token's KV (timeline.py), the queued "
+                            "copies run first; one greedy token per request whose prompt is done; no drafts",
+            "not_yet": ["Mamba groups", "EAGLE draft tokens", "the dense retention twin", "standalone reproducers"]}

@@ -1,0 +1,148 @@
+"""Building vLLM's own v1 ``Scheduler`` on CPU, as its ``EngineCore`` builds it.
+
+Nothing is downloaded: the model config is a ``config.json`` kvcheck writes into a temporary
+directory (a tiny Llama: the scheduler reads only lengths and flags from it), read by the
+release's own ``ModelConfig`` with ``skip_tokenizer_init``. The expensive pieces
+(``ModelConfig`` and an EAGLE ``SpeculativeConfig``: 2-15 s each, they inspect the model class)
+are built once per process; a ``VllmConfig`` and a ``Scheduler`` per episode take milliseconds.
+The scheduler and hash block sizes come from the release's own rule (``EngineCore``:
+``resolve_kv_cache_block_sizes`` where the release has it, else ``cache_config.block_size``);
+a layout whose block sizes the release would derive differently cannot be expressed on it.
+Which knobs a release takes is read off its constructors' signatures, never assumed.
+"""
+from __future__ import annotations
+
+import atexit
+import inspect
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+from .layouts import EAGLE, LAYOUT_DATA, RETENTION, layout_scale, make_specs, vllm_modules
+
+_CACHE: dict[str, Any] = {}
+BIG_LEN = 1 << 16          # the model's max_position_embeddings: every layout's max_model_len fits
+
+
+@dataclass(frozen=True)
+class SchedKnobs:
+    """What one episode's scheduler is configured with (drawn by the generator, kept in traces)."""
+
+    policy: str = "fcfs"                 # fcfs | priority
+    max_num_batched_tokens: int = 64
+    max_num_seqs: int = 4
+    long_prefill_token_threshold: int = 0
+    num_blocks: int = 48
+    spec_tokens: int = 0                 # EAGLE draft tokens per step (layouts with a drafter)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def _sig(fn: Any) -> set[str]:
+    return set(inspect.signature(fn).parameters)
+
+
+def _model_dir() -> str:
+    d = _CACHE.get("dir")
+    if d is None:
+        from transformers import LlamaConfig
+        d = _CACHE["dir"] = tempfile.mkdtemp(prefix="kvcheck-model-")
+        atexit.register(shutil.rmtree, d, True)
+        LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                    num_key_value_heads=1, vocab_size=64, max_position_embeddings=BIG_LEN,
+                    architectures=["LlamaForCausalLM"]).save_pretrained(d)
+    return d
+
+
+def _model_config() -> Any:
+    mc = _CACHE.get("model")
+    if mc is None:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        import contextlib
+        import io
+        from vllm.config import ModelConfig
+        # (older releases print "Error retrieving safetensors" for a local directory without weights:
+        # kvcheck writes none on purpose; a failure still raises with its own message)
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            mc = _CACHE["model"] = ModelConfig(model=_model_dir(), skip_tokenizer_init=True,
+                                               max_model_len=BIG_LEN, dtype="float32")
+    return mc
+
+
+def _spec_config(k: int) -> Any:
+    key = f"spec{k}"
+    if key not in _CACHE:
+        from vllm.config import ParallelConfig, SpeculativeConfig
+        _CACHE[key] = SpeculativeConfig(method="eagle", model=_model_dir(), num_speculative_tokens=k,
+                                        target_model_config=_model_config(),
+                                        target_parallel_config=ParallelConfig())
+    return _CACHE[key]
+
+
+@dataclass
+class Built:
+    """A scheduler and what kvcheck's checks must know of how it was built."""
+
+    scheduler: Any
+    block_size: int          # the scheduler's block size (its alignment)
+    hash_block: int          # Request.block_hashes granularity
+    hasher: Any
+    knobs: SchedKnobs
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def build(layout: str, knobs: SchedKnobs) -> Built:
+    """vLLM's own Scheduler for `layout` under `knobs` (ValueError: the release cannot express it)."""
+    V = vllm_modules()
+    from vllm.config import CacheConfig, DeviceConfig, SchedulerConfig, VllmConfig
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.structured_output import StructuredOutputManager
+    desc, groups, sched_bs = LAYOUT_DATA[layout]
+    if any(k == "mamba" for k, _, _ in groups):
+        raise ValueError(f"layout {layout!r}: the vLLM scheduler drive does not run Mamba groups yet "
+                         "(their state copies are checked on the manager drive: --drive mixed)")
+    hb, max_len = layout_scale(layout)
+    mc = _model_config()
+    mc.max_model_len = max_len
+    sc_args = _sig(SchedulerConfig)
+    sc = SchedulerConfig(**{k: v for k, v in dict(
+        max_num_batched_tokens=knobs.max_num_batched_tokens, max_num_seqs=knobs.max_num_seqs,
+        max_model_len=max_len, enable_chunked_prefill=True, policy=knobs.policy,
+        long_prefill_token_threshold=knobs.long_prefill_token_threshold,
+        is_encoder_decoder=False).items() if k in sc_args})
+    attn_bs = [bs for k, bs, _ in groups]
+    cc_args = _sig(CacheConfig)
+    cc = CacheConfig(block_size=min(attn_bs) if len(groups) > 1 else attn_bs[0], enable_prefix_caching=True,
+                     **({"prefix_match_unit": hb} if "prefix_match_unit" in cc_args and len(groups) > 1 else {}))
+    cc.num_gpu_blocks = knobs.num_blocks
+    drafter = EAGLE.get(layout)
+    spec = _spec_config(max(1, knobs.spec_tokens)) if drafter is not None else None
+    vc = VllmConfig(model_config=mc, cache_config=cc, scheduler_config=sc,
+                    device_config=DeviceConfig(device="cpu"), **({"speculative_config": spec} if spec else {}))
+    feats = V["features"]
+    flag = drafter is not None and "is_eagle_group" in feats
+    extra = {"prefix_cache_retention_interval": RETENTION[layout]} \
+        if layout in RETENTION and "retention_interval" in feats else {}
+    kcfg = KVCacheConfig(num_blocks=knobs.num_blocks, kv_cache_tensors=[], **extra,
+                         kv_cache_groups=[KVCacheGroupSpec([f"layer{i}"], s, **(
+                             {"is_eagle_group": i in drafter} if flag else {}))
+                                          for i, s in enumerate(make_specs(layout))])
+    resolve = getattr(V["ku"], "resolve_kv_cache_block_sizes", None)
+    sbs, hbs = resolve(kcfg, vc) if resolve is not None else (cc.block_size, cc.block_size)
+    if (sbs, hbs) != (sched_bs, hb):
+        raise ValueError(f"layout {layout!r} needs scheduler block {sched_bs} and hash block {hb}; "
+                         f"vLLM {V['version']}'s engine derives {sbs} and {hbs} for its groups")
+    kw: dict[str, Any] = dict(vllm_config=vc, kv_cache_config=kcfg, block_size=sbs, log_stats=True,
+                              structured_output_manager=StructuredOutputManager(vc))
+    if "hash_block_size" in _sig(Scheduler):
+        kw["hash_block_size"] = hbs
+    sched = Scheduler(**kw)
+    la = getattr(vc, "num_hash_lookahead_tokens", 0) or 0
+    ku = V["ku"]
+    hasher = (ku.get_request_block_hasher(hbs, V["sha256"], la)
+              if len(_sig(ku.get_request_block_hasher)) > 2 else ku.get_request_block_hasher(hbs, V["sha256"]))
+    return Built(sched, sbs, hbs, hasher, knobs)
