@@ -65,15 +65,6 @@ def test_planted_faults_are_caught_through_the_scheduler_and_replay(layout, faul
     assert rep["reproduced"] and rep["exit_code"] == 10
 
 
-def test_the_priority_read_before_write_is_found_by_a_campaign(tmp_path):
-    """vLLM's PRIORITY path preempts a request it already scheduled in the step; the blocks its
-    allocation published are never written (docs/findings-vllm.md, priority_preempt_unwritten).
-    The manager drive needed a targeted script; here vLLM's scheduler makes the move itself."""
-    res = _run("full", tmp_path, steps=40000, seed=2, sched_policy="priority")
-    assert res["coverage"].get("known:priority_preempt_unwritten", 0) >= 1
-    assert res["coverage"]["state:preempt_scheduled"] > 0
-
-
 def test_a_campaign_under_fcfs_never_preempts_a_scheduled_request(tmp_path):
     res = _run("full", tmp_path, steps=6000, seed=2, sched_policy="fcfs")
     assert res["coverage"]["state:preempted"] > 0
@@ -89,7 +80,7 @@ def _cli(*argv: str) -> subprocess.CompletedProcess:
 def test_the_cli_refuses_what_the_drive_cannot_do_in_one_line(tmp_path):
     for extra, want in ((["--drive", "nope"], "--drive: unknown drive"),
                         (["--drive", "engine", "--workload", "chat"], "--workload"),
-                        (["--drive", "engine", "--layout", "full+mamba"], "Mamba")):
+                        (["--drive", "engine", "--layout", "generated"], "--layout generated")):
         argv = ["fuzz", "--sut", "vllm", "--budget", "5", "--out", str(tmp_path)]
         if "--layout" not in extra:
             argv += ["--layout", "full"]
@@ -105,3 +96,21 @@ def test_a_trace_with_a_bad_scheduler_meta_is_one_line_exit_2(tmp_path):
     path.write_text(json.dumps(d))
     r = _cli("replay", str(path), "--sut", "vllm")
     assert r.returncode == 2 and "meta.scheduler" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_eagle_drafts_are_proposed_accepted_and_rejected_under_both_hash_modes(tmp_path):
+    """vLLM 0.33 proves the EAGLE boundary with lookahead block hashes (no block drop) unless
+    disable_lookahead_block_hashes; the ground truth follows what the scheduler built."""
+    res = _run("gpt-oss+eagle", tmp_path, steps=3000, seed=1)
+    assert res["exit_code"] == 0, res["findings"]
+    cov = res["coverage"]
+    assert cov["state:drafts_proposed"] > cov["state:drafts_accepted"] > 0     # some rejected
+    assert set(res["scheduler"]["knobs"]["eagle_drop"]) == {"False", "True"}
+
+
+def test_mamba_groups_run_through_the_schedulers_own_split_and_copies(tmp_path):
+    res = _run("full+mamba-fine", tmp_path, steps=3000, seed=1)
+    assert res["exit_code"] == 0, res["findings"]
+    assert res["coverage"]["state:mamba_state_copy"] > 0 and res["coverage"]["state:cow_copy"] > 0
+    caught = _run("full+mamba", tmp_path / "f", steps=3000, seed=1, fault="mamba_state_freed_early")
+    assert caught["caught"], caught["findings"]

@@ -96,7 +96,7 @@ class ShadowChecks(Bookkeeping):
             req.hashed = len(hs)
             if req.state != "running":
                 continue
-            self._stamp(req, o.num_computed_tokens)
+            self._stamp(req, min(o.num_computed_tokens, o.num_tokens))   # (draft positions: once accepted)
         self.check_step()
 
     def _stamp(self, req: Req, n: int) -> None:
@@ -114,6 +114,37 @@ class ShadowChecks(Bookkeeping):
                     if end > i * bs:
                         self.written[b.block_id] = self._content(req, end)
         req.stamped = n
+
+    def _check_table_starts(self, req: Req, blocks: Any, hit: int) -> None:
+        """An admitted request's block table starts with exactly its hit blocks."""
+        r = req.rid
+        bs = [x[1] for x in self.groups]
+        # the admitted table starts with exactly the hit blocks
+        for g, lst in enumerate(blocks.blocks):
+            table = self._table(g, r)
+            # (allocate_slots may already have nulled blocks that fell out of a window)
+            if len(table) < len(lst) or any(t.block_id != b.block_id and not t.is_null
+                                            and not (i == hit // bs[g] and hit % bs[g])   # copy-on-write
+                                            for i, (t, b) in enumerate(zip(table, lst))):
+                raise Violation("bookkeeping", "hit_blocks_bound",
+                                f"group {g}: request {r}'s table does not start with its hit blocks")
+
+    def _judge_hit(self, req: Req, usable: int, hit: int) -> dict[str, Any]:
+        """A hit shorter than the spec allows is lost reuse (recorded); a longer one, a divergence."""
+        r, o = req.rid, req.obj
+        if hit < usable:
+            v = Violation("lost_reuse", "lost_reuse",
+                          f"{self.layout}: request {r} ({o.num_tokens} tokens): the spec allows a "
+                          f"hit of {usable} tokens from the cached blocks, vLLM returned {hit}",
+                          {"tokens_lost": usable - hit, "prompt_tokens": o.num_tokens,
+                           "share": round((usable - hit) / o.num_tokens, 3), "usable": usable, "hit": hit})
+            self.lost.append(v)
+            return {"lost_reuse": str(v)}
+        elif hit > usable:
+            raise Violation("divergence", "hit_exceeds_spec",
+                            f"vLLM hit {hit} > spec-usable {usable} for {r} although every needed "
+                            "block holds the right content (alignment rule differs?)")
+        return {}
 
     # ---- ground truth --------------------------------------------------------------------
     @_per_layout

@@ -224,6 +224,9 @@ def _campaign(layout: str, budget_s: float | None = 60, steps: int | None = None
                          "multi-turn continuations): drop --workload")
     from . import generator as gen_layouts
     generated = layout == GENERATED       # a layout sampled per episode (generator.py)
+    if engine and generated:
+        raise ValueError("--layout generated: the engine drive runs the named layouts and --layout-file "
+                         "(the grammar's Mamba layouts are not on it yet)")
     first = gen_layouts.sample_layout(seed, fault) if generated else layout
     twin_arg = twin
     twin = wants_twin(first, fault) if twin_arg is None else twin_arg
@@ -248,6 +251,7 @@ def _campaign(layout: str, budget_s: float | None = 60, steps: int | None = None
     exit_code: int = ExitCode.OK
     first_fail_s = first_lost_s = None
     twins: list = []
+    first_known: dict[str, float] = {}       # known defect -> seconds to its first sighting
     knobs_seen: dict[str, Counter] = {}      # the scheduler drive: each knob's values over episodes
     while time.monotonic() < deadline and (steps is None or total < steps):
         ep_seed = seed * 1_000_003 + episodes
@@ -290,12 +294,14 @@ def _campaign(layout: str, budget_s: float | None = 60, steps: int | None = None
                 viol = f
             if viol is not None and (name := known.of_finding(ad, viol, vllm_version())):
                 coverage[f"known:{name}"] += 1
+                first_known.setdefault(name, round(time.monotonic() - t0, 2))
                 viol = None
                 break                           # the episode's manager carries the defect: the next one
             names, rest = known.sort_lost(ad, n_lost, core.program[-1], vllm_version()) \
                 if len(ad.lost) > n_lost else ([], [])
             for name in names:
                 coverage[f"known:{name}"] += 1
+                first_known.setdefault(name, round(time.monotonic() - t0, 2))
             if rest:
                 lost_total += 1
                 first = first_lost_s is None
@@ -310,6 +316,7 @@ def _campaign(layout: str, budget_s: float | None = 60, steps: int | None = None
                                     policy)
                     if small.checks[0].startswith("known:"):      # shrunk, it is a known defect's
                         coverage[small.checks[0]] += 1
+                        first_known.setdefault(small.checks[0][6:], round(time.monotonic() - t0, 2))
                         lost_total -= 1
                         first_lost_s = None if first else first_lost_s
                         continue
@@ -331,6 +338,7 @@ def _campaign(layout: str, budget_s: float | None = 60, steps: int | None = None
             small = _shrink(layout, num_blocks, fault, viol, strict, 30, twin, policy)
             if small.checks[0].startswith("known:"):              # shrunk, it is a known defect's:
                 coverage[small.checks[0]] += 1                    # counted, and the campaign goes on
+                first_known.setdefault(small.checks[0][6:], at)
                 continue
             first_fail_s = at
             findings.append(_save(layout, num_blocks, fault, ep_seed, small, strict, out_dir, viol.checks[0],
@@ -351,7 +359,7 @@ def _campaign(layout: str, budget_s: float | None = 60, steps: int | None = None
         "drive": drive, "sched_policy": sched_policy or "drawn per episode", "scheduler_episodes": scheduler_episodes,
         **({"scheduler": engine_sched.describe(knobs_seen)} if engine else {}),
         "elapsed_s": round(time.monotonic() - t0, 2), "time_to_failure_s": first_fail_s,
-        "time_to_first_lost_reuse_s": first_lost_s,
+        "time_to_first_lost_reuse_s": first_lost_s, "time_to_first_known_s": first_known,
         "coverage": {k: coverage[k] for k in sorted(coverage)}, "missing_actions": missing,
         "lookups_with_hit": hits, "lost_reuse_lookups": lost_total,
         "findings": findings, "exit_code": exit_code, "workload": workload,

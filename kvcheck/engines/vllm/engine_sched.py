@@ -13,14 +13,16 @@ scheduler calls the manager: every ``get_computed_blocks`` is judged against the
 (safety of the hit, lost reuse), every ``allocate_slots`` records the blocks the request now owns
 and what they will hold, every ``free`` forgets a preempted request's blocks; after ``schedule()``
 the step's forward is checked (reads of bytes not written, copies) and the bookkeeping of the pool.
-Not yet on this drive: Mamba groups, EAGLE drafts (the lookahead slots are allocated, no draft is
-proposed), the dense twin, standalone reproducers (docs/adapters-vllm.md, "The scheduler drive").
+EAGLE: drafts are proposed after every step (right with probability ~0.7, a stable function of
+the context) and fed with ``update_draft_token_ids``; the sampler accepts them while they match
+the greedy token. Not yet on this drive: drafts with Mamba groups, the dense twin, the generated
+layouts (docs/adapters-vllm.md, "The scheduler drive").
 """
 from __future__ import annotations
 
 import inspect
 import zlib
-from typing import Any
+from typing import Any, NamedTuple
 
 from kvcheck.spec.sut import ActionRejected
 
@@ -31,6 +33,11 @@ from .layouts import DROP_REF_ON_FREE, VOCAB, vllm_modules
 from .sched_build import Built, SchedKnobs, build
 
 ENGINE_ACTIONS = ("submit", "step", "abort", "reset_prefix_cache", "evict_blocks")
+
+
+class _Copy(NamedTuple):
+    src_block_id: int
+    dst_block_id: int
 
 
 def next_token(tokens: list[int]) -> int:
@@ -57,12 +64,20 @@ class EngineAdapter(VllmAdapter):
         from .layouts import EAGLE, make_specs
         drafter = EAGLE.get(self.layout)
         self._fresh(drafter, drafter is not None and "is_eagle_group" in V["features"], make_specs(self.layout))
+        if not getattr(self.mgr, "use_eagle", False):
+            # the release's config chose no EAGLE block drop (0.33: lookahead block hashes prove the
+            # boundary token instead): the spec's ground truth follows what the scheduler built
+            self.eagle_groups = set()
         self.arrivals = 0
         self.done: list[list[int]] = []          # finished requests' whole token lists (multi-turn)
         self.stepped: set[str] = set()           # requests allocated in the open step
+        self.noted: set[tuple[int, int]] = set()  # copies checked when their allocation queued them
+        self.accepted: dict[str, tuple[int, int]] = {}   # rid -> accepted draft positions of the step
         self._alloc_sig = inspect.signature(type(self.mgr).allocate_slots)   # (the class's: wrappers hide it)
         self._hook("allocate_slots", self._on_alloc)
         self._hook("free", self._on_free)
+        if hasattr(self.mgr, "pop_blocks_for_free"):         # (a deferred free: the same forgetting)
+            self._hook("pop_blocks_for_free", self._on_free)
         if hasattr(self.mgr, "take_kv_cache_block_copies"):     # the scheduler drains the copies itself
             self._hook("take_kv_cache_block_copies", self._on_copies)
         self._req_args = set(inspect.signature(V["Request"]).parameters)
@@ -98,6 +113,7 @@ class EngineAdapter(VllmAdapter):
     def _on_alloc(self, inner: Any, request: Any, *a: Any, **k: Any) -> Any:
         args = self._alloc_sig.bind(self.mgr, request, *a, **k).arguments
         lo = request.num_computed_tokens
+        queued = self._queued()
         new = inner(request, *a, **k)
         req = self.reqs.get(request.request_id)
         if new is None or req is None:
@@ -105,20 +121,52 @@ class EngineAdapter(VllmAdapter):
             return new
         self._own(req, new)
         hit = int(args.get("num_new_computed_tokens", 0) or 0)
+        copies = self._new_copies(queued)
         pending = getattr(req, "pending", None)
         if pending is not None and lo == 0:
             req.pending = None           # type: ignore[attr-defined]
             self._check_table_starts(req, pending[0], hit)
-        self._stamp(req, lo + hit + int(args["num_new_tokens"]))
+            if self.has_mamba:
+                mamba.admitted(self, req, hit, copies)
+        elif self.has_mamba:
+            mamba.note_copies(self, copies)
+            mamba.check_state_copy(self, req, lo)
+        else:
+            mamba.note_copies(self, copies)
+        self._stamp(req, min(lo + hit + int(args["num_new_tokens"]), request.num_tokens))   # (not drafts)
         self.stepped.add(req.rid)
         return new
 
-    def _on_copies(self, inner: Any, *a: Any, **k: Any) -> Any:
-        out = inner(*a, **k)
-        mamba.note_copies(self, out[0])
+    def _queued(self) -> list[int]:
+        """How many copies each manager has queued (vLLM's own list, read, never drained)."""
+        return [len(getattr(m, "_pending_cow_copies", ())) for m in self.coord.single_type_managers]
+
+    def _new_copies(self, before: list[int]) -> list:
+        """The copies the allocation just queued, as vLLM will hand them to the worker."""
+        out = []
+        for m, n in zip(self.coord.single_type_managers, before):
+            for src, dst in list(getattr(m, "_pending_cow_copies", ()))[n:]:
+                out.append(_Copy(src.block_id, dst.block_id))
+                self.noted.add((src.block_id, dst.block_id))
         return out
 
+    def _on_copies(self, inner: Any, *a: Any, **k: Any) -> Any:
+        out = inner(*a, **k)
+        late = [c for c in out[0] if (c.src_block_id, c.dst_block_id) not in self.noted]
+        mamba.note_copies(self, late)         # (copies queued outside an allocation: none seen yet)
+        self.noted = set()
+        return out
+
+    def _accept(self, rid: str) -> None:
+        span = self.accepted.pop(rid, None)
+        req = self.reqs.get(rid)
+        if span is not None and req is not None:
+            self.timeline.write_accepted(rid, *span)
+            o = req.obj                   # (vLLM caches the accepted tokens' blocks in update_from_output)
+            self._stamp(req, min(o.num_computed_tokens, o.num_tokens))
+
     def _on_free(self, inner: Any, request: Any, *a: Any, **k: Any) -> Any:
+        self._accept(request.request_id)  # (a request finishing in update_from_output: before its blocks go)
         req = self.reqs.get(request.request_id)
         held = [b for g in range(len(self.groups)) for b in self._table(g, request.request_id) if not b.is_null]
         out = inner(request, *a, **k)
@@ -189,25 +237,69 @@ class EngineAdapter(VllmAdapter):
         self._sync()
         new = {x.req_id for x in so.scheduled_new_reqs}
         new |= set(getattr(so.scheduled_cached_reqs, "resumed_req_ids", ()) or ())
+        spec = getattr(so, "scheduled_spec_decode_tokens", None) or {}
+        real: dict[str, int] = {}                 # rid -> end of the known tokens it computes
         for rid, n in so.num_scheduled_tokens.items():
             hi = self.sched.requests[rid].num_computed_tokens
-            tl.scheduled(rid, hi - n, hi, None, admitted=rid in new)
+            real[rid] = hi - len(spec.get(rid, ()))       # (draft positions: written once accepted)
+            tl.scheduled(rid, hi - n, real[rid], None, admitted=rid in new)
         self.coverage["state:multi_request_step"] += len(so.num_scheduled_tokens) > 1
         gone = set(getattr(so, "preempted_req_ids", ()) or ())
         self.coverage["state:preempted"] += len(gone)
         self.coverage["state:preempt_scheduled"] += len(gone & self.stepped)   # PRIORITY: after its allocation
-        self._after_step()
+        # (the content model and bookkeeping are checked after the step, by apply: num_computed_tokens
+        # counts the scheduled drafts until update_from_output takes the rejected ones back)
         tl.forward()                      # the forward writes, then every read is checked
         ids = list(so.num_scheduled_tokens)
-        toks = []
-        for rid in ids:
-            o = self.sched.requests[rid]
-            toks.append([next_token(o.all_token_ids)] if o.num_computed_tokens >= o.num_tokens else [])
+        toks = [self._sampled(self.sched.requests[rid], list(spec.get(rid, ()))) for rid in ids]
         out = vllm_modules()["ModelRunnerOutput"](req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                                                    sampled_token_ids=toks, **self._out_args)
+        # accepted drafts: their KV, written by the forward, is right (a request that finishes in
+        # update_from_output has them written when it is freed: _on_free)
+        self.accepted = {rid: (real[rid], real[rid] + len(t) - 1) for rid, t in zip(ids, toks) if len(t) > 1}
+        self.coverage["state:drafts_accepted"] += sum(hi - lo for lo, hi in self.accepted.values())
         self.sched.update_from_output(so, out)
+        for rid in list(self.accepted):
+            self._accept(rid)
         self._sync()
+        self._propose()
         return {"ran": len(ids)}
+
+    def _sampled(self, o: Any, drafts: list[int]) -> list[int]:
+        """The greedy model's tokens for a scheduled request: none mid-prompt; else the token after
+        its context, and after each of its scheduled drafts while they match (the rejection sampler)."""
+        if o.num_computed_tokens - len(drafts) < o.num_tokens:
+            return []
+        ctx, out = list(o.all_token_ids), []
+        while True:
+            t = next_token(ctx)
+            out.append(t)
+            if len(out) > len(drafts) or drafts[len(out) - 1] != t:
+                return out
+            ctx.append(t)
+
+    def _propose(self) -> None:
+        """EAGLE: drafts for every decoding request, each right with probability ~0.7 (a stable
+        function of its context, so a replay proposes the same)."""
+        # (not with Mamba groups: the worker keeps a state per draft position in speculative state
+        # blocks and resumes from the accepted one; kvcheck's state model has one state per step)
+        k = self.knobs.spec_tokens if self.drafter and not self.has_mamba else 0
+        rids, drafts = [], []
+        for rid, req in self.reqs.items():
+            o = req.obj
+            if k <= 0 or req.state != "running" or o.num_tokens - o.num_computed_tokens != 1:
+                continue
+            ctx, d = list(o.all_token_ids), []
+            for _ in range(k):
+                t = next_token(ctx)
+                d.append(t if next_token(ctx + [VOCAB]) % 10 < 7 else (t + 1) % VOCAB)
+                ctx.append(d[-1])
+            rids.append(rid)
+            drafts.append(d)
+        if rids:
+            from vllm.v1.outputs import DraftTokenIds
+            self.sched.update_draft_token_ids(DraftTokenIds(rids, drafts))
+            self.coverage["state:drafts_proposed"] += sum(map(len, drafts))
 
     def _model_output_defaults(self) -> dict[str, Any]:
         """The release's required ModelRunnerOutput fields besides the three kvcheck fills."""
@@ -230,6 +322,9 @@ class EngineGen:
     def __init__(self, base: Any) -> None:
         self.base, self.rng = base, base.rng
         self.bases = getattr(base, "bases", None)
+        # priorities (PRIORITY policy): random, or later arrivals more urgent (each preempts the ones
+        # admitted before it, which the running loop may already have scheduled in the step)
+        self.prio_mode = self.rng.choice(["random", "urgent_later"])
 
     def next(self, ad: EngineAdapter) -> tuple[str, dict]:
         rng = self.rng
@@ -257,7 +352,8 @@ class EngineGen:
             toks = self.base.prompt(self.base.max_prompt)
         toks = toks[:cap] or [1]
         return {"r": f"r{ad.next_id}", "tokens": toks, "salt": rng.choice([None, None, None, "s1"]),
-                "prio": rng.randint(0, 3), "max_tokens": rng.choice([1, 2, 4, 8, 16])}
+                "prio": rng.randint(0, 3) if self.prio_mode == "random" else -ad.next_id,
+                "max_tokens": rng.choice([1, 2, 4, 8, 16])}
 
 
 def draw_knobs(rng: Any, layout: str, policy: str | None = None) -> SchedKnobs:
@@ -272,7 +368,7 @@ def draw_knobs(rng: Any, layout: str, policy: str | None = None) -> SchedKnobs:
                       max_num_seqs=rng.choice([1, 2, 3, 4, 8]),
                       long_prefill_token_threshold=rng.choice([0, 0, 4, 12]) * scale,
                       num_blocks=1 + rng.choice([1, 2, 3, 5]) * per_req * len(groups) // 2 + per_req,
-                      spec_tokens=rng.choice([1, 2]))
+                      spec_tokens=rng.choice([1, 2]), eagle_drop=rng.random() < 0.5)
 
 
 def knobs_of(meta: dict) -> SchedKnobs | None:
@@ -291,6 +387,8 @@ def describe(seen: dict) -> dict[str, Any]:
     """What ran, for the campaign's JSON: vLLM's scheduler, the knobs drawn, the worker model."""
     return {"driver": "vllm.v1.core.sched.scheduler.Scheduler (the release's own: schedule, update_from_output)",
             "knobs": {k: dict(sorted(c.items())) for k, c in seen.items()},
-            "worker_model": "kvcheck's: the forward writes each scheduled token's KV (timeline.py), the queued "
-                            "copies run first; one greedy token per request whose prompt is done; no drafts",
-            "not_yet": ["Mamba groups", "EAGLE draft tokens", "the dense retention twin", "standalone reproducers"]}
+            "worker_model": "kvcheck's: the queued copies run first, then the forward writes each scheduled "
+                            "token's KV and Mamba state (timeline.py); one greedy token per request whose prompt "
+                            "is done, drafts accepted while they match it (their KV kept, the rest recomputed)",
+            "not_yet": ["drafts with Mamba groups (speculative state blocks)", "the dense retention twin",
+                        "--layout generated", "KV connector loads/stores", "async scheduling"]}

@@ -238,13 +238,17 @@ def stamp(ad: Any, req: Any, g: int, n: int) -> None:
             ad.written[b.block_id] = ad._content(req, n)
 
 
-def admitted(ad: Any, req: Any, hit: int) -> None:
-    """A request admitted with a hit of `hit` tokens: its copies are taken, then the state it
-    resumes from is checked (check_state_copy)."""
+def admitted(ad: Any, req: Any, hit: int, copies: Any = None) -> None:
+    """A request admitted with a hit of `hit` tokens: its copies are taken (`copies`: the ones its
+    allocation queued, seen without draining vLLM's queue: the real scheduler drains it), then the
+    state it resumes from is checked (check_state_copy)."""
     req.resumed_at = hit
     ad.coverage["state:mamba_partial_hit"] += bool(hit % (mamba_block(ad.groups) or 1))
     ad.coverage["state:shared_prefix_junction"] += bool(getattr(req.obj, "shared_prefix_boundary", 0))
-    take_copies(ad)
+    if copies is None:
+        take_copies(ad)
+    else:
+        note_copies(ad, copies)
     check_state_copy(ad, req, hit)
 
 

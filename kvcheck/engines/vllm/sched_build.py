@@ -36,6 +36,8 @@ class SchedKnobs:
     long_prefill_token_threshold: int = 0
     num_blocks: int = 48
     spec_tokens: int = 0                 # EAGLE draft tokens per step (layouts with a drafter)
+    eagle_drop: bool = False             # legacy block hashes + the EAGLE block drop, where the release
+    #                                      has lookahead block hashes (disable_lookahead_block_hashes)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -72,14 +74,20 @@ def _model_config() -> Any:
     return mc
 
 
-def _spec_config(k: int) -> Any:
-    key = f"spec{k}"
-    if key not in _CACHE:
+def _spec_config(k: int, drop: bool) -> Any:
+    """An EAGLE SpeculativeConfig with k draft tokens (built once: 2-15 s; the variants are copies
+    with the two fields the scheduler reads changed)."""
+    import copy
+    if "spec" not in _CACHE:
         from vllm.config import ParallelConfig, SpeculativeConfig
-        _CACHE[key] = SpeculativeConfig(method="eagle", model=_model_dir(), num_speculative_tokens=k,
-                                        target_model_config=_model_config(),
-                                        target_parallel_config=ParallelConfig())
-    return _CACHE[key]
+        _CACHE["spec"] = SpeculativeConfig(method="eagle", model=_model_dir(), num_speculative_tokens=1,
+                                           target_model_config=_model_config(),
+                                           target_parallel_config=ParallelConfig())
+    spec = copy.copy(_CACHE["spec"])
+    spec.num_speculative_tokens = k
+    if hasattr(spec, "disable_lookahead_block_hashes"):
+        spec.disable_lookahead_block_hashes = drop
+    return spec
 
 
 @dataclass
@@ -102,9 +110,6 @@ def build(layout: str, knobs: SchedKnobs) -> Built:
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.structured_output import StructuredOutputManager
     desc, groups, sched_bs = LAYOUT_DATA[layout]
-    if any(k == "mamba" for k, _, _ in groups):
-        raise ValueError(f"layout {layout!r}: the vLLM scheduler drive does not run Mamba groups yet "
-                         "(their state copies are checked on the manager drive: --drive mixed)")
     hb, max_len = layout_scale(layout)
     mc = _model_config()
     mc.max_model_len = max_len
@@ -116,11 +121,15 @@ def build(layout: str, knobs: SchedKnobs) -> Built:
         is_encoder_decoder=False).items() if k in sc_args})
     attn_bs = [bs for k, bs, _ in groups]
     cc_args = _sig(CacheConfig)
+    mb = next((bs for k, bs, _ in groups if k == "mamba"), None)
+    mamba = {k: v for k, v in dict(mamba_cache_mode="align", mamba_block_size=mb,
+                                   enable_mamba_shared_prefix_checkpoint=True).items() if k in cc_args} if mb else {}
     cc = CacheConfig(block_size=min(attn_bs) if len(groups) > 1 else attn_bs[0], enable_prefix_caching=True,
-                     **({"prefix_match_unit": hb} if "prefix_match_unit" in cc_args and len(groups) > 1 else {}))
+                     **({"prefix_match_unit": hb} if "prefix_match_unit" in cc_args and len(groups) > 1 else {}),
+                     **mamba)
     cc.num_gpu_blocks = knobs.num_blocks
     drafter = EAGLE.get(layout)
-    spec = _spec_config(max(1, knobs.spec_tokens)) if drafter is not None else None
+    spec = _spec_config(max(1, knobs.spec_tokens), knobs.eagle_drop) if drafter is not None else None
     vc = VllmConfig(model_config=mc, cache_config=cc, scheduler_config=sc,
                     device_config=DeviceConfig(device="cpu"), **({"speculative_config": spec} if spec else {}))
     feats = V["features"]

@@ -67,6 +67,11 @@ class Timeline:
         self.stats["writes_cancelled"] += 1
         return True
 
+    def write_accepted(self, rid: str, lo: int, hi: int) -> None:
+        """The forward also wrote draft positions [lo, hi) that the sampler then accepted (their
+        tokens known only after ``update_from_output``): their bytes hold the request's prefix."""
+        self._write(rid, lo, hi)
+
     def forget(self, rid: str) -> None:
         self.verified.pop(rid, None)
 
