@@ -114,3 +114,27 @@ def test_mamba_groups_run_through_the_schedulers_own_split_and_copies(tmp_path):
     assert res["coverage"]["state:mamba_state_copy"] > 0 and res["coverage"]["state:cow_copy"] > 0
     caught = _run("full+mamba", tmp_path / "f", steps=3000, seed=1, fault="mamba_state_freed_early")
     assert caught["caught"], caught["findings"]
+
+
+PRIORITY_TRACE = ROOT / "tests" / "data" / "vllm-engine-priority-preempt-unwritten.json"
+
+
+def test_the_priority_read_before_write_found_by_a_campaign_replays_and_is_recognised(tmp_path):
+    """vLLM's PRIORITY path preempts a request it already scheduled in the step; the blocks its
+    allocation published are never written (docs/findings-vllm.md, priority_preempt_unwritten).
+    The manager drive needed a targeted script; this 11-step trace is the shrunk finding of a plain
+    scheduler-drive campaign (`kvcheck fuzz --sut vllm --layout full --drive engine --sched-policy
+    priority --budget 30000 --seed 13`, known-defect recognition off): vLLM's own scheduler made
+    the move (r2, more urgent, arrives; the running loop takes back r1 after scheduling it)."""
+    from kvcheck.engines.vllm import known
+    from kvcheck.engines.vllm.engine_sched import knobs_of
+    from kvcheck.engines.vllm.layouts import vllm_version
+    from kvcheck.spec.trace import Trace
+    if not known._ver("0.14.1") <= known._ver(vllm_version()) <= known._ver("0.33.0"):
+        pytest.skip(f"vLLM {vllm_version()} is outside the defect's known range")
+    rep = V.replay(str(PRIORITY_TRACE))
+    assert rep["reproduced"] and rep["violation"]["check"] == "read_before_write", rep
+    t = Trace.load(PRIORITY_TRACE)
+    prog = [V.Act(s.action, dict(s.params)) for s in t.steps]
+    _, f = V.execute("full", 25, None, prog, sched_policy=knobs_of(t.meta))
+    assert f is not None and f.checks == ["known:priority_preempt_unwritten"]

@@ -106,7 +106,10 @@ class EngineAdapter(VllmAdapter):
         self.hits += hit > 0
         self.coverage["state:hit" if hit else "state:miss"] += 1
         self._check_hit(req, blocks, hit)
+        n = len(self.lost)
         self._judge_hit(req, usable, hit)
+        if len(self.lost) > n:            # (the known-defect recogniser judges it at this very lookup)
+            self.lost[-1].known_last = getattr(self, "known_last", None)      # type: ignore[attr-defined]
         req.pending = (blocks, hit)      # type: ignore[attr-defined]
         return out
 

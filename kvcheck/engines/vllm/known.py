@@ -168,13 +168,15 @@ def _safe(ad: Any, request: Any, blocks: list, hit: int) -> tuple[int, bool]:
 LOST_CHECKS = ("lost_reuse", "lost_reuse_retention")   # the map-based check and the dense twin's
 
 
-def recognise(ad: Any, check: str, act: Any, size: dict | None = None) -> str | None:
+def recognise(ad: Any, check: str, act: Any, size: dict | None = None, last: Any = None) -> str | None:
     """The known defect that explains a finding of `check` at the lookup `act` (None: not one).
     Lost reuse (either check; `size` is its record's): the fixed lookup reaches the spec-usable
     hit exactly (map-based check) or the retention policy's promise (the dense twin's check);
-    hit_length_equal: the fixed lookup keeps the hit. Either way it passes every hit check."""
-    last = getattr(ad, "known_last", None)
-    if last is None or act.action != "lookup" or act.params.get("r") != last[0]:
+    hit_length_equal: the fixed lookup keeps the hit. Either way it passes every hit check.
+    On the scheduler drive a step makes many lookups: `last` is the one the record was made at
+    (a raised check's is the step's latest lookup: raising ends the step)."""
+    last = last if last is not None else getattr(ad, "known_last", None)
+    if last is None or (act.action != "step" and (act.action != "lookup" or act.params.get("r") != last[0])):
         return None
     size = size or {}
     for k, hit, ok in last[2]:
@@ -191,7 +193,8 @@ def recognise(ad: Any, check: str, act: Any, size: dict | None = None) -> str | 
 def of_violation(ad: Any, v: Any, act: Any, version: str) -> str | None:
     """The known defect behind one violation or lost-reuse record `v` (check, message, size)
     of the step `act`: the one rule campaigns, the shrinker and explain_trace share."""
-    return recognise(ad, v.check, act, getattr(v, "size", None)) or by_signature(ad, version, v.check, v.message)
+    return recognise(ad, v.check, act, getattr(v, "size", None), getattr(v, "known_last", None)) \
+        or by_signature(ad, version, v.check, v.message)
 
 
 def sort_lost(ad: Any, n_lost: int, act: Any, version: str) -> tuple[list[str], list]:
