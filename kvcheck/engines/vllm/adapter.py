@@ -222,14 +222,19 @@ class VllmAdapter(ShadowChecks):
             raise ActionRejected(f"request {r} is not {'/'.join(states)}")
         return req
 
-    def _a_submit(self, tokens: list[int], salt: str | None = None, r: str | None = None) -> dict:
-        V = vllm_modules()
+    def _new_rid(self, tokens: list[int], r: str | None) -> str:
+        """A new request's id (the given one, or the next), refused when taken or out of length."""
         rid = r or f"r{self.next_id}"
         if rid in self.reqs:
             raise ActionRejected(f"request {rid} already exists")
         if not 1 <= len(tokens) < self.max_tokens:
             raise ActionRejected(f"a request needs 1..{self.max_tokens - 1} tokens")
         self.next_id += 1
+        return rid
+
+    def _a_submit(self, tokens: list[int], salt: str | None = None, r: str | None = None) -> dict:
+        V = vllm_modules()
+        rid = self._new_rid(tokens, r)
         eos = {"eos_token_id": None} if "request_eos_arg" in V["features"] else {}   # older releases
         obj = V["Request"](rid, list(tokens), V["SamplingParams"](max_tokens=self.max_tokens), None,
                            cache_salt=salt, block_hasher=self.hasher, **eos)

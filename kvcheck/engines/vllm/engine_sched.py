@@ -208,12 +208,7 @@ class EngineAdapter(VllmAdapter):
     def _a_submit(self, tokens: list[int], salt: str | None = None, r: str | None = None,
                   prio: int = 0, max_tokens: int = 8) -> dict:
         V = vllm_modules()
-        rid = r or f"r{self.next_id}"
-        if rid in self.reqs:
-            raise ActionRejected(f"request {rid} already exists")
-        if not 1 <= len(tokens) < self.max_tokens:
-            raise ActionRejected(f"a request needs 1..{self.max_tokens - 1} tokens")
-        self.next_id += 1
+        rid = self._new_rid(tokens, r)
         self.arrivals += 1
         mt = max(1, min(int(max_tokens), self.max_tokens - len(tokens)))
         kw = {k: v for k, v in dict(cache_salt=salt, block_hasher=self.hasher, eos_token_id=None,
