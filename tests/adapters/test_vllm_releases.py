@@ -83,3 +83,22 @@ def test_mamba_groups_on_that_release(py, tmp_path):
     assert r.returncode == 10 and res["caught"] and res["findings"][-1]["check"] == "state_copy_sound", res
     rep = _kvcheck(py, "replay", res["findings"][-1]["trace"], "--sut", "vllm", "--json")
     assert json.loads(rep.stdout)["reproduced"], rep.stdout
+
+
+@pytest.mark.parametrize("py", PYTHONS)
+def test_the_scheduler_drive_on_that_release(py, tmp_path):
+    """vLLM's own Scheduler of that release drives (docs/adapters-vllm.md, "The scheduler drive"):
+    layouts run without a finding kvcheck would be wrong about (lost reuse is the release's, known
+    defects are recognised), and a planted fault is caught through it and replays."""
+    for layout in ("gemma3+eagle",):             # (full + 5 SWA groups + an EAGLE drafter)
+        r = _kvcheck(py, "fuzz", "--sut", "vllm", "--layout", layout, "--drive", "engine", "--budget", "3000",
+                     "--json", "--out", str(tmp_path))
+        res = json.loads(r.stdout)
+        assert "cannot_drive" not in res and res["exit_code"] == 0, (layout, res.get("findings"), r.stderr[-500:])
+        assert res["coverage"]["step"] > 0 and not res["missing_actions"]
+    r = _kvcheck(py, "fuzz", "--sut", "vllm", "--layout", "full", "--drive", "engine", "--fault", "drop_ref_on_free",
+                 "--budget", "3000", "--json", "--out", str(tmp_path / "f"))
+    res = json.loads(r.stdout)
+    assert r.returncode == 10 and res["caught"], res
+    rep = _kvcheck(py, "replay", res["findings"][0]["trace"], "--sut", "vllm", "--json")
+    assert json.loads(rep.stdout)["reproduced"], rep.stdout
