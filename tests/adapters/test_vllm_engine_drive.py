@@ -58,7 +58,7 @@ def test_planted_faults_are_caught_through_the_scheduler_and_replay(layout, faul
     res = _run(layout, tmp_path, steps=4000, seed=1, fault=fault)
     assert res["caught"], res["findings"]
     f = next(x for x in res["findings"] if x["check"] == res["expected_check"])
-    assert f["steps"] <= 20 and f["reproducer"] is None
+    assert f["steps"] <= 20 and f["reproducer"] is not None
     meta = json.loads(Path(f["trace"]).read_text())["meta"]
     assert meta["drive"] == "engine" and meta["scheduler"]["num_blocks"] == meta["num_blocks"]
     rep = V.replay(f["trace"])

@@ -32,6 +32,7 @@ from .build import make_adapter, resolve_layout
 from .bookkeeping import FULL_SCAN_EVERY
 from .checks import Violation
 from .reproducer import write_reproducer
+from .engine_repro import write_engine_reproducer
 from .layouts import RETENTION_DROPS_TAIL
 from .twin import TwinAdapter, twin_summary, wants_twin
 from .workloads import WORKLOADS, reuse_profile
@@ -166,9 +167,7 @@ def _save(layout: str, num_blocks: int, fault: str | None, seed: int, f: Finding
     return {"kind": f.kind, "check": f.checks[0], "message": f.message, "trace": path, "layout": layout,
             "steps": len(trace.steps), "replay": f"kvcheck replay {path} --sut vllm",
             **({"size": size} if size else {}),
-            **(write_reproducer(trace, path) if knobs is None else
-               {"reproducer": None, "reproducer_note": "the scheduler drive has no standalone reproducer yet: "
-                                                        "replay the trace"})}
+            **(write_reproducer(trace, path) if knobs is None else write_engine_reproducer(trace, path))}
 
 
 def _file_safe(name: str) -> str:

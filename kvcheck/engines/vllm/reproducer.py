@@ -52,7 +52,7 @@ CONDITIONS = {
     "vllm_internal_error": "vLLM's calls raise no exception",
 }
 
-_PLANTS = {
+PLANTS = {
     "drop_ref_on_free": '''
 def plant(mgr):
     orig = mgr.free
@@ -130,7 +130,7 @@ def _lit(v: Any) -> str:
     return repr(v)
 
 
-def _changed(obj: Any, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+def changed_fields(obj: Any, skip: tuple[str, ...] = ()) -> dict[str, Any]:
     """A dataclass's constructor fields whose values differ from their defaults."""
     out = {}
     for f in dataclasses.fields(obj):
@@ -198,25 +198,40 @@ def record(trace: Any) -> dict | None:
         split = {k: (dict(vars(v)) if isinstance(v, SimpleNamespace) else v)       # (StandIn is one)
                  for k, v in vars(me).items() if k != "max_num_scheduled_tokens"}
     return {"layout": layout, "groups": ad.groups, "hb": ad.hb, "sched": ad.sched_bs, "steps": steps,
-            "specs": [(type(g.kv_cache_spec).__module__, type(g.kv_cache_spec).__name__, _changed(g.kv_cache_spec))
+            "specs": [(type(g.kv_cache_spec).__module__, type(g.kv_cache_spec).__name__, changed_fields(g.kv_cache_spec))
                       for g in groups],
             "group_kw": [{**({"is_eagle_group": g in drafter} if drafter else {}),     # (offered to any release)
-                          **_changed(x, ("layer_names", "kv_cache_spec"))} for g, x in enumerate(groups)],
+                          **changed_fields(x, ("layer_names", "kv_cache_spec"))} for g, x in enumerate(groups)],
             "config_kw": {k: x for k, x in ad.build_args["config"].items() if x is not None},   # (None: the default)
             "manager_kw": {"scheduler_block_size": ad.sched_bs, **ad.build_args["manager"]},
             "max_tokens": ad.max_tokens, "split": split, "expect": {**expect, "promised": (trace.meta.get("lost_reuse_size") or {}).get("promised")}}
+
+
+def script_parts(trace: Any, rec: dict, plant: str) -> tuple[str, str]:
+    """What every reproducer script starts with: the planted fault's marked block, and the data
+    lines rebuilding the layout (release, groups, specs, group and KVCacheConfig arguments)."""
+    fault_block = ("# ======== PLANTED FAULT (kvcheck negative control " + repr(trace.fault) +
+                   "): not vLLM's code. Run with --clean to leave it out. ========" + plant +
+                   "# ======== END OF PLANTED FAULT ========\n") if plant else "def plant(mgr):\n    pass\n"
+    specs = "[\n" + "".join(f"    ({m!r}, {c!r}, {_kw(kw)}),\n" for m, c, kw in rec["specs"]) + "]"
+    head = (f"RECORDED_RELEASE = {trace.meta.get('vllm_version')!r}\n"
+            f"GROUPS = {rec['groups']!r}          # (kind, block_size, window or chunk)\n"
+            f"SPECS = {specs}          # (module, class, fields that differ from the defaults), one per group\n"
+            f"GROUP_KW = {_kw_list(rec['group_kw'])}\n"
+            f"CONFIG_KW = {_kw(rec['config_kw'])}\n")
+    return fault_block, head
 
 
 def reproducer_source(trace: Any, trace_path: str) -> str | None:
     """The script's text, or None when this finding has no standalone condition."""
     v = trace.violation or {}
     check = v.get("check")
-    if check not in CONDITIONS or (trace.fault and trace.fault not in _PLANTS):
+    if check not in CONDITIONS or (trace.fault and trace.fault not in PLANTS):
         return None
     rec = record(trace)
     if rec is None:
         return None
-    plant = _PLANTS.get(trace.fault or "", "")
+    plant = PLANTS.get(trace.fault or "", "")
     layout = rec["layout"]
     header = (f"# Standalone reproducer of a kvcheck finding on vLLM {trace.meta.get('vllm_version')}\n"
               f"# layout {layout!r}: groups (kind, block size, window/chunk) {rec['groups']}, hash block {rec['hb']}\n"
@@ -224,15 +239,8 @@ def reproducer_source(trace: Any, trace_path: str) -> str | None:
               f"# finding: {v.get('message', '')}\n# trace: {trace_path} (kvcheck replay {trace_path} --sut vllm)\n"
               "# Needs only vLLM (the release above; the KV cache manager runs on CPU). Exit 1: the bug is\n"
               "# present; exit 0: fixed (or not this release); 2: a step this vLLM cannot play.\n")
-    fault_block = ("# ======== PLANTED FAULT (kvcheck negative control " + repr(trace.fault) +
-                   "): not vLLM's code. Run with --clean to leave it out. ========" + plant +
-                   "# ======== END OF PLANTED FAULT ========\n") if plant else "def plant(mgr):\n    pass\n"
-    specs = "[\n" + "".join(f"    ({m!r}, {c!r}, {_kw(kw)}),\n" for m, c, kw in rec["specs"]) + "]"
-    data = (f"RECORDED_RELEASE = {trace.meta.get('vllm_version')!r}\n"
-            f"GROUPS = {rec['groups']!r}          # (kind, block_size, window or chunk)\n"
-            f"SPECS = {specs}          # (module, class, fields that differ from the defaults), one per group\n"
-            f"GROUP_KW = {_kw_list(rec['group_kw'])}\n"
-            f"CONFIG_KW = {_kw(rec['config_kw'])}\n"
+    fault_block, head = script_parts(trace, rec, plant)
+    data = (head +
             f"MANAGER_KW = {_kw(rec['manager_kw'])}\n"
             f"NUM_BLOCKS, HASH_BLOCK, SCHED_BLOCK = {int(trace.meta.get('num_blocks', 24))}, {rec['hb']}, {rec['sched']}\n"
             f"MAX_TOKENS, VOCAB = {rec['max_tokens']}, {VOCAB}\n"
@@ -241,7 +249,7 @@ def reproducer_source(trace: Any, trace_path: str) -> str | None:
             f"CHECK = {check!r}\n"
             f"EXPECT = {rec['expect']!r}   # the spec's numbers at the finding's step (checked in vLLM's state below)\n"
             f"STEPS = {rec['steps']!r}\n")
-    return header + _IMPORTS + data + "\n" + fault_block + BODY
+    return header + IMPORTS + data + "\n" + fault_block + BODY
 
 
 def _kw_list(ds: list[dict]) -> str:
@@ -258,7 +266,7 @@ def write_reproducer(trace: Any, trace_path: str) -> dict:
                                                        f"replay with `kvcheck replay {trace_path} --sut vllm`"}
     if src is None:
         why = (f"check {check!r} has no plain-code condition" if check not in CONDITIONS else
-               f"planted fault {trace.fault!r} has no standalone monkeypatch" if trace.fault not in (None, *_PLANTS)
+               f"planted fault {trace.fault!r} has no standalone monkeypatch" if trace.fault not in (None, *PLANTS)
                else f"the trace does not reproduce {check!r} on this vLLM and kvcheck")
         return {"reproducer": None, "reproducer_note": f"no standalone reproducer ({why}): replay with "
                                                        f"`kvcheck replay {trace_path} --sut vllm`"}
@@ -267,7 +275,7 @@ def write_reproducer(trace: Any, trace_path: str) -> dict:
     return {"reproducer": str(out), "reproducer_run": f"python {out}"}
 
 
-_IMPORTS = '''import inspect
+IMPORTS = '''import inspect
 import os
 import sys
 

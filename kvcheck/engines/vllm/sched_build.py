@@ -47,7 +47,7 @@ def _sig(fn: Any) -> set[str]:
     return set(inspect.signature(fn).parameters)
 
 
-def _model_dir() -> str:
+def model_dir() -> str:
     d = _CACHE.get("dir")
     if d is None:
         from transformers import LlamaConfig
@@ -69,7 +69,7 @@ def _model_config() -> Any:
         # (older releases print "Error retrieving safetensors" for a local directory without weights:
         # kvcheck writes none on purpose; a failure still raises with its own message)
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            mc = _CACHE["model"] = ModelConfig(model=_model_dir(), skip_tokenizer_init=True,
+            mc = _CACHE["model"] = ModelConfig(model=model_dir(), skip_tokenizer_init=True,
                                                max_model_len=BIG_LEN, dtype="float32")
     return mc
 
@@ -80,7 +80,7 @@ def _spec_config(k: int, drop: bool) -> Any:
     import copy
     if "spec" not in _CACHE:
         from vllm.config import ParallelConfig, SpeculativeConfig
-        _CACHE["spec"] = SpeculativeConfig(method="eagle", model=_model_dir(), num_speculative_tokens=1,
+        _CACHE["spec"] = SpeculativeConfig(method="eagle", model=model_dir(), num_speculative_tokens=1,
                                            target_model_config=_model_config(),
                                            target_parallel_config=ParallelConfig())
     spec = copy.copy(_CACHE["spec"])
