@@ -103,6 +103,13 @@ def _vllm(o: dict) -> None:
     assert o["faults"]["swa_hit_unchecked@full+swa"]["caught"] == "1/1", o["faults"]
 
 
+def _vllm_engine(o: dict) -> None:
+    assert _positive(o["layouts"]["full"]["ops_per_s_median"]), o["layouts"]
+    assert 0 < o["layouts"]["full"]["vllm_share_median"] < 1
+    r = o["rediscover"]["priority_preempt_unwritten"]
+    assert r["found"] in ("0/1", "1/1") and len(r["per_seed"]) == 1, r
+
+
 def _no_requirement() -> None:
     return None
 
@@ -150,6 +157,9 @@ CASES: dict[str, Case] = {
                          _module("transformers", "transformers.py needs transformers")),
     "vllm": Case(("--steps", "50", "--seeds", "1", "--layouts", "full+swa", "--faults", "swa_hit_unchecked"),
                  _vllm, _module("vllm", "vllm.py needs vLLM")),
+    "vllm_engine": Case(("--steps", "300", "--seeds", "1", "--layouts", "full", "--defects", "priority_preempt_unwritten",
+                         "--slice-s", "2", "--cap-s", "2", "--rediscover-seeds", "1"),
+                        _vllm_engine, _module("vllm", "vllm_engine.py needs vLLM")),
 }
 
 
