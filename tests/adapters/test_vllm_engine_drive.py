@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from kvcheck.engines.vllm.sched_build import SchedKnobs
 
@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 GOOD = SchedKnobs().as_dict()
 
 
+@settings(suppress_health_check=[HealthCheck.too_slow], deadline=None)   # (no test depends on speed)
 @given(st.dictionaries(st.sampled_from(sorted(GOOD) + ["extra"]),
                        st.none() | st.booleans() | st.integers(-3, 99) | st.text(max_size=5), max_size=8))
 def test_any_scheduler_meta_is_knobs_or_one_line(got):

@@ -105,9 +105,9 @@ class Runs:
     def result(self, key: str, *args: str, tag: str = "") -> tuple[int, str]:
         proc, out, i = self.procs[(key, tag, args)]
         if i is None:
-            return proc.wait(timeout=600), out.read_text()
+            return proc.wait(timeout=1800), out.read_text()
         if not hasattr(proc, "codes"):
-            proc.codes = json.loads(proc.communicate(timeout=600)[0].strip().splitlines()[-1])
+            proc.codes = json.loads(proc.communicate(timeout=1800)[0].strip().splitlines()[-1])
         return proc.codes[i], out.read_text()
 
 
