@@ -156,7 +156,7 @@ def why_not(trace: Any) -> str | None:
 
 def engine_reproducer_source(trace: Any, trace_path: str) -> str | None:
     """The script's text, or None when this finding has no standalone condition (why_not)."""
-    from .engine_sched import next_token
+    from .engine_sched import draft_tokens, next_token
     from .layouts import VOCAB
     v = trace.violation or {}
     check = v.get("check")
@@ -186,7 +186,7 @@ def engine_reproducer_source(trace: Any, trace_path: str) -> str | None:
             f"CHECK = {check!r}\n"
             f"EXPECT = {rec['expect']!r}   # the spec's numbers at the finding's lookup (checked in vLLM's state)\n"
             f"STEPS = {rec['steps']!r}\n")
-    token = "\n\nimport zlib\n\n\n" + inspect.getsource(next_token)
+    token = "\n\nimport zlib\n\n\n" + inspect.getsource(next_token) + "\n\n" + inspect.getsource(draft_tokens)
     return (header + IMPORTS + data + token + "\n\nSPLIT_FORWARD = False\n" + fault_block + "\n\n"
             + helpers_source() + ENGINE_BODY)
 

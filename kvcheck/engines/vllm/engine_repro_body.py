@@ -259,13 +259,8 @@ def propose():
     for rid, o in reqs.items():
         if k <= 0 or o.status != RequestStatus.RUNNING or o.num_tokens - o.num_computed_tokens != 1:
             continue
-        ctx, d = list(o.all_token_ids), []
-        for _ in range(k):
-            t = next_token(ctx)
-            d.append(t if next_token(ctx + [VOCAB]) % 10 < 7 else (t + 1) % VOCAB)
-            ctx.append(d[-1])
         rids.append(rid)
-        drafts.append(d)
+        drafts.append(draft_tokens(o.all_token_ids, k))
     if rids:
         from vllm.v1.outputs import DraftTokenIds
         print(f"    drafts proposed: {dict(zip(rids, drafts))}")

@@ -45,6 +45,17 @@ def next_token(tokens: list[int]) -> int:
     return zlib.crc32(bytes(t & 0xFF for t in tokens[-8:]) + len(tokens).to_bytes(4, "little")) % VOCAB
 
 
+def draft_tokens(ctx: list[int], k: int) -> list[int]:
+    """The EAGLE drafter's k tokens after `ctx`: each the greedy token with probability ~0.7 (a
+    stable function of the context, so a replay proposes the same)."""
+    ctx, d = list(ctx), []
+    for _ in range(k):
+        t = next_token(ctx)
+        d.append(t if next_token(ctx + [VOCAB]) % 10 < 7 else (t + 1) % VOCAB)
+        ctx.append(d[-1])
+    return d
+
+
 class EngineAdapter(VllmAdapter):
     """vLLM's Scheduler behind the adapter protocol (the manager is the scheduler's own)."""
 
@@ -287,13 +298,8 @@ class EngineAdapter(VllmAdapter):
             o = req.obj
             if k <= 0 or req.state != "running" or o.num_tokens - o.num_computed_tokens != 1:
                 continue
-            ctx, d = list(o.all_token_ids), []
-            for _ in range(k):
-                t = next_token(ctx)
-                d.append(t if next_token(ctx + [VOCAB]) % 10 < 7 else (t + 1) % VOCAB)
-                ctx.append(d[-1])
             rids.append(rid)
-            drafts.append(d)
+            drafts.append(draft_tokens(o.all_token_ids, k))
         if rids:
             from vllm.v1.outputs import DraftTokenIds
             self.sched.update_draft_token_ids(DraftTokenIds(rids, drafts))
