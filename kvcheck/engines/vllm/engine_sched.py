@@ -60,7 +60,6 @@ class EngineAdapter(VllmAdapter):
     """vLLM's Scheduler behind the adapter protocol (the manager is the scheduler's own)."""
 
     actions = frozenset(ENGINE_ACTIONS)
-    drive = "engine"
 
     def __init__(self, layout: str, knobs: SchedKnobs, fault: str | None = None, strict: bool = False) -> None:
         self.knobs = knobs

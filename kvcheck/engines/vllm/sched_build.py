@@ -17,7 +17,7 @@ import inspect
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .layouts import EAGLE, LAYOUT_DATA, RETENTION, layout_scale, make_specs, vllm_modules
@@ -92,14 +92,10 @@ def _spec_config(k: int, drop: bool) -> Any:
 
 @dataclass
 class Built:
-    """A scheduler and what kvcheck's checks must know of how it was built."""
+    """A scheduler and its requests' block hasher (its block sizes are the layout's: build checks)."""
 
     scheduler: Any
-    block_size: int          # the scheduler's block size (its alignment)
-    hash_block: int          # Request.block_hashes granularity
     hasher: Any
-    knobs: SchedKnobs
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def build(layout: str, knobs: SchedKnobs) -> Built:
@@ -154,4 +150,4 @@ def build(layout: str, knobs: SchedKnobs) -> Built:
     ku = V["ku"]
     hasher = (ku.get_request_block_hasher(hbs, V["sha256"], la)
               if len(_sig(ku.get_request_block_hasher)) > 2 else ku.get_request_block_hasher(hbs, V["sha256"]))
-    return Built(sched, sbs, hbs, hasher, knobs)
+    return Built(sched, hasher)
