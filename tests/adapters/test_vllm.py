@@ -57,8 +57,9 @@ def test_planted_fault_is_caught_with_expected_check(fault, tmp_path):
     layout = ("full+swa-sparse" if expected == "lost_reuse_retention"       # needs retention
               else "full+mamba-fine" if fault.startswith("mamba_partial")     # hits inside a Mamba block
               else "full+mamba" if fault.startswith("mamba_") else "full+swa")  # needs a mamba group
+    drive = "engine" if fault == "worker_table_stale" else "mixed"     # (planted in a SchedulerOutput)
     r = V.run_campaign(layout, budget_s=60, steps=(5000 if expected.startswith("lost_reuse") else 100_000),
-                       seed=0, fault=fault,
+                       seed=0, fault=fault, drive=drive,
                        out_dir=str(tmp_path))
     assert r["caught"], r
     f = next(f for f in r["findings"] if f["check"] == expected)

@@ -33,7 +33,7 @@ from .bookkeeping import FULL_SCAN_EVERY
 from .checks import Violation
 from .reproducer import write_reproducer
 from .engine_repro import write_engine_reproducer
-from .layouts import RETENTION_DROPS_TAIL
+from .layouts import RETENTION_DROPS_TAIL, WORKER_TABLE_STALE
 from .twin import TwinAdapter, twin_summary, wants_twin
 from .workloads import WORKLOADS, reuse_profile
 from .sched import POLICIES, SchedGen
@@ -233,6 +233,8 @@ def _campaign(layout: str, budget_s: float | None = 60, steps: int | None = None
         if twin_arg or fault == RETENTION_DROPS_TAIL.name:
             raise ValueError("the dense twin runs on the manager drive only (drop --drive engine)")
         twin = twin_arg = False
+    if fault == WORKER_TABLE_STALE.name and not engine:
+        raise ValueError("fault 'worker_table_stale' is planted in the scheduler's output: run with --drive engine")
     if fault == RETENTION_DROPS_TAIL.name and not twin:
         raise ValueError("fault 'retention_drops_tail' is caught by the dense twin only: run with the twin on")
     with setting_up("vllm", vllm_version, ("vllm",), (VllmUnavailable, ValueError)):

@@ -29,8 +29,9 @@ from kvcheck.spec.sut import ActionRejected
 from . import mamba
 from .adapter import VllmAdapter
 from .checks import Req
-from .layouts import DROP_REF_ON_FREE, VOCAB, vllm_modules
+from .layouts import DROP_REF_ON_FREE, VOCAB, WORKER_TABLE_STALE, vllm_modules
 from .sched_build import Built, SchedKnobs, build
+from .worker import Worker, plant_stale
 
 ENGINE_ACTIONS = ("submit", "step", "abort", "reset_prefix_cache", "evict_blocks")
 
@@ -78,7 +79,7 @@ class EngineAdapter(VllmAdapter):
             # the release's config chose no EAGLE block drop (0.33: lookahead block hashes prove the
             # boundary token instead): the spec's ground truth follows what the scheduler built
             self.eagle_groups = set()
-        self.arrivals = 0
+        self.arrivals, self.worker = 0, Worker()     # the GPU worker's block tables (worker.py)
         self.done: list[list[int]] = []          # finished requests' whole token lists (multi-turn)
         self.stepped: set[str] = set()           # requests allocated in the open step
         self.noted: set[tuple[int, int]] = set()  # copies checked when their allocation queued them
@@ -229,6 +230,15 @@ class EngineAdapter(VllmAdapter):
         self.sched.add_request(obj)
         return {"r": rid}
 
+    def _a_reset_prefix_cache(self, running: bool = False) -> dict:
+        """The scheduler's reset; `running`: it first preempts every running request (they resume,
+        with new block tables, in a later step: vLLM's forced preemption)."""
+        ok = self.sched.reset_prefix_cache(reset_running_requests=bool(running))
+        self._sync()
+        self.coverage["state:reset_ok" if ok else "state:reset_refused"] += 1
+        self.coverage["state:reset_preempting"] += bool(running)
+        return {"reset": ok}
+
     def _a_abort(self, r: str) -> dict:
         if r not in self.reqs:
             raise ActionRejected(f"request {r} is not live")
@@ -243,6 +253,10 @@ class EngineAdapter(VllmAdapter):
         self.stepped = set()
         so = self.sched.schedule()
         self._sync()
+        if self.planted(WORKER_TABLE_STALE):
+            self.coverage["state:fault_planted"] += plant_stale(so)
+        self.worker.update(so)
+        self.worker.check(self, so)           # the forward's slots are the worker's: they must be the manager's
         new = {x.req_id for x in so.scheduled_new_reqs}
         new |= set(getattr(so.scheduled_cached_reqs, "resumed_req_ids", ()) or ())
         spec = getattr(so, "scheduled_spec_decode_tokens", None) or {}
@@ -338,7 +352,7 @@ class EngineGen:
         if live and x < 0.28:
             return "abort", {"r": rng.choice(list(ad.reqs))}
         if x < 0.285:
-            return "reset_prefix_cache", {}
+            return "reset_prefix_cache", {"running": rng.random() < 0.5}
         if x < 0.295:
             return "evict_blocks", {"block_ids": [rng.randrange(1, ad.num_blocks) for _ in range(rng.randint(1, 3))]}
         return "step", {}
@@ -390,8 +404,10 @@ def describe(seen: dict) -> dict[str, Any]:
     """What ran, for the campaign's JSON: vLLM's scheduler, the knobs drawn, the worker model."""
     return {"driver": "vllm.v1.core.sched.scheduler.Scheduler (the release's own: schedule, update_from_output)",
             "knobs": {k: dict(sorted(c.items())) for k, c in seen.items()},
-            "worker_model": "kvcheck's: the queued copies run first, then the forward writes each scheduled "
-                            "token's KV and Mamba state (timeline.py); one greedy token per request whose prompt "
-                            "is done, drafts accepted while they match it (their KV kept, the rest recomputed)",
+            "worker_model": "vLLM's model runner rebuilt: per-request block tables from each SchedulerOutput "
+                            "alone (worker.py; checked against the manager's before each forward), the queued "
+                            "copies run first, then the forward writes each scheduled token's KV and Mamba state "
+                            "(timeline.py); one greedy token per request whose prompt is done, drafts accepted "
+                            "while they match it (their KV kept, the rest recomputed)",
             "not_yet": ["drafts with Mamba groups (speculative state blocks)", "the dense retention twin",
                         "--layout generated", "KV connector loads/stores", "async scheduling"]}

@@ -156,8 +156,13 @@ EARLY_READER_FORWARD = _fault(
     "read_before_write", "the step runs the requests it admitted in a forward of their own before the "
     "running requests' forward (a micro-batched step), so a hit on a block published in the same step "
     "reads it before its writer's forward has written it (timeline.py)")
+WORKER_TABLE_STALE = _fault(
+    "worker_table_stale", "vllm:Scheduler._make_cached_request_data (new_block_ids)", "stale block table",
+    "worker_table_sound", "the scheduler's output leaves a running request's first new block out of "
+    "new_block_ids, so the worker's block table (built from the outputs alone, worker.py) no longer "
+    "matches the manager's: the forward writes its slots into the wrong blocks (needs --drive engine)")
 VLLM_FAULTS: tuple[Fault, ...] = (DROP_REF_ON_FREE, SWA_HIT_UNCHECKED, EVICT_KEEPS_HASH, SWA_OVERSTRICT,
-                                  RETENTION_DROPS_TAIL, EARLY_READER_FORWARD, MAMBA_OLDER_STATE, MAMBA_STATE_FREED,
+                                  RETENTION_DROPS_TAIL, EARLY_READER_FORWARD, WORKER_TABLE_STALE, MAMBA_OLDER_STATE, MAMBA_STATE_FREED,
                                   MAMBA_SAME_STEP, MAMBA_MOVE_UNCOPIED, MAMBA_PARTIAL_OFF_BY_ONE)
 FAULTS: dict[str, tuple[str, str]] = {f.name: (f.expected, f.doc) for f in VLLM_FAULTS}  # name -> (check, doc)
 SWA_FAULTS = (SWA_HIT_UNCHECKED, SWA_OVERSTRICT)      # need a layout with a sliding-window group
@@ -181,7 +186,7 @@ ACTIONS = SINGLE_ACTIONS + STEP_ACTIONS
 SAFETY_CHECKS = ("hit_aligned", "hit_leaves_last_token", "hit_length_equal",
                  "hit_sound_swa_window", "hit_sound_chunked_local", "hit_sound_compressed_kv",
                  "hit_sound_indexer", "hit_sound_tail", "hit_sound_recurrent_state", "state_copy_sound",
-                 "read_before_write")
+                 "read_before_write", "worker_table_sound")
 BOOKKEEPING_CHECKS = ("refcount_equals_holders", "free_queue_iff_unreferenced", "free_count",
                       "null_block_inert", "no_alias", "hash_map_sound", "toctou_bound_stable")
 
