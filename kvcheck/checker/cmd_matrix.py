@@ -64,6 +64,38 @@ def add_matrix_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="DIR", default="kvcheck-matrix", help="output directory (default: %(default)s)")
     p.add_argument("--workers", type=positive_int, default=1,
                    help="releases built and run side by side (default: %(default)s)")
+    p.add_argument("--fuzz-option", action="append", metavar="NAME=VALUE", default=None,
+                   help="an option of the engine's kvcheck fuzz for every cell (repeatable), e.g. drive=engine "
+                        "or sched_policy=priority for --sut vllm; on/off options take true or false")
+
+
+# fuzz options a cell cannot take from --fuzz-option: the matrix sets the layout, runs each cell
+# in its driver's process and keeps its own outputs
+CELL_OWNED = frozenset({"layout", "list_layouts", "layout_file", "ray", "redis", "observability"})
+SWITCHES = frozenset({"strict_reuse", "strict_known"})        # on/off: VALUE is true or false
+
+
+def fuzz_args(items: list[str] | None, eng: Any) -> list[str]:
+    """--fuzz-option NAME=VALUE ... -> the arguments every cell's `kvcheck fuzz` gets (UsageError:
+    one line naming the option)."""
+    from .cmd_fuzz import ENGINE_OPTIONS
+    allowed = sorted(d for d in ENGINE_OPTIONS if d in eng.fuzz_options and d not in CELL_OWNED)
+    out: list[str] = []
+    for item in items or []:
+        name, sep, value = item.partition("=")
+        dest, value = name.strip().removeprefix("--").replace("-", "_"), value.strip()
+        if not sep or not value:
+            raise UsageError(f"--fuzz-option {item[:60]!r}: expected NAME=VALUE (e.g. drive=engine)")
+        if dest not in allowed:
+            raise UsageError(f"--fuzz-option {name[:40]!r}: a matrix cell of --sut {eng.name} takes "
+                             f"{', '.join(allowed) or 'no fuzz option'}")
+        if dest in SWITCHES:
+            if value.lower() not in ("true", "false"):
+                raise UsageError(f"--fuzz-option {dest}: expected true or false, not {value[:40]!r}")
+            out += [ENGINE_OPTIONS[dest]] if value.lower() == "true" else []
+        else:
+            out += [ENGINE_OPTIONS[dest], value]
+    return out
 
 
 def _command(args: argparse.Namespace) -> str:
@@ -82,6 +114,8 @@ def _command(args: argparse.Namespace) -> str:
         cmd += ["--envs", args.envs]
     if args.workers != 1:
         cmd += ["--workers", str(args.workers)]
+    for item in args.fuzz_option or []:
+        cmd += ["--fuzz-option", item]
     return shlex.join(cmd)
 
 
@@ -134,6 +168,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UsageError(f"--budget-per-cell: {e}") from None
     wanted, columns = _layouts(args.layouts, eng)
+    extra = fuzz_args(args.fuzz_option, eng)
     sources: list[mx.Source] = []
     for py in args.python or []:
         path = os.path.abspath(py)           # not resolved: a venv's python is a link into its base
@@ -159,12 +194,12 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         print(f"kvcheck matrix: {note}", file=sys.stderr)
     plan = mx.Plan(engine=eng.name, budget=args.budget_per_cell.strip(), seed=args.seed, out=out,
                    columns=columns, layouts=wanted, sources=sources, distribution=eng.distribution,
-                   script=eng.install_script, envs=envs, workers=workers,
+                   script=eng.install_script, envs=envs, workers=workers, fuzz_args=extra,
                    cell_timeout_s=mx.cell_timeout(budget.seconds))
     meta = {"distribution": eng.distribution, "release_range": list(eng.release_range),
             "releases": None if args.python else (args.releases or "minors"),
             "pythons": [s.python for s in sources] if args.python else None,
-            "envs": str(envs) if envs else None, "kvcheck_python": sys.executable}
+            "envs": str(envs) if envs else None, "kvcheck_python": sys.executable, "fuzz_args": extra}
     try:
         rows = mx.run_matrix(plan)
         code, interrupted = mx.exit_code(rows), False

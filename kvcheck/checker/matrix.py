@@ -170,12 +170,14 @@ class Plan:
     envs: Path | None = None
     workers: int = 1
     cell_timeout_s: float = 3600.0
+    fuzz_args: list[str] = field(default_factory=list)    # --fuzz-option: every cell's fuzz gets them
 
 
 def rerun_command(python: str, plan: Plan, layout: str, out_dir: str) -> str:
     """The command that reruns one cell, as the driver ran it."""
     return shlex.join([f"PYTHONPATH={ROOT}", python, "-m", "kvcheck", "fuzz", "--sut", plan.engine,
-                       "--layout", layout, "--budget", plan.budget, "--seed", str(plan.seed), "--out", out_dir])
+                       "--layout", layout, "--budget", plan.budget, "--seed", str(plan.seed), *plan.fuzz_args,
+                       "--out", out_dir])
 
 
 def build_row(text: str, exit_code: int | None, plan: Plan, python: str, expected: str | None = None,
@@ -246,7 +248,8 @@ def run_driver(python: str, plan: Plan, label: str, expected: str | None,
     lines, errlog = logs / f"{file_stem(label)}.jsonl", logs / f"{file_stem(label)}.stderr.log"
     lines.write_text("")
     spec = {"lines": str(lines), "sut": plan.engine, "budget": plan.budget, "seed": plan.seed,
-            "out": str(plan.out.resolve()), "layouts": plan.layouts, "expected": expected}
+            "out": str(plan.out.resolve()), "layouts": plan.layouts, "expected": expected,
+            "fuzz_args": plan.fuzz_args}
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     note = None
     with open(errlog, "w") as err:

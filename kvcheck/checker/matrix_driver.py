@@ -135,7 +135,7 @@ def run(spec: dict[str, Any]) -> int:
             put({"type": "start", "layout": lay})
             t0 = time.monotonic()
             r = cli("fuzz", "--sut", sut, "--layout", lay, "--budget", str(spec["budget"]),
-                    "--seed", str(spec["seed"]), "--json", "--out", out)
+                    "--seed", str(spec["seed"]), *spec.get("fuzz_args", []), "--json", "--out", out)
             put({"type": "cell", "layout": lay, "code": r["code"], "result": trim(parse_json(r["stdout"])),
                  "stderr": r["stderr"][-2000:], "traceback": r["traceback"],
                  "elapsed_s": round(time.monotonic() - t0, 2)})

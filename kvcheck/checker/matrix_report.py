@@ -144,7 +144,7 @@ def render_text(data: dict[str, Any]) -> str:
 def rerun_template(row: dict[str, Any], data: dict[str, Any]) -> str:
     return shlex.join([f"PYTHONPATH={ROOT}", row["python"], "-m", "kvcheck", "fuzz", "--sut", data["engine"],
                        "--layout", "LAYOUT", "--budget", data["budget_per_cell"], "--seed", str(data["seed"]),
-                       "--out", row["out_dir"]])
+                       *data.get("fuzz_args", []), "--out", row["out_dir"]])
 
 
 # ---- Markdown --------------------------------------------------------------------------------

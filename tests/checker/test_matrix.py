@@ -371,6 +371,10 @@ def test_the_command_with_faked_builds_and_drivers(capsys, tmp_path, fake_engine
     (["--sut", "vllm", "--python", sys.executable, "--envs", "/tmp"], "nothing is built"),
     (["--sut", "vllm", "--workers", "0"], "positive integer"),
     (["--releases", "all"], "required: --sut"),
+    (["--sut", "vllm", "--fuzz-option", "drive"], "expected NAME=VALUE"),
+    (["--sut", "vllm", "--fuzz-option", "layout=full"], "takes acknowledge, drive"),
+    (["--sut", "vllm", "--fuzz-option", "nosuch=1"], "'nosuch'"),
+    (["--sut", "vllm", "--fuzz-option", "strict_reuse=maybe"], "expected true or false"),
 ])
 def test_bad_input_is_one_line_exit_2(capsys, tmp_path, argv, needle) -> None:
     code, _, err = run(capsys, "matrix", *argv, "--out", str(tmp_path / "o"), *(
@@ -401,13 +405,18 @@ def test_a_real_matrix_on_the_installed_vllm(capsys, tmp_path) -> None:
     out = tmp_path / "m"
     py = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv" / "bin" / "python").exists() else sys.executable
     code, stdout, err = run(capsys, "matrix", "--sut", "vllm", "--python", py, "--layouts", "full,full+swa",
-                            "--budget-per-cell", "300", "--out", str(out), "--json")
+                            "--budget-per-cell", "1500", "--out", str(out), "--json", "--fuzz-option", "drive=engine")
     data = json.loads(stdout)
     (row,) = data["rows"]
     assert row["release"] and list(row["cells"]) == ["full", "full+swa"], (row, err)
+    assert data["fuzz_args"] == ["--drive", "engine"] and "--fuzz-option drive=engine" in data["command"]
     for c in row["cells"].values():
         assert c["verdict"] in ("clean", "finding"), (c, err)
-        assert f"--layout {c['layout']} --budget 300 --seed 0" in c["rerun"]
+        assert f"--layout {c['layout']} --budget 1500 --seed 0 --drive engine" in c["rerun"]
+    # every cell ran through vLLM's own scheduler: its traces and results say so
+    cell = json.loads((out / "drivers").joinpath(next(p.name for p in (out / "drivers").glob("*.jsonl"))).read_text()
+                      .splitlines()[-2])
+    assert cell["type"] == "cell" and cell["code"] in (0, 10, 11, 12, 13)
     assert code == mx.exit_code(data["rows"]) and code in (0, 10, 11, 12, 13)
     for name in ("matrix-vllm.json", "matrix-vllm.md", "matrix-vllm.html"):
         assert (out / name).stat().st_size > 0
