@@ -27,7 +27,7 @@ from kvcheck.engines.vllm.sched_build import SchedKnobs  # noqa: E402
 from kvcheck.spec.trace import Step, Trace  # noqa: E402
 
 FAULTS = [("full+swa", "swa_hit_unchecked"), ("full", "drop_ref_on_free"), ("full+swa", "evict_keeps_hash"),
-          ("full", "early_reader_forward")]
+          ("full", "early_reader_forward"), ("full", "worker_table_stale")]
 SIDE = os.environ.get("KVCHECK_VLLM_SIDE_PYTHON")       # another release's interpreter (optional)
 ALLOWED_IMPORTS = {"atexit", "contextlib", "copy", "importlib", "inspect", "io", "os", "shutil", "sys", "tempfile",
                    "torch", "traceback", "transformers", "types", "vllm", "zlib"}
@@ -52,6 +52,23 @@ def priority_trace(path: Path) -> str:
                                                             "it scheduled in the step, then resumes it"},
                   {"vllm_version": vllm.__version__, "layout": "full", "num_blocks": knobs.num_blocks,
                    "strict_reuse": False, "sched_policy": "priority", "drive": "engine", "scheduler": knobs.as_dict()})
+    return str(trace.save(path))
+
+
+def reset_running_trace(path: Path) -> str:
+    """reset_prefix_cache with running=True: vLLM's scheduler preempts A (its blocks freed, so the
+    reset succeeds) and A resumes in the next step with a new block table, which the worker's table
+    takes in place of the old one; the planted stale output (worker_table_stale) drops the new block
+    of A's decode in the step after, the finding's (a script that played the reset as the manager's
+    would see it refused; one that appended a resumed table would break a step earlier)."""
+    knobs = SchedKnobs(num_blocks=16)
+    steps = [Step("submit", {"r": "A", "tokens": list(range(1, 7)), "salt": None, "prio": 0, "max_tokens": 8}),
+             Step("step"), Step("step"), Step("reset_prefix_cache", {"running": True}), Step("step"), Step("step")]
+    trace = Trace(layout_config("full"), steps, "worker_table_stale", "vllm-fuzz", 0, "vllm",
+                  {"step": len(steps) - 1, "kind": "safety", "checks": ["worker_table_sound"],
+                   "check": "worker_table_sound", "message": "hand-made: a preempting reset, then a stale table"},
+                  {"vllm_version": vllm.__version__, "layout": "full", "num_blocks": knobs.num_blocks,
+                   "strict_reuse": False, "sched_policy": "fcfs", "drive": "engine", "scheduler": knobs.as_dict()})
     return str(trace.save(path))
 
 
@@ -119,13 +136,17 @@ def runs(tmp_path_factory):
     r.infos["priority"] = info = write_engine_reproducer(Trace.load(path), path)
     assert info["reproducer"], info
     r.alone("priority", info["reproducer"])
+    path = reset_running_trace(where / "vllm-full-reset-running.json")
+    r.infos["reset_running"] = info = write_engine_reproducer(Trace.load(path), path)
+    assert info["reproducer"], info
     for layout, fault in FAULTS:
         res = V.run_campaign(layout, budget_s=None, steps=4000, seed=1, drive="engine", fault=fault,
                              out_dir=str(where / fault))
         f = next(x for x in res["findings"] if x["check"] == res["expected_check"])
         r.infos[fault] = {**write_engine_reproducer(Trace.load(f["trace"]), f["trace"]), "finding": f}
-    r.batch([(k, r.infos[k]["reproducer"], ("--clean",)) for k in ("priority", *(f for _, f in FAULTS))]
-            + [(f, r.infos[f]["reproducer"], ()) for _, f in FAULTS])
+    played = ("reset_running", *(f for _, f in FAULTS))
+    r.batch([(k, r.infos[k]["reproducer"], ("--clean",)) for k in ("priority", *played)]
+            + [(k, r.infos[k]["reproducer"], ()) for k in played])
     yield r
     for proc, _, _ in r.procs.values():
         if proc.poll() is None:
@@ -154,6 +175,19 @@ def test_the_priority_preemption_of_a_scheduled_request_exits_1(runs):
     assert "BUG: A's forward (tokens from 20) reads block #" in out and "never written" in out, out
     code, out = runs.result("priority", "--clean")
     assert code == 1 and "BUG: " in out, out
+
+
+def test_a_reset_preempting_the_running_requests_plays_in_the_script(runs):
+    """The script plays reset_prefix_cache {"running": true} as the scheduler's reset: A is freed, the
+    reset succeeds, A resumes with a new table (replacing the worker's); the finding is the last step's."""
+    assert "['reset_prefix_cache', {'running': True}]" in Path(runs.infos["reset_running"]["reproducer"]).read_text()
+    code, out = runs.result("reset_running")
+    assert code == 1, out
+    reset = out[out.index("step 3: reset_prefix_cache"):out.index("step 4: step")]
+    assert "free A" in reset and "reset: True" in reset, out
+    assert "scheduled A [0, 8) (admitted)" in out and out.index("step 5: step") < out.index("BUG: A's block table"), out
+    code, out = runs.result("reset_running", "--clean")
+    assert code == 0 and "OK: " in out, out
 
 
 def test_scripts_import_only_vllm_and_its_own_dependencies(runs):

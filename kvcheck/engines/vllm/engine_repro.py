@@ -1,6 +1,7 @@
 """Standalone reproducers of scheduler-drive findings (``--drive engine``): a script per finding
 that imports only vLLM, builds the release's own v1 ``Scheduler`` as ``sched_build.build`` does,
-and replays the trace's submit / step / abort / reset_prefix_cache / evict_blocks through it.
+and replays the trace's submit / step / abort / reset_prefix_cache (``running``: the scheduler's
+reset preempting the running requests first) / evict_blocks through it.
 
 What a step is, in the script as in kvcheck (engine_sched.py): ``schedule()`` → a forward that
 writes every scheduled token's KV (the ``SchedulerOutput``'s ``num_scheduled_tokens``; the
@@ -42,6 +43,11 @@ ENGINE_CONDITIONS = {
     "state_copy_sound": "every block copy a step queues (take_kv_cache_block_copies) reads a source that holds, "
                         "when the copy runs (before the step's forward), what the destination needs",
     "lost_reuse": CONDITIONS["lost_reuse"] + " (at the finding's lookup, inside the last step's schedule())",
+    "worker_table_sound": "before each step's forward, every scheduled request's block table as the worker builds "
+                          "it from the SchedulerOutputs alone (finished_req_ids dropped, a new request's block_ids, "
+                          "a running one's new_block_ids appended per group, a resumed one's replacing its table: "
+                          "GPUModelRunner._update_states) equals the manager's req_to_blocks at every position whose "
+                          "block is not null, and is no longer",
 }
 # the checks whose state needs more than this replay: kvcheck's replay shows them
 NOT_STANDALONE = {
@@ -55,11 +61,29 @@ def plant(mgr):
     SPLIT_FORWARD = True      # the worker runs the step's newly admitted requests in a forward of their
                               # own, before the running requests' forward (a micro-batched step)
 '''
+_STALE_OUTPUT = '''
+def plant(mgr):
+    global STALE_OUTPUT
+    STALE_OUTPUT = True       # after each schedule(), stale_output changes the SchedulerOutput the worker gets
+
+
+def stale_output(so):
+    """The scheduler leaves the first new block of the first running (not resumed) request with new
+    blocks out of the step's new_block_ids: the worker never learns it."""
+    c = so.scheduled_cached_reqs
+    for i, rid in enumerate(c.req_ids):
+        new = c.new_block_ids[i]
+        if new is not None and rid not in (getattr(c, "resumed_req_ids", None) or ()) and any(new):
+            g = next(g for g, x in enumerate(new) if x)
+            c.new_block_ids[i] = tuple(x[1:] if k == g else x for k, x in enumerate(new))
+            return
+'''
 # planted fault -> its monkeypatch (`plant(sched.kv_cache_manager)`); the manager reproducer's
-# where the scheduler's manager takes it as is, the fake worker's split forward for the other
+# where the scheduler's manager takes it as is; for the others a global the body consults: the
+# fake worker's split forward, the scheduler's output changed after schedule()
 ENGINE_PLANTS = {**{k: PLANTS[k] for k in ("drop_ref_on_free", "swa_hit_unchecked", "swa_overstrict",
                                              "evict_keeps_hash")},
-                 "early_reader_forward": _SPLIT_FORWARD}
+                 "early_reader_forward": _SPLIT_FORWARD, "worker_table_stale": _STALE_OUTPUT}
 
 # the manager reproducer's content model and checks, used as they are (reproducer_body.py)
 HELPERS = ("cdiv", "content", "holds", "table", "ids", "tables", "group_hash", "note_keys", "cached",
@@ -187,7 +211,7 @@ def engine_reproducer_source(trace: Any, trace_path: str) -> str | None:
             f"EXPECT = {rec['expect']!r}   # the spec's numbers at the finding's lookup (checked in vLLM's state)\n"
             f"STEPS = {rec['steps']!r}\n")
     token = "\n\nimport zlib\n\n\n" + inspect.getsource(next_token) + "\n\n" + inspect.getsource(draft_tokens)
-    return (header + IMPORTS + data + token + "\n\nSPLIT_FORWARD = False\n" + fault_block + "\n\n"
+    return (header + IMPORTS + data + token + "\n\nSPLIT_FORWARD = STALE_OUTPUT = False\n" + fault_block + "\n\n"
             + helpers_source() + ENGINE_BODY)
 
 

@@ -3,8 +3,9 @@ fault and the manager reproducer's content-model helpers above it).
 
 It builds vLLM's own ``Scheduler`` the way kvcheck's sched_build.build does (every constructor's
 arguments checked against the running release's signatures), watches the scheduler's calls into
-its manager, runs the fake worker (each step's copies, then its forward's writes, then its
-reads), and replays the steps. No kvcheck import: a maintainer runs it with vLLM alone.
+its manager, runs the fake worker (its block tables from each SchedulerOutput alone, as worker.py
+keeps them; each step's copies, then its forward's writes, then its reads), and replays the steps.
+No kvcheck import: a maintainer runs it with vLLM alone.
 """
 
 ENGINE_BODY = r'''
@@ -103,6 +104,7 @@ HOLDS, READY, KEYS = {}, {}, {}     # block -> content it will hold / its bytes 
 STEP = None                         # the open step: what its forward runs, its queued copies
 RETAINED = []                       # blocks the scheduler holds for copies not yet run
 ACCEPTED = {}                       # rid -> draft positions [lo, hi) of the step the sampler accepted
+WT = {}                             # rid -> the worker's block table, one list of block ids per group
 LAST = False                        # in the trace's last step (the finding's)
 bugs = []
 
@@ -211,6 +213,31 @@ def check_reads(o, lo):
                             "by a forward that ran (vLLM published it at schedule time)")
 
 
+def worker(so):
+    """The model runner's block tables, from the SchedulerOutput alone (GPUModelRunner._update_states;
+    a resumed request's new_block_ids replace its table); then worker_table_sound, before the forward."""
+    c, check = so.scheduled_cached_reqs, CHECK == "worker_table_sound"
+    for rid in so.finished_req_ids:
+        WT.pop(rid, None)
+    WT.update({x.req_id: [list(b) for b in x.block_ids] for x in so.scheduled_new_reqs})
+    for rid, new in zip(c.req_ids, c.new_block_ids):
+        if rid in (getattr(c, "resumed_req_ids", None) or ()):
+            if new is None and check:
+                bugs.append(f"{rid} resumes from preemption without its block table (new_block_ids is None)")
+            WT[rid] = [list(b) for b in new or ()]
+        elif new is not None:
+            for t, b in zip(WT.setdefault(rid, [[] for _ in new]), new):
+                t.extend(b)
+    for rid in so.num_scheduled_tokens if check else ():
+        have = WT.get(rid, [])
+        for g in range(len(GROUPS)):
+            want, got = table(g, rid), have[g] if g < len(have) else []
+            if len(got) > len(want) or any(not b.is_null and (i >= len(got) or got[i] != b.block_id)
+                                           for i, b in enumerate(want)):
+                bugs.append(f"{rid}'s block table in the worker (group {g}), built from the scheduler's outputs, is "
+                            f"{got} where the manager's is {ids(want)}: its forward misses or misplaces blocks")
+
+
 def forward():
     """The step runs: its queued copies, then its forward (every layer writes the whole batch's
     new KV, then attends); SPLIT_FORWARD (a planted fault): the admitted requests first."""
@@ -290,6 +317,9 @@ def step():
     global STEP
     STEP = {"sched": {}, "copies": []}
     so = sched.schedule()
+    if STALE_OUTPUT:                      # (a planted fault: the output the worker gets is changed)
+        stale_output(so)
+    worker(so)
     new = {x.req_id for x in so.scheduled_new_reqs}
     new |= set(getattr(so.scheduled_cached_reqs, "resumed_req_ids", ()) or ())
     spec = getattr(so, "scheduled_spec_decode_tokens", None) or {}
@@ -303,7 +333,7 @@ def step():
                                       for r, (lo, hi, a) in STEP["sched"].items())
           + (f"; preempted {gone}" if gone else ""))
     for r in STEP["sched"]:
-        print(f"      {r}: {tables(r)}")
+        print(f"      {r}: {tables(r)}" + (f"; the worker's: {WT.get(r)}" if CHECK == "worker_table_sound" else ""))
     sync()
     forward()
     sched.update_from_output(so, model_output(so, spec, real))
@@ -349,8 +379,12 @@ for n, (action, p) in enumerate(STEPS):
                 continue
             sched.finish_requests([p["r"]], RequestStatus.FINISHED_ABORTED)
             sync()
-        elif action == "reset_prefix_cache":
-            print(f"    reset: {mgr.reset_prefix_cache()}")
+        elif action == "reset_prefix_cache":    # running: the scheduler first preempts every running request
+            kw = {"reset_running_requests": True} if p.get("running") else {}
+            if kw and "reset_running_requests" not in inspect.signature(sched.reset_prefix_cache).parameters:
+                print("CANNOT PLAY: this vLLM's Scheduler.reset_prefix_cache has no reset_running_requests")
+                sys.exit(2)
+            print(f"    reset: {sched.reset_prefix_cache(**kw)}")
         elif action == "evict_blocks":
             mgr.evict_blocks({i for i in p["block_ids"] if 0 < i < NUM_BLOCKS})
         else:
