@@ -19,6 +19,7 @@ from kvcheck.spec.objects import needed_objects
 from . import mamba
 from .violation import Violation
 from .bookkeeping import Bookkeeping
+from .content import prefix
 from .layouts import cdiv, vllm_modules
 
 
@@ -45,6 +46,7 @@ class Req:
     hashed: int = 0           # hash blocks whose content is recorded (hashes only grow)
     stamped: int = 0          # computed tokens when its blocks were last stamped
     prefixes: dict = field(default_factory=dict, repr=False)   # end -> _content (a memo)
+    chain: Any = field(default=None, repr=False)               # its tokens' prefix hashes (content.py)
 
 
 class ShadowChecks(Bookkeeping):
@@ -72,7 +74,7 @@ class ShadowChecks(Bookkeeping):
         # one object per (request, prefix): equal contents of one request compare by identity
         got = req.prefixes.get(end)
         if got is None:
-            got = (req.salt, tuple(req.obj.all_token_ids[:end]))
+            got = prefix(req, end)
             if end <= len(got[1]):          # (a prefix past the tokens would grow later)
                 req.prefixes[end] = got
         return got
