@@ -20,7 +20,7 @@ GOOD = SchedKnobs().as_dict()
 @given(st.dictionaries(st.sampled_from(sorted(GOOD) + ["extra"]),
                        st.none() | st.booleans() | st.integers(-3, 99) | st.text(max_size=5), max_size=8))
 def test_any_scheduler_meta_is_knobs_or_one_line(got):
-    from kvcheck.engines.vllm.engine_sched import knobs_of
+    from kvcheck.engines.vllm.engine_gen import knobs_of
     try:
         k = knobs_of({"drive": "engine", "scheduler": got})
     except ValueError as e:
@@ -128,7 +128,7 @@ def test_the_priority_read_before_write_found_by_a_campaign_replays_and_is_recog
     priority --budget 30000 --seed 13`, known-defect recognition off): vLLM's own scheduler made
     the move (r2, more urgent, arrives; the running loop takes back r1 after scheduling it)."""
     from kvcheck.engines.vllm import known
-    from kvcheck.engines.vllm.engine_sched import knobs_of
+    from kvcheck.engines.vllm.engine_gen import knobs_of
     from kvcheck.engines.vllm.layouts import vllm_version
     from kvcheck.spec.trace import Trace
     if not known._ver("0.14.1") <= known._ver(vllm_version()) <= known._ver("0.33.0"):

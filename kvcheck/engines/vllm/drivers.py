@@ -37,7 +37,7 @@ from .layouts import RETENTION_DROPS_TAIL, WORKER_TABLE_STALE
 from .twin import TwinAdapter, twin_summary, wants_twin
 from .workloads import WORKLOADS, reuse_profile
 from .sched import POLICIES, SchedGen
-from . import engine_sched
+from . import engine_gen, engine_sched
 from .layouts import (LAYOUT_DATA, ACTIONS, FAULTS, SINGLE_ACTIONS, STEP_ACTIONS, GENERATED,
                       INSTALL_HINT, LAYOUTS, VOCAB, VllmUnavailable, layout_config, layout_scale,
                       supported_layouts, vllm_version, FILE_LAYOUTS, load_layout_file, register_layout)
@@ -154,7 +154,7 @@ def _alternatives(num_blocks: int):
 
 def _save(layout: str, num_blocks: int, fault: str | None, seed: int, f: Finding, strict: bool,
           out_dir: str, tag: str, twin: bool = False, size: dict | None = None, sched_policy: str = "fcfs") -> dict:
-    knobs = sched_policy if isinstance(sched_policy, engine_sched.SchedKnobs) else None
+    knobs = sched_policy if isinstance(sched_policy, engine_gen.SchedKnobs) else None
     trace = to_trace(None, f.trail, seed, engine="vllm-fuzz", cfg=layout_config(layout), sut="vllm",
                      finding=f, fault=fault,
                      meta={"vllm_version": vllm_version(), "layout": layout, "num_blocks": num_blocks,
@@ -239,7 +239,7 @@ def _campaign(layout: str, budget_s: float | None = 60, steps: int | None = None
         raise ValueError("fault 'retention_drops_tail' is caught by the dense twin only: run with the twin on")
     with setting_up("vllm", vllm_version, ("vllm",), (VllmUnavailable, ValueError)):
         make_adapter(first, 24, fault, False, twin,   # validate layout/fault early (and import vLLM)
-                     engine_sched.draw_knobs(random.Random(seed), first, sched_policy) if engine else "fcfs")
+                     engine_gen.draw_knobs(random.Random(seed), first, sched_policy) if engine else "fcfs")
     layout_all, sampled = layout, 0
     t0 = time.monotonic()
     if budget_s is None and steps is None:
@@ -262,10 +262,10 @@ def _campaign(layout: str, budget_s: float | None = 60, steps: int | None = None
         if generated:
             twin = wants_twin(layout, fault) if twin_arg is None and not engine else bool(twin_arg)
         gen = _Gen(rng, layout_scale(layout)[1])
-        policy: "str | engine_sched.SchedKnobs" = sched_policy     # (engine: the episode's knobs)
+        policy: "str | engine_gen.SchedKnobs" = sched_policy     # (engine: the episode's knobs)
         if engine:
-            policy = engine_sched.draw_knobs(rng, layout, sched_policy)
-            gen = engine_sched.EngineGen(gen)
+            policy = engine_gen.draw_knobs(rng, layout, sched_policy)
+            gen = engine_gen.EngineGen(gen)
         stepped = drive == "scheduler" or (drive == "mixed" and episodes % 2 == 1)   # mixed: alternate
         scheduler_episodes += engine
         if stepped:
@@ -386,7 +386,7 @@ def replay(trace: Trace | str | Path) -> dict:
         with setting_up("vllm", vllm_version, ("vllm",), (VllmUnavailable, ValueError)):
             ad = make_adapter(layout, int(trace.meta.get("num_blocks", 24)), trace.fault,
                               bool(trace.meta.get("strict_reuse")), bool(trace.meta.get("dense_twin")),
-                              engine_sched.knobs_of(trace.meta) or trace.meta.get("sched_policy", "fcfs"))
+                              engine_gen.knobs_of(trace.meta) or trace.meta.get("sched_policy", "fcfs"))
         code, out = replay_on_core(trace, ad, FreeModel())
     except CannotDrive as e:
         return {**e.result(sut="vllm", vllm_version=vllm_version(), layout=layout, fault=trace.fault,

@@ -113,7 +113,7 @@ def record_engine(trace: Any) -> dict | None:
     entries). None when the trace does not reproduce its check here."""
     from kvcheck.spec.sut import ActionRejected
     from .build import make_adapter, resolve_layout
-    from .engine_sched import knobs_of
+    from .engine_gen import knobs_of
     from .layouts import EAGLE, RETENTION, layout_scale, make_specs, vllm_modules
     layout = resolve_layout(trace)
     knobs = knobs_of(trace.meta)

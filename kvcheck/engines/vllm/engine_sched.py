@@ -251,6 +251,7 @@ class EngineAdapter(VllmAdapter):
         tl = self.timeline
         tl.begin()
         self.stepped = set()
+        earlier = set(getattr(self.sched, "reset_preempted_req_ids", ()) or ())   # (preempted by a reset)
         so = self.sched.schedule()
         self._sync()
         if self.planted(WORKER_TABLE_STALE):
@@ -266,7 +267,7 @@ class EngineAdapter(VllmAdapter):
             real[rid] = hi - len(spec.get(rid, ()))       # (draft positions: written once accepted)
             tl.scheduled(rid, hi - n, real[rid], None, admitted=rid in new)
         self.coverage["state:multi_request_step"] += len(so.num_scheduled_tokens) > 1
-        gone = set(getattr(so, "preempted_req_ids", ()) or ())
+        gone = set(getattr(so, "preempted_req_ids", ()) or ()) - earlier
         self.coverage["state:preempted"] += len(gone)
         self.coverage["state:preempt_scheduled"] += len(gone & self.stepped)   # PRIORITY: after its allocation
         # (the content model and bookkeeping are checked after the step, by apply: num_computed_tokens
@@ -329,75 +330,6 @@ class EngineAdapter(VllmAdapter):
             if p.default is inspect.Parameter.empty and k not in ("req_ids", "req_id_to_index", "sampled_token_ids"):
                 out[k] = [] if "list" in str(p.annotation) else {} if "dict" in str(p.annotation) else None
         return out
-
-
-class EngineGen:
-    """Seeded workload for the scheduler drive: arrivals (fresh prompts with shared prefixes,
-    identical resends, multi-turn continuations of finished requests), steps, rare aborts,
-    prefix-cache resets and connector evictions. The scheduler decides everything else."""
-
-    def __init__(self, base: Any) -> None:
-        self.base, self.rng = base, base.rng
-        self.bases = getattr(base, "bases", None)
-        # priorities (PRIORITY policy): random, or later arrivals more urgent (each preempts the ones
-        # admitted before it, which the running loop may already have scheduled in the step)
-        self.prio_mode = self.rng.choice(["random", "urgent_later"])
-
-    def next(self, ad: EngineAdapter) -> tuple[str, dict]:
-        rng = self.rng
-        live = len(ad.reqs)
-        x = rng.random()
-        if live < ad.knobs.max_num_seqs + 2 and x < (0.6 if live == 0 else 0.25):
-            return "submit", self._arrival(ad)
-        if live and x < 0.28:
-            return "abort", {"r": rng.choice(list(ad.reqs))}
-        if x < 0.285:
-            return "reset_prefix_cache", {"running": rng.random() < 0.5}
-        if x < 0.295:
-            return "evict_blocks", {"block_ids": [rng.randrange(1, ad.num_blocks) for _ in range(rng.randint(1, 3))]}
-        return "step", {}
-
-    def _arrival(self, ad: EngineAdapter) -> dict:
-        rng, cap = self.rng, ad.max_tokens - 1
-        y = rng.random()
-        if ad.done and y < 0.3:         # the next turn of a finished chat: its whole text + a new message
-            prev = rng.choice(ad.done)
-            toks = prev + self.base.prompt(max(2, cap - len(prev)))[: rng.randint(1, 8)]
-        elif ad.done and y < 0.4:       # an identical resend
-            toks = list(rng.choice(ad.done))
-        else:
-            toks = self.base.prompt(self.base.max_prompt)
-        toks = toks[:cap] or [1]
-        return {"r": f"r{ad.next_id}", "tokens": toks, "salt": rng.choice([None, None, None, "s1"]),
-                "prio": rng.randint(0, 3) if self.prio_mode == "random" else -ad.next_id,
-                "max_tokens": rng.choice([1, 2, 4, 8, 16])}
-
-
-def draw_knobs(rng: Any, layout: str, policy: str | None = None) -> SchedKnobs:
-    """An episode's scheduler configuration (swarm testing: each episode its own)."""
-    from .layouts import LAYOUT_DATA, layout_scale
-    groups = LAYOUT_DATA[layout][1]
-    max_len = layout_scale(layout)[1]
-    scale = max(1, max_len // 64)
-    per_req = max(4, max_len // min(bs for _, bs, _ in groups))
-    return SchedKnobs(policy=policy or rng.choice(["fcfs", "priority"]),
-                      max_num_batched_tokens=rng.choice([8, 16, 32, 1 << 12]) * scale,
-                      max_num_seqs=rng.choice([1, 2, 3, 4, 8]),
-                      long_prefill_token_threshold=rng.choice([0, 0, 4, 12]) * scale,
-                      num_blocks=1 + rng.choice([1, 2, 3, 5]) * per_req * len(groups) // 2 + per_req,
-                      spec_tokens=rng.choice([1, 2]), eagle_drop=rng.random() < 0.5)
-
-
-def knobs_of(meta: dict) -> SchedKnobs | None:
-    """A trace's scheduler knobs (None: a manager-drive trace); ValueError names a bad field."""
-    if meta.get("drive") != "engine":
-        return None
-    got = meta.get("scheduler")
-    fields = SchedKnobs().as_dict()
-    if not isinstance(got, dict) or set(got) != set(fields) or any(
-            type(got[k]) is not type(v) for k, v in fields.items()):
-        raise ValueError(f"trace meta.scheduler: expected {{{', '.join(f'{k}: {type(v).__name__}' for k, v in fields.items())}}}")
-    return SchedKnobs(**got)
 
 
 def describe(seen: dict) -> dict[str, Any]:
