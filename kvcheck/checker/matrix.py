@@ -72,6 +72,8 @@ def classify(line: dict[str, Any], rerun: str | None = None) -> dict[str, Any]:
         what = cd.get("line") if isinstance(cd, dict) else cd
         cell.update(verdict="cannot drive", line=str(what or "kvcheck cannot drive this release"),
                     where=str(cd.get("where")) if isinstance(cd, dict) else None)
+    elif code == ExitCode.USAGE and isinstance(res.get("cannot_express"), str):
+        cell.update(verdict="cannot express", line=res["cannot_express"][:500])   # (said by the run itself)
     elif code == 0:
         cell.update(verdict="clean", line=f"{res.get('steps', '?')} steps, every check held")
     elif code in FINDING_CODES:

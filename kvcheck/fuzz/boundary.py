@@ -42,6 +42,13 @@ from ..spec.verdict import ExitCode
 _ROOT = Path(__file__).resolve().parents[1]          # the kvcheck package
 
 
+class CannotExpress(ValueError):
+    """The release, driven this way, has no way to build what was asked (a layout whose block
+    sizes its engine derives otherwise, a layout the drive does not run): not run, not a finding,
+    and not kvcheck failing either. `kvcheck fuzz` exits 2 with the line (its JSON says
+    ``cannot_express``); `kvcheck matrix` shows the cell as "cannot express"."""
+
+
 class CannotDrive(Exception):
     """kvcheck cannot drive this release: an exception on kvcheck's side of the boundary."""
 

@@ -29,6 +29,15 @@ def test_any_scheduler_meta_is_knobs_or_one_line(got):
         assert k is not None and set(k.as_dict()) == set(GOOD)
 
 
+def test_drawn_long_prefill_thresholds_are_off_or_at_least_a_block():
+    """VllmConfig asserts it in Mamba align mode (0.16-0.17): a drawn configuration the release
+    refuses would be kvcheck's error, not the release's."""
+    import random
+    from kvcheck.engines.vllm.engine_gen import draw_knobs
+    got = {draw_knobs(random.Random(s), "qwen3-next").long_prefill_token_threshold for s in range(200)}
+    assert 0 in got and len(got) > 1 and all(t == 0 or t >= 64 for t in got), got
+
+
 vllm = pytest.importorskip("vllm")
 from kvcheck.engines.vllm import drivers as V  # noqa: E402
 from kvcheck.engines.vllm.build import make_adapter  # noqa: E402
@@ -87,6 +96,10 @@ def test_the_cli_refuses_what_the_drive_cannot_do_in_one_line(tmp_path):
             argv += ["--layout", "full"]
         r = _cli(*argv, *extra)
         assert r.returncode == 2 and want in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    # what the drive cannot express says so in its JSON too (kvcheck matrix: "cannot express")
+    r = _cli("fuzz", "--sut", "vllm", "--layout", "generated", "--drive", "engine", "--budget", "5", "--json",
+             "--out", str(tmp_path))
+    assert r.returncode == 2 and "--layout generated" in json.loads(r.stdout)["cannot_express"], r.stdout
 
 
 def test_a_trace_with_a_bad_scheduler_meta_is_one_line_exit_2(tmp_path):

@@ -111,6 +111,10 @@ CANNOT = {"engine": "vllm", "release": "0.33.0", "what": "KVCacheBlock has no 'b
     (cell("full", 3, {"exit_code": 3, "missing_actions": ["preempt"]}), "undecided", "undecided"),
     (cell("full", None, traceback={"line": "KeyError: 'x'", "where": "kvcheck/a.py:3 (f)"}), "error", "error"),
     (cell("full", 2, None, stderr="kvcheck fuzz: error: unknown vLLM layout\n"), "error", "error"),
+    # the run itself says the release cannot build it this way (--fuzz-option drive=engine)
+    (cell("mixed_block", 2, {"cannot_express": "vLLM 0.16.0's engine derives 4 and 4", "exit_code": 2}),
+     "cannot express", "cannot express"),
+    (cell("full", 2, {"cannot_express": 7}), "error", "error"),      # (not a line: still an error)
     (cell("full", 1, None, stderr="boom\n"), "error", "error"),
 ])
 def test_each_verdict_from_a_fabricated_result(c, verdict, short) -> None:

@@ -3,10 +3,13 @@ locally or as Ray shards; the command line's side of the vLLM engine."""
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from pathlib import Path
 
 from kvcheck.checker.cmd_fuzz import on_ray, ray_line
 from kvcheck.checker.common import UsageError, check_writable, emit
+from kvcheck.fuzz.boundary import CannotExpress
 from kvcheck.fuzz.campaign import Budget
 from kvcheck.fuzz.known import known_lines, parse_cli
 from kvcheck.spec.outputs import kvcheck_command
@@ -82,6 +85,12 @@ def fuzz_command(args: argparse.Namespace) -> int:
                                  workload=workload, sched_policy=policy, acknowledged=acknowledged, drive=drive,
                                  strict_known=bool(args.strict_known))
     except v.VllmUnavailable as e:
+        raise UsageError(str(e)) from None
+    except CannotExpress as e:          # (the JSON says so: kvcheck matrix shows "cannot express")
+        if getattr(args, "json", False):
+            print(json.dumps({"cannot_express": str(e), "exit_code": 2, "layout": args.layout}))
+            print(f"kvcheck fuzz: error: {e}", file=sys.stderr)
+            return 2
         raise UsageError(str(e)) from None
     except ValueError as e:
         raise UsageError(str(e)) from None

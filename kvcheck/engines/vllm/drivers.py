@@ -20,7 +20,7 @@ from pathlib import Path
 from kvcheck.spec.trace import Trace
 
 from kvcheck.spec.verdict import FOR_FINDING, ExitCode
-from kvcheck.fuzz.boundary import CannotDrive, as_cannot_drive, setting_up
+from kvcheck.fuzz.boundary import CannotDrive, CannotExpress, as_cannot_drive, setting_up
 from kvcheck.fuzz.known import Acknowledgement, judge
 from kvcheck.fuzz.lockstep import (Act, Finding, FreeModel, Lockstep)
 from kvcheck.fuzz.prompts import PromptGen
@@ -224,7 +224,7 @@ def _campaign(layout: str, budget_s: float | None = 60, steps: int | None = None
     from . import generator as gen_layouts
     generated = layout == GENERATED       # a layout sampled per episode (generator.py)
     if engine and generated:
-        raise ValueError("--layout generated: the engine drive runs the named layouts and --layout-file "
+        raise CannotExpress("--layout generated: the engine drive runs the named layouts and --layout-file "
                          "(the grammar's Mamba layouts are not on it yet)")
     first = gen_layouts.sample_layout(seed, fault) if generated else layout
     twin_arg = twin

@@ -60,9 +60,16 @@ def draw_knobs(rng: Any, layout: str, policy: str | None = None) -> SchedKnobs:
     return SchedKnobs(policy=policy or rng.choice(["fcfs", "priority"]),
                       max_num_batched_tokens=rng.choice([8, 16, 32, 1 << 12]) * scale,
                       max_num_seqs=rng.choice([1, 2, 3, 4, 8]),
-                      long_prefill_token_threshold=rng.choice([0, 0, 4, 12]) * scale,
+                      # (0, or not below a block: VllmConfig asserts it in Mamba align mode, 0.16-0.17)
+                      long_prefill_token_threshold=_floor(rng.choice([0, 0, 4, 12]) * scale,
+                                                          max(bs for _, bs, _ in groups)),
                       num_blocks=1 + rng.choice([1, 2, 3, 5]) * per_req * len(groups) // 2 + per_req,
                       spec_tokens=rng.choice([1, 2]), eagle_drop=rng.random() < 0.5)
+
+
+def _floor(threshold: int, block: int) -> int:
+    """A long-prefill threshold: 0 (off), else at least one block."""
+    return threshold and max(threshold, block)
 
 
 def knobs_of(meta: dict) -> SchedKnobs | None:

@@ -20,6 +20,8 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
+from kvcheck.fuzz.boundary import CannotExpress
+
 from .layouts import EAGLE, LAYOUT_DATA, RETENTION, layout_scale, make_specs, vllm_modules
 
 _CACHE: dict[str, Any] = {}
@@ -139,7 +141,7 @@ def build(layout: str, knobs: SchedKnobs) -> Built:
     resolve = getattr(V["ku"], "resolve_kv_cache_block_sizes", None)
     sbs, hbs = resolve(kcfg, vc) if resolve is not None else (cc.block_size, cc.block_size)
     if (sbs, hbs) != (sched_bs, hb):
-        raise ValueError(f"layout {layout!r} needs scheduler block {sched_bs} and hash block {hb}; "
+        raise CannotExpress(f"layout {layout!r} needs scheduler block {sched_bs} and hash block {hb}; "
                          f"vLLM {V['version']}'s engine derives {sbs} and {hbs} for its groups")
     kw: dict[str, Any] = dict(vllm_config=vc, kv_cache_config=kcfg, block_size=sbs, log_stats=True,
                               structured_output_manager=StructuredOutputManager(vc))
