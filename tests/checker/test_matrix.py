@@ -408,19 +408,21 @@ def test_unwritable_out_envs_and_an_unreachable_index(capsys, tmp_path, monkeypa
 def test_a_real_matrix_on_the_installed_vllm(capsys, tmp_path) -> None:
     out = tmp_path / "m"
     py = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv" / "bin" / "python").exists() else sys.executable
-    code, stdout, err = run(capsys, "matrix", "--sut", "vllm", "--python", py, "--layouts", "full,full+swa",
+    code, stdout, err = run(capsys, "matrix", "--sut", "vllm", "--python", py, "--layouts", "full,full+swa,generated",
                             "--budget-per-cell", "1500", "--out", str(out), "--json", "--fuzz-option", "drive=engine")
     data = json.loads(stdout)
     (row,) = data["rows"]
-    assert row["release"] and list(row["cells"]) == ["full", "full+swa"], (row, err)
+    assert row["release"] and list(row["cells"]) == ["full", "full+swa", "generated"], (row, err)
     assert data["fuzz_args"] == ["--drive", "engine"] and "--fuzz-option drive=engine" in data["command"]
+    gen = row["cells"].pop("generated")        # the scheduler drive does not run the grammar: said by the run
+    assert gen["verdict"] == "cannot express" and "--layout generated" in gen["line"], gen
     for c in row["cells"].values():
         assert c["verdict"] in ("clean", "finding"), (c, err)
         assert f"--layout {c['layout']} --budget 1500 --seed 0 --drive engine" in c["rerun"]
     # every cell ran through vLLM's own scheduler: its traces and results say so
-    cell = json.loads((out / "drivers").joinpath(next(p.name for p in (out / "drivers").glob("*.jsonl"))).read_text()
-                      .splitlines()[-2])
-    assert cell["type"] == "cell" and cell["code"] in (0, 10, 11, 12, 13)
+    lines = [json.loads(x) for x in next((out / "drivers").glob("*.jsonl")).read_text().splitlines()]
+    cell = next(x for x in lines if x["type"] == "cell" and x["layout"] == "full")
+    assert cell["code"] in (0, 10, 11, 12, 13) and cell["result"]["steps"] == 1500
     assert code == mx.exit_code(data["rows"]) and code in (0, 10, 11, 12, 13)
     for name in ("matrix-vllm.json", "matrix-vllm.md", "matrix-vllm.html"):
         assert (out / name).stat().st_size > 0
