@@ -104,7 +104,9 @@ KNOWN: tuple[Known, ...] = (
     Known("mamba_same_step_hit", "state_copy_sound", "0.15.0", "0.16.0",
           "vllm-project/vllm PR #29387 (the same-step guard, back in 0.17)", "docs/repro/vllm_mamba_same_step_hit.py",
           lambda ad: any(k == "mamba" for k, _, _ in ad.groups),
-          message=r"whose bytes are not written yet when the step's copies run"),
+          # (the scheduler drive: the block already holds its writer's older state, in place)
+          message=r"whose bytes are not written yet( \(published in this step[^)]*\))? when the step's copies run|"
+                  r"whose bytes are another state \(published in this step"),
     Known("fine_cow_same_step", "state_copy_sound", "0.28.0", "0.33.0", "none found (new)",
           "docs/repro/vllm_fine_cow_same_step.py", lambda ad: _mamba_drafter(ad, fine=True),
           message=r"source's bytes are not (written yet|what the copy claims) \(published in this step"),

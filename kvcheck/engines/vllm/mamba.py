@@ -301,6 +301,9 @@ def run_states(ad: Any, tl: Any, items: list) -> None:
                     got = "missing" if b is None else "the null block" if b.is_null else (
                         f"block #{b.block_id}, whose bytes are " + ("not written yet" if b.block_id not in tl.ready
                                                                    else "another state"))
+                    w = tl.writer(items, b.block_id) if b is not None and not b.is_null else None
+                    if w is not None and w != rid:     # (a same-step hit: the state its writer's forward makes)
+                        got += f" (published in this step: {w}'s allocation in it published the block)"
                     raise Violation("safety", "state_copy_sound",
                                     f"{ad.layout} group {g} (mamba): the step of {rid} (tokens {lo}..{hi - 1}) "
                                     f"resumes the state at {lo} tokens from table index {src}, {got} when the "

@@ -90,7 +90,7 @@ class Timeline:
         self.preempted = self.admitted = False
         for src, dst, claim, exact in copies:       # _update_states: the queued copies, first
             if not mamba.holds(self.ready.get(src), claim, exact):
-                writer = self._writer(items, src)
+                writer = self.writer(items, src)
                 why = (f"published in this step: {writer}'s allocation in it published the block, and the "
                        "forward that writes it runs after the copy" if writer is not None else
                        "published before this step: " + ("no forward has written it" if src not in self.ready
@@ -110,7 +110,7 @@ class Timeline:
         self.stats["forwards"] += 1
         return [(rid, x[2]) for rid, x in items]
 
-    def _writer(self, items: list, bid: int) -> str | None:
+    def writer(self, items: list, bid: int) -> str | None:
         """The request of the step `items` whose forward writes block `bid` (a KV block covering
         its tokens [lo, hi), or its Mamba state block at hi): the step that published it."""
         ad = self.ad
