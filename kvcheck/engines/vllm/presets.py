@@ -73,8 +73,50 @@ for _n in ("qwen3-next", "nemotron-h", "qwen3-next-fine"):
 REFUSED: dict[str, tuple[str, str]] = {}    # name -> (description, why): listed, never built
 
 
+def _real() -> dict[str, tuple[str, list, int, int, int, tuple[int, ...] | None]]:
+    """The layouts at real size ("NAME@real"): vLLM's own rules on the model's own config
+    (realsize.py derives them; realsize.json keeps them with the release that derived them)."""
+    import json
+    from pathlib import Path
+    t = json.loads(Path(__file__).with_name("realsize.json").read_text())
+    out = {}
+    for name, d in t["models"].items():
+        groups = [tuple(g) for g in d["groups"]]
+        shape = ", ".join(f"{sum(1 for x in groups if x == g)} x {g[0]}" + (f" {g[2]}" if g[2] else "") + f" block {g[1]}"
+                          for g in dict.fromkeys(groups))
+        out[f"{name}@real"] = (
+            f"{name} at real size: vLLM {t['vllm']}'s own rules on transformers' {d['config']} "
+            f"({d['layers']} layers{', ' + ', '.join(f'{k}={v}' for k, v in d['env'].items()) if d['env'] else ''}"
+            f"{'' if d['hybrid_manager'] else ', hybrid manager off'}): {shape}, in vLLM's group order; "
+            f"hash block {d['hash_block']}, max_model_len {d['max_model_len']}",
+            groups, d["scheduler_block"], d["hash_block"], d["max_model_len"],
+            tuple(d["eagle_groups"]) if d["eagle_groups"] else None)
+        f = _ratio_scale(groups, d["hash_block"], d["max_model_len"])
+        if f > 1:
+            out[f"{name}@ratios"] = (
+                f"{name}@real with every size divided by {f} (every ratio kept: hash block : block : window "
+                f": Mamba block : max_model_len)",
+                [(k, bs // f, p and p // f) for k, bs, p in groups], d["scheduler_block"] // f,
+                d["hash_block"] // f, d["max_model_len"] // f, out[f"{name}@real"][5])
+    return out
+
+
+def _ratio_scale(groups: list, hash_block: int, max_len: int) -> int:
+    """The largest power of two dividing every size that leaves each block at least 4 tokens."""
+    import math
+    sizes = [bs for _, bs, _ in groups] + [p for _, _, p in groups if p] + [hash_block, max_len]
+    g, f = math.gcd(*sizes), 1
+    while g % (2 * f) == 0 and min(bs for _, bs, _ in groups) // (2 * f) >= 4:
+        f *= 2
+    return f
+
+
+REAL = tuple(_real())
+
+
 def install_presets(layouts: dict, scale: dict, eagle: dict, refused: dict) -> None:
     """Add the presets to the layout tables of layouts.py."""
+    _P.update(_real())
     for name, (desc, groups, sched, hb, max_len, eg) in _P.items():
         layouts[name] = (desc, list(groups), sched)
         scale[name] = (hb, max_len)
@@ -88,4 +130,4 @@ def install_presets(layouts: dict, scale: dict, eagle: dict, refused: dict) -> N
         refused[name] = why
 
 
-PRESETS = tuple(_P) + (_DSV4_MTP[0], "dsv4")
+PRESETS = tuple(_P) + REAL + (_DSV4_MTP[0], "dsv4")
