@@ -5,7 +5,9 @@ checkpoint; where it does not, the override below says which checkpoint's number
 written with its real architecture into a local directory: nothing is downloaded. The rules are
 the installed release's own code, run as ``EngineCore`` runs them on CUDA:
 
-- ``ModelConfig`` reads the directory (the architecture's hybrid flag, its model class);
+- ``ModelConfig`` reads the directory (the architecture's hybrid and MLA flags, its model class);
+- ``Platform._preferred_block_size_for_backends``: the block the CUDA backend prefers
+  (FlashAttention 16, FlashMLA 64);
 - ``Platform._align_hybrid_block_size`` with the FlashAttention backend class: the attention
   block that makes one attention page hold a Mamba state (Mamba align mode: it is the Mamba
   block too), the Mamba page padded to it;
@@ -20,7 +22,8 @@ the installed release's own code, run as ``EngineCore`` runs them on CUDA:
 - ``resolve_kv_cache_block_sizes``: the scheduler and hash block.
 
 What kvcheck writes itself is the per-layer attention spec (kind, KV heads, head size, window
-or chunk, bf16) read off the config's layer types, as each model's attention layer builds it.
+or chunk, bf16; an MLA latent) read off the config's layer types, as each model's attention
+layer builds it, and a draft layer of the target's shape for a drafter variant.
 Derivation costs 15-30 s per model (``ModelConfig`` inspects the model class), so the results
 are kept in ``realsize.json``; ``python -m kvcheck.engines.vllm.realsize`` re-derives them on
 the installed release and says what changed (tests/adapters/test_vllm_realsize.py does it too).
@@ -43,26 +46,26 @@ _ALLOW_CHUNKED = "VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE"
 _NEMOTRON_8B = (["linear_attention", "mlp"] * 3 + ["linear_attention", "full_attention", "mlp"]) * 4 \
     + ["linear_attention", "mlp"] * 8
 
-# name -> (transformers config class, architecture, overrides, env, drafter variant "+eagle")
+# name -> (transformers config class, architecture, overrides, env, drafter variant: "+eagle", "+mtp")
 MODELS: dict[str, tuple[str, str, dict, dict, bool]] = {
-    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {}, {}, True),
-    "gpt-oss": ("GptOssConfig", "GptOssForCausalLM", {}, {}, True),
-    "cohere2": ("Cohere2Config", "Cohere2ForCausalLM", {}, {}, False),
-    "llama4": ("Llama4TextConfig", "Llama4ForCausalLM", {}, {}, False),
-    "llama4-unified": ("Llama4TextConfig", "Llama4ForCausalLM", {}, {_ALLOW_CHUNKED: "0"}, False),
-    "qwen3-next": ("Qwen3NextConfig", "Qwen3NextForCausalLM", {}, {}, False),
-    "jamba": ("JambaConfig", "JambaForCausalLM", {}, {}, False),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {}, {}, "+eagle"),
+    "gpt-oss": ("GptOssConfig", "GptOssForCausalLM", {}, {}, "+eagle"),
+    "cohere2": ("Cohere2Config", "Cohere2ForCausalLM", {}, {}, None),
+    "llama4": ("Llama4TextConfig", "Llama4ForCausalLM", {}, {}, None),
+    "llama4-unified": ("Llama4TextConfig", "Llama4ForCausalLM", {}, {_ALLOW_CHUNKED: "0"}, None),
+    "qwen3-next": ("Qwen3NextConfig", "Qwen3NextForCausalLM", {}, {}, None),
+    "jamba": ("JambaConfig", "JambaForCausalLM", {}, {}, None),
     "nemotron-h": ("NemotronHConfig", "NemotronHForCausalLM",
-                   {"layers_block_type": _NEMOTRON_8B, "num_hidden_layers": len(_NEMOTRON_8B)}, {}, False),
+                   {"layers_block_type": _NEMOTRON_8B, "num_hidden_layers": len(_NEMOTRON_8B)}, {}, None),
+    "deepseek-v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", {}, {}, "+mtp"),
 }
 # (Mamba hybrids' MTP variants are not derived: the drafter's tokens enlarge the Mamba state (the
 # model class reads speculative_config), which needs the draft model's own config here.)
-DRAFT = "+eagle"
 
 
 def names() -> list[str]:
     """Every derived layout: each model, and its drafter variant where it has one."""
-    return [n for m, v in MODELS.items() for n in ([m, m + DRAFT] if v[4] else [m])]
+    return [n for m, v in MODELS.items() for n in ([m, m + v[4]] if v[4] else [m])]
 _KIND = {"full_attention": "full", "sliding_attention": "swa", "chunked_attention": "chunked_local",
          "linear_attention": "mamba", "mamba": "mamba", "attention": "full"}
 
@@ -84,12 +87,18 @@ def _config(model: str) -> Any:
     return getattr(transformers, cls_name)(architectures=[arch], **over)
 
 
-def _specs(cfg: Any, cc: Any, vc: Any, model_cls: Any, drafter: bool) -> dict[str, Any]:
+def _specs(cfg: Any, cc: Any, vc: Any, model_cls: Any, drafter: bool, mla: bool) -> dict[str, Any]:
     import torch
     from vllm.v1 import kv_cache_interface as K
     heads = cfg.num_key_value_heads
     head = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     common = dict(block_size=cc.block_size, num_kv_heads=heads, head_size=head, dtype=torch.bfloat16)
+    if mla:           # MLA caches one latent per token: kv_lora_rank + the rope part, one "head"
+        mla_spec = K.MLAAttentionSpec(block_size=cc.block_size, num_kv_heads=1, dtype=torch.bfloat16,
+                                      head_size=cfg.kv_lora_rank + cfg.qk_rope_head_dim)
+        n = cfg.num_hidden_layers + drafter
+        return {f"model.layers.{i}.attn" if i < cfg.num_hidden_layers else "drafter.layers.0.attn": mla_spec
+                for i in range(n)}
     out: dict[str, Any] = {}
     for i, kind in enumerate(layer_kinds(cfg)):
         name = f"model.layers.{i}.attn"
@@ -104,7 +113,7 @@ def _specs(cfg: Any, cc: Any, vc: Any, model_cls: Any, drafter: bool) -> dict[st
                                     shapes=model_cls.get_mamba_state_shape_from_config(vc),
                                     dtypes=model_cls.get_mamba_state_dtype_from_config(vc),
                                     page_size_padded=cc.mamba_page_size_padded, mamba_cache_mode="align")
-    if drafter:                # EAGLE-3 / MTP: one full-attention draft layer of the target's shape
+    if drafter:                # EAGLE-3: one full-attention draft layer of the target's shape
         out["drafter.layers.0.attn"] = K.FullAttentionSpec(**common)
     return out
 
@@ -116,6 +125,7 @@ def derive(name: str) -> dict:
     from vllm.platforms import current_platform
     from vllm.platforms.interface import Platform
     from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
+    from vllm.v1.attention.backends.mla.flashmla import FlashMLABackend
     from vllm.v1.core import kv_cache_utils as ku
     try:
         from vllm.v1.core.kv_cache_planning import get_kv_cache_groups
@@ -124,8 +134,9 @@ def derive(name: str) -> dict:
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from .runtime import vllm_version
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    model, drafter = name.removesuffix(DRAFT), name.endswith(DRAFT)
-    if model not in MODELS or (drafter and not MODELS[model][4]):
+    model = name.split("+")[0]
+    drafter = model != name
+    if name not in names():
         raise ValueError(f"realsize: unknown model {name!r}; known: {', '.join(names())}")
     env = MODELS[model][3]
     cfg = _config(model)
@@ -140,13 +151,19 @@ def derive(name: str) -> dict:
         if hasattr(cc, "kv_cache_layout"):
             cc.kv_cache_layout = cc.kv_cache_layout or "NHD"     # (EngineCore resolves it; any will do)
         model_cls, _ = ModelRegistry.resolve_model_cls(mc.architecture, model_config=mc)
+        backend = FlashMLABackend if mc.use_mla else FlashAttentionBackend
+        pick = getattr(Platform, "_preferred_block_size_for_backends", None)
+        if pick is not None:             # the backend's preferred block (FlashMLA: 64)
+            cc.block_size = pick([backend], cc.block_size, vc)
+        elif mc.use_mla:
+            raise ValueError(f"realsize: vLLM {vllm_version()} picks the MLA block elsewhere: derive on 0.33")
         if mc.is_hybrid:
             align = getattr(Platform, "_align_hybrid_block_size", None)
             if align is None:
                 raise ValueError(f"realsize: vLLM {vllm_version()} aligns hybrid block sizes elsewhere "
                                  "(no Platform._align_hybrid_block_size): derive on 0.33")
-            align(vc, FlashAttentionBackend)
-        specs = _specs(cfg, cc, vc, model_cls, drafter)
+            align(vc, backend)
+        specs = _specs(cfg, cc, vc, model_cls, drafter, mc.use_mla)
         hma = not vc.scheduler_config.disable_hybrid_kv_cache_manager
         groups = get_kv_cache_groups(vc, dict(specs))
         kcfg = KVCacheConfig(num_blocks=1, kv_cache_tensors=[], kv_cache_groups=groups)
@@ -169,6 +186,8 @@ def _group(spec: Any) -> list:
         return ["swa", spec.block_size, spec.sliding_window]
     if isinstance(spec, K.ChunkedLocalAttentionSpec):
         return ["chunked_local", spec.block_size, spec.attention_chunk_size]
+    if isinstance(spec, K.MLAAttentionSpec):
+        return ["mla", spec.block_size, None]
     if isinstance(spec, K.FullAttentionSpec):
         return ["full", spec.block_size, None]
     raise ValueError(f"realsize: no kvcheck group kind for vLLM's {type(spec).__name__}")
