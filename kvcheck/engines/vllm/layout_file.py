@@ -32,6 +32,10 @@ _KEYS = ("description", "groups", "retention_interval", "hash_block_size", "max_
          "use_eagle", "eagle_groups")
 
 
+# Real sizes fit (NAME@real: Nemotron-H's 1040-token Mamba block, Llama 4's 24,576 tokens).
+MAX_HASH_BLOCK, MAX_LEN = 2048, 1 << 16
+
+
 def parse_layout(d: Any, where: str, hash_block: int, max_len: int
                  ) -> tuple[str, list[tuple[str, int, int | None]], int, int | None]:
     """(description, groups, scheduler block size, retention interval) from a JSON object."""
@@ -44,11 +48,11 @@ def parse_layout(d: Any, where: str, hash_block: int, max_len: int
         if k not in _KEYS:
             raise bad(_name(k), f"unknown key (known: {', '.join(_KEYS)})")
     hash_block = d.get("hash_block_size", hash_block)
-    if not _int(hash_block) or not 1 <= hash_block <= 256:
-        raise bad("hash_block_size", f"must be an integer in 1..256, got {hash_block!r}")
+    if not _int(hash_block) or not 1 <= hash_block <= MAX_HASH_BLOCK:
+        raise bad("hash_block_size", f"must be an integer in 1..{MAX_HASH_BLOCK}, got {hash_block!r}")
     max_len = d.get("max_model_len", max_len)
-    if not _int(max_len) or not 16 <= max_len <= 1024 or max_len < 4 * hash_block:
-        raise bad("max_model_len", f"must be an integer in 16..1024 and >= 4 hash blocks, got {max_len!r}")
+    if not _int(max_len) or not 16 <= max_len <= MAX_LEN or max_len < 4 * hash_block:
+        raise bad("max_model_len", f"must be an integer in 16..{MAX_LEN} and >= 4 hash blocks, got {max_len!r}")
     gs = d.get("groups")
     if not isinstance(gs, list) or not 1 <= len(gs) <= MAX_GROUPS:
         raise bad("groups", f"must be a list of 1..{MAX_GROUPS} groups")
