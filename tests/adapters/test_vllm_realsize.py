@@ -60,3 +60,19 @@ def test_a_planted_fault_is_caught_at_real_size_through_vllms_scheduler(layout, 
     r = V.run_campaign(layout, budget_s=120, seed=0, fault=fault, drive="engine", out_dir=str(tmp_path))
     assert r["exit_code"] == 10 and r["caught"], r["findings"]
     assert any(f["check"] == V.FAULTS[fault][0] for f in r["findings"])
+
+
+def test_a_third_of_the_generated_layouts_draw_real_ratios():
+    """The layout generator draws ratios (block : hash block up to 16, windows and chunks of up to
+    64 blocks, max_model_len crossing the largest three times), not only small fixed numbers."""
+    from kvcheck.engines.vllm import generator as G
+    from kvcheck.engines.vllm.layout_file import parse_layout
+    defs = [G.sample_definition(s) for s in range(300)]
+    for d in defs:
+        parse_layout(d, "gen", 4, 64)
+    wide = [d for d in defs if any(g.get("window", g.get("chunk", 0)) >= 16 * g["block_size"] for g in d["groups"])]
+    assert 20 <= len(wide) and max(d["max_model_len"] for d in defs) > 1024
+    assert any(max(g["block_size"] for g in d["groups"]) >= 8 * d["hash_block_size"] for d in defs)
+    for d in wide:
+        units = [g.get("window", g.get("chunk", 0)) for g in d["groups"]]
+        assert d["max_model_len"] >= min(3 * max(units), G.MAX_WIDE)

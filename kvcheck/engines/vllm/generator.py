@@ -5,7 +5,9 @@ Grammar: 1-6 groups, each of a kind the installed release can express (full, mla
 chunked_local, mla_indexer, mamba (then the Mamba block is the scheduler block, 1, 2 or 4 hash
 blocks where the release has fine-grained Mamba hits, no retention); any kind may repeat, identical groups included, as vLLM builds
 for n:1 patterns), block sizes of 1, 2 or 4 hash blocks (mixed), a hash block of 4, 8 or 16
-tokens with max_model_len = 16 hash blocks, an EAGLE/MTP drafter (none, the conservative
+tokens with max_model_len = 16 hash blocks (a third of the seeds draw real models' ratios
+instead: blocks up to 16 hash blocks, windows and chunks of 1-64 blocks, max_model_len three
+of the largest, up to 4096), an EAGLE/MTP drafter (none, the conservative
 "every group" fallback, or one flagged group) and a retention interval None / 0 / N (N a
 multiple of the scheduler block) where the layout has a sliding window. The draws come from
 the episode seed only; the definition is a `--layout-file` object, registered as "gen:SEED"
@@ -24,6 +26,7 @@ from .layouts import (EAGLE, FILE_LAYOUTS, LAYOUT_DATA, MAMBA_FAULTS, MAMBA_FINE
 _KIND_FEATURE = {"chunked_local": "ChunkedLocalAttentionSpec", "swa_mla": "SlidingWindowMLASpec",
                  "mla_indexer": "SparseCacheRole", "mamba": "MambaSpec.mamba_cache_mode"}
 _WINDOWED = ("swa", "swa_mla")
+MAX_WIDE = 4096            # the ratio draws' max_model_len cap (a step stays milliseconds)
 
 
 def kinds_available() -> list[str]:
@@ -41,7 +44,15 @@ def sample_definition(seed: int | str, fault: str | None = None) -> dict[str, An
     hb = rng.choice([4, 4, 8, 16])
     max_len = 16 * hb
     n = rng.choice([1, 2, 2, 3, 3, 4, 5, 6])
-    sizes = [hb * rng.choice([1, 1, 2, 4]) for _ in range(n)] if n > 1 else [hb]   # unitary: block = hash
+    # A third of the layouts draw real models' ratios (their own stream: the others are unchanged):
+    # blocks up to 16 hash blocks, windows and chunks of up to 64 blocks, max_model_len to cross
+    # the largest three times (NAME@real: hash 16 : block 16 : window 4096 : len 12288).
+    wide = random.Random(f"vllm-layout-wide-{seed}")
+    ratios = wide.random() < 1 / 3
+    mults = [1, 2, 4, 8, 16] if ratios else [1, 1, 2, 4]
+    sizes = [hb * rng.choice(mults) for _ in range(n)] if n > 1 else [hb]   # unitary: block = hash
+    if ratios:
+        max_len = min(MAX_WIDE, max(max_len, 4 * math.lcm(*sizes)))
     while math.lcm(*sizes) > max_len // 4:
         sizes[sizes.index(max(sizes))] //= 2
     picked = [rng.choice(kinds) for _ in sizes]
@@ -64,9 +75,20 @@ def sample_definition(seed: int | str, fault: str | None = None) -> dict[str, An
         g: dict[str, Any] = {"kind": kind, "block_size": bs}
         if kind in _WINDOWED:
             g["window"] = rng.randint(2, max_len // 2)   # W=1 attends only itself: no model, vLLM needs a block
+            if ratios:                                   # 1-64 blocks, not always block-aligned
+                g["window"] = max(2, bs * wide.choice([1, 2, 4, 8, 16, 64]) + wide.randint(-bs // 2, bs // 2))
         elif kind == "chunked_local":
             g["chunk"] = bs * rng.randint(1, max(1, max_len // (2 * bs)))
+            if ratios:
+                g["chunk"] = bs * wide.choice([1, 2, 4, 8, 16, 64])
         groups.append(g)
+    if ratios:          # prompts cross the largest window / chunk three times (capped)
+        unit = max([g.get("window", 0) for g in groups] + [g.get("chunk", 0) for g in groups] + [max_len // 3])
+        max_len = min(MAX_WIDE, -(-3 * unit // hb) * hb)
+        for g in groups:
+            for k in ("window", "chunk"):
+                if k in g and g[k] > max_len:
+                    g[k] = max_len if k == "window" else max_len // g["block_size"] * g["block_size"]
     if rng.random() < 0.5 and groups and groups[0]["kind"] not in ("full", "mla"):
         groups[0] = {"kind": rng.choice(["full", "mla"]), "block_size": groups[0]["block_size"]}
     if any(f.name == fault for f in SWA_FAULTS) and not any(g["kind"] in _WINDOWED for g in groups):
