@@ -1,4 +1,5 @@
-"""vLLM adapter benchmark: operations per second per preset with every check on (median of 3
+"""vLLM adapter benchmark (the manager drive, `--drive mixed`; the scheduler drive's is
+vllm_engine.py): operations per second per preset with every check on (median of 3
 seeds), where the time goes (inside vLLM's KV cache manager, in the adapter's checks, the rest:
 driver and core), and time to detection (and shrunk length) of each planted vLLM fault on
 full+swa and on a preset. Prints JSON. Run with the main venv or a side venv's Python:
@@ -19,6 +20,8 @@ import time
 # run as a script, this file's folder comes first on sys.path and its name would shadow vLLM's
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+
+DRIVE = "mixed"        # pinned: kvcheck's step generator over the KV cache manager (not `auto`)
 
 # where each planted fault is timed: the toy full+swa and a preset (the retention fault needs a
 # layout with a retention interval, caught by the dense twin)
@@ -66,7 +69,7 @@ def _run(V, layout, steps, seed, d, profile=False):
         undo.append(_timed(VllmAdapter, ["_after_step", "_check_hit", "spec_usable"], checks_s))
     try:
         t, c = time.perf_counter(), time.process_time()
-        r = V.run_campaign(layout, budget_s=None, steps=steps, seed=seed, out_dir=d)
+        r = V.run_campaign(layout, budget_s=None, steps=steps, seed=seed, out_dir=d, drive=DRIVE)
         total, cpu = time.perf_counter() - t, time.process_time() - c
     finally:
         for u in undo:
@@ -90,14 +93,14 @@ def main() -> int:
         print(json.dumps({"error": str(e)}))
         return 2
     layouts = a.layouts.split(",") if a.layouts else ["full+swa"] + [p for p in PRESETS if not gaps.get(p)]
-    out: dict = {"vllm_version": V.vllm_version(), "steps_per_run": a.steps, "seeds": a.seeds,
+    out: dict = {"vllm_version": V.vllm_version(), "drive": DRIVE, "steps_per_run": a.steps, "seeds": a.seeds,
                  "note": "a shared machine: noisy. ops_per_s: wall clock (unprofiled runs); "
                          "ops_per_cpu_s and the shares: CPU time of this process (profiled runs, the "
                          "same seeds); checks_share = CPU time in the adapter's checks (shadow model, "
                          "hit and bookkeeping checks, spec-usable hit) / total; medians over the seeds",
                  "throughput": {}, "faults": {}}
     with tempfile.TemporaryDirectory() as d:
-        V.run_campaign("full", budget_s=None, steps=50, seed=0, out_dir=d)     # import vLLM first
+        V.run_campaign("full", budget_s=None, steps=50, seed=0, out_dir=d, drive=DRIVE)     # import vLLM first
         for lay in layouts:
             ops, cpu_ops, share_v, share_c, found = [], [], [], [], 0
             for k in range(a.seeds):
@@ -122,7 +125,7 @@ def main() -> int:
                 exp = V.FAULTS[f][0]
                 try:
                     out["faults"][f"{f}@{lay}"] = fault_row(
-                        lambda seed: V.run_campaign(lay, budget_s=10, seed=seed, fault=f, out_dir=d), a.seeds, exp,
+                        lambda seed: V.run_campaign(lay, budget_s=10, seed=seed, fault=f, out_dir=d, drive=DRIVE), a.seeds, exp,
                         lambda r: r["time_to_failure_s"] if r["time_to_failure_s"] is not None
                         else r["time_to_first_lost_reuse_s"],
                         lambda r: [x["steps"] for x in r["findings"] if x["check"] == exp])

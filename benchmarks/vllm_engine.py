@@ -95,7 +95,7 @@ def main() -> int:
     a = ap.parse_args()
     from kvcheck.engines.vllm.drivers import run_campaign
     from kvcheck.engines.vllm.layouts import vllm_version
-    out: dict = {"vllm_version": vllm_version(), "steps": a.steps, "seeds": a.seeds, "layouts": {}}
+    out: dict = {"vllm_version": vllm_version(), "drive": "engine", "steps": a.steps, "seeds": a.seeds, "layouts": {}}
     with tempfile.TemporaryDirectory() as d:
         _throughput("full", 200, 0, d)          # (the process's one-time ModelConfig build: not timed)
         for layout in a.layouts.split(","):

@@ -99,11 +99,13 @@ def _transformers(o: dict) -> None:
 
 
 def _vllm(o: dict) -> None:
+    assert o["drive"] == "mixed"          # pinned: the manager drive (the default drive is auto)
     assert _positive(o["throughput"]["full+swa"]["ops_per_s_median"]), o["throughput"]
     assert o["faults"]["swa_hit_unchecked@full+swa"]["caught"] == "1/1", o["faults"]
 
 
 def _vllm_engine(o: dict) -> None:
+    assert o["drive"] == "engine"
     assert _positive(o["layouts"]["full"]["ops_per_s_median"]), o["layouts"]
     assert 0 < o["layouts"]["full"]["vllm_share_median"] < 1
     r = o["rediscover"]["priority_preempt_unwritten"]

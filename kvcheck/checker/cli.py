@@ -112,10 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default, vLLM's) or priority (the preemption victim is the max by (priority, "
                         "arrival), possibly a request already scheduled in the step)")
     z.add_argument("--drive", metavar="NAME", default=None,
-                   help="--sut vllm: who decides the steps: mixed (default: kvcheck's step generator over "
-                        "vLLM's KV cache manager, one request or a modelled scheduler step per action) or "
-                        "engine (vLLM's own v1 Scheduler: kvcheck submits, aborts and steps, the release's "
-                        "scheduler admits, chunks and preempts; knobs drawn per episode)")
+                   help="--sut vllm: who decides the steps: auto (default: engine wherever it can run the "
+                        "request, else mixed; the result's drive_reason says why), engine (vLLM's own v1 "
+                        "Scheduler: kvcheck submits, aborts and steps, the release's scheduler admits, chunks "
+                        "and preempts; knobs drawn per episode) or mixed (the manager drive: kvcheck's step "
+                        "generator over vLLM's KV cache manager, one request or a modelled scheduler step per "
+                        "action; it runs the dense twin, --workload chat, --layout generated and --ray)")
     z.add_argument("--strict-reuse", action="store_true",
                    help="--sut vllm: lost reuse (spec-usable hit > vLLM hit) fails the run (exit 13)")
     ac = add("adapter-check", _lazy("cmd_adapter_check", "cmd_adapter_check"),

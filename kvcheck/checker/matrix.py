@@ -175,11 +175,13 @@ class Plan:
     fuzz_args: list[str] = field(default_factory=list)    # --fuzz-option: every cell's fuzz gets them
 
 
-def rerun_command(python: str, plan: Plan, layout: str, out_dir: str) -> str:
-    """The command that reruns one cell, as the driver ran it."""
+def rerun_command(python: str, plan: Plan, layout: str, out_dir: str, drive: Any = None) -> str:
+    """The command that reruns one cell, as the driver ran it; `drive`: the one the cell's run
+    resolved (vLLM's --drive auto), named unless --fuzz-option gave one."""
+    pin = ["--drive", drive] if isinstance(drive, str) and drive and "--drive" not in plan.fuzz_args else []
     return shlex.join([f"PYTHONPATH={ROOT}", python, "-m", "kvcheck", "fuzz", "--sut", plan.engine,
                        "--layout", layout, "--budget", plan.budget, "--seed", str(plan.seed), *plan.fuzz_args,
-                       "--out", out_dir])
+                       *pin, "--out", out_dir])
 
 
 def build_row(text: str, exit_code: int | None, plan: Plan, python: str, expected: str | None = None,
@@ -220,7 +222,9 @@ def build_row(text: str, exit_code: int | None, plan: Plan, python: str, expecte
             row["cells"][lay] = plain(lay, "cannot express", str(unsupported[lay]))
         elif lay in cells:
             try:
-                row["cells"][lay] = classify(cells[lay], rerun_command(python, plan, lay, out_dir))
+                res = cells[lay].get("result")
+                drive = res.get("drive") if isinstance(res, dict) else None
+                row["cells"][lay] = classify(cells[lay], rerun_command(python, plan, lay, out_dir, drive))
             except BadLine as e:
                 row["cells"][lay] = plain(lay, "error", f"unreadable driver output for {lay}: {e}")
         else:

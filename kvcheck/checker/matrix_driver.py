@@ -27,7 +27,8 @@ from typing import Any
 
 # result keys a matrix cell keeps (the rest, coverage profiles and such, stay in fuzz's own output)
 KEEP = ("exit_code", "steps", "episodes", "elapsed_s", "missing_actions", "lookups_with_hit", "command",
-        "cannot_drive", "cannot_express", "verdict", "undecided", "vllm_version", "sglang_version")
+        "cannot_drive", "cannot_express", "verdict", "undecided", "vllm_version", "sglang_version",
+        "drive", "drive_reason")
 FINDING_KEYS = ("kind", "check", "message", "trace", "replay", "reproducer", "steps", "layout")
 KNOWN_KEYS = ("name", "status", "check", "kind", "upstream", "releases", "recognised", "message", "reproducer")
 

@@ -42,7 +42,9 @@ def test_layouts_and_faults_are_described():
 
 @pytest.mark.parametrize("layout", [k for k in V.LAYOUTS if k not in PRESETS + tuple(REFUSED) + ("generated",)])
 def test_layout_runs_clean(layout, tmp_path):
-    r = V.run_campaign(layout, budget_s=None, steps=1000, seed=3, out_dir=str(tmp_path), acknowledged=ACK_ALL)
+    # the manager drive's actions (lookup, prefill, preempt, ...): pinned, the default is auto
+    r = V.run_campaign(layout, budget_s=None, steps=1000, seed=3, out_dir=str(tmp_path), acknowledged=ACK_ALL,
+                       drive="mixed")
     json.dumps(r)  # JSON-serialisable
     assert r["exit_code"] == 0, r["findings"]
     assert r["vllm_version"] == "0.33.0" and r["layout"] == layout and r["steps"] == 1000

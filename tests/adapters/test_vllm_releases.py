@@ -56,8 +56,10 @@ def test_every_expressible_layout_runs_clean(py, tmp_path):
     ok = [k for k in info["layouts"] if k not in info["unsupported"]
           and k != "generated" and not k.endswith(("+eagle", "+mtp"))]   # drafters: test_vllm_presets
     assert "full" in ok and "full+swa" in ok, info
+    # the manager drive's actions on every layout (pinned: the default, auto, runs vLLM's own
+    # scheduler, whose run on that release is test_the_scheduler_drive_on_that_release's)
     runs = _batch(py, [["fuzz", "--sut", "vllm", "--layout", layout, "--budget", "600", "--json",
-                        "--out", str(tmp_path)] for layout in ok])
+                        "--drive", "mixed", "--out", str(tmp_path)] for layout in ok])
     for layout, r in zip(ok, runs):
         assert r["traceback"] is None, (layout, r)
         res = json.loads(r["stdout"])

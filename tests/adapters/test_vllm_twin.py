@@ -116,7 +116,8 @@ def test_campaign_catches_retention_fault_shrinks_replays_and_reproduces(tmp_pat
 
 @pytest.mark.parametrize("fault", ["drop_ref_on_free", "swa_hit_unchecked", "evict_keeps_hash", "swa_overstrict"])
 def test_reproducer_exits_1_with_the_fault_and_0_on_clean_vllm(fault, tmp_path, run_script):
-    r = V.run_campaign("full+swa", budget_s=30, steps=5000, seed=0, fault=fault, twin=False,
+    # the manager drive's reproducer (reproducer.py; the engine drive's: test_vllm_engine_repro.py)
+    r = V.run_campaign("full+swa", budget_s=30, steps=5000, seed=0, fault=fault, twin=False, drive="mixed",
                        strict_reuse=V.FAULTS[fault][0] == "lost_reuse", out_dir=str(tmp_path))
     f = next(f for f in r["findings"] if f["check"] == V.FAULTS[fault][0])
     assert f["reproducer"] and f["reproducer_run"] == f"python {f['reproducer']}", f

@@ -77,6 +77,10 @@ def test_the_worker_fault_is_caught_by_its_check_and_refused_off_the_engine_driv
     assert res["caught"] and res["findings"][-1]["check"] == "worker_table_sound"
     assert V.replay(res["findings"][-1]["trace"])["reproduced"]
     cli = subprocess.run([sys.executable, "-m", "kvcheck", "fuzz", "--sut", "vllm", "--layout", "full",
-                          "--fault", "worker_table_stale", "--budget", "100", "--out", str(tmp_path / "m")],
-                         capture_output=True, text=True, timeout=300)
+                          "--fault", "worker_table_stale", "--budget", "100", "--drive", "mixed",
+                          "--out", str(tmp_path / "m")], capture_output=True, text=True, timeout=300)
     assert cli.returncode == 2 and "--drive engine" in cli.stderr and "Traceback" not in cli.stderr
+    # the default drive (auto) runs it on vLLM's own scheduler, even on a layout that retains sparsely
+    # (the dense twin, the manager drive's, is then off: as under --drive engine)
+    from kvcheck.engines.vllm.drive_plan import STALE_WHY, static_choice
+    assert static_choice("full+swa-sparse", "worker_table_stale", None, "random") == ("engine", STALE_WHY)

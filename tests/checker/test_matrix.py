@@ -143,6 +143,22 @@ def test_a_row_judges_every_layout_once_and_cannot_express_is_not_run(tmp_path) 
     assert mx.exit_code([row]) == 11
 
 
+def test_a_cells_rerun_names_the_drive_its_run_resolved(tmp_path) -> None:
+    """vLLM's --drive auto resolves per layout: the rerun names the drive that ran (once: a
+    --fuzz-option drive=... already does)."""
+    text = lines(release_line(), cell("full", 10, {"findings": [FINDING], "drive": "engine",
+                                                   "drive_reason": "auto: vLLM's own scheduler"}),
+                 cell("full+swa", 0, {"steps": 300, "drive": "mixed"}), cell("dsv4", 0, {"steps": 300}),
+                 {"type": "done"})
+    cells = mx.build_row(text, 0, plan(tmp_path), "/py", "0.33.0")["cells"]
+    assert "--seed 7 --drive engine --out" in cells["full"]["rerun"]
+    assert "--seed 7 --drive mixed --out" in cells["full+swa"]["rerun"]
+    assert "--drive" not in cells["dsv4"]["rerun"]          # (an engine without drives)
+    pinned = mx.Plan(**{**plan(tmp_path).__dict__, "fuzz_args": ["--drive", "engine"]})
+    rerun = mx.build_row(text, 0, pinned, "/py", "0.33.0")["cells"]["full"]["rerun"]
+    assert rerun.count("--drive") == 1 and "--seed 7 --drive engine --out" in rerun
+
+
 def test_a_driver_that_dies_mid_way_keeps_the_earlier_cells(tmp_path) -> None:
     text = lines(release_line(), {"type": "start", "layout": "full"}, cell("full", 0, {"steps": 300}),
                  {"type": "start", "layout": "full+swa"})

@@ -42,17 +42,36 @@ def test_priority_reaches_the_scheduler_driver_and_the_result(capsys, tmp_path, 
         used.append(policy)
         real(self, base, policy)
     monkeypatch.setattr(vllm_sched.SchedGen, "__init__", init)
+    # (the manager drive's scheduler steps: sched.py's SchedGen)
     code, out, err = run(capsys, "fuzz", "--sut", "vllm", "--layout", "full", "--budget", "400", "--seed", "3",
-                         "--sched-policy", "priority", "--out", str(tmp_path), "--json")
+                         "--drive", "mixed", "--sched-policy", "priority", "--out", str(tmp_path), "--json")
     res = json.loads(out)
     assert res["sched_policy"] == "priority" and res["scheduler_episodes"] > 0, err
     assert used and set(used) == {"priority"}
-    assert res["command"].endswith("--sched-policy priority")
+    assert res["command"].endswith("--drive mixed --sched-policy priority")
     used.clear()
     code, out, _ = run(capsys, "fuzz", "--sut", "vllm", "--layout", "full", "--budget", "400", "--seed", "3",
-                       "--out", str(tmp_path), "--json")
+                       "--drive", "mixed", "--out", str(tmp_path), "--json")
     res = json.loads(out)
     assert res["sched_policy"] == "fcfs" and set(used) == {"fcfs"} and "--sched-policy" not in res["command"]
+
+
+def test_a_given_policy_holds_on_vllms_own_scheduler_too(capsys, tmp_path) -> None:
+    """The default drive (auto: vLLM's own scheduler on a plain layout) takes --sched-policy as
+    every episode's policy; without it the policy is drawn per episode. The rerun names both."""
+    pytest.importorskip("vllm")
+    for policy in ("priority", "fcfs"):
+        code, out, err = run(capsys, "fuzz", "--sut", "vllm", "--layout", "full", "--budget", "150", "--seed", "3",
+                             "--sched-policy", policy, "--out", str(tmp_path), "--json")
+        res = json.loads(out)
+        assert res["drive"] == "engine" and res["sched_policy"] == policy, err
+        assert res["scheduler"]["knobs"]["policy"] == {policy: res["episodes"]}
+        assert res["command"].endswith(f"--drive engine --sched-policy {policy}")
+    code, out, _ = run(capsys, "fuzz", "--sut", "vllm", "--layout", "full", "--budget", "150", "--seed", "3",
+                       "--out", str(tmp_path), "--json")
+    res = json.loads(out)
+    assert res["drive"] == "engine" and res["sched_policy"] == "drawn per episode"
+    assert "--sched-policy" not in res["command"]
 
 
 def test_a_findings_trace_records_the_policy(capsys, tmp_path) -> None:

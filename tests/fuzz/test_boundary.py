@@ -215,8 +215,9 @@ vllm = pytest.importorskip("vllm", reason="vLLM is not installed here")
 
 def _fuzz(capsys, tmp_path, layout: str = "full") -> tuple[int, dict]:
     from kvcheck.checker.cli import main
+    # the manager drive: kvcheck calls the manager's methods and stands in for the scheduler itself
     code = main(["fuzz", "--sut", "vllm", "--layout", layout, "--budget", "300", "--seed", "1", "--json",
-                 "--out", str(tmp_path)])
+                 "--drive", "mixed", "--out", str(tmp_path)])
     return code, json.loads(capsys.readouterr().out)
 
 

@@ -91,7 +91,8 @@ def _with_known_defect(monkeypatch) -> None:
 
 def test_a_vllm_campaign_meeting_a_known_safety_defect_exits_10_unless_acknowledged(monkeypatch, capsys, tmp_path):
     _with_known_defect(monkeypatch)
-    args = ("fuzz", "--sut", "vllm", "--layout", "full+swa", "--budget", "60", "--json", "--out", str(tmp_path))
+    args = ("fuzz", "--sut", "vllm", "--layout", "full+swa", "--budget", "60", "--json", "--out", str(tmp_path),
+            "--drive", "mixed")       # (every action in 60 steps: the manager drive's)
     code, out, _ = run(capsys, *args)
     res = json.loads(out)
     assert code == 10 and res["exit_code"] == 10
@@ -142,7 +143,7 @@ def test_strict_known_on_the_command_line_fails_a_stale_acknowledgement(monkeypa
     under test cannot have is "fixed? remove the entry" and fails; without the flag it is shown only."""
     _with_release(monkeypatch, "0.20.0")
     args = ("fuzz", "--sut", "vllm", "--layout", "full+swa", "--budget", "40", "--json", "--out", str(tmp_path),
-            "--acknowledge", "fine_cow_same_step=waiting for vllm PR #42359")
+            "--acknowledge", "fine_cow_same_step=waiting for vllm PR #42359", "--drive", "mixed")
     code, out, _ = run(capsys, *args)
     res = json.loads(out)
     assert code == 0 and res["known"][0]["status"] == "fixed?"

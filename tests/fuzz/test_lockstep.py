@@ -78,8 +78,10 @@ def test_every_driver_and_adapter_goes_through_the_one_core(monkeypatch) -> None
     assert "SpecSUT" in seen
     pytest.importorskip("vllm")
     from kvcheck.engines.vllm import drivers as V
-    V.run_campaign("full+swa", budget_s=None, steps=30, seed=0)
+    V.run_campaign("full+swa", budget_s=None, steps=30, seed=0, drive="mixed")
     assert "VllmAdapter" in seen
+    V.run_campaign("full+swa", budget_s=None, steps=30, seed=0)      # the default (auto): vLLM's own scheduler
+    assert "EngineAdapter" in seen
 
 
 def test_rejected_enabled_action_is_a_conformance_finding() -> None:

@@ -15,6 +15,7 @@ from kvcheck.fuzz.known import known_lines, parse_cli
 from kvcheck.spec.outputs import kvcheck_command
 
 from . import drivers as v
+from .drive_plan import AUTO, RAY_WHY, explicit_why
 from .sched import POLICIES
 
 
@@ -49,12 +50,17 @@ def fuzz_command(args: argparse.Namespace) -> int:
         raise UsageError(f"--workload: unknown workload {workload!r}; known: {', '.join(v.WORKLOADS)}")
     if workload != "random" and args.ray is not None:
         raise UsageError("--workload: the Ray shards drive the random workload only (drop --ray or --workload)")
-    drive = getattr(args, "drive", None) or "mixed"
+    drive = getattr(args, "drive", None) or AUTO        # auto: resolved by the campaign (drive_plan.py)
     if drive not in v.DRIVES:
         raise UsageError(f"--drive: unknown drive {drive!r}; known: {', '.join(v.DRIVES)}")
-    policy = args.sched_policy if drive == "engine" and args.sched_policy is None else sched_policy(args.sched_policy)
-    if drive != "mixed" and args.ray is not None:
-        raise UsageError("--drive: the Ray shards run the mixed drive only (drop --ray or --drive)")
+    ray_why = None
+    if args.ray is not None:
+        if drive not in (AUTO, "mixed"):
+            raise UsageError("--drive: the Ray shards run the mixed drive only (drop --ray or --drive)")
+        drive, ray_why = "mixed", RAY_WHY if drive == AUTO else explicit_why("mixed")
+    # (not given: FCFS on the manager drive, drawn per episode on the engine drive)
+    policy = args.sched_policy if drive in (AUTO, "engine") and args.sched_policy is None \
+        else sched_policy(args.sched_policy)
     try:
         acknowledged = parse_cli(args.acknowledge)
     except ValueError as e:
@@ -79,6 +85,7 @@ def fuzz_command(args: argparse.Namespace) -> int:
                 return [Shard("vllm", args.seed + k, args.fault, name, strict=args.strict_reuse)
                         for name in layouts for k in range(n)]
             res = on_ray(args, shards, budget, None, out, f"fuzz vllm {args.layout}")
+            res.update(drive="mixed", drive_reason=ray_why)
         else:
             res = v.run_campaign(args.layout, budget_s=budget.seconds, steps=budget.steps, seed=args.seed,
                                  strict_reuse=args.strict_reuse, fault=args.fault, out_dir=str(out),
@@ -105,8 +112,9 @@ def fuzz_command(args: argparse.Namespace) -> int:
            "--seed", str(args.seed)] + (["--strict-reuse"] if args.strict_reuse else []) \
         + (["--fault", args.fault] if args.fault else []) \
         + (["--workload", workload] if workload != "random" else []) \
-        + (["--drive", drive] if drive != "mixed" else []) \
-        + (["--sched-policy", policy] if policy not in ("fcfs", None) else []) \
+        + ["--drive", res.get("drive") or drive] \
+        + (["--sched-policy", policy] if policy not in ("fcfs", None) or (policy and res.get("drive") == "engine")
+           else []) \
         + [f"--acknowledge={n}={a.reason}" for n, a in acknowledged.items()] \
         + (["--strict-known"] if args.strict_known else []) \
         + (["--ray", *([args.ray] if args.ray else []), "--workers", str(len(res["ray"]["shards"]) // len(layouts))]
@@ -119,7 +127,8 @@ def fuzz_command(args: argparse.Namespace) -> int:
         lines = [f"kvcheck fuzz --sut vllm --layout {args.layout}: exit {code} (vLLM {res.get('vllm_version')})",
                  f"  {res.get('steps')} steps, seed {args.seed}"
                  + (f", {policy.upper()} scheduling" if policy not in ("fcfs", None) else "")
-                 + (", vLLM's own scheduler" if drive == "engine" else "") + f"; rerun: {res['command']}",
+                 + (f"; drive {res['drive']} ({res.get('drive_reason')})" if res.get("drive") else "")
+                 + f"; rerun: {res['command']}",
                  "  actions: " + ", ".join(f"{k} {n}" for k, n in sorted(res.get("coverage", {}).items())
                                            if isinstance(n, int))]
         if "ray" in res:

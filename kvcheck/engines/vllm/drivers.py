@@ -20,7 +20,7 @@ from pathlib import Path
 from kvcheck.spec.trace import Trace
 
 from kvcheck.spec.verdict import FOR_FINDING, ExitCode
-from kvcheck.fuzz.boundary import CannotDrive, CannotExpress, as_cannot_drive, setting_up
+from kvcheck.fuzz.boundary import CannotDrive, as_cannot_drive, setting_up
 from kvcheck.fuzz.known import Acknowledgement, judge
 from kvcheck.fuzz.lockstep import (Act, Finding, FreeModel, Lockstep)
 from kvcheck.fuzz.prompts import PromptGen
@@ -33,11 +33,10 @@ from .bookkeeping import FULL_SCAN_EVERY
 from .checks import Violation
 from .reproducer import write_reproducer
 from .engine_repro import write_engine_reproducer
-from .layouts import RETENTION_DROPS_TAIL, WORKER_TABLE_STALE
 from .twin import TwinAdapter, twin_summary, wants_twin
 from .workloads import WORKLOADS, reuse_profile
-from .sched import POLICIES, SchedGen
-from . import engine_gen, engine_sched
+from .sched import SchedGen
+from . import drive_plan, engine_gen, engine_sched
 from .layouts import (LAYOUT_DATA, ACTIONS, FAULTS, SINGLE_ACTIONS, STEP_ACTIONS, GENERATED,
                       INSTALL_HINT, LAYOUTS, VOCAB, VllmUnavailable, layout_config, layout_scale,
                       supported_layouts, vllm_version, FILE_LAYOUTS, load_layout_file, register_layout)
@@ -83,7 +82,7 @@ class _Gen(PromptGen):
         return a, {"r": r}
 
 
-DRIVES = ("mixed", "single", "scheduler", "engine")
+DRIVES = drive_plan.DRIVES             # auto (the default) resolves to engine or mixed: drive_plan.py
 
 
 def execute(layout: str, num_blocks: int, fault: str | None, program: list[Act],
@@ -177,7 +176,7 @@ def _file_safe(name: str) -> str:
 def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = None,
                  seed: int = 0, strict_reuse: bool = False, fault: str | None = None,
                  out_dir: str = "kvcheck-report", twin: bool | None = None,
-                 workload: str = "random", drive: str = "mixed", sched_policy: str = "fcfs",
+                 workload: str = "random", drive: str = "auto", sched_policy: str = "fcfs",
                  acknowledged: Mapping[str, Acknowledgement] | None = None, strict_known: bool = False) -> dict:
     """`_campaign`, then the core's rule for known defects (fuzz/known.py): a recognised one
     is a finding unless `acknowledged`; a stale acknowledgement fails with `strict_known`."""
@@ -199,47 +198,20 @@ def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = N
 def _campaign(layout: str, budget_s: float | None = 60, steps: int | None = None,
               seed: int = 0, strict_reuse: bool = False, fault: str | None = None,
               out_dir: str = "kvcheck-report", twin: bool | None = None,
-              workload: str = "random", drive: str = "mixed", sched_policy: str = "fcfs") -> dict:
+              workload: str = "random", drive: str = "auto", sched_policy: str = "fcfs") -> dict:
     """Fuzz one layout until the budget (seconds and/or steps) is spent or a violation is found.
     Without `strict_reuse`, the first three kinds of lost reuse are saved as findings and the
     campaign goes on. `twin` (default: when the layout sets a retention interval): run the
     dense twin beside it (twin.py). `workload`: "random" or "chat" (workloads.py).
-    `drive`: "single" (one request per step), "scheduler" (sched.py: steps of several
-    requests, chunked prefill, preemption) or "mixed" (each episode draws one);
-    `sched_policy`: the scheduler's preemption policy, "fcfs" or "priority"."""
-    if drive not in DRIVES:
-        raise ValueError(f"unknown drive {drive!r}; known: {', '.join(DRIVES)}")
-    engine = drive == "engine"           # vLLM's own Scheduler (engine_sched.py); policy None: drawn
-    if sched_policy is None and not engine:
-        sched_policy = "fcfs"
-    if sched_policy is not None and sched_policy not in POLICIES:
-        raise ValueError(f"unknown scheduling policy {sched_policy!r}; known: {', '.join(POLICIES)}")
-    if layout not in LAYOUTS:
-        raise ValueError(f"unknown vLLM layout {layout!r}; known: {', '.join(LAYOUTS)}")
-    if workload not in WORKLOADS:
-        raise ValueError(f"unknown workload {workload!r}; known: {', '.join(WORKLOADS)}")
-    if engine and workload != "random":
-        raise ValueError("--workload: the engine drive draws its own arrivals (fresh prompts, resends, "
-                         "multi-turn continuations): drop --workload")
+    `drive`: "engine" (vLLM's own Scheduler: engine_sched.py), "single" (one request per step),
+    "scheduler" (sched.py: steps of several requests, chunked prefill, preemption), "mixed" (each
+    episode draws one of the two) or "auto" (engine where it can run, else mixed: drive_plan.py);
+    `sched_policy`: the scheduler's preemption policy, "fcfs" or "priority" (None: drawn per
+    episode on the engine drive)."""
     from . import generator as gen_layouts
+    p = drive_plan.plan(layout, fault, twin, workload, drive, sched_policy, seed)     # once, before the loop
+    drive, engine, twin, twin_arg, sched_policy = p.drive, p.engine, p.twin, p.twin_arg, p.sched_policy
     generated = layout == GENERATED       # a layout sampled per episode (generator.py)
-    if engine and generated:
-        raise CannotExpress("--layout generated: the engine drive runs the named layouts and --layout-file "
-                         "(the grammar's Mamba layouts are not on it yet)")
-    first = gen_layouts.sample_layout(seed, fault) if generated else layout
-    twin_arg = twin
-    twin = wants_twin(first, fault) if twin_arg is None else twin_arg
-    if engine and twin:
-        if twin_arg or fault == RETENTION_DROPS_TAIL.name:
-            raise ValueError("the dense twin runs on the manager drive only (drop --drive engine)")
-        twin = twin_arg = False
-    if fault == WORKER_TABLE_STALE.name and not engine:
-        raise ValueError("fault 'worker_table_stale' is planted in the scheduler's output: run with --drive engine")
-    if fault == RETENTION_DROPS_TAIL.name and not twin:
-        raise ValueError("fault 'retention_drops_tail' is caught by the dense twin only: run with the twin on")
-    with setting_up("vllm", vllm_version, ("vllm",), (VllmUnavailable, ValueError)):
-        make_adapter(first, 24, fault, False, twin,   # validate layout/fault early (and import vLLM)
-                     engine_gen.draw_knobs(random.Random(seed), first, sched_policy) if engine else "fcfs")
     layout_all, sampled = layout, 0
     t0 = time.monotonic()
     if budget_s is None and steps is None:
@@ -357,7 +329,8 @@ def _campaign(layout: str, budget_s: float | None = 60, steps: int | None = None
         "fault": fault, "expected_check": FAULTS[fault][0] if fault else None,
         "caught": (any(f["check"] == FAULTS[fault][0] for f in findings) if fault else None),
         "strict_reuse": strict_reuse, "steps": total, "episodes": episodes,
-        "drive": drive, "sched_policy": sched_policy or "drawn per episode", "scheduler_episodes": scheduler_episodes,
+        "drive": drive, "drive_reason": p.reason,          # (the drive that ran: never auto)
+        "sched_policy": sched_policy or "drawn per episode", "scheduler_episodes": scheduler_episodes,
         **({"scheduler": engine_sched.describe(knobs_seen)} if engine else {}),
         "elapsed_s": round(time.monotonic() - t0, 2), "time_to_failure_s": first_fail_s,
         "time_to_first_lost_reuse_s": first_lost_s, "time_to_first_known_s": first_known,

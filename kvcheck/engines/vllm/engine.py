@@ -62,6 +62,7 @@ class VllmEngine(Engine):
     def campaign(self, layout: str, *, budget_s: float | None, steps: int | None, seed: int,
                  fault: str | None, out_dir: str, **options: Any) -> dict[str, Any]:
         from .drivers import run_campaign
+        options.setdefault("drive", "mixed")      # (the Ray shards' campaign: the manager drive)
         try:
             return run_campaign(layout, budget_s=budget_s, steps=steps, seed=seed, fault=fault,
                                 out_dir=out_dir, **options)

@@ -73,9 +73,14 @@ def _floor(threshold: int, block: int) -> int:
 
 
 def knobs_of(meta: dict) -> SchedKnobs | None:
-    """A trace's scheduler knobs (None: a manager-drive trace); ValueError names a bad field."""
-    if meta.get("drive") != "engine":
+    """A trace's scheduler knobs (None: a manager-drive trace); ValueError names a bad field. A
+    trace names the drive that ran it: engine, or a manager drive (or none); never auto."""
+    drive = meta.get("drive")
+    if drive in (None, "mixed", "single", "scheduler"):
         return None
+    if drive != "engine":
+        raise ValueError(f"trace meta.drive: expected engine or a manager drive (mixed, single, scheduler), "
+                         f"not {str(drive)[:40]!r} (a campaign resolves auto before it runs)")
     got = meta.get("scheduler")
     fields = SchedKnobs().as_dict()
     if not isinstance(got, dict) or set(got) != set(fields) or any(

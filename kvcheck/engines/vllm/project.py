@@ -68,7 +68,7 @@ def run_vllm(sys: System, layout: str, seed: int, out: Path, fault: str | None =
         except ValueError as e:
             return skipped(label, "fuzz", str(e))
     b = sys.fault_budget if fault else sys.budgets["fuzz"]
-    try:
+    try:                                # drive: auto (vLLM's own scheduler where it runs the layout)
         r = v.run_campaign(layout, budget_s=b.seconds, steps=b.steps, seed=seed, fault=fault, out_dir=str(out),
                            sched_policy=sys.sched_policy, acknowledged=sys.options.get("acknowledged"),
                            strict_known=bool(sys.options.get("strict_known")))
@@ -93,7 +93,8 @@ def run_vllm(sys: System, layout: str, seed: int, out: Path, fault: str | None =
         checks.append(check(label, "fuzz", "lost_reuse", "passed", r["elapsed_s"], counts,
                             note=f"{lost} kinds of lost reuse saved as findings (not failing without strict reuse)"))
     profile = r.get("reuse_profile") or _reuse_profile(v, layout)
-    return EngineRun(code, r["elapsed_s"], counts, checks, traces, {"reuse_profile": profile})
+    drives = {layout: {"drive": r["drive"], "reason": r.get("drive_reason")}} if r.get("drive") else {}
+    return EngineRun(code, r["elapsed_s"], counts, checks, traces, {"reuse_profile": profile, "drives": drives})
 
 
 def _reuse_profile(v: Any, layout: str) -> dict:
