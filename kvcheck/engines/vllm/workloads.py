@@ -43,10 +43,13 @@ class ChatGen:
 
     def prompt(self, max_tokens: int = MAX_TOKENS) -> list[int]:
         rng, cap = self.rng, max_tokens - 4      # the layout's own scale
+        k = max(1, max_tokens // MAX_TOKENS)     # lengths grow with it (real sizes: system prompts
+        #                                          of thousands of tokens, turns of hundreds)
         mode = rng.choices(MODES, self.mode_w)[0] if self.history else "system"
-        fresh = lambda k: [rng.randrange(VOCAB) for _ in range(k)]   # noqa: E731
+        fresh = lambda n: [rng.randrange(VOCAB) for _ in range(n)]   # noqa: E731
         if mode == "system":
-            out = self.system + fresh(rng.randint(1, 16))
+            system = self.system if k == 1 else (self.system * k)[: len(self.system) * k]
+            out = system + fresh(rng.randint(1, 16 * k))
         else:
             prev = rng.choice(self.history)
             if mode == "resend":
@@ -57,9 +60,9 @@ class ChatGen:
             elif mode == "sibling":
                 d = rng.randint(0, len(prev))
                 out = prev[:d] + [(prev[d] + 1) % VOCAB if d < len(prev) else rng.randrange(VOCAB)] \
-                    + fresh(rng.randint(0, 6))
+                    + fresh(rng.randint(0, 6 * k))
             else:                                 # next turn: everything so far + a user turn
-                out = list(prev) + fresh(rng.randint(2, 8))
+                out = list(prev) + fresh(rng.randint(2, 8 * k))
         out = out[:cap] or fresh(2)
         return out if len(out) >= 2 else out + fresh(1)
 
@@ -76,23 +79,44 @@ def _probe(ad: Any, prompt: list[int], sibling: list[int]) -> int:
     return int(ad.apply("lookup", {"r": "b", "chunk": 1}).get("hit", 0))
 
 
+def profile_points(layout: str) -> tuple[int, list[int]]:
+    """The probed prompt's length and the divergence points: every token of PROFILE_LEN on the
+    small layouts; at real sizes twice the largest window, chunk or scheduler block (within the
+    layout's request cap), probed at 17 evenly spaced points and on each side of the first
+    scheduler block's edge and of the largest unit's."""
+    from .layouts import LAYOUT_DATA, layout_scale
+    _, groups, sched = LAYOUT_DATA[layout]
+    cap = layout_scale(layout)[1] * 3 // 4 - 8
+    n = max(PROFILE_LEN, min(cap, 2 * max([p or 0 for _, _, p in groups] + [sched])))
+    if n == PROFILE_LEN:
+        return n, list(range(n + 1))
+    unit = max([p or 0 for _, _, p in groups] + [sched])
+    pts = set(range(0, n + 1, max(1, n // 16))) | {n}
+    pts |= {e + o for e in (sched, unit) for o in (-1, 0, 1) if 0 <= e + o <= n}
+    return n, sorted(pts)
+
+
 def reuse_profile(layout: str, seed: int = 0) -> dict[str, list[list[int]]]:
     """{layout: [[d, hit], ...], layout + " (dense twin)": [...]} for a first sibling that
-    shares d tokens of a computed PROFILE_LEN-token prompt (d = PROFILE_LEN: it extends it)."""
+    shares d tokens of a computed prompt (profile_points; d = its length: it extends it)."""
     from .adapter import VllmAdapter
     from .twin import DenseTwin
     rng = random.Random(seed)
-    base = [rng.randrange(VOCAB) for _ in range(PROFILE_LEN)]
+    n, points = profile_points(layout)
+    base = [rng.randrange(VOCAB) for _ in range(n)]
     tail = [rng.randrange(VOCAB) for _ in range(6)]
     out: dict[str, list[list[int]]] = {layout: []}
     kinds: list[tuple[str, type]] = [(layout, VllmAdapter)]
     if RETENTION.get(layout) is not None:
         kinds.append((f"{layout} (dense twin)", DenseTwin))
         out[kinds[-1][0]] = []
+    from .layouts import LAYOUT_DATA
+    blocks = 64 if n == PROFILE_LEN else 4 * (n // min(bs for _, bs, _ in LAYOUT_DATA[layout][1]) + 2) \
+        * len(LAYOUT_DATA[layout][1]) + 8            # two prompts' tables in every group
     for name, cls in kinds:
-        ad = cls(layout, 64)
-        for d in range(PROFILE_LEN + 1):
+        ad = cls(layout, blocks)
+        for d in points:
             ad.reset()
-            div = [(base[d] + 1) % VOCAB] if d < PROFILE_LEN else []
+            div = [(base[d] + 1) % VOCAB] if d < n else []
             out[name].append([d, _probe(ad, base, base[:d] + div + tail)])
     return out
