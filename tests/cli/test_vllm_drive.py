@@ -24,7 +24,7 @@ from kvcheck.engines.vllm import drive_plan as dp
     ("generated", None, None, "random", ("mixed", dp.GENERATED_WHY)),
     ("full+swa", None, None, "chat", ("mixed", dp.workload_why("chat"))),
     ("full+swa-sparse", "worker_table_stale", None, "random", ("engine", dp.STALE_WHY)),
-    ("qwen3-next+mtp", None, None, "random", ("engine", dp.MAMBA_DRAFT_WHY)),     # says what it leaves out
+    ("qwen3-next+mtp", None, None, "random", ("mixed", dp.MAMBA_DRAFT_WHY)),      # drafts with Mamba
     ("qwen3-next", None, None, "random", ("engine", dp.ENGINE_WHY)),
     ("gemma3@real", None, None, "random", ("engine", dp.ENGINE_WHY)),
 ])

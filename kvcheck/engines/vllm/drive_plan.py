@@ -6,7 +6,9 @@ runs kvcheck's step generator over the release's KV cache manager (the manager d
 and says why in one line (the result's `drive_reason`). The engine drive does not run:
 `--layout generated` (the grammar's layouts), a `--workload` other than random (it draws its own
 arrivals), the dense twin (a layout with a retention interval, the fault retention_drops_tail,
-twin=True), the Ray shards (cli.py resolves auto there), and a layout whose block sizes the
+twin=True), the Ray shards (cli.py resolves auto there), a drafter on a layout with Mamba groups
+(the engine drive proposes no drafts there yet: a known safety defect, fine_cow_same_step, is
+reachable only with them), and a layout whose block sizes the
 installed release derives otherwise (sched_build.build raises CannotExpress: probed by building
 the scheduler once, in the pre-flight). Only auto falls back: `--drive engine` asked explicitly
 keeps its errors (exit 2; a JSON `cannot_express`).
@@ -34,8 +36,8 @@ GENERATED_WHY = "auto: --layout generated is not on the engine drive"
 TWIN_WHY = "auto: the dense twin runs on the manager drive only"
 RAY_WHY = "auto: the Ray shards run the manager drive only"
 STALE_WHY = "auto: vLLM's own scheduler (fault worker_table_stale is planted in its output)"
-MAMBA_DRAFT_WHY = ("auto: vLLM's own scheduler (it proposes no drafts on a layout with Mamba groups yet: "
-                   "--drive mixed runs their speculative tokens)")
+MAMBA_DRAFT_WHY = ("auto: the engine drive proposes no drafts on a layout with Mamba groups yet; the manager "
+                   "drive runs their speculative tokens (fine_cow_same_step, a silent corruption, needs them)")
 
 
 def workload_why(workload: str) -> str:
@@ -77,7 +79,7 @@ def static_choice(layout: str, fault: str | None, twin: bool | None, workload: s
     if twin or (twin is None and wants_twin(layout, fault)):
         return "mixed", TWIN_WHY
     if layout in EAGLE and any(k == "mamba" for k, _, _ in LAYOUT_DATA[layout][1]):
-        return "engine", MAMBA_DRAFT_WHY
+        return "mixed", MAMBA_DRAFT_WHY
     return "engine", ENGINE_WHY
 
 
