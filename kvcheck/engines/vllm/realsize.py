@@ -119,7 +119,16 @@ def _specs(cfg: Any, cc: Any, vc: Any, model_cls: Any, drafter: bool, mla: bool)
 
 
 def derive(name: str) -> dict:
-    """The layout vLLM builds for `name` (a model, or model+eagle) on the installed release."""
+    """The layout vLLM builds for `name` (a model, or model+eagle) on the installed release.
+    Not in a process whose vLLM platform is the CPU one (kvcheck's drives set it): its config
+    updates change the dtypes (a float32 Mamba state doubles Qwen3-Next's block to 1056);
+    `derive_clean` runs this in a fresh process, where no platform's updates apply."""
+    if name not in names():
+        raise ValueError(f"realsize: unknown model {name!r}; known: {', '.join(names())}")
+    from vllm.platforms import current_platform
+    if current_platform.is_cpu():
+        raise ValueError("realsize: this process runs vLLM's CPU platform, whose config updates change the "
+                         "dtypes: derive with derive_clean (python -m kvcheck.engines.vllm.realsize)")
     from vllm.config import CacheConfig, DeviceConfig, ModelConfig, VllmConfig
     from vllm.model_executor.models import ModelRegistry
     from vllm.platforms import current_platform
@@ -136,8 +145,6 @@ def derive(name: str) -> dict:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     model = name.split("+")[0]
     drafter = model != name
-    if name not in names():
-        raise ValueError(f"realsize: unknown model {name!r}; known: {', '.join(names())}")
     env = MODELS[model][3]
     cfg = _config(model)
     with tempfile.TemporaryDirectory(prefix="kvcheck-real-") as d, mock.patch.dict(os.environ, env), \
@@ -193,6 +200,21 @@ def _group(spec: Any) -> list:
     raise ValueError(f"realsize: no kvcheck group kind for vLLM's {type(spec).__name__}")
 
 
+def derive_clean(names: list[str]) -> list[dict]:
+    """`derive` each name in a fresh Python process without VLLM_TARGET_DEVICE (vLLM's platform
+    left unresolved, as no CUDA machine's dtype choices are changed by it)."""
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_TARGET_DEVICE"}
+    code = ("import json, sys\nfrom kvcheck.engines.vllm.realsize import derive\n"
+            "print(json.dumps([derive(n) for n in sys.argv[1:]]))")
+    p = subprocess.run([sys.executable, "-c", code, *names], capture_output=True, text=True, env=env)
+    if p.returncode != 0:
+        raise ValueError(f"realsize: deriving {', '.join(names)} failed: "
+                         f"{(p.stderr.strip().splitlines() or ['(no output)'])[-1]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
 def table() -> dict[str, dict]:
     """The derived layouts kept in realsize.json (model -> derivation, plus the release)."""
     return json.loads(TABLE.read_text())
@@ -209,8 +231,10 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     kept = table() if TABLE.exists() else {"vllm": vllm.__version__, "models": {}}
     changed = 0
-    for m in a.models:
-        got = derive(m)
+    unknown = [m for m in a.models if m not in names()]
+    if unknown:
+        p.error(f"unknown model {unknown[0]!r}; known: {', '.join(names())}")
+    for m, got in zip(a.models, derive_clean(a.models)):
         if kept["models"].get(m) != got:
             changed += 1
             print(json.dumps({"model": m, "kept": kept["models"].get(m), "derived": got}))
