@@ -19,3 +19,18 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def _sigint_restored(request):
+    """A test that leaves SIGINT ignored in this process (a library driven in-process can set
+    SIG_IGN and not restore it) makes every child process started later ignore Ctrl-C, since an
+    ignored signal is inherited across exec: the interrupt tests then fail for a reason that is
+    not theirs. Restored after each test, and the test that left it is named (a warning)."""
+    import signal
+    import warnings
+    yield
+    h = signal.getsignal(signal.SIGINT)
+    if h is not signal.default_int_handler:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        warnings.warn(f"SIGINT left as {h!r} by {request.node.nodeid}; restored to Python's default")
