@@ -34,3 +34,6 @@ def _sigint_restored(request):
     if h is not signal.default_int_handler:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         warnings.warn(f"SIGINT left as {h!r} by {request.node.nodeid}; restored to Python's default")
+    if signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []):     # (a blocked mask is inherited too)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        warnings.warn(f"SIGINT left blocked by {request.node.nodeid}; unblocked")
