@@ -111,12 +111,13 @@ def _ratio_scale(groups: list, hash_block: int, max_len: int) -> int:
     return f
 
 
-REAL = tuple(_real())
+_REAL = _real()               # (realsize.json read once)
+REAL = tuple(_REAL)
 
 
 def install_presets(layouts: dict, scale: dict, eagle: dict, refused: dict) -> None:
     """Add the presets to the layout tables of layouts.py."""
-    _P.update(_real())
+    _P.update(_REAL)
     for name, (desc, groups, sched, hb, max_len, eg) in _P.items():
         layouts[name] = (desc, list(groups), sched)
         scale[name] = (hb, max_len)

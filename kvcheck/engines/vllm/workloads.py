@@ -48,8 +48,7 @@ class ChatGen:
         mode = rng.choices(MODES, self.mode_w)[0] if self.history else "system"
         fresh = lambda n: [rng.randrange(VOCAB) for _ in range(n)]   # noqa: E731
         if mode == "system":
-            system = self.system if k == 1 else (self.system * k)[: len(self.system) * k]
-            out = system + fresh(rng.randint(1, 16 * k))
+            out = self.system * k + fresh(rng.randint(1, 16 * k))
         else:
             prev = rng.choice(self.history)
             if mode == "resend":
