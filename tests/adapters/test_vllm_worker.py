@@ -82,5 +82,6 @@ def test_the_worker_fault_is_caught_by_its_check_and_refused_off_the_engine_driv
     assert cli.returncode == 2 and "--drive engine" in cli.stderr and "Traceback" not in cli.stderr
     # the default drive (auto) runs it on vLLM's own scheduler, even on a layout that retains sparsely
     # (the dense twin, the manager drive's, is then off: as under --drive engine)
-    from kvcheck.engines.vllm.drive_plan import STALE_WHY, static_choice
-    assert static_choice("full+swa-sparse", "worker_table_stale", None, "random") == ("engine", STALE_WHY)
+    from kvcheck.engines.vllm.drive_plan import engine_fault_why, static_choice
+    assert static_choice("full+swa-sparse", "worker_table_stale", None, "random") == \
+        ("engine", engine_fault_why("worker_table_stale"))

@@ -23,8 +23,9 @@ from kvcheck.engines.vllm import drive_plan as dp
     ("full+swa", "retention_drops_tail", None, "random", ("mixed", dp.TWIN_WHY)),
     ("generated", None, None, "random", ("mixed", dp.GENERATED_WHY)),
     ("full+swa", None, None, "chat", ("mixed", dp.workload_why("chat"))),
-    ("full+swa-sparse", "worker_table_stale", None, "random", ("engine", dp.STALE_WHY)),
-    ("qwen3-next+mtp", None, None, "random", ("mixed", dp.MAMBA_DRAFT_WHY)),      # drafts with Mamba
+    ("full+swa-sparse", "worker_table_stale", None, "random", ("engine", dp.engine_fault_why("worker_table_stale"))),
+    ("qwen3-next+mtp", "mamba_accept_ignored", None, "random", ("engine", dp.engine_fault_why("mamba_accept_ignored"))),
+    ("qwen3-next+mtp", None, None, "random", ("engine", dp.ENGINE_WHY)),         # drafts with Mamba: on the engine drive
     ("qwen3-next", None, None, "random", ("engine", dp.ENGINE_WHY)),
     ("gemma3@real", None, None, "random", ("engine", dp.ENGINE_WHY)),
 ])

@@ -23,7 +23,7 @@ from . import mamba_faults as mfaults
 from .timeline import Timeline
 from .checks import ShadowChecks, Violation, Req
 from .layouts import (EAGLE, LAYOUT_DATA, MAMBA_FAULTS, RETENTION, SWA_FAULTS, ACTIONS, DROP_REF_ON_FREE,
-                      EARLY_READER_FORWARD, EVICT_KEEPS_HASH, LAYOUTS, RETENTION_DROPS_TAIL,
+                      EARLY_READER_FORWARD, EVICT_KEEPS_HASH, LAYOUTS, MAMBA_ACCEPT_IGNORED, RETENTION_DROPS_TAIL,
                       SWA_OVERSTRICT, VOCAB, make_specs, vllm_modules, layout_config, layout_scale,
                       planted, release_gap, vllm_version)
 
@@ -52,6 +52,8 @@ class VllmAdapter(ShadowChecks):
             raise ValueError(f"fault {fault!r} needs a layout with a sliding-window group")
         if mfaults.needs(groups, layout_scale(layout)[0], fault):
             raise ValueError(mfaults.needs(groups, layout_scale(layout)[0], fault))
+        if fault == MAMBA_ACCEPT_IGNORED.name and (layout not in EAGLE or not any(k == mamba.MAMBA for k, _, _ in groups)):
+            raise ValueError(f"fault {fault!r} needs a layout with Mamba groups and a drafter (e.g. qwen3-next+mtp)")
         if fault == RETENTION_DROPS_TAIL.name and not self.twin_oracle:
             raise ValueError("fault 'retention_drops_tail' is planted and caught by the dense-twin adapter "
                              "(vllm_twin.TwinAdapter) only")

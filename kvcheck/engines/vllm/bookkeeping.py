@@ -22,7 +22,7 @@ from typing import Any
 
 from .runtime import vllm_modules
 from .violation import Violation
-from .mamba import MAMBA, retained_counts
+from .mamba import MAMBA, prev_index, retained_counts
 
 # the manager's methods that change a request's blocks (those a release lacks are skipped)
 _REQUEST_METHODS = ("allocate_slots", "free", "remove_skipped_blocks", "pop_blocks_for_free",
@@ -220,7 +220,9 @@ class Bookkeeping:
             for g, (kind, bs, _) in enumerate(self.groups):
                 table = self._table(g, req.rid)
                 start = 0 if since is None else since[rid] // bs if rid in since else L
-                for i in self.needed_running(g, L):
+                # (a Mamba state: where the worker keeps it, drafts counted: mamba_worker.py)
+                for i in self.needed_running(g, L) if kind != MAMBA or not L else \
+                        [prev_index(self.timeline, rid, L, bs)]:
                     b = table[i] if i < len(table) else None
                     if i < start and b is not None and b.block_id not in dirty:
                         continue

@@ -45,6 +45,7 @@ class Req:
     owned: list[set[int]] = field(default_factory=list)   # per group: blocks this request wrote
     hashed: int = 0           # hash blocks whose content is recorded (hashes only grow)
     stamped: int = 0          # computed tokens when its blocks were last stamped
+    state_block: int | None = None   # engine drive, Mamba: its running state's table index this step
     prefixes: dict = field(default_factory=dict, repr=False)   # end -> _content (a memo)
     chain: Any = field(default=None, repr=False)               # its tokens' prefix hashes (content.py)
 
@@ -295,4 +296,7 @@ class ShadowChecks(Bookkeeping):
                     raise Violation("safety", self._check_kind(g),
                                     f"{self.layout} group {g}: hit of {hit} tokens for {r} returns block "
                                     f"#{b.block_id} at index {i} whose content is not the request's "
-                                    + ("state at the hit" if self.groups[g][0] == mamba.MAMBA else "prefix"))
+                                    + ("state at the hit" if kind == mamba.MAMBA else "prefix")
+                                    + (f" (it is published under the key of {end} tokens but holds the state "
+                                       f"after {len(w[1])}: a stale prefix-cache entry)"
+                                       if kind == mamba.MAMBA and w is not None and len(w[1]) != end else ""))

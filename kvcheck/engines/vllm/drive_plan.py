@@ -6,9 +6,7 @@ runs kvcheck's step generator over the release's KV cache manager (the manager d
 and says why in one line (the result's `drive_reason`). The engine drive does not run:
 `--layout generated` (the grammar's layouts), a `--workload` other than random (it draws its own
 arrivals), the dense twin (a layout with a retention interval, the fault retention_drops_tail,
-twin=True), the Ray shards (cli.py resolves auto there), a drafter on a layout with Mamba groups
-(the engine drive proposes no drafts there yet: a known safety defect, fine_cow_same_step, is
-reachable only with them), and a layout whose block sizes the
+twin=True), the Ray shards (cli.py resolves auto there), and a layout whose block sizes the
 installed release derives otherwise (sched_build.build raises CannotExpress: probed by building
 the scheduler once, in the pre-flight). Only auto falls back: `--drive engine` asked explicitly
 keeps its errors (exit 2; a JSON `cannot_express`).
@@ -23,7 +21,7 @@ from kvcheck.fuzz.boundary import CannotExpress, setting_up
 from . import engine_gen
 from . import generator as gen_layouts
 from .build import make_adapter
-from .layouts import (EAGLE, GENERATED, LAYOUT_DATA, LAYOUTS, RETENTION_DROPS_TAIL, WORKER_TABLE_STALE, VllmUnavailable,
+from .layouts import (GENERATED, LAYOUTS, RETENTION_DROPS_TAIL, ENGINE_FAULTS, VllmUnavailable,
                       vllm_version)
 from .sched import POLICIES
 from .twin import wants_twin
@@ -35,9 +33,11 @@ ENGINE_WHY = "auto: vLLM's own scheduler"
 GENERATED_WHY = "auto: --layout generated is not on the engine drive"
 TWIN_WHY = "auto: the dense twin runs on the manager drive only"
 RAY_WHY = "auto: the Ray shards run the manager drive only"
-STALE_WHY = "auto: vLLM's own scheduler (fault worker_table_stale is planted in its output)"
-MAMBA_DRAFT_WHY = ("auto: the engine drive proposes no drafts on a layout with Mamba groups yet; the manager "
-                   "drive runs their speculative tokens (fine_cow_same_step, a silent corruption, needs them)")
+ENGINE_FAULT_NAMES = {f.name for f in ENGINE_FAULTS}
+
+
+def engine_fault_why(fault: str) -> str:
+    return f"auto: vLLM's own scheduler (fault {fault} is planted in what only that drive runs)"
 
 
 def workload_why(workload: str) -> str:
@@ -74,12 +74,10 @@ def static_choice(layout: str, fault: str | None, twin: bool | None, workload: s
         return "mixed", GENERATED_WHY
     if workload != "random":
         return "mixed", workload_why(workload)
-    if fault == WORKER_TABLE_STALE.name and not twin:
-        return "engine", STALE_WHY
+    if fault in ENGINE_FAULT_NAMES and not twin:
+        return "engine", engine_fault_why(fault)
     if twin or (twin is None and wants_twin(layout, fault)):
         return "mixed", TWIN_WHY
-    if layout in EAGLE and any(k == "mamba" for k, _, _ in LAYOUT_DATA[layout][1]):
-        return "mixed", MAMBA_DRAFT_WHY
     return "engine", ENGINE_WHY
 
 
@@ -90,8 +88,9 @@ def _twin(first: str, fault: str | None, twin_arg: bool | None, engine: bool) ->
         if twin_arg or fault == RETENTION_DROPS_TAIL.name:
             raise ValueError("the dense twin runs on the manager drive only (drop --drive engine)")
         twin = False
-    if fault == WORKER_TABLE_STALE.name and not engine:
-        raise ValueError("fault 'worker_table_stale' is planted in the scheduler's output: run with --drive engine")
+    if fault in ENGINE_FAULT_NAMES and not engine:
+        raise ValueError(f"fault {fault!r} is planted in what only vLLM's own scheduler drive runs: "
+                         "run with --drive engine")
     if fault == RETENTION_DROPS_TAIL.name and not twin:
         raise ValueError("fault 'retention_drops_tail' is caught by the dense twin only: run with the twin on")
     return twin

@@ -64,7 +64,15 @@ def draw_knobs(rng: Any, layout: str, policy: str | None = None) -> SchedKnobs:
                       long_prefill_token_threshold=_floor(rng.choice([0, 0, 4, 12]) * scale,
                                                           max(bs for _, bs, _ in groups)),
                       num_blocks=1 + rng.choice([1, 2, 3, 5]) * per_req * len(groups) // 2 + per_req,
-                      spec_tokens=rng.choice([1, 2]), eagle_drop=rng.random() < 0.5)
+                      spec_tokens=_spec_tokens(layout, rng.choice([1, 2])), eagle_drop=rng.random() < 0.5)
+
+
+def _spec_tokens(layout: str, drawn: int) -> int:
+    """Draft tokens per step: a Mamba layout's are its MambaSpec's speculative state blocks (vLLM
+    sizes them to num_speculative_tokens: mamba.SPEC_TOKENS)."""
+    from .layouts import LAYOUT_DATA
+    from .mamba import MAMBA, SPEC_TOKENS
+    return SPEC_TOKENS if any(k == MAMBA for k, _, _ in LAYOUT_DATA[layout][1]) else drawn
 
 
 def _floor(threshold: int, block: int) -> int:

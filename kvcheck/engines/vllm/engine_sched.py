@@ -15,7 +15,8 @@ and what they will hold, every ``free`` forgets a preempted request's blocks; af
 the step's forward is checked (reads of bytes not written, copies) and the bookkeeping of the pool.
 EAGLE: drafts are proposed after every step (right with probability ~0.7, a stable function of
 the context) and fed with ``update_draft_token_ids``; the sampler accepts them while they match
-the greedy token. Not yet on this drive: drafts with Mamba groups, the dense twin, the generated
+the greedy token (with Mamba groups too: the worker's state per draft position, mamba_worker.py).
+Not yet on this drive: the dense twin, the generated
 layouts (docs/adapters-vllm.md, "The scheduler drive").
 """
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any, NamedTuple
 
 from kvcheck.spec.sut import ActionRejected
 
-from . import mamba
+from . import mamba, mamba_worker
 from .adapter import VllmAdapter
 from .checks import Req
 from .layouts import DROP_REF_ON_FREE, VOCAB, WORKER_TABLE_STALE, vllm_modules
@@ -84,6 +85,7 @@ class EngineAdapter(VllmAdapter):
         self.stepped: set[str] = set()           # requests allocated in the open step
         self.noted: set[tuple[int, int]] = set()  # copies checked when their allocation queued them
         self.accepted: dict[str, tuple[int, int]] = {}   # rid -> accepted draft positions of the step
+        self.settling: dict[str, int] = {}    # rid -> tokens accepted in the step (Mamba: mamba_worker.settle)
         self._alloc_sig = inspect.signature(type(self.mgr).allocate_slots)   # (the class's: wrappers hide it)
         self._hook("allocate_slots", self._on_alloc)
         self._hook("free", self._on_free)
@@ -135,6 +137,8 @@ class EngineAdapter(VllmAdapter):
             return new
         self._own(req, new)
         hit = int(args.get("num_new_computed_tokens", 0) or 0)
+        if self.has_mamba:          # the worker's running state block this step (drafts counted)
+            req.state_block = -(-(lo + hit + int(args["num_new_tokens"])) // mamba.mamba_block(self.groups)) - 1
         copies = self._new_copies(queued)
         pending = getattr(req, "pending", None)
         if pending is not None and lo == 0:
@@ -174,6 +178,9 @@ class EngineAdapter(VllmAdapter):
     def _accept(self, rid: str) -> None:
         span = self.accepted.pop(rid, None)
         req = self.reqs.get(rid)
+        a = self.settling.pop(rid, None)
+        if a is not None:             # (the worker's Mamba postprocess: the sampler has decided)
+            mamba_worker.settle(self, self.timeline, rid, a)
         if span is not None and req is not None:
             self.timeline.write_accepted(rid, *span)
             o = req.obj                   # (vLLM caches the accepted tokens' blocks in update_from_output)
@@ -184,12 +191,14 @@ class EngineAdapter(VllmAdapter):
         req = self.reqs.get(request.request_id)
         held = [b for g in range(len(self.groups)) for b in self._table(g, request.request_id) if not b.is_null]
         out = inner(request, *a, **k)
+        if self.timeline.open and request.request_id in self.stepped:   # preempted after its allocation
+            self.timeline.cancel(request.request_id, held)
         if self.planted(DROP_REF_ON_FREE):
             shared = [b for b in held if b.ref_cnt >= 1]
             if shared:
                 shared[0].ref_cnt -= 1
         if req is not None:
-            req.owned, req.stamped = [set() for _ in self.groups], 0
+            req.owned, req.stamped, req.state_block = [set() for _ in self.groups], 0, None
             self.timeline.forget(req.rid)
         return out
 
@@ -265,7 +274,7 @@ class EngineAdapter(VllmAdapter):
         for rid, n in so.num_scheduled_tokens.items():
             hi = self.sched.requests[rid].num_computed_tokens
             real[rid] = hi - len(spec.get(rid, ()))       # (draft positions: written once accepted)
-            tl.scheduled(rid, hi - n, real[rid], None, admitted=rid in new)
+            tl.scheduled(rid, hi - n, real[rid], None, admitted=rid in new, drafts=len(spec.get(rid, ())))
         self.coverage["state:multi_request_step"] += len(so.num_scheduled_tokens) > 1
         gone = set(getattr(so, "preempted_req_ids", ()) or ()) - earlier
         self.coverage["state:preempted"] += len(gone)
@@ -281,8 +290,9 @@ class EngineAdapter(VllmAdapter):
         # update_from_output has them written when it is freed: _on_free)
         self.accepted = {rid: (real[rid], real[rid] + len(t) - 1) for rid, t in zip(ids, toks) if len(t) > 1}
         self.coverage["state:drafts_accepted"] += sum(hi - lo for lo, hi in self.accepted.values())
+        self.settling = {rid: len(t) for rid, t in zip(ids, toks)} if self.has_mamba else {}
         self.sched.update_from_output(so, out)
-        for rid in list(self.accepted):
+        for rid in list(self.accepted) + list(self.settling):
             self._accept(rid)
         self._sync()
         self._propose()
@@ -302,11 +312,10 @@ class EngineAdapter(VllmAdapter):
             ctx.append(t)
 
     def _propose(self) -> None:
-        """EAGLE: drafts for every decoding request, each right with probability ~0.7 (a stable
-        function of its context, so a replay proposes the same)."""
-        # (not with Mamba groups: the worker keeps a state per draft position in speculative state
-        # blocks and resumes from the accepted one; kvcheck's state model has one state per step)
-        k = self.knobs.spec_tokens if self.drafter and not self.has_mamba else 0
+        """EAGLE / MTP: drafts for every decoding request, each right with probability ~0.7 (a
+        stable function of its context, so a replay proposes the same). With Mamba groups the
+        worker keeps a state per draft position and resumes from the accepted one (mamba_worker.py)."""
+        k = self.knobs.spec_tokens if self.drafter else 0
         rids, drafts = [], []
         for rid, req in self.reqs.items():
             o = req.obj
@@ -341,5 +350,5 @@ def describe(seen: dict) -> dict[str, Any]:
                             "copies run first, then the forward writes each scheduled token's KV and Mamba state "
                             "(timeline.py); one greedy token per request whose prompt is done, drafts accepted "
                             "while they match it (their KV kept, the rest recomputed)",
-            "not_yet": ["drafts with Mamba groups (speculative state blocks)", "the dense retention twin",
+            "not_yet": ["the dense retention twin",
                         "--layout generated", "KV connector loads/stores", "async scheduling"]}

@@ -42,6 +42,7 @@ class Known:
     applies: Callable[[Any], bool]              # does the layout reach the defect's code?
     fixed: Callable[[Any, Callable, Any, int], tuple] | None = None   # (ad, find, hashes, max) -> (blocks, hit)
     message: str = ""             # no `fixed`: the finding's message must match this regex
+    also: tuple[str, ...] = ()    # other checks the same defect fires through (same message rule)
 
 
 def _ver(v: str) -> tuple[int, ...]:
@@ -90,9 +91,10 @@ KNOWN: tuple[Known, ...] = (
           "docs/repro/vllm_eagle_margin_capped.py", lambda ad: ad.drafter and _hybrid(ad), margin_to_hashed),
     Known("fine_block_past_candidate", "lost_reuse", "0.33.0", "0.33.0", "none found (new)",
           "docs/repro/vllm_fine_block_past_candidate.py", _fine_wide_full, full_at_candidate),
+    # (the stale entry found by the map check, or met by a hit in the step that published it)
     Known("mamba_eagle_unaligned_chunk", "hash_map_sound", "0.15.0", "0.26.0",   # reproducer: 1 on 0.15.1-0.26.0, 0 on 0.27.1+
           "vllm-project/vllm#43559, fixed by PR #51113", "docs/repro/vllm_mamba_eagle_unaligned_chunk.py",
-          _mamba_drafter, message=r"stale prefix-cache entry"),
+          _mamba_drafter, message=r"stale prefix-cache entry", also=("hit_sound_recurrent_state",)),
     # found by the release matrix (kvcheck matrix --sut vllm), each reproducer exits 1 on 0.15.1
     # and 0.16.0 and 0 on 0.17.1: a resumed request's chunk is not block-aligned, so a Mamba
     # state is published under the hash of a block it does not end (#33706 aligns resumed ones
@@ -100,7 +102,8 @@ KNOWN: tuple[Known, ...] = (
     # request publishes but has not written yet (#29387's guard, absent in these releases)
     Known("mamba_resume_unaligned_split", "hash_map_sound", "0.15.0", "0.16.0",
           "vllm-project/vllm PR #33706 (merged; fixed in 0.17)", "docs/repro/vllm_mamba_resume_unaligned_split.py",
-          lambda ad: not ad.drafter and any(k == "mamba" for k, _, _ in ad.groups), message=r"stale prefix-cache entry"),
+          lambda ad: not ad.drafter and any(k == "mamba" for k, _, _ in ad.groups), message=r"stale prefix-cache entry",
+          also=("hit_sound_recurrent_state",)),     # (a hit on the stale entry before the step ends)
     Known("mamba_same_step_hit", "state_copy_sound", "0.15.0", "0.16.0",
           "vllm-project/vllm PR #29387 (the same-step guard, back in 0.17)", "docs/repro/vllm_mamba_same_step_hit.py",
           lambda ad: any(k == "mamba" for k, _, _ in ad.groups),
@@ -110,9 +113,11 @@ KNOWN: tuple[Known, ...] = (
     Known("fine_cow_same_step", "state_copy_sound", "0.28.0", "0.33.0", "none found (new)",
           "docs/repro/vllm_fine_cow_same_step.py", lambda ad: _mamba_drafter(ad, fine=True),
           message=r"source's bytes are not (written yet|what the copy claims) \(published in this step"),
+    # (the unwritten block met by a read, or by the copy-on-write of a later partial hit on it)
     Known("priority_preempt_unwritten", "read_before_write", "0.14.1", "0.33.0",
           "vllm-project/vllm PR #43569 (open)", "docs/repro/vllm_priority_preempt_unwritten.py",
-          lambda ad: getattr(ad, "sched_policy", "fcfs") == "priority", message=r""),
+          lambda ad: getattr(ad, "sched_policy", "fcfs") == "priority",
+          message=r"was preempted in the step whose allocation published it", also=("state_copy_sound",)),
 )
 
 
@@ -252,7 +257,7 @@ def explain_trace(path: str) -> dict:
 def by_signature(ad: Any, version: str, check: str, message: str) -> str | None:
     """The known defect outside the lookup whose signature a finding of `check` matches."""
     for k in active(ad, version):
-        if k.fixed is None and k.check == check and re.search(k.message, message):
+        if k.fixed is None and (k.check == check or check in k.also) and re.search(k.message, message):
             return k.name
     return None
 

@@ -161,9 +161,15 @@ WORKER_TABLE_STALE = _fault(
     "worker_table_sound", "the scheduler's output leaves a running request's first new block out of "
     "new_block_ids, so the worker's block table (built from the outputs alone, worker.py) no longer "
     "matches the manager's: the forward writes its slots into the wrong blocks (needs --drive engine)")
+MAMBA_ACCEPT_IGNORED = _fault(
+    "mamba_accept_ignored", "vllm:preprocess_mamba (num_accepted_tokens)", "stale recurrent state",
+    "state_copy_sound", "the worker forgets how many draft tokens the sampler accepted and resumes the "
+    "next step from the state after the step's known tokens (column 0 of its state block), not the one "
+    "after the accepted drafts (mamba_worker.py; needs --drive engine and a Mamba layout with a drafter)")
 VLLM_FAULTS: tuple[Fault, ...] = (DROP_REF_ON_FREE, SWA_HIT_UNCHECKED, EVICT_KEEPS_HASH, SWA_OVERSTRICT,
                                   RETENTION_DROPS_TAIL, EARLY_READER_FORWARD, WORKER_TABLE_STALE, MAMBA_OLDER_STATE, MAMBA_STATE_FREED,
-                                  MAMBA_SAME_STEP, MAMBA_MOVE_UNCOPIED, MAMBA_PARTIAL_OFF_BY_ONE)
+                                  MAMBA_SAME_STEP, MAMBA_MOVE_UNCOPIED, MAMBA_PARTIAL_OFF_BY_ONE, MAMBA_ACCEPT_IGNORED)
+ENGINE_FAULTS = (WORKER_TABLE_STALE, MAMBA_ACCEPT_IGNORED)   # planted in what only the engine drive runs
 FAULTS: dict[str, tuple[str, str]] = {f.name: (f.expected, f.doc) for f in VLLM_FAULTS}  # name -> (check, doc)
 SWA_FAULTS = (SWA_HIT_UNCHECKED, SWA_OVERSTRICT)      # need a layout with a sliding-window group
 MAMBA_FAULTS = (MAMBA_OLDER_STATE, MAMBA_STATE_FREED, MAMBA_SAME_STEP,   # need a layout with a mamba

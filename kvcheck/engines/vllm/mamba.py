@@ -51,8 +51,21 @@ def block_want(kind: str, bs: int, i: int, L: int) -> tuple[int, bool]:
     return min((i + 1) * bs, L), (i + 1) * bs <= L
 
 
+class Cols(tuple):
+    """A Mamba block written by a step with drafts: one state per position (column j: the state
+    after the step's known tokens and j drafts; mamba_worker.py). Read alone, its column 0."""
+
+
+def prev_index(tl: Any, rid: str, lo: int, bs: int) -> int:
+    """The table index of the state a step of `rid` resumes from: the worker's remembered index
+    (mamba_worker.py), else the block of its computed tokens' end (vLLM's ``(n - 1) // b``)."""
+    return tl.mamba_idx.get(rid, (lo - 1) // bs)
+
+
 def holds(w: Any, want: tuple, exact: bool) -> bool:
     """Does content `w` satisfy `want`: the very state (exact), or a KV prefix of it."""
+    if isinstance(w, Cols):
+        w = w[0]
     if exact or w is None:
         return w == want
     return w[0] == want[0] and len(w[1]) >= len(want[1]) and w[1][:len(want[1])] == want[1]
@@ -228,13 +241,16 @@ def _claim(ad: Any, src: int, dst: int) -> tuple[tuple | None, bool, int]:
 # ---- the content model -------------------------------------------------------------------
 def stamp(ad: Any, req: Any, g: int, n: int) -> None:
     """After a step to n computed tokens: the forward writes the state after n tokens into the
-    request's state block (only a block the request allocated is written)."""
+    request's state block (only a block the request allocated is written). With drafts (the
+    engine drive's `state_block`: counted in) the state block may lie past n; a state at a block
+    boundary n then reaches the block keyed at n by the worker's postprocess copy
+    (mamba_worker.settle), which this predicts."""
     bs = ad.groups[g][1]
     table = ad._table(g, req.rid)
-    i = -(-n // bs) - 1
-    if 0 <= i < len(table):
-        b = table[i]
-        if b.block_id in req.owned[g] and not b.is_null:
+    at = getattr(req, "state_block", None)
+    for i in ([-(-n // bs) - 1] if at is None else [at] + ([n // bs - 1] if n and n % bs == 0 else [])):
+        b = table[i] if 0 <= i < len(table) else None
+        if b is not None and b.block_id in req.owned[g] and not b.is_null:
             ad.written[b.block_id] = ad._content(req, n)
 
 
@@ -267,7 +283,7 @@ def check_state_copy(ad: Any, req: Any, start: int) -> None:
     for g, (kind, bs, _) in enumerate(ad.groups):
         if kind != MAMBA:
             continue
-        src = -(-start // bs) - 1
+        src = prev_index(ad.timeline, req.rid, start, bs)
         table = ad._table(g, req.rid)
         b = table[src] if src < len(table) else None
         if b is None or b.is_null or ad.written.get(b.block_id) != ad._content(req, start):
@@ -276,44 +292,3 @@ def check_state_copy(ad: Any, req: Any, start: int) -> None:
             raise Violation("safety", "state_copy_sound",
                             f"{ad.layout} group {g} (mamba): request {req.rid} resumes its state at "
                             f"{start} tokens from table index {src}, which is {got}")
-
-
-# ---- when the step runs (the timeline, timeline.py) ----------------------------------
-def run_states(ad: Any, tl: Any, items: list) -> None:
-    """The step's state copies (worker ``preprocess_mamba``: from block cdiv(lo, b) - 1 to block
-    cdiv(hi, b) - 1 of every scheduled request, together), then the forward's writes (the state
-    at hi). A source whose bytes are not the state at lo (published at schedule time by a
-    forward that has not run, or never ran) is `state_copy_sound`."""
-    moves, writes = [], []
-    for rid, (lo, hi, _, _) in items:
-        req = ad.reqs.get(rid)
-        if req is None:
-            continue
-        for g, (kind, bs, _) in enumerate(ad.groups):
-            if kind != MAMBA:
-                continue
-            table = ad._table(g, rid)
-            src, dst = -(-lo // bs) - 1, -(-hi // bs) - 1
-            if lo > 0:
-                b = table[src] if src < len(table) else None
-                want = ad._content(req, lo)
-                if b is None or b.is_null or tl.ready.get(b.block_id) != want:
-                    got = "missing" if b is None else "the null block" if b.is_null else (
-                        f"block #{b.block_id}, whose bytes are " + ("not written yet" if b.block_id not in tl.ready
-                                                                   else "another state"))
-                    w = tl.writer(items, b.block_id) if b is not None and not b.is_null else None
-                    if w is not None and w != rid:     # (a same-step hit: the state its writer's forward makes)
-                        got += f" (published in this step: {w}'s allocation in it published the block)"
-                    raise Violation("safety", "state_copy_sound",
-                                    f"{ad.layout} group {g} (mamba): the step of {rid} (tokens {lo}..{hi - 1}) "
-                                    f"resumes the state at {lo} tokens from table index {src}, {got} when the "
-                                    "step's copies run (before its forward)")
-                if src != dst and dst < len(table):
-                    moves.append((table[dst].block_id, want))
-                    ad.coverage["state:mamba_state_copy"] += 1
-            if dst < len(table) and not table[dst].is_null and table[dst].block_id in req.owned[g]:
-                writes.append((table[dst].block_id, ad._content(req, hi)))
-    for bid, w in moves:
-        tl.ready[bid] = w
-    for bid, w in writes:
-        tl.ready[bid] = w

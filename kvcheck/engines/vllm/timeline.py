@@ -13,7 +13,7 @@ whole batch's new KV before it attends; a reader in a later forward is safe; a c
 (copy-on-write of a partial hit, the move of a Mamba partial-tail entry) runs before the
 forward, so it copies only what earlier forwards wrote, and so does the step's Mamba state copy
 (worker ``preprocess_mamba``) — which is why vLLM refuses a hit on a Mamba state published in the
-same step (``MambaManager``, ``cached_blocks_this_step``; vllm_mamba.run_states checks it); a
+same step (``MambaManager``, ``cached_blocks_this_step``; mamba_worker.run_states checks it); a
 write that never runs (its request unscheduled after ``allocate_slots`` — the PRIORITY scheduler
 preempting a request it already scheduled in this step) leaves a published block without its
 bytes. A forward's read of KV bytes that are not there is the safety finding
@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from . import mamba
+from . import mamba, mamba_worker
 from .checks import Violation
 from .layouts import cdiv
 
@@ -45,6 +45,10 @@ class Timeline:
         self.verified: dict[str, set] = {}      # rid -> {(g, i, block id)} full blocks proven
         self.copies: list[tuple] = []           # (src, dst, claim, exact) block copies of the open step
         self.preempted = self.admitted = False  # in the open step (the scheduler's order)
+        self.cancelled: dict[int, str] = {}     # block id -> the request whose promised write never ran
+        self.mamba_idx: dict[str, int] = {}     # rid -> the worker's running-state index (mamba_worker.py)
+        self.mamba_acc: dict[str, int] = {}     # rid -> tokens its last step accepted (1: no drafts)
+        self.mamba_spec: dict[str, tuple] = {}  # rid -> (known end, drafts) of the open step, to settle
         self.stats: Counter = Counter()
 
     # ---- the step ----------------------------------------------------------------------
@@ -53,9 +57,11 @@ class Timeline:
         self.preempted = self.admitted = False
         self.stats["steps"] += 1
 
-    def scheduled(self, rid: str, lo: int, hi: int, tok: int | None = None, admitted: bool = False) -> None:
-        """`rid` computes tokens [lo, hi) in this step's forward (allocate_slots succeeded)."""
-        self.sched[rid] = [lo, hi, tok, admitted]
+    def scheduled(self, rid: str, lo: int, hi: int, tok: int | None = None, admitted: bool = False,
+                  drafts: int = 0) -> None:
+        """`rid` computes tokens [lo, hi) in this step's forward (allocate_slots succeeded), and
+        `drafts` draft positions after them (their KV and states kept once accepted)."""
+        self.sched[rid] = [lo, hi, tok, admitted, drafts]
         self.admitted |= admitted
 
     def unschedule(self, rid: str) -> bool:
@@ -65,7 +71,24 @@ class Timeline:
         if self.sched.pop(rid, None) is None:
             return False
         self.stats["writes_cancelled"] += 1
+        ad = self.ad
+        self.cancel(rid, [b for g in range(len(ad.groups)) for b in ad._table(g, rid)])
         return True
+
+    def cancel(self, rid: str, blocks: list) -> None:
+        """`rid` leaves the step after its allocation (preempted): the blocks it was to write
+        (promised content its bytes lack) will not get it from this step. Kept to name the cause
+        when a later read or copy meets one (popped when the block is written)."""
+        for b in blocks:
+            w = None if b.is_null else self.ad.written.get(b.block_id)
+            if w is not None and not mamba.holds(self.ready.get(b.block_id), w, False):
+                self.cancelled[b.block_id] = rid
+
+    def cause(self, bid: int) -> str:
+        """Why block `bid` lacks its bytes, when the timeline knows (else "")."""
+        rid = self.cancelled.get(bid)
+        return "" if rid is None else (f" (its writer {rid} was preempted in the step whose allocation "
+                                       "published it: that write never ran)")
 
     def write_accepted(self, rid: str, lo: int, hi: int) -> None:
         """The forward also wrote draft positions [lo, hi) that the sampler then accepted (their
@@ -73,7 +96,11 @@ class Timeline:
         self._write(rid, lo, hi)
 
     def forget(self, rid: str) -> None:
+        """`rid`'s blocks were freed (finished, preempted: vLLM's worker drops its state index too)."""
         self.verified.pop(rid, None)
+        self.mamba_idx.pop(rid, None)
+        self.mamba_acc.pop(rid, None)
+        self.mamba_spec.pop(rid, None)
 
     def copy(self, src: int, dst: int, claim: tuple, exact: bool) -> None:
         """A block copy the step runs before its forward (vLLM's ``kv_cache_block_copies``): the
@@ -98,14 +125,16 @@ class Timeline:
                 raise Violation("safety", "state_copy_sound",
                                 f"{self.ad.layout}: the step copies block #{src} -> #{dst} before its forward, "
                                 "but the source's bytes are " + ("not written yet" if src not in self.ready else
-                                                                 "not what the copy claims") + f" ({why})")
+                                                                 "not what the copy claims") + f" ({why})"
+                                + self.cause(src))
             self.ready[dst] = claim
+            self.cancelled.pop(dst, None)
         if self.ad.has_mamba:        # preprocess_mamba: the state copies, then the forward's states
-            mamba.run_states(self.ad, self, items)
+            mamba_worker.run_states(self.ad, self, items)
         for phase in phases:
-            for rid, (lo, hi, _, _) in phase:
+            for rid, (lo, hi, *_) in phase:
                 self._write(rid, lo, hi)
-            for rid, (lo, hi, _, _) in phase:
+            for rid, (lo, *_) in phase:
                 self._check_reads(rid, lo)
         self.stats["forwards"] += 1
         return [(rid, x[2]) for rid, x in items]
@@ -114,11 +143,11 @@ class Timeline:
         """The request of the step `items` whose forward writes block `bid` (a KV block covering
         its tokens [lo, hi), or its Mamba state block at hi): the step that published it."""
         ad = self.ad
-        for rid, (lo, hi, _, _) in items:
+        for rid, (lo, hi, _, _, drafts) in items:
             req = ad.reqs.get(rid)
             for g, (kind, bs, _) in enumerate(ad.groups if req is not None else ()):
                 table = ad._table(g, rid)
-                span = [cdiv(hi, bs) - 1] if kind == mamba.MAMBA else range(lo // bs, cdiv(hi, bs))
+                span = [cdiv(hi + drafts, bs) - 1] if kind == mamba.MAMBA else range(lo // bs, cdiv(hi, bs))
                 if any(i < len(table) and table[i].block_id == bid and bid in req.owned[g] for i in span):
                     return rid
         return None
@@ -130,7 +159,7 @@ class Timeline:
         if req is None:
             return
         for g, (kind, bs, _) in enumerate(ad.groups):
-            if kind == mamba.MAMBA:                   # (state blocks: vllm_mamba.run_states)
+            if kind == mamba.MAMBA:                   # (state blocks: mamba_worker.run_states)
                 continue
             table = ad._table(g, rid)
             for i in range(lo // bs, min(len(table), cdiv(hi, bs))):
@@ -140,6 +169,7 @@ class Timeline:
                     # own prefix (a copy-on-write block: the copy's), else the block is torn
                     ok = i * bs >= lo or self.holds(b.block_id, ad._content(req, lo))
                     self.ready[b.block_id] = ad._content(req, min((i + 1) * bs, hi)) if ok else TORN
+                    self.cancelled.pop(b.block_id, None)
 
     def holds(self, bid: int, want: tuple) -> bool:
         """Do block `bid`'s bytes hold the prefix `want` (salt, tokens)?"""
@@ -154,7 +184,7 @@ class Timeline:
             return
         seen = self.verified.setdefault(rid, set())
         for g, (kind, bs, _) in enumerate(ad.groups):
-            if kind == mamba.MAMBA:                   # (checked by vllm_mamba.run_states)
+            if kind == mamba.MAMBA:                   # (checked by mamba_worker.run_states)
                 continue
             table = ad._table(g, rid)
             for i in ad.needed_running(g, lo):
@@ -170,7 +200,8 @@ class Timeline:
                                     f"{ad.layout} group {g} ({kind}): the forward of {rid} (tokens from {lo}) "
                                     f"reads block #{b.block_id} (tokens {i * bs}..{end - 1}), whose bytes do "
                                     "not hold that prefix: it was published at schedule time, and the "
-                                    "forward that writes it had not run before this read (or never ran)")
+                                    "forward that writes it had not run before this read (or never ran)"
+                                    + self.cause(b.block_id))
                 if end == (i + 1) * bs:
                     seen.add(key)
 
