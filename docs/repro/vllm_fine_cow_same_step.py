@@ -1,4 +1,5 @@
-# Standalone reproducer of a kvcheck finding on vLLM 0.33.0 and 0.28.0: layout qwen3-next-fine+mtp
+# Standalone reproducer of a kvcheck finding on vLLM 0.26.0-0.33.0 (exit 1 on 0.26.0, 0.27.1, 0.28.0,
+# 0.33.0; 0 on 0.25.x, without fine-grained Mamba hits): layout qwen3-next-fine+mtp
 # at toy scale: a full-attention group + a Mamba group (mamba_cache_mode="align"), block 8, hash block
 # (prefix_match_unit) 4 (fine-grained hits inside a block), an EAGLE/MTP drafter on the full group.
 # check state_copy_sound: a copy the step runs before its forward (kv_cache_block_copies, applied in

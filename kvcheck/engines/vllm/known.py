@@ -110,7 +110,7 @@ KNOWN: tuple[Known, ...] = (
           # (the scheduler drive: the block already holds its writer's older state, in place)
           message=r"whose bytes are not written yet( \(published in this step[^)]*\))? when the step's copies run|"
                   r"whose bytes are another state \(published in this step"),
-    Known("fine_cow_same_step", "state_copy_sound", "0.28.0", "0.33.0", "none found (new)",
+    Known("fine_cow_same_step", "state_copy_sound", "0.26.0", "0.33.0", "none found (new)",   # reproducer: 1 on 0.26.0-0.33.0, 0 on 0.25.1 (no fine-grained Mamba hits)
           "docs/repro/vllm_fine_cow_same_step.py", lambda ad: _mamba_drafter(ad, fine=True),
           message=r"source's bytes are not (written yet|what the copy claims) \(published in this step"),
     # (the unwritten block met by a read, or by the copy-on-write of a later partial hit on it)
