@@ -359,8 +359,10 @@ def check_state():
                 bugs.append(f"block #{b.block_id}: ref_cnt {b.ref_cnt} but {held.get(b.block_id, 0)} holder(s)")
     if CHECK == "hash_map_sound":
         by_block = getattr(pool, "cached_block_hashes_by_block", {})
-        for key, val in pool.cached_block_hash_to_block._cache.items():
-            for b in ([val] if not isinstance(val, dict) else list(val.values())):
+        m = pool.cached_block_hash_to_block
+        for key, val in list(m._cache.items()):
+            for b in ([m._blocks[x] for x in getattr(m, "_dup_ids", {}).get(key, (val,))] if isinstance(val, int)
+                      else [val] if not isinstance(val, dict) else list(val.values())):   # (0.34: block ids)
                 if b.is_null or (b.block_hash != key and key not in by_block.get(b.block_id, ())):
                     bugs.append(f"prefix-cache map entry points at block #{b.block_id}, which does not carry it")
                     continue

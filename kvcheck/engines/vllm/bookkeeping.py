@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from .runtime import vllm_modules
+from .runtime import map_blocks, map_entries, vllm_modules
 from .violation import Violation
 from .mamba import MAMBA, prev_index, retained_counts
 
@@ -181,7 +181,7 @@ class Bookkeeping:
             hs = where.get(b.block_id, ())
             if len(hs) >= 2:
                 self._check_alias(b.block_id, sorted(hs))
-        cache = pool.cached_block_hash_to_block._cache
+        cache = pool.cached_block_hash_to_block
         by_block = getattr(pool, "cached_block_hashes_by_block", {})
         msig = self._bk_msig
         for b in blocks:
@@ -197,12 +197,12 @@ class Bookkeeping:
             keys.update(more or ())
             live = set()
             for key in _key_order(keys) if len(keys) > 1 else keys:
-                val = cache.get(key)
-                if _points_at(val, b):    # (the key's other blocks: checked as theirs)
+                held = map_blocks(cache, key)
+                if any(x is b for x in held):    # (the key's other blocks: checked as theirs)
                     self._check_entry(key, b)
                     live.add(key)
-                elif val is not None:     # the entry moved to another block (vLLM's move_block_hashes)
-                    for other in ([val] if not isinstance(val, dict) else list(val.values())):
+                else:                     # the entry moved to another block (vLLM's move_block_hashes)
+                    for other in held:
                         self._check_entry(key, other)
             self._bk_keys[b.block_id] = live
             msig[b.block_id] = now
@@ -267,11 +267,7 @@ class Bookkeeping:
             self._bk_ok[key] = (b, w)
 
     def _map_entries(self) -> list[tuple[Any, Any]]:
-        out = []
-        for key, val in self.pool.cached_block_hash_to_block._cache.items():
-            for b in ([val] if not isinstance(val, dict) else list(val.values())):
-                out.append((key, b))
-        return out
+        return map_entries(self.pool.cached_block_hash_to_block)
 
     def _null_inert(self) -> None:
         pool, null = self.pool, self.pool.null_block
@@ -332,10 +328,3 @@ def _key_order(keys: Any) -> list:
     """Map keys in one order whatever the hash seed (group, then hash bytes)."""
     ku = vllm_modules()["ku"]
     return sorted(keys, key=lambda k: (ku.get_group_id(k), bytes(ku.get_block_hash(k))))
-
-
-def _points_at(val: Any, b: Any) -> bool:
-    """Does a map value (a block, or block id -> block) hold block b?"""
-    if val is None or val is b:
-        return val is b
-    return isinstance(val, dict) and val.get(b.block_id) is b

@@ -54,8 +54,13 @@ def vllm_config():
         if hasattr(sp, "disable_lookahead_block_hashes"):
             sp.disable_lookahead_block_hashes = KNOBS.get("eagle_drop", False)
         spec["speculative_config"] = sp
-    return VllmConfig(model_config=mc, cache_config=cc, scheduler_config=sc, device_config=DeviceConfig(device="cpu"),
-                      **spec)
+    import vllm.triton_utils as tu     # (0.34's CPU platform wants triton-cpu for its kernels: none run here)
+    had, tu.HAS_TRITON = getattr(tu, "HAS_TRITON", True), True
+    try:
+        return VllmConfig(model_config=mc, cache_config=cc, scheduler_config=sc, device_config=DeviceConfig(device="cpu"),
+                          **spec)
+    finally:
+        tu.HAS_TRITON = had
 
 
 def kv_cache_config():
@@ -303,8 +308,9 @@ def model_output(so, spec, real):
     for k, p in inspect.signature(ModelRunnerOutput).parameters.items():   # the release's other fields
         if p.default is inspect.Parameter.empty and k not in ("req_ids", "req_id_to_index", "sampled_token_ids"):
             extra[k] = [] if "list" in str(p.annotation) else {} if "dict" in str(p.annotation) else None
-    return ModelRunnerOutput(req_ids=ids_, req_id_to_index={r: i for i, r in enumerate(ids_)},
-                             sampled_token_ids=toks, **extra)
+    if "req_id_to_index" in inspect.signature(ModelRunnerOutput).parameters:      # (gone in 0.34)
+        extra["req_id_to_index"] = {r: i for i, r in enumerate(ids_)}
+    return ModelRunnerOutput(req_ids=ids_, sampled_token_ids=toks, **extra)
 
 
 def sync():

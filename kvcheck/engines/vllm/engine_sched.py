@@ -284,8 +284,8 @@ class EngineAdapter(VllmAdapter):
         tl.forward()                      # the forward writes, then every read is checked
         ids = list(so.num_scheduled_tokens)
         toks = [self._sampled(self.sched.requests[rid], list(spec.get(rid, ()))) for rid in ids]
-        out = vllm_modules()["ModelRunnerOutput"](req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                                                   sampled_token_ids=toks, **self._out_args)
+        index = {"req_id_to_index": {r: i for i, r in enumerate(ids)}} if self._indexed else {}   # (gone in 0.34)
+        out = vllm_modules()["ModelRunnerOutput"](req_ids=ids, sampled_token_ids=toks, **index, **self._out_args)
         # accepted drafts: their KV, written by the forward, is right (a request that finishes in
         # update_from_output has them written when it is freed: _on_free)
         self.accepted = {rid: (real[rid], real[rid] + len(t) - 1) for rid, t in zip(ids, toks) if len(t) > 1}
@@ -335,6 +335,7 @@ class EngineAdapter(VllmAdapter):
             from vllm.v1.outputs import ModelRunnerOutput
             V["ModelRunnerOutput"] = ModelRunnerOutput
         out: dict[str, Any] = {}
+        self._indexed = "req_id_to_index" in inspect.signature(V["ModelRunnerOutput"]).parameters
         for k, p in inspect.signature(V["ModelRunnerOutput"]).parameters.items():
             if p.default is inspect.Parameter.empty and k not in ("req_ids", "req_id_to_index", "sampled_token_ids"):
                 out[k] = [] if "list" in str(p.annotation) else {} if "dict" in str(p.annotation) else None

@@ -73,15 +73,17 @@ def _mamba_drafter(ad: Any, fine: bool = False) -> bool:
     return ad.drafter and any(k == "mamba" and (bs > ad.hb or not fine) for k, bs, _ in ad.groups)
 
 
+# (vLLM 0.34.0, 2026-12-05: the reproducers of swa_eagle_realign, unitary_eagle_margin,
+# fine_block_past_candidate, fine_cow_same_step and priority_preempt_unwritten exit 1 there: still present)
 # A defect outside the lookup (a chunk split, a step's copies, the scheduler's preemption) has
 # no lookup to rerun: it is matched by its signature (check, layout, release range and the
 # finding's message), each signature checked against the defect's standalone reproducer.
 KNOWN: tuple[Known, ...] = (
     Known("second_full_group_truncation", "hit_length_equal", "0.15.0", "0.28.0", "none found (fixed in 0.33.0)",   # reproducer: 1 on 0.15.1-0.18.1, 0 on 0.14.1
           "docs/repro/vllm_second_full_group_truncation.py", _two_full, truncate_all),
-    Known("swa_eagle_realign", "lost_reuse", "0.23.0", "0.33.0", "none found",
+    Known("swa_eagle_realign", "lost_reuse", "0.23.0", "0.34.0", "none found",
           "docs/repro/vllm_swa_eagle_realign.py", _swa_eagle_mixed, realign),
-    Known("unitary_eagle_margin", "lost_reuse", "0.14.1", "0.33.0", "none found",
+    Known("unitary_eagle_margin", "lost_reuse", "0.14.1", "0.34.0", "none found",
           "docs/repro/vllm_unitary_eagle_margin.py", lambda ad: ad.drafter and not _hybrid(ad), unitary_margin),
     Known("eagle_redrop_32802", "lost_reuse", "0.14.1", "0.18.1", "vllm-project/vllm#32802",
           "docs/repro/vllm_eagle_redrop_32802.py", lambda ad: ad.drafter and _hybrid(ad), drop_once),
@@ -89,7 +91,7 @@ KNOWN: tuple[Known, ...] = (
     # `gemma3+eagle` there, 3-5 per 20 s campaign; none seen on 0.32.0 in the same campaign)
     Known("eagle_margin_capped", "lost_reuse", "0.14.1", "0.31.0", "none found (not seen on 0.32.0)",
           "docs/repro/vllm_eagle_margin_capped.py", lambda ad: ad.drafter and _hybrid(ad), margin_to_hashed),
-    Known("fine_block_past_candidate", "lost_reuse", "0.33.0", "0.33.0", "none found (new)",
+    Known("fine_block_past_candidate", "lost_reuse", "0.33.0", "0.34.0", "none found (new)",
           "docs/repro/vllm_fine_block_past_candidate.py", _fine_wide_full, full_at_candidate),
     # (the stale entry found by the map check, or met by a hit in the step that published it)
     Known("mamba_eagle_unaligned_chunk", "hash_map_sound", "0.15.0", "0.26.0",   # reproducer: 1 on 0.15.1-0.26.0, 0 on 0.27.1+
@@ -110,11 +112,11 @@ KNOWN: tuple[Known, ...] = (
           # (the scheduler drive: the block already holds its writer's older state, in place)
           message=r"whose bytes are not written yet( \(published in this step[^)]*\))? when the step's copies run|"
                   r"whose bytes are another state \(published in this step"),
-    Known("fine_cow_same_step", "state_copy_sound", "0.26.0", "0.33.0", "none found (new)",   # reproducer: 1 on 0.26.0-0.33.0, 0 on 0.25.1 (no fine-grained Mamba hits)
+    Known("fine_cow_same_step", "state_copy_sound", "0.26.0", "0.34.0", "none found (new)",   # reproducer: 1 on 0.26.0-0.34.0, 0 on 0.25.1 (no fine-grained Mamba hits)
           "docs/repro/vllm_fine_cow_same_step.py", lambda ad: _mamba_drafter(ad, fine=True),
           message=r"source's bytes are not (written yet|what the copy claims) \(published in this step"),
     # (the unwritten block met by a read, or by the copy-on-write of a later partial hit on it)
-    Known("priority_preempt_unwritten", "read_before_write", "0.14.1", "0.33.0",
+    Known("priority_preempt_unwritten", "read_before_write", "0.14.1", "0.34.0",
           "vllm-project/vllm PR #43569 (open)", "docs/repro/vllm_priority_preempt_unwritten.py",
           lambda ad: getattr(ad, "sched_policy", "fcfs") == "priority",
           message=r"was preempted in the step whose allocation published it", also=("state_copy_sound",)),

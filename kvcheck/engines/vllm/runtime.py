@@ -69,3 +69,21 @@ def _why_unusable(e: Exception) -> str:
 
 def vllm_version() -> str:
     return vllm_modules()["version"]
+
+
+def map_blocks(m: Any, key: Any) -> list:
+    """The blocks vLLM's prefix-cache map (``BlockHashToBlockMap``) holds under `key`, in every
+    release's representation: a block or {block id: block} (0.14-0.33), a block id with the
+    duplicates' ids apart (0.34: ``_cache`` / ``_dup_ids``, ids into ``_blocks``)."""
+    val = m._cache.get(key)
+    if val is None:
+        return []
+    if isinstance(val, int):
+        dups = getattr(m, "_dup_ids", {}).get(key)
+        return [m._blocks[i] for i in (dups if dups is not None else (val,))]
+    return list(val.values()) if isinstance(val, dict) else [val]
+
+
+def map_entries(m: Any) -> list[tuple[Any, Any]]:
+    """Every (key, block) entry of the prefix-cache map (map_blocks, for every key)."""
+    return [(key, b) for key in list(m._cache) for b in map_blocks(m, key)]

@@ -13,6 +13,7 @@ Which knobs a release takes is read off its constructors' signatures, never assu
 from __future__ import annotations
 
 import atexit
+import contextlib
 import inspect
 import os
 import shutil
@@ -59,6 +60,24 @@ def model_dir() -> str:
                     num_key_value_heads=1, vocab_size=64, max_position_embeddings=BIG_LEN,
                     architectures=["LlamaForCausalLM"]).save_pretrained(d)
     return d
+
+
+@contextlib.contextmanager
+def kernels_not_needed() -> Any:
+    """vLLM 0.34's CPU platform refuses an x86 host without Triton's CPU backend (triton-cpu: its
+    model runner's kernels; no wheel on the package index) when a VllmConfig is built. kvcheck
+    runs no kernel: while the config is built, the platform's check is answered as a triton-cpu
+    install would answer it (vllm.triton_utils.HAS_TRITON; nothing else is touched, and a release
+    without the flag, or with Triton usable, is left as it is)."""
+    import vllm.triton_utils as tu
+    if getattr(tu, "HAS_TRITON", True):
+        yield
+        return
+    tu.HAS_TRITON = True
+    try:
+        yield
+    finally:
+        tu.HAS_TRITON = False
 
 
 def _model_config() -> Any:
@@ -128,8 +147,9 @@ def build(layout: str, knobs: SchedKnobs) -> Built:
     cc.num_gpu_blocks = knobs.num_blocks
     drafter = EAGLE.get(layout)
     spec = _spec_config(max(1, knobs.spec_tokens), knobs.eagle_drop) if drafter is not None else None
-    vc = VllmConfig(model_config=mc, cache_config=cc, scheduler_config=sc,
-                    device_config=DeviceConfig(device="cpu"), **({"speculative_config": spec} if spec else {}))
+    with kernels_not_needed():
+        vc = VllmConfig(model_config=mc, cache_config=cc, scheduler_config=sc,
+                        device_config=DeviceConfig(device="cpu"), **({"speculative_config": spec} if spec else {}))
     feats = V["features"]
     flag = drafter is not None and "is_eagle_group" in feats
     extra = {"prefix_cache_retention_interval": RETENTION[layout]} \

@@ -73,9 +73,10 @@ class Worker:
 
 
 def resumed(cached: Any, i: int, rid: str) -> bool:
-    """Is the i-th cached request resumed from preemption (``resumed_req_ids``: every supported
-    release, 0.14.1 on)?"""
-    return rid in cached.resumed_req_ids
+    """Is the i-th cached request resumed from preemption (``resumed_req_ids``, 0.14.1-0.33)? From
+    0.34 a resumed request is re-sent in full among the new ones (its worker state was dropped at
+    preemption): no cached request is resumed."""
+    return rid in getattr(cached, "resumed_req_ids", ())
 
 
 def plant_stale(so: Any) -> bool:
