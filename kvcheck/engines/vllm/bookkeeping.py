@@ -11,7 +11,9 @@ hold one. An index of holders is kept per request, so refcounts are compared wit
 
 What the step did *not* announce is still caught: a count check per step (free + held
 blocks = the pool), and the full scan every ``full_scan_every`` steps (1: every step, the
-exact mode that shrinking and replay use), after a ``reset_prefix_cache``, and whenever the
+exact mode that shrinking and replay use; in a campaign 32, or a pool of thousands of blocks
+divided by SCAN_BLOCKS_PER_STEP: a real-size pool's scan costs ~0.1 s, and 32 steps apart it
+was a third of the check), after a ``reset_prefix_cache``, and whenever the
 count check fails. A violation only a full scan saw is counted (``state:full_scan_only``),
 and the shrinker re-locates it in exact mode (drivers.py ``_shrink``).
 """
@@ -27,7 +29,8 @@ from .mamba import MAMBA, prev_index, retained_counts
 # the manager's methods that change a request's blocks (those a release lacks are skipped)
 _REQUEST_METHODS = ("allocate_slots", "free", "remove_skipped_blocks", "pop_blocks_for_free",
                     "cache_blocks", "truncate_computed_blocks")
-FULL_SCAN_EVERY = 32      # the campaigns' period (steps) of the full scan
+FULL_SCAN_EVERY = 32      # the campaigns' period (steps) of the full scan, at least;
+SCAN_BLOCKS_PER_STEP = 32  # at real size longer: the scan's walk of the pool comes to ~32 blocks a step
 
 
 class Bookkeeping:
@@ -87,7 +90,7 @@ class Bookkeeping:
         if self._bk_full or self.full_scan_every <= 1:
             self._bk_scan(counted=False)
             return
-        if self._bk_steps % self.full_scan_every == 0:
+        if self._bk_steps % max(self.full_scan_every, len(self.pool.blocks) // SCAN_BLOCKS_PER_STEP) == 0:
             self._bk_scan(counted=True)
             return
         dirty, since = set(evicted), {}

@@ -221,10 +221,33 @@ class ShadowChecks(Bookkeeping):
         EAGLE drop also needs the block just past the hit (its drafter recomputes that block's
         hidden states, so the hit must be proven one block longer, within the hashed prompt)."""
         cap = ((req.obj.num_tokens - 1) // self.align) * self.align
+        cap = min(cap, self.full_reach(req) // self.align * self.align)
         for L in range(cap, 0, -self.align):
             if self.usable_at(req, L) is not None:
                 return L
         return 0
+
+    def full_reach(self, req: Req) -> int:
+        """Tokens up to the first block a whole-block full-attention group lacks (or holds with
+        other content): a resume past it needs that block, so no longer hit is usable. One pass
+        instead of one per candidate length: at real size a lookup has hundreds of candidates."""
+        if mamba.partial(self):
+            return 1 << 62                    # (fine-grained groups: entries inside blocks)
+        ku = vllm_modules()["ku"]
+        cache = self.pool.cached_block_hash_to_block
+        reach = 1 << 62
+        for g, (kind, bs, _) in enumerate(self.groups):
+            if kind not in ("full", "mla", "mla_indexer"):
+                continue
+            i = 0
+            while i * bs < reach:
+                h = self._group_hash(req, g, i)
+                blk = cache.get_one_block(ku.make_block_hash_with_group_id(h, g)) if h else None
+                if blk is None or self.written.get(blk.block_id) != self._content(req, (i + 1) * bs):
+                    break
+                i += 1
+            reach = min(reach, i * bs)
+        return reach
 
     def usable_at(self, req: Req, L: int) -> list[tuple] | None:
         """The prefix-cache entries that make a hit at L usable (the witness a reproducer shows:
