@@ -75,3 +75,28 @@ def test_a_third_of_the_generated_layouts_draw_real_ratios():
     for d in wide:
         units = [g.get("window", g.get("chunk", 0)) for g in d["groups"]]
         assert d["max_model_len"] >= min(3 * max(units), G.MAX_WIDE)
+
+
+@pytest.mark.parametrize("layout", ["gemma3@ratios", "llama4", "deepseek-v3+mtp"])
+def test_the_usable_hit_search_cut_at_the_full_groups_reach_agrees_with_the_whole_search(layout, tmp_path, monkeypatch):
+    """spec_usable starts below the first block a full-attention group lacks (checks.full_reach:
+    one pass at real size instead of one per candidate length). At every lookup of a campaign on
+    both drives it must give what the search over every candidate gives."""
+    from kvcheck.engines.vllm import checks
+    fast_search = checks.ShadowChecks.spec_usable
+    seen = []
+
+    def both(self, req):
+        fast = fast_search(self, req)
+        self.full_reach = lambda r: 1 << 62          # (the instance's: the whole search)
+        try:
+            slow = fast_search(self, req)
+        finally:
+            del self.full_reach
+        seen.append(fast)
+        assert fast == slow
+        return fast
+    monkeypatch.setattr(checks.ShadowChecks, "spec_usable", both)
+    for drive in ("engine", "mixed"):
+        V.run_campaign(layout, budget_s=None, steps=800, seed=5, drive=drive, out_dir=str(tmp_path))
+    assert len(seen) > 100 and sum(x > 0 for x in seen) > 20
