@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One command to a working kvcheck: a CPU-only virtual environment (.venv) with torch, triton,
-# hypothesis, z3, networkx, numpy, rich, pytest, the tested transformers release and vLLM 0.33.0's
+# hypothesis, z3, networkx, numpy, rich, pytest, the tested transformers release and vLLM 0.34.0's
 # KV cache manager (installed without its dependencies: torch stays the CPU build).
 set -euo pipefail
 cd "$(dirname "$0")"

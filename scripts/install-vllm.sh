@@ -15,7 +15,7 @@
 # complaints about vLLM's pins left out go to a log, not the terminal.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")/.." && pwd)
-VERSION=${1:-0.33.0}
+VERSION=${1:-0.34.0}
 DIR=${2:-}
 PY=${PYTHON:-python}
 log=$(mktemp "${TMPDIR:-/tmp}/install-vllm.XXXXXX.log")

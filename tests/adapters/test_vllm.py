@@ -9,8 +9,9 @@ import pytest
 
 from known_ack import ACK_ALL
 from kvcheck.engines.vllm import drivers as V
-from kvcheck.engines.vllm import layouts as vllm_layouts
+from kvcheck.engines.vllm import layouts as vllm_layouts  # noqa: F401
 from kvcheck.engines.vllm import runtime as vllm_runtime
+from kvcheck.engines.vllm.runtime import NEWEST
 from kvcheck.engines.vllm.presets import PRESETS, REFUSED   # tested in test_vllm_presets.py
 from kvcheck.fuzz.lockstep import Finding
 
@@ -47,7 +48,7 @@ def test_layout_runs_clean(layout, tmp_path):
                        drive="mixed")
     json.dumps(r)  # JSON-serialisable
     assert r["exit_code"] == 0, r["findings"]
-    assert r["vllm_version"] == "0.33.0" and r["layout"] == layout and r["steps"] == 1000
+    assert r["vllm_version"] == NEWEST and r["layout"] == layout and r["steps"] == 1000
     assert r["scheduler_episodes"] > 0          # (Mamba layouts too: steps of several requests)
     assert not r["missing_actions"] and all(r["coverage"].get(a, 0) > 0 for a in V.ACTIONS)
     assert not [f for f in r["findings"] if f["kind"] != "lost_reuse"]
@@ -80,7 +81,7 @@ def test_saved_trace_replays(tmp_path):
     path = r["findings"][-1]["trace"]
     data = json.loads(open(path).read())
     assert data["sut"] == "vllm" and data["meta"]["layout"] == "full+swa"
-    assert data["meta"]["vllm_version"] == "0.33.0"
+    assert data["meta"]["vllm_version"] == NEWEST
     out = V.replay(path)
     assert out["reproduced"] and out["exit_code"] == 10
     assert out["violation"]["check"] == "hit_sound_swa_window"

@@ -144,7 +144,7 @@ def test_the_priority_read_before_write_found_by_a_campaign_replays_and_is_recog
     from kvcheck.engines.vllm.engine_gen import knobs_of
     from kvcheck.engines.vllm.layouts import vllm_version
     from kvcheck.spec.trace import Trace
-    if not known._ver("0.14.1") <= known._ver(vllm_version()) <= known._ver("0.33.0"):
+    if not known._ver("0.14.1") <= known._ver(vllm_version()) <= known._ver("0.34.0"):
         pytest.skip(f"vLLM {vllm_version()} is outside the defect's known range")
     rep = V.replay(str(PRIORITY_TRACE))
     assert rep["reproduced"] and rep["violation"]["check"] == "read_before_write", rep

@@ -48,7 +48,7 @@ def test_every_entry_names_its_release_range_check_and_evidence():
 
 def test_a_matched_finding_is_counted_known_and_strict_mode_reports_it(monkeypatch):
     if not _in_range("fine_cow_same_step"):
-        pytest.skip("the same-step copy-on-write is in 0.28.0 and 0.33.0")
+        pytest.skip("the same-step copy-on-write is in 0.26.0-0.34.0")
     t, prog = _program(COW)
     ad, f = V.execute(t.meta["layout"], int(t.meta["num_blocks"]), None, prog)
     assert f is not None and f.checks == ["known:fine_cow_same_step"]
@@ -119,7 +119,7 @@ def test_a_twin_check_finding_on_a_known_defect_is_counted_like_explain_trace_co
     from types import SimpleNamespace
     e = _explain(TWIN)
     if not _in_range("swa_eagle_realign"):
-        pytest.skip("swa_eagle_realign is in 0.23.0-0.33.0")
+        pytest.skip("swa_eagle_realign is in 0.23.0-0.34.0")
     assert e["known"] == "swa_eagle_realign"
     t, prog = _program(TWIN)
     layout = V.register_layout(t.meta["layout_file"], "1001615", prefix="gen")

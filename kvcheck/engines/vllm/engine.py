@@ -14,7 +14,7 @@ from .layouts import BOOKKEEPING_CHECKS, LAYOUTS, SAFETY_CHECKS, VLLM_FAULTS, Vl
 
 class VllmEngine(Engine):
     name = "vllm"
-    summary = "vLLM's v1 hybrid KV cache manager, driven as its scheduler drives it (releases 0.14.1-0.33.0)"
+    summary = "vLLM's v1 hybrid KV cache manager, driven as its scheduler drives it (releases 0.14.1-0.34.0)"
     docs = "docs/adapters-vllm.md"
     legacy_modules = {"kvcheck.fuzz.adapters.vllm": "kvcheck.engines.vllm.drivers"} | {
         f"kvcheck.fuzz.adapters.vllm_{m}": f"kvcheck.engines.vllm.{m}" for m in (
@@ -26,7 +26,7 @@ class VllmEngine(Engine):
     project_variant_key = "layouts"
     packages = ("vllm",)
     distribution = "vllm"
-    release_range = ("0.14.1", "0.33.0")           # runtime.OLDEST, NEWEST (tests check they agree)
+    release_range = ("0.14.1", "0.34.0")           # runtime.OLDEST, NEWEST (tests check they agree)
     install_script = "scripts/install-vllm.sh"
 
     def release(self) -> str | None:

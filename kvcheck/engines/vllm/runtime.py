@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-OLDEST, NEWEST = "0.14.1", "0.33.0"      # the releases tested (docs/adapters-vllm.md)
+OLDEST, NEWEST = "0.14.1", "0.34.0"      # the releases tested (docs/adapters-vllm.md)
 INSTALL_HINT = ("vLLM is not importable: install it with `bash scripts/install-vllm.sh [VERSION]` "
                 "(pip install --no-deps vllm==VERSION + requirements-vllm.txt; torch is kept)")
 
