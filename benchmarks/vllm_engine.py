@@ -59,7 +59,7 @@ def _rediscover(a: argparse.Namespace, d: str) -> dict:
     v = known._ver(vllm_version())
     active = [k.name for k in known.KNOWN if known._ver(k.first) <= v <= known._ver(k.last)]
     want = active if a.defects == "all" else [x for x in a.defects.split(",") if x]
-    layouts = [n for n, why in supported_layouts().items() if why is None and n != "generated" and n in LAYOUTS]
+    layouts = [n for n, why in supported_layouts().items() if why is None and n in LAYOUTS]   # (generated too)
     out: dict = {"active_on_release": active, "layouts_rotated": layouts, "slice_s": a.slice_s, "cap_s": a.cap_s}
     for seed in range(a.rediscover_seeds):
         spent, seen, i = 0.0, {}, 0

@@ -430,8 +430,8 @@ def test_a_real_matrix_on_the_installed_vllm(capsys, tmp_path) -> None:
     (row,) = data["rows"]
     assert row["release"] and list(row["cells"]) == ["full", "full+swa", "generated"], (row, err)
     assert data["fuzz_args"] == ["--drive", "engine"] and "--fuzz-option drive=engine" in data["command"]
-    gen = row["cells"].pop("generated")        # the scheduler drive does not run the grammar: said by the run
-    assert gen["verdict"] == "cannot express" and "--layout generated" in gen["line"], gen
+    gen = row["cells"]["generated"]            # the grammar's layouts too, through vLLM's own scheduler
+    assert gen["verdict"] in ("clean", "finding"), gen
     for c in row["cells"].values():
         assert c["verdict"] in ("clean", "finding"), (c, err)
         assert f"--layout {c['layout']} --budget 1500 --seed 0 --drive engine" in c["rerun"]

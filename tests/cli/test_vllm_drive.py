@@ -98,9 +98,9 @@ def test_explicit_drives_are_kept_and_their_refusals_too(capsys, tmp_path) -> No
     pytest.importorskip("vllm")
     code, res = _fuzz(capsys, tmp_path, "--layout", "full", "--drive", "mixed")
     assert (res["drive"], res["drive_reason"]) == ("mixed", "--drive mixed given")
-    code, out, err = run(capsys, "fuzz", "--sut", "vllm", "--layout", "generated", "--drive", "engine",
-                         "--budget", "20", "--json", "--out", str(tmp_path))
-    assert code == 2 and "--layout generated" in json.loads(out)["cannot_express"], out
+    # the grammar's layouts through vLLM's own scheduler (each sampled one built as the release builds it)
+    code, res = _fuzz(capsys, tmp_path, "--layout", "generated", "--drive", "engine", budget="300")
+    assert res["drive"] == "engine" and res["layouts_sampled"] >= 1 and res["steps"] == 300, res
     code, _, err = run(capsys, "fuzz", "--sut", "vllm", "--layout", "full+swa-sparse", "--drive", "engine",
                        "--fault", "retention_drops_tail", "--budget", "20", "--out", str(tmp_path))
     assert_bad_input(code, err, "dense twin")
@@ -147,3 +147,21 @@ def test_a_findings_rerun_command_names_the_resolved_drive_and_its_trace_replays
     bad.write_text(json.dumps(d))
     code, _, err = run(capsys, "replay", str(bad), "--sut", "vllm")
     assert_bad_input(code, err, "meta.drive")
+
+
+def test_a_layout_the_release_cannot_express_is_said_in_the_json(capsys, tmp_path, monkeypatch) -> None:
+    """kvcheck matrix reads "cannot express" from the JSON: a layout whose block sizes the
+    release's engine derives otherwise (sched_build.build), asked on the engine drive explicitly."""
+    pytest.importorskip("vllm")
+    from kvcheck.engines.vllm import drive_plan
+    from kvcheck.fuzz.boundary import CannotExpress
+
+    def refuse(layout):
+        raise CannotExpress(f"layout {layout!r} needs scheduler block 16 and hash block 4; this release derives 16 and 16")
+    # (the pre-flight's build of the scheduler: refused; the manager drive's check of the layout: passed)
+    monkeypatch.setattr(drive_plan, "make_adapter", lambda *a: None if isinstance(a[-1], str) else refuse(a[0]))
+    code, out, err = run(capsys, "fuzz", "--sut", "vllm", "--layout", "full", "--drive", "engine",
+                         "--budget", "20", "--json", "--out", str(tmp_path))
+    assert code == 2 and "derives 16 and 16" in json.loads(out)["cannot_express"], out
+    code, res = _fuzz(capsys, tmp_path, "--layout", "full", budget="200")     # auto falls back, saying why
+    assert res["drive"] == "mixed" and "cannot express" in res["drive_reason"], res

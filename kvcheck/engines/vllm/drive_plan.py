@@ -30,7 +30,8 @@ from .workloads import WORKLOADS
 AUTO = "auto"
 DRIVES = (AUTO, "mixed", "single", "scheduler", "engine")
 ENGINE_WHY = "auto: vLLM's own scheduler"
-GENERATED_WHY = "auto: --layout generated is not on the engine drive"
+GENERATED_WHY = ("auto: --layout generated runs the dense twin where a sampled layout retains sparsely (the "
+                 "manager drive's oracle); --drive engine runs the sampled layouts through vLLM's own scheduler")
 TWIN_WHY = "auto: the dense twin runs on the manager drive only"
 RAY_WHY = "auto: the Ray shards run the manager drive only"
 ENGINE_FAULT_NAMES = {f.name for f in ENGINE_FAULTS}
@@ -115,10 +116,7 @@ def plan(layout: str, fault: str | None, twin: bool | None, workload: str, drive
     if drive == "engine" and workload != "random":
         raise ValueError("--workload: the engine drive draws its own arrivals (fresh prompts, resends, "
                          "multi-turn continuations): drop --workload")
-    if drive == "engine" and layout == GENERATED:
-        raise CannotExpress("--layout generated: the engine drive runs the named layouts and --layout-file "
-                            "(the grammar's Mamba layouts are not on it yet)")
-    first = gen_layouts.sample_layout(seed, fault) if layout == GENERATED else layout
+    first = gen_layouts.sample_layout(seed, fault, drive == "engine") if layout == GENERATED else layout
     with setting_up("vllm", vllm_version, ("vllm",), (VllmUnavailable, ValueError)):
         if drive == "engine":
             on = _twin(first, fault, twin, True)

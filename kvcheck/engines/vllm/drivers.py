@@ -229,7 +229,7 @@ def _campaign(layout: str, budget_s: float | None = 60, steps: int | None = None
     while time.monotonic() < deadline and (steps is None or total < steps):
         ep_seed = seed * 1_000_003 + episodes
         if generated:
-            layout, sampled = gen_layouts.sample_layout(ep_seed, fault), sampled + 1
+            layout, sampled = gen_layouts.sample_layout(ep_seed, fault, engine), sampled + 1
         rng = random.Random(ep_seed)
         if generated:
             twin = wants_twin(layout, fault) if twin_arg is None and not engine else bool(twin_arg)

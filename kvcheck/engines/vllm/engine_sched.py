@@ -16,8 +16,7 @@ the step's forward is checked (reads of bytes not written, copies) and the bookk
 EAGLE: drafts are proposed after every step (right with probability ~0.7, a stable function of
 the context) and fed with ``update_draft_token_ids``; the sampler accepts them while they match
 the greedy token (with Mamba groups too: the worker's state per draft position, mamba_worker.py).
-Not yet on this drive: the dense twin, the generated
-layouts (docs/adapters-vllm.md, "The scheduler drive").
+Not yet on this drive: the dense twin (docs/adapters-vllm.md, "The scheduler drive").
 """
 from __future__ import annotations
 
@@ -351,5 +350,4 @@ def describe(seen: dict) -> dict[str, Any]:
                             "copies run first, then the forward writes each scheduled token's KV and Mamba state "
                             "(timeline.py); one greedy token per request whose prompt is done, drafts accepted "
                             "while they match it (their KV kept, the rest recomputed)",
-            "not_yet": ["the dense retention twin",
-                        "--layout generated", "KV connector loads/stores", "async scheduling"]}
+            "not_yet": ["the dense retention twin", "KV connector loads/stores", "async scheduling"]}

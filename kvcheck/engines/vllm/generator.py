@@ -112,17 +112,24 @@ def sample_definition(seed: int | str, fault: str | None = None) -> dict[str, An
 REFUSALS: Counter = Counter()    # vLLM's construction errors for sampled layouts (first line)
 
 
-def sample_layout(seed: int, fault: str | None = None) -> str:
+def sample_layout(seed: int, fault: str | None = None, engine: bool = False) -> str:
     """Register the seed's layout; returns its name ("gen:SEED"). A layout the installed
     release refuses to build (its own construction rules differ across releases: 0.14's hybrid
-    coordinator wants two distinct specs, ...) is counted in REFUSALS and redrawn."""
+    coordinator wants two distinct specs, ...) is counted in REFUSALS and redrawn; `engine`: so is
+    one whose block sizes the release's engine derives otherwise (sched_build.build: CannotExpress;
+    none of 150 on 0.34.0)."""
+    from kvcheck.fuzz.boundary import CannotExpress
+
     from .adapter import VllmAdapter
+    from .sched_build import SchedKnobs, build
     for k in range(50):
         name = register_layout(sample_definition(seed if k == 0 else f"{seed}/{k}", fault), str(seed), prefix="gen")
         try:
             VllmAdapter(name, 64, fault)
+            if engine:
+                build(name, SchedKnobs())
             return name
-        except (AssertionError, ValueError, TypeError) as e:
+        except (AssertionError, ValueError, TypeError, CannotExpress) as e:
             REFUSALS[f"{type(e).__name__}: {e}".splitlines()[0][:160]] += 1
             forget(name)
     raise ValueError(f"vLLM {vllm_modules()['version']} refused 50 generated layouts in a row ({REFUSALS.most_common(1)})")

@@ -141,7 +141,9 @@ def build(layout: str, knobs: SchedKnobs) -> Built:
     mb = next((bs for k, bs, _ in groups if k == "mamba"), None)
     mamba = {k: v for k, v in dict(mamba_cache_mode="align", mamba_block_size=mb,
                                    enable_mamba_shared_prefix_checkpoint=True).items() if k in cc_args} if mb else {}
-    cc = CacheConfig(block_size=min(attn_bs) if len(groups) > 1 else attn_bs[0], enable_prefix_caching=True,
+    # (align mode: vLLM's platform sets the Mamba block to cache_config.block_size, and the scheduler's
+    # Mamba split aligns chunks to cache_config.block_size: Platform._align_hybrid_block_size)
+    cc = CacheConfig(block_size=mb or (min(attn_bs) if len(groups) > 1 else attn_bs[0]), enable_prefix_caching=True,
                      **({"prefix_match_unit": hb} if "prefix_match_unit" in cc_args and len(groups) > 1 else {}),
                      **mamba)
     cc.num_gpu_blocks = knobs.num_blocks
