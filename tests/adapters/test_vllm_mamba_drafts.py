@@ -91,3 +91,26 @@ def test_an_unwritten_block_met_by_a_copy_is_the_priority_defect(tmp_path):
     assert known.by_signature(ad, vllm_version(), got[1], got[2].split(" (its writer")[0]) is None
 
 
+
+
+def test_an_eagle_group_one_block_short_of_a_mamba_hit_is_named_and_recognised(tmp_path):
+    """0.20.0-0.25.1 (found through the scheduler on generated layouts): the coordinator returns a
+    hit the Mamba groups keep while the EAGLE group dropped its last block. The finding says so,
+    and that is the known defect's signature (its trace: docs/repro/traces/)."""
+    from types import SimpleNamespace
+    from kvcheck.engines.vllm import known
+    from kvcheck.engines.vllm.build import make_adapter
+    from kvcheck.engines.vllm.violation import Violation
+    ad = make_adapter("qwen3-next+mtp", 64, None, False, False, "fcfs")
+    ad.apply("submit", {"r": "r0", "tokens": list(range(1, 200))})
+    req, null = ad.reqs["r0"], ad.pool.null_block
+    short = [[null] * 1] + [[null] * 2] * 3         # a 128-token hit: the full (EAGLE) group one block short
+    with pytest.raises(Violation) as e:
+        ad._check_hit(req, SimpleNamespace(blocks=short), 128)
+    assert e.value.check == "hit_length_equal" and "EAGLE group dropped its last block" in e.value.message
+    assert known.by_signature(ad, "0.24.0", e.value.check, e.value.message) == "eagle_mamba_hit_mismatch"
+    assert known.by_signature(ad, "0.26.0", e.value.check, e.value.message) is None      # (fixed there)
+    other = [[null] * 2, [null] * 1, [null] * 2, [null] * 2]     # a Mamba group short: another defect
+    with pytest.raises(Violation) as e:
+        ad._check_hit(req, SimpleNamespace(blocks=other), 128)
+    assert known.by_signature(ad, "0.24.0", e.value.check, e.value.message) is None

@@ -300,9 +300,13 @@ class ShadowChecks(Bookkeeping):
                                     f"the non-cacheable compressor ring returned {len(lst)} hit blocks")
                 continue
             if len(lst) != cdiv(hit, bs):      # (a fine-grained hit may end inside a block)
+                dropped = g in self.eagle_groups and len(lst) == cdiv(hit, bs) - 1 and any(
+                    k == mamba.MAMBA and len(x) == cdiv(hit, b2) for (k, b2, _), x in zip(self.groups, blocks.blocks))
                 raise Violation("safety", "hit_length_equal",
                                 f"group {g} ({self.groups[g][0]}) returned {len(lst)} blocks of {bs} "
-                                f"for a {hit}-token hit")
+                                f"for a {hit}-token hit" + (" (the EAGLE group dropped its last block while the "
+                                                            "Mamba groups kept the hit: the resume skips that "
+                                                            "block's tokens)" if dropped else ""))
             need = set(self.needed_hit(g, hit)) if hit else set()
             kind = self.groups[g][0]
             for i, b in enumerate(lst):

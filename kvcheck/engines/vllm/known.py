@@ -115,6 +115,13 @@ KNOWN: tuple[Known, ...] = (
     Known("fine_cow_same_step", "state_copy_sound", "0.26.0", "0.34.0", "none found (new)",   # reproducer: 1 on 0.26.0-0.34.0, 0 on 0.25.1 (no fine-grained Mamba hits)
           "docs/repro/vllm_fine_cow_same_step.py", lambda ad: _mamba_drafter(ad, fine=True),
           message=r"source's bytes are not (written yet|what the copy claims) \(published in this step"),
+    # found through vLLM's own scheduler on generated layouts (2026-12-05): replays on 0.20.0-0.25.1, not
+    # 0.17.1, 0.19.1, 0.26.0+; the coordinator's hit-length variant of #43559 (PR #46281's analysis)
+    Known("eagle_mamba_hit_mismatch", "hit_length_equal", "0.20.0", "0.25.1",
+          "vllm-project/vllm#43559 (hit-length variant; PR #46281, regression of PR #40860)",
+          "docs/repro/traces/vllm-gen_1000055-hit_length_equal-seed1000055.json",
+          lambda ad: ad.drafter and any(k == "mamba" for k, _, _ in ad.groups),
+          message=r"the EAGLE group dropped its last block while the Mamba groups kept the hit"),
     # (the unwritten block met by a read, or by the copy-on-write of a later partial hit on it)
     Known("priority_preempt_unwritten", "read_before_write", "0.14.1", "0.34.0",
           "vllm-project/vllm PR #43569 (open)", "docs/repro/vllm_priority_preempt_unwritten.py",
