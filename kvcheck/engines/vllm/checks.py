@@ -233,28 +233,28 @@ class ShadowChecks(Bookkeeping):
         instead of one per candidate length: at real size a lookup has hundreds of candidates."""
         if mamba.partial(self):
             return 1 << 62                    # (fine-grained groups: entries inside blocks)
-        ku = vllm_modules()["ku"]
-        cache = self.pool.cached_block_hash_to_block
         reach = 1 << 62
         for g, (kind, bs, _) in enumerate(self.groups):
             if kind not in ("full", "mla", "mla_indexer"):
                 continue
             i = 0
-            while i * bs < reach:
-                h = self._group_hash(req, g, i)
-                blk = cache.get_one_block(ku.make_block_hash_with_group_id(h, g)) if h else None
-                if blk is None or self.written.get(blk.block_id) != self._content(req, (i + 1) * bs):
-                    break
+            while i * bs < reach and self._cached_holds(req, g, i, (i + 1) * bs):
                 i += 1
             reach = min(reach, i * bs)
         return reach
+
+    def _cached_holds(self, req: Req, g: int, i: int, end: int) -> bool:
+        """Is group g's block i under its own key in the prefix-cache map, holding exactly the
+        request's first `end` tokens (a state: the state after them)?"""
+        h = self._group_hash(req, g, i)
+        blk = self.pool.cached_block_hash_to_block.get_one_block(
+            vllm_modules()["ku"].make_block_hash_with_group_id(h, g)) if h else None
+        return blk is not None and self.written.get(blk.block_id) == self._content(req, end)
 
     def usable_at(self, req: Req, L: int) -> list[tuple] | None:
         """The prefix-cache entries that make a hit at L usable (the witness a reproducer shows:
         ("block", g, i) = group g's block i under its own key, ("entry", g, end) = the entry keyed
         at `end` tokens of a fine-grained group), or None when L is not usable."""
-        ku = vllm_modules()["ku"]
-        cache = self.pool.cached_block_hash_to_block
         hashed = len(req.obj.block_hashes) * self.hb
         fine = mamba.partial(self)            # hits inside blocks (0.33's fine-grained lookup)
         if self.tail_needed(L):
@@ -273,10 +273,8 @@ class ShadowChecks(Bookkeeping):
                 need = [*need, L // bs]
             kind, bs, _ = self.groups[g]
             for i in need:
-                h = self._group_hash(req, g, i)
-                blk = cache.get_one_block(ku.make_block_hash_with_group_id(h, g)) if h else None
                 end = L if kind == mamba.MAMBA else (i + 1) * bs    # (whole blocks here: not fine-grained)
-                if blk is None or self.written.get(blk.block_id) != self._content(req, end):
+                if not self._cached_holds(req, g, i, end):
                     return None
                 witness.append(("block", g, i))
         return witness

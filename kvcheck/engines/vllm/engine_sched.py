@@ -29,7 +29,7 @@ from kvcheck.spec.sut import ActionRejected
 from . import mamba, mamba_worker
 from .adapter import VllmAdapter
 from .checks import Req
-from .layouts import DROP_REF_ON_FREE, VOCAB, WORKER_TABLE_STALE, vllm_modules
+from .layouts import DROP_REF_ON_FREE, VOCAB, WORKER_TABLE_STALE, cdiv, vllm_modules
 from .sched_build import Built, SchedKnobs, build
 from .worker import Worker, plant_stale
 
@@ -137,7 +137,7 @@ class EngineAdapter(VllmAdapter):
         self._own(req, new)
         hit = int(args.get("num_new_computed_tokens", 0) or 0)
         if self.has_mamba:          # the worker's running state block this step (drafts counted)
-            req.state_block = -(-(lo + hit + int(args["num_new_tokens"])) // mamba.mamba_block(self.groups)) - 1
+            req.state_block = cdiv(lo + hit + int(args["num_new_tokens"]), mamba.mamba_block(self.groups)) - 1
         copies = self._new_copies(queued)
         pending = getattr(req, "pending", None)
         if pending is not None and lo == 0:

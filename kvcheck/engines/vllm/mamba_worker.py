@@ -27,15 +27,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from .layouts import MAMBA_ACCEPT_IGNORED
-from .mamba import MAMBA, Cols, prev_index
+from .layouts import MAMBA_ACCEPT_IGNORED, cdiv
+from .mamba import MAMBA, Cols, mamba_block, prev_index
 from .violation import Violation
 
 REJECTED = ("<rejected draft>", ())       # a column whose draft the sampler rejected: no prefix's state
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def column(w: Any, k: int) -> Any:
@@ -48,7 +44,7 @@ def column(w: Any, k: int) -> Any:
 def run_states(ad: Any, tl: Any, items: list) -> None:
     """The step's state copies (from block prev to block curr of every scheduled request, column
     accepted - 1, together), then the forward's writes into block curr."""
-    mb = next((bs for kind, bs, _ in ad.groups if kind == MAMBA), 0)
+    mb = mamba_block(ad.groups)
     moves, writes = [], []
     for rid, (lo, hi, _, _, drafts) in items:
         req = ad.reqs.get(rid)
@@ -89,11 +85,10 @@ def settle(ad: Any, tl: Any, rid: str, accepted: int) -> None:
     req, curr = ad.reqs.get(rid), tl.mamba_idx.get(rid)
     if req is None or curr is None:
         return
-    mb = next(bs for kind, bs, _ in ad.groups if kind == MAMBA)
-    a = max(1, accepted)
     if hi is None:                       # no drafts: column 0 is the state at the step's end
         tl.mamba_acc[rid] = 1
         return
+    mb, a = mamba_block(ad.groups), max(1, accepted)
     new = hi + a - 1
     B = new // mb * mb
     for g, (kind, _, _) in enumerate(ad.groups):
