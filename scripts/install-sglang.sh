@@ -19,7 +19,8 @@ DIR=${2:-.venv-sglang-$VERSION}
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 TORCH=${KVCHECK_TORCH:-torch==2.13.0}
 log=$(mktemp "${TMPDIR:-/tmp}/install-sglang.XXXXXX.log")
-fail() { echo "install-sglang: $1 (pip log: $log)" >&2; exit 2; }
+NAME=install-sglang
+. "$(dirname "$0")/pip-lib.sh"
 start=$SECONDS
 if [ -n "${PYTHON:-}" ]; then
   "$PYTHON" -c 'import torch' 2>/dev/null || fail "no torch in $PYTHON: install kvcheck first (./setup.sh)"
@@ -35,7 +36,7 @@ else
   mode="clean venv"
 fi
 PY="$DIR/bin/python"
-"$PY" -m pip install -q --no-deps "sglang==$VERSION" >>"$log" 2>&1 || fail "no sglang==$VERSION on the package index"
+pip_install "$PY" --no-deps "sglang==$VERSION" || fail "cannot install sglang==$VERSION (not on the package index, or the download failed)"
 # the requirements the environment does not already have (a layered DIR sees its base's)
 reqs=$(mktemp "${TMPDIR:-/tmp}/install-sglang.XXXXXX.txt")
 "$PY" - "$HERE/scripts/requirements-sglang.txt" > "$reqs" <<'EOF'
@@ -50,10 +51,10 @@ for line in open(sys.argv[1]):
         print(line.strip())
 EOF
 if [ -s "$reqs" ]; then
-  "$PY" -m pip install -q --no-deps -r "$reqs" >>"$log" 2>&1 || fail "the import-chain requirements failed to install"
+  pip_install "$PY" --no-deps -r "$reqs" || fail "the import-chain requirements failed to install"
 fi
 nreq=$(wc -l < "$reqs"); rm -f "$reqs"
-[ -n "${PYTHON:-}" ] || "$PY" -m pip install -q --no-deps -e "$HERE" >>"$log" 2>&1 || true
+[ -n "${PYTHON:-}" ] || pip_install "$PY" --no-deps -e "$HERE" || true
 if out=$(cd "$HERE" && PYTHONPATH="$HERE" "$PY" -c "
 from kvcheck.engines.sglang.install import summary
 print(summary())" 2>&1 | tail -1) && [ "${out#ok }" != "$out" ]; then

@@ -21,7 +21,8 @@ DIR=${2:-.venv-transformers-$VERSION}
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 TORCH=${KVCHECK_TORCH:-torch==2.13.0}
 log=$(mktemp "${TMPDIR:-/tmp}/install-transformers.XXXXXX.log")
-fail() { echo "install-transformers: $1 (pip log: $log)" >&2; exit 2; }
+NAME=install-transformers
+. "$(dirname "$0")/pip-lib.sh"
 start=$SECONDS
 added=()
 if [ -n "${PYTHON:-}" ]; then
@@ -32,7 +33,7 @@ if [ -n "${PYTHON:-}" ]; then
   echo "import site; site.addsitedir('$base')" > "$site/zz-kvcheck-base.pth"     # after DIR's own site-packages: DIR's transformers wins
   mode="layered over $PYTHON"
   PY="$DIR/bin/python"
-  "$PY" -m pip install -q --no-deps "transformers==$VERSION" >>"$log" 2>&1 || fail "no transformers==$VERSION on the package index"
+  pip_install "$PY" --no-deps "transformers==$VERSION" || fail "cannot install transformers==$VERSION (not on the package index, or the download failed)"
   todo=(transformers)
   for _ in 1 2 3 4 5 6 7 8; do
     # the requirements of `todo` this environment does not satisfy (a layered DIR sees its base's)
@@ -53,7 +54,7 @@ for name in sys.argv[1:]:
 EOF
 )
     [ "${#reqs[@]}" -gt 0 ] || break
-    "$PY" -m pip install -q --no-deps "${reqs[@]}" >>"$log" 2>&1 || fail "cannot install ${reqs[*]}"
+    pip_install "$PY" --no-deps "${reqs[@]}" || fail "cannot install ${reqs[*]}"
     todo=()
     for r in "${reqs[@]}"; do todo+=("$(echo "$r" | sed -E 's/[<>=!~;, ].*$//')"); done
     added+=("${todo[@]}")
@@ -65,8 +66,8 @@ else
   [ -x "$DIR/bin/python" ] || python3 -m venv "$DIR" >>"$log" 2>&1 || fail "cannot create a venv at $DIR"
   PY="$DIR/bin/python"
   "$PY" -c "import torch" 2>/dev/null || "$DIR/bin/pip" install -q "$TORCH" >>"$log" 2>&1 || fail "cannot install $TORCH"
-  "$PY" -m pip install -q "transformers==$VERSION" >>"$log" 2>&1 || fail "no transformers==$VERSION on the package index"
-  "$PY" -m pip install -q -e "$HERE" >>"$log" 2>&1 || fail "cannot install kvcheck from $HERE"
+  pip_install "$PY" "transformers==$VERSION" || fail "cannot install transformers==$VERSION (not on the package index, or the download failed)"
+  pip_install "$PY" -e "$HERE" || fail "cannot install kvcheck from $HERE"
   mode="clean venv"
 fi
 if out=$(cd "$HERE" && PYTHONPATH="$HERE" "$PY" -W ignore -c "

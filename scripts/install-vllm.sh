@@ -19,7 +19,8 @@ VERSION=${1:-0.34.0}
 DIR=${2:-}
 PY=${PYTHON:-python}
 log=$(mktemp "${TMPDIR:-/tmp}/install-vllm.XXXXXX.log")
-fail() { echo "install-vllm: $1 (pip log: $log)" >&2; exit 2; }
+NAME=install-vllm
+. "$(dirname "$0")/pip-lib.sh"
 "$PY" -c 'import torch' 2>/dev/null || fail "no torch in $PY: install kvcheck first (./setup.sh)"
 if [ -n "$DIR" ]; then
   [ -x "$DIR/bin/python" ] || "$PY" -m venv "$DIR" >>"$log" 2>&1 || fail "cannot create a venv at $DIR"
@@ -31,11 +32,11 @@ else
   TARGET="$PY"
 fi
 start=$SECONDS
-"$TARGET" -m pip install -q --no-deps "vllm==$VERSION" >>"$log" 2>&1 || fail "no vllm==$VERSION on the package index"
+pip_install "$TARGET" --no-deps "vllm==$VERSION" || fail "cannot install vllm==$VERSION (not on the package index, or the download failed)"
 # with their own dependencies (multidict for aiohttp, ...), torch pinned to the installed build
 cons=$(mktemp "${TMPDIR:-/tmp}/install-vllm.XXXXXX.txt")
 "$TARGET" -c 'import torch; print("torch==" + torch.__version__)' > "$cons"
-"$TARGET" -m pip install -q -c "$cons" -r "$HERE/requirements-vllm.txt" >>"$log" 2>&1 \
+pip_install "$TARGET" -c "$cons" -r "$HERE/requirements-vllm.txt" \
   || fail "the KV cache manager's import requirements failed to install"
 rm -f "$cons"
 if out=$(cd "$HERE" && VLLM_TARGET_DEVICE=cpu "$TARGET" -c "

@@ -183,6 +183,17 @@ def last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
+def script_error(text: str) -> str:
+    """An install script's failure in one line: its own message (the first `install-X: ...` line),
+    then pip's last word when the script quoted its log (indented lines under the message)."""
+    lines = [x.rstrip() for x in (text or "").splitlines() if x.strip()]
+    head = next((x for x in lines if x.startswith("install-") and ":   " not in x), "")
+    quoted = [x.split(":   ", 1)[1].strip() for x in lines if x.startswith("install-") and ":   " in x]
+    if not head:
+        return last_line(text)
+    return f"{head}; pip: {quoted[-1]}" if quoted else head
+
+
 def ensure_env(engine: str, distribution: str, script: str, release: str, envs: Path,
                kvcheck_python: str = sys.executable, timeout: float = BUILD_TIMEOUT_S) -> Env:
     """The environment of `release` under `envs`: reused when its python has that release,
@@ -205,7 +216,7 @@ def ensure_env(engine: str, distribution: str, script: str, release: str, envs: 
         return Env(release, str(d), None, error=f"cannot run {script}: {e.strerror or e}")
     secs = time.monotonic() - t0
     if p.returncode != 0:
-        why = last_line(p.stderr) or last_line(p.stdout) or f"{script} exited {p.returncode}"
+        why = script_error(p.stderr) or last_line(p.stdout) or f"{script} exited {p.returncode}"
         return Env(release, str(d), None, error=f"environment build failed: {why}", seconds=secs)
     if not py.exists():
         return Env(release, str(d), None, error=f"{script} succeeded but left no {py}", seconds=secs)

@@ -288,6 +288,24 @@ def test_an_environment_is_reused_built_or_its_build_failure_is_one_line(tmp_pat
     assert env.python is None and env.error == "environment build failed: install-vllm: no vllm==0.20.0 on the package index"
 
 
+def test_the_install_scripts_retry_pip_and_quote_its_last_words(tmp_path) -> None:
+    """scripts/pip-lib.sh, which every install-*.sh sources: a failed pip try is retried (a 500 MB
+    wheel's download that drops), and a failure quotes pip's log, which ensure_env keeps."""
+    lib = Path(me.ROOT) / "scripts" / "pip-lib.sh"
+    fake = script(tmp_path / "python", 'n=$(cat "$0.n" 2>/dev/null || echo 0); echo $((n+1)) > "$0.n"\n'
+                  '[ "$n" -ge 1 ] && exit 0; echo "ERROR: HTTP error 503"; exit 1\n')
+    body = f'NAME=install-x; log={tmp_path}/log; . "{lib}"; sleep() {{ :; }}\n'
+    ok = subprocess.run(["bash", "-c", body + f'pip_install "{fake}" x==1 && echo installed'],
+                        capture_output=True, text=True)
+    assert ok.stdout.strip() == "installed" and (tmp_path / "python.n").read_text().strip() == "2"
+    (tmp_path / "python.n").write_text("-5\n")                    # fails three times: gives up
+    bad = subprocess.run(["bash", "-c", body + f'pip_install "{fake}" x==1 || fail "cannot install x==1"'],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and (tmp_path / "python.n").read_text().strip() == "-2"
+    assert me.script_error(bad.stderr) == "install-x: cannot install x==1 (pip log: " + f"{tmp_path}/log); pip: ERROR: HTTP error 503"
+    assert "(try 3 of 3)" in bad.stderr
+
+
 def test_a_driver_that_hangs_is_stopped_and_one_that_is_interrupted_says_so(tmp_path, monkeypatch) -> None:
     import threading
     hang = script(tmp_path / "py", "sleep 60\n")
