@@ -13,6 +13,7 @@ from ..spec.outputs import kvcheck_command
 from ..spec.verdict import ExitCode
 from ..fuzz import registry
 from ..fuzz.engine import Engine
+from ..fuzz.floor import shortfall as floor_shortfall
 from .common import UsageError, check_out_file, check_sut_fault, check_writable, emit, load_config, progress
 
 if TYPE_CHECKING:
@@ -49,21 +50,6 @@ def _not_here(flag: str, dest: str, sut: str) -> str:
         return (f"{flag} applies to the Hypothesis machines (spec, reference, MODULE:CLASS)"
                 + (f" and --sut {', '.join(takers)}" if takers else "") + f": --sut {sut} has its own driver, without it")
     return f"{flag} applies to --sut {' and --sut '.join(takers) or '(no engine)'} only"
-
-
-def _undecided(cov: dict, steps: int) -> str:
-    """Why a clean run claims nothing: which declared actions never ran, and of those, which the
-    spec never even enabled (declared in the SUT's `actions`, unreachable with the others)."""
-    never = cov.get("actions_never_enabled", [])
-    drawn = [a for a in cov["actions_missing"] if a not in never]
-    parts = []
-    if never:
-        parts.append(f"the SUT declares {', '.join(never)}, which the spec never enabled in {steps} "
-                     "steps (unreachable with the actions it declares in this config: drop them from "
-                     "`actions`, or declare what enables them; `kvcheck adapter-check` lints this)")
-    if drawn:
-        parts.append(f"{', '.join(drawn)} enabled but never exercised (a longer --budget)")
-    return "undecided: " + "; ".join(parts)
 
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
@@ -124,8 +110,10 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     code = res["exit_code"]
     if code == ExitCode.INTERRUPTED:
         res["verdict"] = "interrupted: nothing is claimed"
-    elif code == ExitCode.OK and res["coverage"]["actions_missing"]:
-        res["verdict"] = _undecided(res["coverage"], res["steps"])
+    elif code == ExitCode.OK and (why := floor_shortfall(
+            {"steps": res["steps"], "examples": res["examples"], **res["coverage"]["decisions"]},
+            res["coverage"]["actions_missing"], res["coverage"].get("actions_never_enabled", ()), res["steps"])):
+        res["verdict"] = "undecided: " + why
         code = res["exit_code"] = int(ExitCode.UNDECIDED)
     else:
         res.setdefault("verdict", "holds" if code == ExitCode.OK else "failed")

@@ -36,7 +36,7 @@ fault_budget = "30s"
 # The reference engine: lockstep campaign and reuse == recompute (bitwise) on a tiny model.
 [systems.reference]
 engines = ["fuzz", "diff", "replay-corpus"]
-budgets = { fuzz = 300, diff = 10 }
+budgets = { fuzz = 3000, diff = 10 }
 # config = "my-config.json"                      # a kvcheck config (default: the embedded one)
 
 # vLLM's real KV cache manager (needs vLLM: bash scripts/install-vllm.sh); layouts by name

@@ -256,8 +256,8 @@ def _checker_job(which: str, cfg: Config, out: Path, config_path: str | None) ->
 class CiProfiles:
     """Fixed-seed profiles of the other engines, sized so the whole gate stays within minutes."""
 
-    fuzz_spec_steps: int = 3000
-    fuzz_reference_steps: int = 600
+    fuzz_spec_steps: int = 6000          # both meet the coverage floor (fuzz/floor.py) on seeds 0-9
+    fuzz_reference_steps: int = 3000
     diff_scenarios: int = 30
     mutants_smoke: tuple[str, ...] = ("shared_free_list", "engine_refcount_double_decrement")
     mutants_budget_s: float = 10.0
@@ -268,6 +268,7 @@ def run_profiles(cfg: Config, out: Path, seed: int, report: dict[str, Any], code
     """The fuzz, diff and mutants profiles (clean runs): each must hold, the smoke mutants must
     be killed by their expected checks, and the negative control must stay clean."""
     from ..fuzz.campaign import Budget, run_campaign
+    from ..fuzz.floor import shortfall as floor_shortfall
     from ..fuzz import registry
     from .mutants import run_mutants
     eng = report["engines"]
@@ -276,7 +277,12 @@ def run_profiles(cfg: Config, out: Path, seed: int, report: dict[str, Any], code
         r = run_campaign(cfg, sut, Budget(steps=steps), seed=seed, out=out)
         if r.get("interrupted"):
             raise KeyboardInterrupt        # the campaign kept its Ctrl-C: the gate stops too
-        eng[f"fuzz_{sut}"] = {k: r[k] for k in ("steps", "seconds", "steps_per_s", "coverage", "findings", "exit_code")}
+        why = floor_shortfall({"steps": r["steps"], "examples": r["examples"], **r["coverage"]["decisions"]},
+                              r["coverage"]["actions_missing"], r["coverage"]["actions_never_enabled"], r["steps"])
+        if r["exit_code"] == ExitCode.OK and why:          # no pass unearned: below the floor
+            r["exit_code"], r["verdict"] = int(ExitCode.UNDECIDED), "undecided: " + why
+        eng[f"fuzz_{sut}"] = {k: r[k] for k in ("steps", "seconds", "steps_per_s", "coverage", "findings", "exit_code")
+                              + (("verdict",) if "verdict" in r else ())}
         verdicts.append((f"fuzz --sut {sut}", r["exit_code"]))
     t = time.monotonic()
     d = registry.get("reference").differential(cfg, prof.diff_scenarios, seed, None, out)
@@ -299,7 +305,8 @@ def run_profiles(cfg: Config, out: Path, seed: int, report: dict[str, Any], code
         return code
     for name, c in verdicts:
         if c not in (ExitCode.OK,):
-            report["verdict"] = f"failed ({name}: exit {c})"
+            why = eng.get(f"fuzz_{name.split()[-1]}", {}).get("verdict") if name.startswith("fuzz") else None
+            report["verdict"] = f"{why} ({name})" if why else f"failed ({name}: exit {c})"
             return c
     return code
 

@@ -185,6 +185,8 @@ class _Validator:
         corpus = t.get("corpus", "kvcheck-corpus")
         if not isinstance(corpus, str) or not corpus.strip():
             raise self.fail(tab, "corpus", f"must be {TOP_KEYS['corpus']}")
+        if "\0" in corpus:
+            raise self.fail(tab, "corpus", f"a path cannot hold a NUL byte (got {corpus!r})")
         seeds = self.seeds(tab, "seeds", t.get("seeds", [0]))
         self.known = self.acknowledgements(tab, "known", t.get("known", {}))
         self.known_strict = t.get("known_strict", False)

@@ -97,7 +97,7 @@ def read_json(path: str | Path, what: str, error: type[Exception]) -> Any:
     except json.JSONDecodeError as e:
         raise error(f"{what} {p} is not valid JSON: {e.msg} at line {e.lineno}") from None
     except RecursionError:
-        raise error(f"{what} {p} is nested too deeply to be a {what}") from None
+        raise error(f"{what} {p} is nested too deeply to parse (over Python's recursion limit)") from None
     except ValueError as e:       # e.g. an integer literal beyond Python's digit limit
         raise error(f"{what} {p} is not valid JSON: {e}") from None
 

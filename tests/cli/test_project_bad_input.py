@@ -73,6 +73,8 @@ CASES = [
     ('[known]\nfine_cow_same_step = { reason = "" }\n[systems.spec]\n', "known.fine_cow_same_step: reason must be"),
     ('[systems.spec]\nknown = { x = "y" }\n', "[systems.spec] known: applies to vllm only"),
     ('known_strict = "yes"\n[systems.spec]\n', "known_strict: must be true or false"),
+    ('corpus = "c\\u0000d"\n[systems.spec]\n', "corpus: a path cannot hold a NUL byte"),
+    ('[systems.reference]\nconfig = "a\\u0000b.json"\n', "[systems.reference] config: cannot read config"),
 ]
 
 

@@ -176,12 +176,21 @@ def test_weight_update_is_caught_by_the_differential_oracle(tmp_path) -> None:
     assert code == 0                                # the clean engine refreshes the entries
 
 
-def test_divergence_without_consequence_ends_at_the_diverging_step(tmp_path) -> None:
+@pytest.mark.parametrize("seed", [0, 3])
+def test_a_divergence_ends_at_the_diverging_step_or_names_what_it_broke(tmp_path, seed) -> None:
     """Loaded copies placed without their checksum: the engine's state leaves the spec's at
-    checksum_fail and following it breaks nothing, so the trace ends there."""
-    res = run_campaign(Config(), "reference", Budget(steps=20_000), seed=0, fault="engine_load_before_checksum",
+    checksum_fail. Followed alone, either it breaks nothing (the trace ends at checksum_fail,
+    abstract_state_matches_spec) or, where the copy was corrupt, the reuse it serves differs from
+    a recompute (reuse_equals_recompute, first) - both checks are named, the divergence after."""
+    res = run_campaign(Config(), "reference", Budget(steps=20_000), seed=seed, fault="engine_load_before_checksum",
                        out=tmp_path, shrink_seconds=20)
     f = res["findings"][0]
-    assert res["exit_code"] == 13 and f["checks"] == ["abstract_state_matches_spec"], f
-    # (how short it gets depends on how far time-bounded shrinking went: lengths are benchmarked)
-    assert f["trace_steps"][-1].startswith("checksum_fail("), f["trace_steps"]
+    steps = f["trace_steps"]
+    if res["exit_code"] == 13:
+        assert f["checks"] == ["abstract_state_matches_spec"], f
+        # (how short it gets depends on how far time-bounded shrinking went: lengths are benchmarked)
+        assert steps[-1].startswith("checksum_fail("), steps
+    else:
+        assert res["exit_code"] == 11 and f["checks"] == ["reuse_equals_recompute", "abstract_state_matches_spec"], f
+        fail = next(i for i, s in enumerate(steps) if s.startswith("checksum_fail("))
+        assert any(s.startswith("corrupt(") for s in steps[:fail]) and steps[-1].startswith("use("), steps

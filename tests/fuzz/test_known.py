@@ -108,7 +108,7 @@ def test_a_vllm_campaign_meeting_a_known_safety_defect_exits_10_unless_acknowled
 
 def test_the_project_gate_fails_on_it_unless_the_file_acknowledges_it(monkeypatch, capsys, tmp_path):
     _with_known_defect(monkeypatch)
-    base = ('[systems.vllm]\nlayouts = ["full+swa"]\nengines = ["fuzz"]\nbudget = 60\n')
+    base = ('[systems.vllm]\nlayouts = ["full+swa"]\nengines = ["fuzz"]\nbudget = 400\n')
     proj = tmp_path / "kvcheck.toml"
     proj.write_text(base)
     code, out, _ = run(capsys, "gate", "--project", str(proj), "--out", str(tmp_path / "a"), "--json")
@@ -158,7 +158,7 @@ def test_strict_known_on_the_gate_is_the_files_known_strict(monkeypatch, capsys,
     _with_release(monkeypatch, "0.20.0")
     proj = tmp_path / "kvcheck.toml"
     proj.write_text('[known]\nfine_cow_same_step = { reason = "waiting for PR #42359" }\n'
-                    '[systems.vllm]\nlayouts = ["full+swa"]\nengines = ["fuzz"]\nbudget = 40\n')
+                    '[systems.vllm]\nlayouts = ["full+swa"]\nengines = ["fuzz"]\nbudget = 400\n')
     code, out, _ = run(capsys, "gate", "--project", str(proj), "--out", str(tmp_path / "a"), "--json")
     assert code == 0, out
     code, out, _ = run(capsys, "gate", "--project", str(proj), "--out", str(tmp_path / "b"), "--json", "--strict-known")

@@ -28,7 +28,7 @@ def project_system(layouts: list[str] | None, body: Mapping[str, Any],
             try:
                 parse_layout(read_layout_file(str(p)), n, B, MAX_MODEL_LEN)
             except ValueError as e:
-                raise ProjectKeyError(f"layouts[{i}]", f"layout file {e}") from None
+                raise ProjectKeyError(f"layouts[{i}]", str(e)) from None
             names[i] = str(p)
         elif n not in LAYOUTS:
             raise ProjectKeyError(f"layouts[{i}]", f"unknown layout {n!r} (known: {', '.join(LAYOUTS)})")
