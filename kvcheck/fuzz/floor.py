@@ -32,3 +32,10 @@ def shortfall(counts: dict[str, Any], missing: Iterable[str], never_enabled: Ite
     if drawn:
         short.append(f"{', '.join(drawn)} never exercised (a longer budget)")
     return "; ".join(short) or None
+
+
+def undecided_lines(res: dict[str, Any]) -> list[str]:
+    """The console line of an engine driver's result (missing_actions, steps) that stopped at
+    the floor: what it left untried, so that an exit 3 never comes without its reason."""
+    why = shortfall({"steps": res.get("steps", 0)}, res.get("missing_actions") or [])
+    return [f"  undecided: {why}"] if res.get("exit_code") == 3 and why else []

@@ -50,3 +50,12 @@ def test_a_short_campaign_is_undecided_everywhere(capsys, tmp_path) -> None:
     rep = json.loads(out)
     cov = next(c for c in rep["checks"] if c["engine"] == "fuzz" and c["check"] == "coverage")
     assert code == 3 and cov["verdict"] == "undecided" and "(a longer budget" in cov["note"], cov
+
+
+def test_an_engine_driver_below_the_floor_says_what_it_left_untried(capsys, tmp_path) -> None:
+    """vLLM's own driver (the same rule): 100 steps leave some actions untried: exit 3 with the
+    line naming them, never a bare exit code."""
+    pytest.importorskip("vllm")
+    code, out, _ = run(capsys, "fuzz", "--sut", "vllm", "--layout", "full+swa", "--budget", "100", "--seed", "0",
+                       "--out", str(tmp_path))
+    assert code == 3 and "\n  undecided: " in out and "never exercised (a longer budget)" in out, out

@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from kvcheck.fuzz.floor import undecided_lines
 from kvcheck.checker.cmd_fuzz import on_ray, ray_line
 from kvcheck.checker.common import UsageError, check_writable, emit
 from kvcheck.fuzz.boundary import CannotExpress
@@ -130,7 +131,7 @@ def fuzz_command(args: argparse.Namespace) -> int:
                  + (f"; drive {res['drive']} ({res.get('drive_reason')})" if res.get("drive") else "")
                  + f"; rerun: {res['command']}",
                  "  actions: " + ", ".join(f"{k} {n}" for k, n in sorted(res.get("coverage", {}).items())
-                                           if isinstance(n, int))]
+                                           if isinstance(n, int))] + undecided_lines(res)
         if "ray" in res:
             lines.insert(2, ray_line(res["ray"]))
         for f in res.get("findings", []):

@@ -17,6 +17,7 @@ from collections import Counter
 from typing import Mapping
 from pathlib import Path
 
+from kvcheck.fuzz.floor import shortfall as floor_shortfall
 from kvcheck.spec.trace import Trace
 
 from kvcheck.spec.verdict import FOR_FINDING, ExitCode
@@ -321,7 +322,7 @@ def _campaign(layout: str, budget_s: float | None = 60, steps: int | None = None
             break
     declared = engine_sched.ENGINE_ACTIONS if engine else ACTIONS
     missing = [a for a in declared if not coverage.get(a) and (engine or scheduler_episodes or a not in STEP_ACTIONS)]
-    if exit_code == 0 and missing:
+    if exit_code == 0 and floor_shortfall({"steps": total}, missing):     # the coverage floor
         exit_code = ExitCode.UNDECIDED
     return {
         "sut": "vllm", "vllm_version": vllm_version(), "layout": layout_all, "seed": seed,
