@@ -94,6 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "with its status, features and timing) to FILE; with --workers N, one file "
                         "per worker (FILE.wK.jsonl)")
     z.add_argument("--layout", metavar="NAME", help="--sut vllm: the hybrid layout to drive")
+    z.add_argument("--cover", action="store_true",
+                   help="--sut vllm|sglang: measure line and branch coverage of the engine's own cache code "
+                        "over the campaign (JSON engine_coverage, one line per file, and an annotated "
+                        "listing of the lines never reached under --out); slower")
     z.add_argument("--acknowledge", metavar="NAME=REASON", action="append",
                    help="--sut vllm|sglang: accept a known engine defect (shown, not failing); without it a "
                         "recognised known defect is a finding with its check's exit code (repeatable; the "

@@ -61,6 +61,24 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     for dest, flag in ENGINE_OPTIONS.items():
         if getattr(args, dest, None) not in (None, False) and dest not in accepted:
             raise UsageError(_not_here(flag, dest, args.sut))
+    if getattr(args, "cover", False):
+        if not own or not eng.cache_code:
+            takers = [n for n, e in registry.engines().items() if e.cache_code and e.own_driver()]
+            raise UsageError(f"--cover applies to --sut {' and --sut '.join(takers)} (engines that declare their "
+                             f"cache code): --sut {args.sut} has none")
+        from ..fuzz.engine_coverage import CoverageUnavailable, abandon, begin
+        check_writable(Path(args.out))
+        try:
+            begin(eng.name, eng.cache_code, Path(args.out) / f"engine-coverage-{eng.name}")
+        except CoverageUnavailable as e:
+            raise UsageError(str(e)) from None
+        try:
+            code = eng.fuzz_command(args)
+        finally:
+            abandon()
+        if code is None:
+            raise UsageError(f"--sut {args.sut}: the engine runs no campaign of its own and has no SUT class")
+        return code
     if own:
         code = eng.fuzz_command(args)
         if code is None:

@@ -27,10 +27,12 @@ class UsageError(Exception):
 
 
 def emit(args: argparse.Namespace, data: Any, text: Callable[[], str]) -> None:
+    from ..fuzz.engine_coverage import attach
+    cover = attach(data)               # `kvcheck fuzz --cover`: the engine code the run reached
     if args.json:
         print(json.dumps(data, indent=1))
     else:
-        print(text())
+        print("\n".join([text(), *cover]))
 
 
 def load_config(args: argparse.Namespace) -> Config:

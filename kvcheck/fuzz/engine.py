@@ -50,6 +50,9 @@ class Engine:
     # is there is the engine's; one raised in kvcheck's frames, or on a kvcheck object the
     # engine was handed, is kvcheck's side of the boundary (fuzz/boundary.py: "cannot drive").
     packages: ClassVar[tuple[str, ...]] = ()
+    # The engine's cache code: the modules `kvcheck fuzz --cover` measures line and branch
+    # coverage of (fuzz/engine_coverage.py); those a release lacks are reported as absent.
+    cache_code: ClassVar[tuple[str, ...]] = ()
     # The package-index distribution of the engine and the releases kvcheck claims to drive,
     # (oldest, newest) inclusive; None: no release matrix (`kvcheck matrix`).
     distribution: ClassVar[str | None] = None

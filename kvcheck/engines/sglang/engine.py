@@ -25,6 +25,12 @@ class SglangEngine(Engine):
         f"kvcheck.fuzz.adapters.sglang_{m}": f"kvcheck.engines.sglang.{m}" for m in MODULES}
     fuzz_options = frozenset({"layout", "list_layouts", "layout_file", "acknowledge", "strict_known"})
     packages = ("sglang",)
+    # (the modules moved between releases: each release measures the ones it has)
+    cache_code = tuple(f"sglang.srt.mem_cache.{m}" for m in (
+        "radix_cache", "swa_radix_cache", "pure_swa_radix_cache", "mamba_radix_cache", "chunk_cache",
+        "hiradix_cache", "unified_radix_cache", "unified_cache.unified_tree_core_interface", "base_prefix_cache",
+        "evict_policy", "common", "memory_pool", "allocator", "allocator.paged", "allocator.token",
+        "allocator.swa", "allocator.mamba", "swa_memory_pool"))
     distribution = "sglang"
     release_range = ("0.4.10", "0.5.23")           # install.OLDEST, NEWEST (tests check they agree)
     install_script = "scripts/install-sglang.sh"

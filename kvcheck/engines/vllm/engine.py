@@ -25,6 +25,9 @@ class VllmEngine(Engine):
                               "strict_reuse", "ray", "acknowledge", "strict_known"})
     project_variant_key = "layouts"
     packages = ("vllm",)
+    cache_code = ("vllm.v1.core.kv_cache_manager", "vllm.v1.core.kv_cache_coordinator",
+                  "vllm.v1.core.single_type_kv_cache_manager", "vllm.v1.core.block_pool",
+                  "vllm.v1.core.kv_cache_utils", "vllm.v1.core.sched.scheduler")
     distribution = "vllm"
     release_range = ("0.14.1", "0.34.0")           # runtime.OLDEST, NEWEST (tests check they agree)
     install_script = "scripts/install-vllm.sh"

@@ -1,0 +1,100 @@
+"""`kvcheck fuzz --cover` (kvcheck/fuzz/engine_coverage.py): line and branch coverage of the
+engine's own cache code over a campaign, in the JSON, the console and an annotated listing. It
+must see what a campaign did not do: a layout without a Mamba group never runs vLLM's
+MambaManager, one with it does, and the measurement says so."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvcheck.fuzz import engine_coverage as ec
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cli"))
+from badinput import assert_bad_input, run  # noqa: E402
+
+
+def test_ranges_and_resolve() -> None:
+    assert ec._ranges([9, 3, 4, 5, 11, 12]) == ["3-5", "9", "11-12"]
+    found, absent = ec.resolve(["json.decoder", "no_such_pkg.cache", "json", "sys"])
+    assert list(found) == ["json.decoder", "json"] and found["json.decoder"].endswith("json/decoder.py")
+    assert absent == ["no_such_pkg.cache", "sys"]           # not installed; built in (no Python source)
+
+
+def test_cover_is_refused_where_no_cache_code_is_declared(capsys, tmp_path) -> None:
+    assert_bad_input(*run(capsys, "fuzz", "--sut", "spec", "--cover", "--budget", "10",
+                          "--out", str(tmp_path))[::2], "--cover applies to --sut")
+
+
+def _cover(capsys, tmp_path: Path, layout: str) -> dict:
+    code, out, err = run(capsys, "fuzz", "--sut", "vllm", "--layout", layout, "--budget", "150", "--seed", "0",
+                         "--cover", "--json", "--out", str(tmp_path / layout))
+    res = json.loads(out)
+    assert code in (0, 3), out + err                  # clean (3: below the floor at this budget)
+    return res["engine_coverage"]
+
+
+def test_vllm_coverage_sees_the_mamba_manager_only_where_the_layout_has_one(capsys, tmp_path) -> None:
+    pytest.importorskip("vllm")
+    plain = _cover(capsys, tmp_path, "full+swa")
+    mamba = _cover(capsys, tmp_path, "full+mamba")
+    for cov in (plain, mamba):
+        assert cov["engine"] == "vllm" and 0 < cov["lines_pct"] < 100 and cov["lines"] <= cov["statements"]
+        assert set(cov["files"]) | set(cov["absent_modules"]) == set(ec_modules())
+        assert Path(cov["annotated"]).is_file()           # coverage.py's HTML: the lines never reached, marked
+        mgr = cov["files"]["vllm.v1.core.kv_cache_manager"]
+        assert mgr["lines"] > 0 and mgr["missing_lines"], mgr
+    stkm = "vllm.v1.core.single_type_kv_cache_manager"
+    path = plain["files"][stkm]["path"]
+    src = Path(path).read_text().splitlines()
+    mamba_lines = _mamba_manager_lines(src)
+    assert mamba_lines, "no MambaManager class in this release's single_type_kv_cache_manager.py"
+    missed_plain = _expand(plain["files"][stkm]["missing_lines"])
+    missed_mamba = _expand(mamba["files"][stkm]["missing_lines"])
+    ran_plain = [n for n in mamba_lines if n not in missed_plain and src[n - 1].strip()
+                 and not src[n - 1].lstrip().startswith(("def ", "class ", "@", "#", '"""'))]
+    ran_mamba = [n for n in mamba_lines if n not in missed_mamba]
+    assert len(ran_mamba) > len(ran_plain) + 5, (len(ran_mamba), len(ran_plain))
+
+
+def ec_modules() -> tuple[str, ...]:
+    from kvcheck.fuzz import registry
+    return registry.get("vllm").cache_code
+
+
+def _expand(ranges: list[str]) -> set[int]:
+    out: set[int] = set()
+    for r in ranges:
+        a, _, b = r.partition("-")
+        out.update(range(int(a), int(b or a) + 1))
+    return out
+
+
+def _mamba_manager_lines(src: list[str]) -> list[int]:
+    """Line numbers of `class MambaManager`'s body (to the next top-level statement)."""
+    start = next((i for i, s in enumerate(src) if s.startswith("class MambaManager")), None)
+    if start is None:
+        return []
+    end = next((i for i in range(start + 1, len(src)) if src[i] and not src[i][0].isspace()), len(src))
+    return list(range(start + 2, end + 1))
+
+
+SGLANG_PYTHONS = [p for p in __import__("os").environ.get("KVCHECK_SGLANG_PYTHONS", "").split(":") if p]
+
+
+@pytest.mark.skipif(not SGLANG_PYTHONS, reason="no SGLang side venv (KVCHECK_SGLANG_PYTHONS; .ci/run builds two)")
+@pytest.mark.parametrize("python", SGLANG_PYTHONS or ["-"])
+def test_sglang_coverage_on_each_release(tmp_path, python) -> None:
+    """SGLang's own driver in its side venv (the oldest and newest release in CI): the radix
+    layout reaches RadixCache's lines; modules a release lacks are named, not counted."""
+    import subprocess
+    p = subprocess.run([python, "-m", "kvcheck", "fuzz", "--sut", "sglang", "--layout", "radix", "--budget", "300",
+                        "--seed", "0", "--cover", "--json", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parents[2])
+    assert p.returncode in (0, 3), p.stdout[-2000:] + p.stderr[-2000:]
+    cov = json.loads(p.stdout)["engine_coverage"]
+    radix = cov["files"]["sglang.srt.mem_cache.radix_cache"]
+    assert radix["lines"] > 0 and radix["missing_lines"] and cov["lines"] < cov["statements"], radix
+    assert "sglang.srt.mem_cache.radix_cache" not in cov["absent_modules"] and Path(cov["annotated"]).is_file()
