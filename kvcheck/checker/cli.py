@@ -137,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--workers", type=positive_int, default=1,
                    help="faults run in this many processes, one core each (default: %(default)s)")
     d = add("diff", _lazy("cmd_diff", "cmd_diff"), "differential oracle: output with cache reuse vs a full recompute")
+    d.add_argument("--cover", action="store_true",
+                   help="--sut transformers: measure line and branch coverage of its cache code "
+                        "(transformers.cache_utils) over the scenarios (as kvcheck fuzz --cover)")
     d.add_argument("--sut", default="reference", metavar="NAME",
                    help="a registered engine with a model: reference, transformers (`kvcheck engines`; "
                         "default: %(default)s)")

@@ -6,7 +6,7 @@ import argparse
 
 from ..fuzz import registry
 from ..fuzz.engine import Engine
-from .common import UsageError
+from .common import UsageError, covering
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
@@ -17,7 +17,8 @@ def cmd_diff(args: argparse.Namespace) -> int:
         eng = registry.get(args.sut)
     except registry.UnknownEngine as e:
         raise UsageError(f"--sut: {e}") from None
-    code = eng.diff_command(args)
+    with covering(args, eng, "diff"):
+        code = eng.diff_command(args)
     if code is None:
         have = [n for n, e in registry.engines().items() if type(e).diff_command is not Engine.diff_command]
         raise UsageError(f"--sut {args.sut}: the engine has no reuse-vs-recompute model "

@@ -14,7 +14,7 @@ from ..spec.verdict import ExitCode
 from ..fuzz import registry
 from ..fuzz.engine import Engine
 from ..fuzz.floor import shortfall as floor_shortfall
-from .common import UsageError, check_out_file, check_sut_fault, check_writable, emit, load_config, progress
+from .common import UsageError, covering, check_out_file, check_sut_fault, check_writable, emit, load_config, progress
 
 if TYPE_CHECKING:
     from ..fuzz.campaign import Budget
@@ -57,30 +57,16 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     redis = args.redis or os.environ.get("KVCHECK_REDIS") or None
     eng = engine_of(args.sut)
     own = eng is not None and eng.own_driver()
+    if args.cover and not own:
+        with covering(args, None, "fuzz"):    # refused, naming the engines that take it
+            pass
     accepted = eng.fuzz_options if own else MACHINE_OPTIONS
     for dest, flag in ENGINE_OPTIONS.items():
         if getattr(args, dest, None) not in (None, False) and dest not in accepted:
             raise UsageError(_not_here(flag, dest, args.sut))
-    if getattr(args, "cover", False):
-        if not own or not eng.cache_code:
-            takers = [n for n, e in registry.engines().items() if e.cache_code and e.own_driver()]
-            raise UsageError(f"--cover applies to --sut {' and --sut '.join(takers)} (engines that declare their "
-                             f"cache code): --sut {args.sut} has none")
-        from ..fuzz.engine_coverage import CoverageUnavailable, abandon, begin
-        check_writable(Path(args.out))
-        try:
-            begin(eng.name, eng.cache_code, Path(args.out) / f"engine-coverage-{eng.name}")
-        except CoverageUnavailable as e:
-            raise UsageError(str(e)) from None
-        try:
-            code = eng.fuzz_command(args)
-        finally:
-            abandon()
-        if code is None:
-            raise UsageError(f"--sut {args.sut}: the engine runs no campaign of its own and has no SUT class")
-        return code
     if own:
-        code = eng.fuzz_command(args)
+        with covering(args, eng, "fuzz"):
+            code = eng.fuzz_command(args)
         if code is None:
             raise UsageError(f"--sut {args.sut}: the engine runs no campaign of its own and has no SUT class")
         return code

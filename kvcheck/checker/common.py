@@ -151,3 +151,32 @@ def _int_at_least(text: str, lo: int, what: str) -> int:
     if v < lo:
         raise argparse.ArgumentTypeError(f"expected {what}, got {v}")
     return v
+
+
+@contextmanager
+def covering(args: argparse.Namespace, eng: Any, command: str) -> Iterator[None]:
+    """`--cover`: measure the engine's cache code (fuzz/engine_coverage.py) while the body runs
+    the engine's own driver; `emit` attaches the result. Refused (exit 2) where the engine
+    declares no cache code. Without --cover, nothing."""
+    if not getattr(args, "cover", False):
+        yield
+        return
+    from ..fuzz import registry
+    from ..fuzz.engine_coverage import CoverageUnavailable, abandon, begin
+    if eng is None or not eng.cache_code:
+        takers = sorted(n for n, e in registry.engines().items() if e.cache_code)
+        raise UsageError(f"--cover applies to --sut {' and --sut '.join(takers)} (engines that declare their "
+                         f"cache code): --sut {args.sut} has none for kvcheck {command}")
+    if getattr(args, "ray", None) is not None:
+        raise UsageError("--cover measures the campaign in this process: not with --ray")
+    out = Path(getattr(args, "out", None) or "kvcheck-report")
+    check_writable(out)
+    try:
+        begin(eng.name, eng.cache_code, out / f"engine-coverage-{eng.name}")
+    except CoverageUnavailable as e:
+        raise UsageError(str(e)) from None
+    try:
+        yield
+    finally:
+        abandon()
+

@@ -98,3 +98,19 @@ def test_sglang_coverage_on_each_release(tmp_path, python) -> None:
     radix = cov["files"]["sglang.srt.mem_cache.radix_cache"]
     assert radix["lines"] > 0 and radix["missing_lines"] and cov["lines"] < cov["statements"], radix
     assert "sglang.srt.mem_cache.radix_cache" not in cov["absent_modules"] and Path(cov["annotated"]).is_file()
+
+
+def test_transformers_diff_coverage_and_refusals(capsys, tmp_path) -> None:
+    """kvcheck diff --cover on transformers measures cache_utils; the reference engine (kvcheck's
+    own code) and --ray are refused in one line."""
+    pytest.importorskip("transformers")
+    code, out, err = run(capsys, "diff", "--sut", "transformers", "--model-type", "mistral", "--scenarios", "2",
+                         "--cover", "--json", "--out", str(tmp_path))
+    assert code == 0, out + err
+    cov = json.loads(out)["engine_coverage"]
+    f = cov["files"]["transformers.cache_utils"]
+    assert cov["engine"] == "transformers" and 0 < f["lines"] < f["statements"] and f["missing_lines"], f
+    assert_bad_input(*run(capsys, "diff", "--sut", "reference", "--cover", "--scenarios", "2",
+                          "--out", str(tmp_path))[::2], "--cover applies to --sut")
+    assert_bad_input(*run(capsys, "fuzz", "--sut", "vllm", "--layout", "full", "--cover", "--ray",
+                          "--out", str(tmp_path))[::2], "--cover measures the campaign in this process")

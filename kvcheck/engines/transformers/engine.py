@@ -21,6 +21,7 @@ class TransformersEngine(Engine):
             "build", "cache", "models", "plan", "rules", "scenarios", "trace")}
     project_variant_key = "model_types"
     packages = ("transformers",)      # fuzz/boundary.py: its frames are the engine's (interface.PACKAGES)
+    cache_code = ("transformers.cache_utils",)      # kvcheck diff --cover
 
     def release(self) -> str | None:
         from importlib import metadata
