@@ -38,6 +38,19 @@ def test_drawn_long_prefill_thresholds_are_off_or_at_least_a_block():
     assert 0 in got and len(got) > 1 and all(t == 0 or t >= 64 for t in got), got
 
 
+@pytest.mark.parametrize("layout", ["qwen3-next", "qwen3-next@real", "qwen3-next@ratios", "nemotron-h@real",
+                                    "nemotron-h@ratios", "jamba@real", "jamba@ratios"])
+def test_drawn_token_budgets_are_never_below_the_mamba_block(layout):
+    """VllmConfig asserts block_size <= max_num_batched_tokens in Mamba align mode (0.16-0.17): the
+    CI matrix met it on 0.17.1's real-size layouts (budget 512 against a 544-token Mamba block)."""
+    import random
+    from kvcheck.engines.vllm.engine_gen import draw_knobs
+    from kvcheck.engines.vllm.layouts import LAYOUT_DATA
+    block = max(bs for k, bs, _ in LAYOUT_DATA[layout][1] if k == "mamba")
+    got = {draw_knobs(random.Random(s), layout).max_num_batched_tokens for s in range(200)}
+    assert len(got) > 1 and min(got) >= block, (block, sorted(got))
+
+
 vllm = pytest.importorskip("vllm")
 from kvcheck.engines.vllm import drivers as V  # noqa: E402
 from kvcheck.engines.vllm.build import make_adapter  # noqa: E402

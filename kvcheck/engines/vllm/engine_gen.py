@@ -57,8 +57,11 @@ def draw_knobs(rng: Any, layout: str, policy: str | None = None) -> SchedKnobs:
     max_len = layout_scale(layout)[1]
     scale = max(1, max_len // 64)
     per_req = max(4, max_len // min(bs for _, bs, _ in groups))
+    mamba_block = max((bs for k, bs, _ in groups if k == "mamba"), default=0)
     return SchedKnobs(policy=policy or rng.choice(["fcfs", "priority"]),
-                      max_num_batched_tokens=rng.choice([8, 16, 32, 1 << 12]) * scale,
+                      # (not below the Mamba block: VllmConfig asserts it in align mode, 0.16-0.17;
+                      # the release matrix met it on 0.17.1's real-size Qwen3-Next / Nemotron-H)
+                      max_num_batched_tokens=max(rng.choice([8, 16, 32, 1 << 12]) * scale, mamba_block),
                       max_num_seqs=rng.choice([1, 2, 3, 4, 8]),
                       # (0, or not below a block: VllmConfig asserts it in Mamba align mode, 0.16-0.17)
                       long_prefill_token_threshold=_floor(rng.choice([0, 0, 4, 12]) * scale,
