@@ -46,6 +46,7 @@ budgets = { fuzz = 3000, diff = 10 }
 # engines = ["fuzz", "replay-corpus"]
 # budget = "2000"
 # expected_faults = ["drop_ref_on_free"]
+# cover = true                                   # the vLLM cache code each campaign reached, in the report
 
 # transformers models with a non-uniform cache (`kvcheck diff --sut transformers --list-models`).
 # [systems.transformers]

@@ -225,6 +225,12 @@ def render_project_md(rep: dict[str, Any]) -> str:
                   f"{e['metrics']['usable_hit_rate']} | "
                   + (", ".join(f"{k} {n}" for k, n in e["metrics"]["degradations"].items()) or "none") + " |"
                   for e in rates]
+    cov = [(e, run, c) for e in rep["engines"].values() for run, c in (e.get("engine_coverage") or {}).items()]
+    if cov:                         # `cover = true`: the engine's own cache code each campaign reached
+        lines += ["", "## Engine-code coverage", "", "| system | campaign | lines | branches | annotated |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {e['system']} | {run} | {c['lines_pct']}% ({c['lines']}/{c['statements']}) | "
+                  f"{c['branches_pct']}% | {c.get('annotated') or ''} |" for e, run, c in cov]
     if rep["findings"]:
         lines += ["", "## Findings", ""]
         for f in rep["findings"]:

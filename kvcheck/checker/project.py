@@ -58,8 +58,10 @@ SYSTEM_KEYS = {"engines": "a list of engine names", "budget": "a budget: steps (
                "config": "a path to a JSON config (string)", "layouts": "a list of vLLM layout names or files",
                "model_types": "a list of transformers model types",
                "sched_policy": "fcfs or priority: vLLM's scheduler policy in the scheduler-driven episodes",
-               "known": "a table NAME = { reason = \"...\", upstream = \"...\" } (adds to the top-level [known])"}
+               "known": "a table NAME = { reason = \"...\", upstream = \"...\" } (adds to the top-level [known])",
+               "cover": "true or false: measure the engine's cache-code coverage over each campaign"}
 KIND_ONLY = {"layouts": ("vllm",), "model_types": ("transformers",), "sched_policy": ("vllm",), "known": ("vllm",),
+             "cover": ("vllm",),
              "config": ("spec", "reference", "user")}
 # Kinds that are registered engines checked through their own project hooks (fuzz/engine.py).
 ENGINE_KINDS = ("vllm", "transformers")

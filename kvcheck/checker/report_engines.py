@@ -221,6 +221,22 @@ def _generic(x: dict[str, Any]) -> str:
     return table(["key", "value"], rows)
 
 
+def _coverage(runs: dict[str, Any]) -> str:
+    """`cover = true`: per campaign and module, the engine's cache code reached (lines, branches),
+    the lines never reached, and coverage.py's annotated listing."""
+    rows = []
+    for run, c in runs.items():
+        c = obj(c, f"report.json: engine_coverage.{run}")
+        for mod, f in obj(c.get("files", {}), f"report.json: engine_coverage.{run}.files").items():
+            f = obj(f, f"report.json: engine_coverage.{run}.files.{mod}")
+            miss = lst(f.get("missing_lines", []), f"report.json: engine_coverage.{run}.files.{mod}.missing_lines")
+            rows.append([run, mod, f.get("lines_pct"), f.get("branches_pct"),
+                         ", ".join(map(str, miss[:12])) + (" ..." if len(miss) > 12 else "")])
+        if c.get("annotated"):
+            rows.append([run, "annotated listing", "", "", str(c["annotated"])])
+    return "<h3>Engine-code coverage</h3>" + table(["campaign", "module", "lines %", "branches %", "never reached"], rows)
+
+
 def sections(data: dict[str, Any], d: Path) -> list[tuple[str, str, str]]:
     out = []
     for name, x in engines(data).items():
@@ -238,6 +254,8 @@ def sections(data: dict[str, Any], d: Path) -> list[tuple[str, str, str]]:
             body = _explore(x, d)
         else:
             body = _generic(x)
+        if isinstance(x.get("engine_coverage"), dict):
+            body += _coverage(x["engine_coverage"])
         title = TITLES.get(name, name.replace("_", " "))
         out.append((f"engine-{name}", title, body))
     checks = data.get("report", {}).get("checks")

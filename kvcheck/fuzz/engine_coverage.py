@@ -159,13 +159,18 @@ def text_lines(res: dict[str, Any]) -> list[str]:
 _ACTIVE: list[Measure] = []
 
 
-def begin(engine: str, modules: Sequence[str], html_dir: Path | None) -> Measure:
-    """Start measuring `engine`'s cache code; `checker.common.emit` ends it (see `attach`)."""
+def measure(engine: str, modules: Sequence[str], html_dir: Path | None) -> Measure:
+    """A started measurement of `engine`'s cache code (its caller stops it: `Measure.stop`)."""
     found, absent = resolve(modules)
     if not found:
         raise CoverageUnavailable(f"--cover: none of {engine}'s cache-code modules is importable here "
                                   f"({', '.join(modules)})")
-    m = Measure(engine, found, absent, html_dir).start()
+    return Measure(engine, found, absent, html_dir).start()
+
+
+def begin(engine: str, modules: Sequence[str], html_dir: Path | None) -> Measure:
+    """Start measuring `engine`'s cache code; `checker.common.emit` ends it (see `attach`)."""
+    m = measure(engine, modules, html_dir)
     _ACTIVE.append(m)
     return m
 

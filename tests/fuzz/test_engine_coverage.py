@@ -114,3 +114,26 @@ def test_transformers_diff_coverage_and_refusals(capsys, tmp_path) -> None:
                           "--out", str(tmp_path))[::2], "--cover applies to --sut")
     assert_bad_input(*run(capsys, "fuzz", "--sut", "vllm", "--layout", "full", "--cover", "--ray",
                           "--out", str(tmp_path))[::2], "--cover measures the campaign in this process")
+
+
+def test_a_project_system_with_cover_reports_it_in_md_json_and_html(capsys, tmp_path) -> None:
+    """`cover = true` in a project's vLLM system: each campaign's coverage in report.json (the
+    engine block), report.md (a table) and report.html (per module); bad values are one line."""
+    pytest.importorskip("vllm")
+    proj = tmp_path / "kvcheck.toml"
+    proj.write_text('[systems.vllm]\nlayouts = ["full+swa"]\nengines = ["fuzz"]\nbudget = 400\ncover = true\n')
+    code, out, err = run(capsys, "gate", "--project", str(proj), "--out", str(tmp_path / "rep"))
+    assert code == 0, out + err
+    rep = json.loads((tmp_path / "rep" / "report.json").read_text())
+    cov = rep["engines"]["vllm[full+swa] fuzz"]["engine_coverage"]["full+swa seed 0"]
+    assert 0 < cov["lines_pct"] < 100 and Path(cov["annotated"]).is_file()
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "## Engine-code coverage" in md and "| vllm[full+swa] | full+swa seed 0 |" in md
+    html = (tmp_path / "rep" / "report.html").read_text()
+    assert "Engine-code coverage" in html and "vllm.v1.core.block_pool" in html
+    proj.write_text('[systems.vllm]\nlayouts = ["full+swa"]\ncover = "yes"\n')
+    assert_bad_input(*run(capsys, "gate", "--project", str(proj), "--out", str(tmp_path / "b"))[::2],
+                     "[systems.vllm] cover: must be true or false")
+    proj.write_text('[systems.spec]\ncover = true\n')
+    assert_bad_input(*run(capsys, "gate", "--project", str(proj), "--out", str(tmp_path / "c"))[::2],
+                     "[systems.spec] cover: applies to vllm only")

@@ -8,6 +8,7 @@ from typing import Any, Mapping
 from kvcheck.checker.project import System
 from kvcheck.checker.project_engines import EngineRun, check, coverage_check, finding, labels, per_check, skipped
 from kvcheck.fuzz.engine import ProjectKeyError
+from kvcheck.spec.outputs import file_stem
 from kvcheck.spec.verdict import ExitCode
 
 from . import drivers as v
@@ -35,7 +36,10 @@ def project_system(layouts: list[str] | None, body: Mapping[str, Any],
     policy = body.get("sched_policy", "fcfs")
     if not isinstance(policy, str) or policy not in POLICIES:
         raise ProjectKeyError("sched_policy", f"must be one of {', '.join(POLICIES)} (got {policy!r})")
-    return names, {"sched_policy": policy}
+    cover = body.get("cover", False)
+    if not isinstance(cover, bool):
+        raise ProjectKeyError("cover", f"must be true or false (got {cover!r})")
+    return names, {"sched_policy": policy, "cover": cover}
 
 
 def known_checks(label: str, r: dict[str, Any], strict: bool) -> list[dict[str, Any]]:
@@ -68,6 +72,15 @@ def run_vllm(sys: System, layout: str, seed: int, out: Path, fault: str | None =
         except ValueError as e:
             return skipped(label, "fuzz", str(e))
     b = sys.fault_budget if fault else sys.budgets["fuzz"]
+    meas = None
+    if sys.options.get("cover") and not fault:      # the cache code this campaign reached
+        from kvcheck.fuzz import engine_coverage as ec
+        from .engine import ENGINE
+        try:
+            meas = ec.measure("vllm", ENGINE.cache_code,
+                              out / f"engine-coverage-vllm-{file_stem(Path(layout).stem)}-seed{seed}")
+        except ec.CoverageUnavailable as e:
+            return skipped(label, "fuzz", str(e))
     try:                                # drive: auto (vLLM's own scheduler where it runs the layout)
         r = v.run_campaign(layout, budget_s=b.seconds, steps=b.steps, seed=seed, fault=fault, out_dir=str(out),
                            sched_policy=sys.sched_policy, acknowledged=sys.options.get("acknowledged"),
@@ -76,6 +89,8 @@ def run_vllm(sys: System, layout: str, seed: int, out: Path, fault: str | None =
         return skipped(label, "fuzz", str(e))
     except ValueError as e:             # a fault this layout cannot plant (no sliding window)
         return skipped(label, "fuzz", str(e))
+    finally:
+        cover = meas.stop() if meas is not None else None
     counts = {"steps": r["steps"], "episodes": r["episodes"], "lookups_with_hit": r["lookups_with_hit"],
               "lost_reuse_lookups": r["lost_reuse_lookups"]}
     failed, traces, lost = {}, [], 0
@@ -94,7 +109,10 @@ def run_vllm(sys: System, layout: str, seed: int, out: Path, fault: str | None =
                             note=f"{lost} kinds of lost reuse saved as findings (not failing without strict reuse)"))
     profile = r.get("reuse_profile") or _reuse_profile(v, layout)
     drives = {layout: {"drive": r["drive"], "reason": r.get("drive_reason")}} if r.get("drive") else {}
-    return EngineRun(code, r["elapsed_s"], counts, checks, traces, {"reuse_profile": profile, "drives": drives})
+    extra = {"reuse_profile": profile, "drives": drives}
+    if cover is not None:
+        extra["engine_coverage"] = {f"{layout} seed {seed}": cover}
+    return EngineRun(code, r["elapsed_s"], counts, checks, traces, extra)
 
 
 def _reuse_profile(v: Any, layout: str) -> dict:
