@@ -169,8 +169,6 @@ class Lockstep:
         return f
 
     def fail(self, f: Finding) -> Finding:
-        if self.diverged is not None and f is not self.diverged:    # a consequence of the divergence:
-            f.checks = list(f.checks) + [c for c in self.diverged.checks if c not in f.checks]   # both failed
         self.stamp(f)
         self.failed = True
         self.found(f)

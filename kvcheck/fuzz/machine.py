@@ -38,7 +38,12 @@ PROBE_BYTES = 26          # 26/256: about one step in ten is a negative probe (w
 # The action mixes an example draws from: the random walker's (first: what examples shrink
 # towards), then the workload themes of `kvcheck diff` (version bumps, offload and reload,
 # memory pressure, ...), where the actions that deep faults need are common.
-MIXES: list[tuple[str, dict[str, float]]] = [("walk", WEIGHTS)] + [(t, theme_weights(t)) for t in THEMES]
+# The machine's own mix besides them (not a `kvcheck diff` theme, whose scenarios it would redraw):
+# a bound lease waits (use is slow) while versions move, for the stale fallbacks of bind and use.
+STALE_LEASES = {**BASE, "bump_model": 0.3, "bump_compressor": 0.3, "bump_indexer": 0.3, "bump_abi": 0.3,
+                "use": 0.2, "bind": 6}
+MIXES: list[tuple[str, dict[str, float]]] = [("walk", WEIGHTS)] + [(t, theme_weights(t)) for t in THEMES] \
+    + [("stale_leases", STALE_LEASES)]
 # (The version bumps keep their coins: a stale indexer shows only when the indexer is the one
 # bumped, a weight update making the whole prefix stale; engine_indexer_version_ignored was found
 # in 2 of 5 seeds with the theme's bumps always on, 5 of 5 with their coins.)

@@ -24,9 +24,6 @@ THEMES: dict[str, dict[str, float]] = {
                         "prefetch_complete": 12, "corrupt": 3, "verify_ok": 14, "checksum_fail": 14},
     "version_bumps": {"bump_model": 1, "bump_compressor": 1.5, "bump_indexer": 1.5, "bump_abi": 1,
                       "offload_start": 1, "evict": 1.5, "prefetch_start": 2},
-    # a bound lease waits (use is slow) while versions move: the stale fallbacks of bind and use
-    "stale_leases": {"bump_model": 0.3, "bump_compressor": 0.3, "bump_indexer": 0.3, "bump_abi": 0.3,
-                     "use": 0.2, "bind": 6},
     "lookups_during_transfers": {"offload_start": 3, "prefetch_start": 4, "evict": 3, "lookup": 14,
                                  "offload_ack": 0.5, "prefetch_complete": 0.5},
     "graphs": {"capture": 4, "migrate": 3, "evict": 2, "release_graph": 0.5},

@@ -183,7 +183,7 @@ def test_a_project_file_runs_its_fuzz_campaigns_on_ray(ray_cluster, redis_server
     system as Ray tasks and its expected fault is caught by its expected check."""
     proj = tmp_path / "kvcheck.toml"
     proj.write_text(f'ray = "{ray_cluster}"\nredis = "{redis_server}/3"\nray_shards = 2\n'
-                    '[systems.spec]\nengines = ["fuzz"]\nbudget = 300\n'
+                    '[systems.spec]\nengines = ["fuzz"]\nbudget = 8000\n'
                     f'expected_faults = ["{FAULT}"]\nfault_budget = "60s"\n')
     r = subprocess.run([sys.executable, "-m", "kvcheck", "gate", "--project", str(proj), "--json",
                         "--junit", str(tmp_path / "j.xml"), "--out", str(tmp_path / "rep")],

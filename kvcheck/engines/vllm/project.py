@@ -74,10 +74,9 @@ def run_vllm(sys: System, layout: str, seed: int, out: Path, fault: str | None =
     b = sys.fault_budget if fault else sys.budgets["fuzz"]
     meas = None
     if sys.options.get("cover") and not fault:      # the cache code this campaign reached
-        from kvcheck.fuzz import engine_coverage as ec
-        from .engine import ENGINE
+        from kvcheck.fuzz import engine_coverage as ec, registry
         try:
-            meas = ec.measure("vllm", ENGINE.cache_code,
+            meas = ec.measure("vllm", registry.get("vllm").cache_code,
                               out / f"engine-coverage-vllm-{file_stem(Path(layout).stem)}-seed{seed}")
         except ec.CoverageUnavailable as e:
             return skipped(label, "fuzz", str(e))
