@@ -158,9 +158,11 @@ NEW_FAULTS = [EF.HASH_IGNORES_PARENT, EF.STALE_HASH_AFTER_REUSE, EF.STALE_HASH_A
 # Which check sees a parentless hash first depends on the walk: when the colliding block is
 # live the engine serves it (hit_content_sound); when it was evicted the engine's first error is
 # the lookup's logical count of it (decision_matches_spec: a true detection, counted as
-# mis-attributed). Seed 0 takes the second path since `slide` left full-attention configs (it
-# moved nothing there); seed 1 took it before. Every seed detects the fault (test below).
-SEED = {EF.HASH_IGNORES_PARENT.name: 1}
+# mis-attributed). Which seeds take which path moves whenever the fuzz machine draws differently:
+# since the coverage steering (2026-12-05) seeds 0, 3, 4 and 5 are killed by the expected check
+# and 1 and 2 take the second path (before it, seed 1 was killed and 0 was not). Every seed
+# detects the fault (test below).
+SEED = {EF.HASH_IGNORES_PARENT.name: 0}
 
 
 @pytest.mark.parametrize("fault", [f.name for f in NEW_FAULTS])
