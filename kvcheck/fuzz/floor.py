@@ -22,7 +22,7 @@ def shortfall(counts: dict[str, Any], missing: Iterable[str], never_enabled: Ite
     if any(k in counts for k in DECISION_KINDS) and not sum(
             v for k, v in counts.items() if k in DECISION_KINDS and isinstance(v, int)):
         short.append("no lookup decided")
-    never = [a for a in never_enabled]
+    never = list(never_enabled)
     drawn = [a for a in missing if a not in never]
     if never:
         within = f" in {steps_run} steps" if steps_run is not None else ""

@@ -196,13 +196,16 @@ def make_machine(spec: Spec, sut_factory: Callable[[], SystemUnderTest], tally: 
     # path went unexercised in most 2,000-step campaigns).
     noise = sorted(n for n in action_names if n not in CORE and n not in ("bind_stale", "use_stale"))
 
-    # A theme never switches off what it is about (the actions it weighs above the walker's mix):
-    # an offload-and-reload example with its prefetch coin off cannot reach a verified reload,
-    # and with six such coins the path that ends in verify_ok came up in 1 example of ~300.
+    # A theme never switches off what it is about (the actions it weighs above the everyday mix,
+    # bumps aside: EMPHASIS): an offload-and-reload example with its prefetch coin off cannot
+    # reach a verified reload, and with six such coins the path that ends in verify_ok came up in
+    # 1 example of ~300. The wanted actions' boost is folded into the example's weights here,
+    # once, not in every step's draw.
     def swarm(self: Any, off: list[bool], tag: bytes) -> None:
         turn, self.wanted = tally.steer((tuple(off), tag))
         mix = turn % len(MIXES)
-        self.weights = MIXES[mix][1]
+        w = MIXES[mix][1]
+        self.weights = {**w, **{n: w.get(n, 1.0) * WANTED_BOOST for n in self.wanted}} if self.wanted else w
         keep = EMPHASIS[mix]
         self.off = frozenset(n for n, o in zip(noise, off) if o and n not in keep and n not in self.wanted)
 
@@ -227,8 +230,7 @@ def make_machine(spec: Spec, sut_factory: Callable[[], SystemUnderTest], tally: 
             or [n for n in action_names if n in self.enabled]
         if not names:
             return
-        w = self.weights if not self.wanted else \
-            {n: self.weights.get(n, 1.0) * (WANTED_BOOST if n in self.wanted else 1.0) for n in names}
+        w = self.weights
         x, pick = point * sum(w.get(n, 1.0) for n in names), names[-1]
         for n in names:
             x -= w.get(n, 1.0)
