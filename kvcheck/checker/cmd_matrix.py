@@ -17,15 +17,16 @@ from .common import UsageError, check_writable, emit, positive_int
 
 DESCRIPTION = """\
 Run a short kvcheck fuzz campaign on every layout of every release of an engine (vLLM, SGLang)
-and show one verdict per cell, release x layout. Each release gets its own side environment
+and show one verdict per cell, release x layout; for transformers, a column is a model type and a
+cell is `kvcheck diff --sut transformers --model-type M --scenarios N` (reuse vs recompute). Each release gets its own side environment
 (built once with the engine's install script, then reused), or give interpreters with --python.
 
 what a cell says:
   clean           the campaign ran its budget, every check held, every action was exercised
-  finding         a check failed: the release's defect (a recognised known defect is named,
+  finding         a check failed (transformers: reuse diverged from the recompute): the release's defect (a recognised known defect is named,
                   e.g. "finding: fine_cow_same_step (known, vllm#...)"); the notes give the
                   command that replays it
-  cannot express  the release cannot build this layout (a cache class or option it lacks); not run
+  cannot express  the release cannot build this layout or model type (a class or option it lacks)
   cannot drive    kvcheck cannot drive this release (its stand-ins or call signatures do not fit
                   it): kvcheck's gap, not a finding about the engine
   undecided       the campaign ran but decided nothing (e.g. actions never exercised: a longer
@@ -42,7 +43,7 @@ Docs: docs/matrix.md"""
 def add_matrix_arguments(p: argparse.ArgumentParser) -> None:
     p.description = DESCRIPTION
     p.add_argument("--sut", required=True, metavar="NAME",
-                   help="the engine: vllm or sglang (any registered engine with a release_range)")
+                   help="the engine: vllm, sglang or transformers (any registered engine with a release_range)")
     p.add_argument("--releases", default=None, metavar="WHICH",
                    help="all (every release on the package index in the engine's claimed range), minors "
                         "(the newest release of each X.Y; the default), patches (the newest post release of "
@@ -54,9 +55,10 @@ def add_matrix_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-outside-range", action="store_true",
                    help="run releases outside the range kvcheck claims to drive")
     p.add_argument("--layouts", metavar="L1,L2", default=None,
-                   help="only these layouts (default: every layout each release has)")
-    p.add_argument("--budget-per-cell", default="30s", metavar="BUDGET",
-                   help="each cell's campaign: a time (30s, 5m) or a step count (300) (default: %(default)s)")
+                   help="only these layouts (transformers: model types) (default: every one each release has)")
+    p.add_argument("--budget-per-cell", default=None, metavar="BUDGET",
+                   help="each cell's campaign: a time (30s, 5m) or a step count (300) (default: 30s); "
+                        "transformers: a number of kvcheck diff scenarios (default: 8)")
     p.add_argument("--seed", type=int, default=0, help="seed of every campaign (default: %(default)s)")
     p.add_argument("--envs", metavar="DIR", default=None,
                    help="where release environments are built and reused (default: $KVCHECK_ENVS or "
@@ -109,7 +111,7 @@ def _command(args: argparse.Namespace) -> str:
         cmd.append("--allow-outside-range")
     if args.layouts:
         cmd += ["--layouts", args.layouts]
-    cmd += ["--budget-per-cell", args.budget_per_cell, "--seed", str(args.seed), "--out", args.out]
+    cmd += ["--budget-per-cell", args.budget_per_cell or _engine(args.sut, False).matrix_budget, "--seed", str(args.seed), "--out", args.out]
     if args.envs:
         cmd += ["--envs", args.envs]
     if args.workers != 1:
@@ -146,13 +148,12 @@ def _layouts(text: str | None, eng: Any) -> tuple[list[str] | None, list[str]]:
         raise UsageError(f"--layouts: {text[:60]!r} has an empty entry")
     unknown = [x for x in names if x not in known]
     if unknown:
-        raise UsageError(f"--layouts: unknown {eng.name} layout {unknown[0]!r}; known: {', '.join(known)}")
+        raise UsageError(f"--layouts: unknown {eng.name} {eng.matrix_column} {unknown[0]!r}; known: {', '.join(known)}")
     names = list(dict.fromkeys(names))
     return names, names
 
 
 def cmd_matrix(args: argparse.Namespace) -> int:
-    from ..fuzz.campaign import Budget
     from ..fuzz.pool import cap_workers
     from . import matrix as mx
     from .matrix_envs import ReleaseError, default_envs, index_versions, select_releases
@@ -163,8 +164,9 @@ def cmd_matrix(args: argparse.Namespace) -> int:
                          "release installed for each interpreter)")
     building = not args.python
     eng = _engine(args.sut, building)
+    cell_budget = (args.budget_per_cell or eng.matrix_budget).strip()
     try:
-        budget = Budget.parse(args.budget_per_cell)
+        budget_s = eng.check_matrix_budget(cell_budget)
     except ValueError as e:
         raise UsageError(f"--budget-per-cell: {e}") from None
     wanted, columns = _layouts(args.layouts, eng)
@@ -192,14 +194,16 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     workers, note = cap_workers(args.workers)
     if note:
         print(f"kvcheck matrix: {note}", file=sys.stderr)
-    plan = mx.Plan(engine=eng.name, budget=args.budget_per_cell.strip(), seed=args.seed, out=out,
+    plan = mx.Plan(engine=eng.name, budget=cell_budget, seed=args.seed, out=out,
                    columns=columns, layouts=wanted, sources=sources, distribution=eng.distribution,
                    script=eng.install_script, envs=envs, workers=workers, fuzz_args=extra,
-                   cell_timeout_s=mx.cell_timeout(budget.seconds))
+                   cell_timeout_s=mx.cell_timeout(budget_s),
+                   cell_args=eng.matrix_cell(mx.COLUMN, cell_budget, args.seed))
     meta = {"distribution": eng.distribution, "release_range": list(eng.release_range),
             "releases": None if args.python else (args.releases or "minors"),
             "pythons": [s.python for s in sources] if args.python else None,
-            "envs": str(envs) if envs else None, "kvcheck_python": sys.executable, "fuzz_args": extra}
+            "envs": str(envs) if envs else None, "kvcheck_python": sys.executable, "fuzz_args": extra,
+            "column": eng.matrix_column, "cell_args": plan.cell_args}
     try:
         rows = mx.run_matrix(plan)
         code, interrupted = mx.exit_code(rows), False

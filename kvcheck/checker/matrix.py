@@ -41,6 +41,7 @@ LEGEND = {
 }
 FINDING_CODES = frozenset({10, 11, 12, 13})
 FIRST_LINE_TIMEOUT_S = 900.0            # importing the engine and listing its layouts
+COLUMN = "{COLUMN}"                     # in a cell's argument template: the cell's layout / model type
 
 
 class BadLine(ValueError):
@@ -75,7 +76,11 @@ def classify(line: dict[str, Any], rerun: str | None = None) -> dict[str, Any]:
     elif code == ExitCode.USAGE and isinstance(res.get("cannot_express"), str):
         cell.update(verdict="cannot express", line=res["cannot_express"][:500])   # (said by the run itself)
     elif code == 0:
-        cell.update(verdict="clean", line=f"{res.get('steps', '?')} steps, every check held")
+        done = (f"{res['scenarios_run']} scenarios, reuse equal to the recompute within tolerance (max |dlogit| "
+                f"{res.get('max_abs_diff', '?'):.3g})" if isinstance(res.get("scenarios_run"), int)
+                and isinstance(res.get("max_abs_diff"), (int, float))
+                else f"{res.get('steps', '?')} steps, every check held")
+        cell.update(verdict="clean", line=done)
     elif code in FINDING_CODES:
         _finding(cell, res, code)
     elif code == ExitCode.UNDECIDED:
@@ -173,14 +178,22 @@ class Plan:
     workers: int = 1
     cell_timeout_s: float = 3600.0
     fuzz_args: list[str] = field(default_factory=list)    # --fuzz-option: every cell's fuzz gets them
+    # one cell's kvcheck arguments (Engine.matrix_cell with COLUMN for the column); empty: fuzz
+    cell_args: list[str] = field(default_factory=list)
+
+
+def cell_argv(plan: Plan, layout: str) -> list[str]:
+    """The kvcheck arguments of one cell, before --fuzz-option, --json and --out."""
+    template = plan.cell_args or ["fuzz", "--sut", plan.engine, "--layout", COLUMN, "--budget", plan.budget,
+                                  "--seed", str(plan.seed)]
+    return [layout if a == COLUMN else a for a in template]
 
 
 def rerun_command(python: str, plan: Plan, layout: str, out_dir: str, drive: Any = None) -> str:
     """The command that reruns one cell, as the driver ran it; `drive`: the one the cell's run
     resolved (vLLM's --drive auto), named unless --fuzz-option gave one."""
     pin = ["--drive", drive] if isinstance(drive, str) and drive and "--drive" not in plan.fuzz_args else []
-    return shlex.join([f"PYTHONPATH={ROOT}", python, "-m", "kvcheck", "fuzz", "--sut", plan.engine,
-                       "--layout", layout, "--budget", plan.budget, "--seed", str(plan.seed), *plan.fuzz_args,
+    return shlex.join([f"PYTHONPATH={ROOT}", python, "-m", "kvcheck", *cell_argv(plan, layout), *plan.fuzz_args,
                        *pin, "--out", out_dir])
 
 
@@ -255,7 +268,7 @@ def run_driver(python: str, plan: Plan, label: str, expected: str | None,
     lines.write_text("")
     spec = {"lines": str(lines), "sut": plan.engine, "budget": plan.budget, "seed": plan.seed,
             "out": str(plan.out.resolve()), "layouts": plan.layouts, "expected": expected,
-            "fuzz_args": plan.fuzz_args}
+            "fuzz_args": plan.fuzz_args, "cell": plan.cell_args}
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     note = None
     with open(errlog, "w") as err:

@@ -3,8 +3,9 @@
     PYTHONPATH=<kvcheck repo> PY -m kvcheck.checker.matrix_driver SPEC_JSON
 
 It asks the engine there for its release and layouts (`kvcheck engines NAME --layouts --json`),
-then runs `kvcheck fuzz --sut NAME --layout L ... --json` for each layout the release can
-express, all in this one process (`kvcheck.checker.cli.main`, the command line's own parser,
+then runs each cell's command (SPEC["cell"], the engine's `matrix_cell` with "{COLUMN}" for the
+layout: `kvcheck fuzz --sut NAME --layout L ...`, or `kvcheck diff --sut transformers --model-type
+M ...`) with --json for each layout the release can express, all in this one process (`kvcheck.checker.cli.main`, the command line's own parser,
 errors and exit codes): importing vLLM or SGLang costs seconds, paid once per release.
 
 It appends one JSON object per line to SPEC["lines"] as it goes, flushed, so that a driver that
@@ -28,7 +29,8 @@ from typing import Any
 # result keys a matrix cell keeps (the rest, coverage profiles and such, stay in fuzz's own output)
 KEEP = ("exit_code", "steps", "episodes", "elapsed_s", "missing_actions", "lookups_with_hit", "command",
         "cannot_drive", "cannot_express", "verdict", "undecided", "vllm_version", "sglang_version",
-        "drive", "drive_reason")
+        "drive", "drive_reason", "transformers_version", "scenarios_run", "max_abs_diff", "counts",
+        "first_divergent_operation")
 FINDING_KEYS = ("kind", "check", "message", "trace", "replay", "reproducer", "steps", "layout")
 KNOWN_KEYS = ("name", "status", "check", "kind", "upstream", "releases", "recognised", "message", "reproducer")
 
@@ -135,8 +137,9 @@ def run(spec: dict[str, Any]) -> int:
                 continue                           # cannot express: judged by the parent, not run
             put({"type": "start", "layout": lay})
             t0 = time.monotonic()
-            r = cli("fuzz", "--sut", sut, "--layout", lay, "--budget", str(spec["budget"]),
-                    "--seed", str(spec["seed"]), *spec.get("fuzz_args", []), "--json", "--out", out)
+            cell = spec.get("cell") or ["fuzz", "--sut", sut, "--layout", "{COLUMN}", "--budget", str(spec["budget"]),
+                                        "--seed", str(spec["seed"])]
+            r = cli(*[lay if a == "{COLUMN}" else a for a in cell], *spec.get("fuzz_args", []), "--json", "--out", out)
             put({"type": "cell", "layout": lay, "code": r["code"], "result": trim(parse_json(r["stdout"])),
                  "stderr": r["stderr"][-2000:], "traceback": r["traceback"],
                  "elapsed_s": round(time.monotonic() - t0, 2)})

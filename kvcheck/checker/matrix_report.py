@@ -17,7 +17,7 @@ from typing import Any
 
 from ..spec.outputs import file_stem, write_atomic
 from ..spec.verdict import ExitCode
-from .matrix import LEGEND, UNPROVEN, VERDICTS, count
+from .matrix import COLUMN, LEGEND, UNPROVEN, VERDICTS, count
 from .matrix_envs import ROOT
 
 FORMAT = "kvcheck-matrix/1"
@@ -105,7 +105,7 @@ def _note_lines(x: dict[str, Any], md: bool) -> list[str]:
             lines.append(f"    {k['name']} reproducer: {q(k['reproducer'])}")
     if c.get("rerun"):
         lines.append(f"    rerun the cell: {q(c['rerun'])}" if len(x["layouts"]) == 1 else
-                     f"    rerun a cell ({x['layouts'][0]}; --layout for the others): {q(c['rerun'])}")
+                     f"    rerun a cell ({x['layouts'][0]}; the same for the others): {q(c['rerun'])}")
     return lines
 
 
@@ -118,10 +118,10 @@ def _grid(head: list[str], body: list[list[str]]) -> list[str]:
 
 def render_text(data: dict[str, Any]) -> str:
     refs, rows, cols = _refs(data), data["rows"], data["layouts"]
-    lines = [f"kvcheck matrix --sut {data['engine']}: {len(rows)} release(s) x {len(cols)} layout(s), "
+    lines = [f"kvcheck matrix --sut {data['engine']}: {len(rows)} release(s) x {len(cols)} {_col(data)}(s), "
              f"budget {data['budget_per_cell']} per cell, seed {data['seed']}"]
     if len(cols) > len(rows):
-        lines += _grid(["layout"] + [label(r) for r in rows],
+        lines += _grid([_col(data)] + [label(r) for r in rows],
                        [[lay] + [cell_text(r, lay, refs) for r in rows] for lay in cols])
     else:
         lines += _grid(["release"] + cols, [[label(r)] + [cell_text(r, lay, refs) for lay in cols] for r in rows])
@@ -142,9 +142,16 @@ def render_text(data: dict[str, Any]) -> str:
 
 
 def rerun_template(row: dict[str, Any], data: dict[str, Any]) -> str:
-    return shlex.join([f"PYTHONPATH={ROOT}", row["python"], "-m", "kvcheck", "fuzz", "--sut", data["engine"],
-                       "--layout", "LAYOUT", "--budget", data["budget_per_cell"], "--seed", str(data["seed"]),
+    col = _col(data).upper().replace(" ", "_")
+    cell = data.get("cell_args") or ["fuzz", "--sut", data["engine"], "--layout", COLUMN, "--budget",
+                                     data["budget_per_cell"], "--seed", str(data["seed"])]
+    return shlex.join([f"PYTHONPATH={ROOT}", row["python"], "-m", "kvcheck", *[col if a == COLUMN else a for a in cell],
                        *data.get("fuzz_args", []), "--out", row["out_dir"]])
+
+
+def _col(data: dict[str, Any]) -> str:
+    """What a column is: "layout", or the engine's (transformers: "model type")."""
+    return str(data.get("column") or "layout")
 
 
 # ---- Markdown --------------------------------------------------------------------------------
@@ -202,7 +209,7 @@ def render_html(data: dict[str, Any]) -> str:
          f"<header class='verdict {tone}'><h1>{esc(data['engine'])}: {esc(data['verdict'])}</h1>",
          f"<p>exit {code} · seed {data['seed']} · budget {esc(str(data['budget_per_cell']))} per cell · "
          f"{esc(data['date'])}</p><p><code>{esc(data['command'])}</code></p></header><main>",
-         "<h2>Release × layout</h2><table class='matrix'><tr><th>release</th>"
+         f"<h2>Release × {esc(_col(data))}</h2><table class='matrix'><tr><th>release</th>"
          + "".join(f"<th>{esc(c)}</th>" for c in cols) + "</tr>"]
     for r in data["rows"]:
         tds = []

@@ -60,6 +60,10 @@ class Engine:
     # The script (path relative to kvcheck's repository) that builds a side environment for a
     # release, called as `PYTHON=<kvcheck's python> bash SCRIPT VERSION DIR`; None: no matrix.
     install_script: ClassVar[str | None] = None
+    # What one column of its release matrix is ("layout"; transformers: "model type"), and the
+    # budget of a cell when `kvcheck matrix` is given none.
+    matrix_column: ClassVar[str] = "layout"
+    matrix_budget: ClassVar[str] = "30s"
 
     # ---- what it is -------------------------------------------------------------------------
     def release(self) -> str | None:
@@ -149,6 +153,17 @@ class Engine:
     def diff_command(self, args: argparse.Namespace) -> int | None:
         """`kvcheck diff --sut NAME` (reuse vs recompute); None: the engine has no model."""
         return None
+
+    # ---- the release matrix (checker/matrix*.py) ----------------------------------------------
+    def matrix_cell(self, column: str, budget: str, seed: int) -> list[str]:
+        """The `kvcheck` arguments that check one matrix cell (the matrix adds --json, --out and
+        the --fuzz-option arguments): a fuzz campaign on the layout by default."""
+        return ["fuzz", "--sut", self.name, "--layout", column, "--budget", budget, "--seed", str(seed)]
+
+    def check_matrix_budget(self, budget: str) -> float | None:
+        """A cell budget's seconds (None: a count, no time bound); ValueError, one line, if bad."""
+        from .campaign import Budget
+        return Budget.parse(budget).seconds
 
     # ---- the project gate (checker/project.py) ----------------------------------------------
     # The key of its `[tool.kvcheck.systems.NAME]` table that lists what to check (layouts,

@@ -12,6 +12,20 @@ from kvcheck.spec.verdict import ExitCode
 from . import oracle as hf
 
 
+def finding(res: dict, cmd: str) -> dict:
+    """A divergent (or crashed) run as a finding record, in the fields fuzz findings have."""
+    op = res.get("first_divergent_operation")
+    layer = res.get("first_divergent_layer")
+    if res["verdict"] == "error":
+        what = "; ".join(res.get("errors") or [res.get("error") or "a model call crashed"])[:300]
+    else:
+        what = (f"reuse differs from the full recompute by {res.get('max_abs_diff', 0):.3g} (tolerance "
+                f"{res.get('tolerance', 0):.3g})" + (f", first at layer {layer}" if layer is not None else "")
+                + (f", in {op}" if op else ""))
+    return {"kind": "differential", "check": "reuse_equals_recompute", "message": what, "replay": cmd,
+            "layout": res.get("model_type")}
+
+
 def diff_command(args: argparse.Namespace) -> int:
     """`--sut transformers`: one model type (exit 0/11, 2 unsupported, 3 cannot drive), or `--list-models`."""
     if args.backend != "torch":
@@ -53,5 +67,8 @@ def diff_command(args: argparse.Namespace) -> int:
                 "error": ExitCode.DIFF}.get(res["verdict"], ExitCode.OK))
     res["exit_code"] = code
     res["command"] = cmd
+    if res["verdict"] == "unsupported":      # the release cannot build this model type (kvcheck matrix)
+        res["cannot_express"] = f"transformers {res.get('transformers_version')}: {res.get('reason')}"
+    res["findings"] = [finding(res, cmd)] if code == ExitCode.DIFF else []
     emit(args, res, lambda: hf.render_text(res, code) + f"\n  seed {args.seed}; rerun: {res['command']}")
     return code

@@ -11,6 +11,8 @@ from kvcheck.fuzz.engine import Engine
 
 from .cache import TRANSFORMERS_FAULTS
 
+MAX_SCENARIOS = 1000
+
 
 class TransformersEngine(Engine):
     name = "transformers"
@@ -22,6 +24,13 @@ class TransformersEngine(Engine):
     project_variant_key = "model_types"
     packages = ("transformers",)      # fuzz/boundary.py: its frames are the engine's (interface.PACKAGES)
     cache_code = ("transformers.cache_utils",)      # kvcheck diff --cover
+    # kvcheck matrix --sut transformers: every 5.x release (docs/findings-transformers.md, "The
+    # release matrix"); a column is a model type, a cell `kvcheck diff` with N scenarios
+    distribution = "transformers"
+    release_range = ("5.0.0", "5.25.0")
+    install_script = "scripts/install-transformers.sh"
+    matrix_column = "model type"
+    matrix_budget = "8"
 
     def release(self) -> str | None:
         from importlib import metadata
@@ -44,6 +53,18 @@ class TransformersEngine(Engine):
     def diff_command(self, args: argparse.Namespace) -> int:
         from .cli import diff_command
         return diff_command(args)
+
+    def matrix_cell(self, column: str, budget: str, seed: int) -> list[str]:
+        """One model type's reuse-vs-recompute run: `kvcheck diff` with BUDGET scenarios."""
+        return ["diff", "--sut", self.name, "--model-type", column, "--scenarios", budget, "--seed", str(seed)]
+
+    def check_matrix_budget(self, budget: str) -> float | None:
+        """A cell is a number of scenarios (kvcheck diff --scenarios), not a time."""
+        text = budget.strip() if isinstance(budget, str) else ""
+        if not text.isdigit() or not 1 <= int(text) <= MAX_SCENARIOS:
+            raise ValueError(f"a transformers cell runs a number of kvcheck diff scenarios (1-{MAX_SCENARIOS}, "
+                             f"e.g. 8), not {str(budget)[:40]!r}")
+        return None
 
     def project_system(self, variants: list[str] | None, body: Any, base: Path) -> tuple[list[str], dict[str, Any]]:
         from .project import project_system

@@ -155,19 +155,42 @@ def check_used(model: Any, passed: Any, before: int | None, got: Any, tokens: in
         f"the forward's cache parameters: {', '.join(cache_parameters(cls)) or 'none'}"), where)
 
 
-def call_with_cache(model: Any, cache: Any, call: Any = None, **kw: Any) -> tuple[Any, Any]:
+def call_with_cache(model: Any, cache: Any, call: Any = None, past: int | None = None,
+                    **kw: Any) -> tuple[Any, Any]:
     """``model(**kw)`` (or ``call(**kw)``, a wrapper that calls it) continuing ``cache`` by the
     keyword this release takes: (output, returned cache); CannotDrive when the model did not use
-    the cache (`check_used`), naming kvcheck's caller as where it relies on the keyword."""
+    the cache (`check_used`), naming kvcheck's caller as where it relies on the keyword.
+    ``past``: the tokens ``cache`` holds (else its own count): where the forward declares
+    ``cache_position`` the new tokens' positions are passed, as generate() passes them (5.0's
+    Mamba family refuses a cache without them)."""
     where = here(1)
     key = cache_keyword(model)
     before = seq_length(cache)
-    out = (call or model)(**kw, **{key: cache})
-    got = returned_cache(out, key)
     ids = kw.get("input_ids")
     tokens = int(ids.shape[1]) if ids is not None else int(kw["inputs_embeds"].shape[1])
+    start = past if past is not None else before
+    if start is not None and "cache_position" not in kw and takes_positions(type(model)):
+        import torch
+        kw["cache_position"] = torch.arange(start, start + tokens)
+    out = (call or model)(**kw, **{key: cache})
+    got = returned_cache(out, key)
     check_used(model, cache, before, got, tokens, where)
     return out, got
+
+
+def takes_positions(cls: type) -> bool:
+    """Whether ``cls.forward`` declares ``cache_position`` by name (the release's own interface)."""
+    fn = getattr(cls, "forward", None)
+    return fn is not None and _takes_positions(fn)
+
+
+@functools.lru_cache(maxsize=None)
+def _takes_positions(forward: Any) -> bool:
+    try:
+        p = inspect.signature(forward).parameters.get("cache_position")
+    except (TypeError, ValueError):
+        return False
+    return p is not None and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
 
 
 def classify(exc: BaseException) -> CannotDrive | None:

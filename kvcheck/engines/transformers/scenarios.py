@@ -171,11 +171,12 @@ class Runner:
                 f"(its output {type(out).__name__} declares {', '.join(output_fields(out)) or 'no fields'})"), here())
         return out.logits[0].double(), cache
 
-    def step(self, ids, cache, path="extend"):
-        """Continue ``cache`` with ``ids`` through the keyword this release's forward declares; a
-        model that ignored the cache is CannotDrive (interface.check_used), never a divergence."""
+    def step(self, ids, cache, path="extend", past=None):
+        """Continue ``cache`` (holding ``past`` tokens) with ``ids`` through the keyword this
+        release's forward declares; a model that ignored the cache is CannotDrive
+        (interface.check_used), never a divergence."""
         path = path if ids.shape[1] > 1 else "decode"
-        out, got = call_with_cache(self.model, cache, call=lambda **kw: self._call(path, **kw),
+        out, got = call_with_cache(self.model, cache, call=lambda **kw: self._call(path, **kw), past=past,
                                    input_ids=ids, use_cache=True)
         return out.logits[0].double(), got
 
@@ -221,7 +222,7 @@ class Runner:
         self.rec.start()
         c, start = restored, P
         for n in steps:
-            lg, c = self.step(ids[:, start:start + n], c)
+            lg, c = self.step(ids[:, start:start + n], c, past=start)
             pieces.append(lg)
             start += n
         reuse_hs = self.rec.stop()
@@ -284,7 +285,7 @@ class Runner:
             nxt = torch.tensor([[tc]], dtype=seq.dtype)
             seq = torch.cat([seq, nxt], dim=1)
             if step + 1 < n_gen:
-                lg, cache = self.step(nxt, cache)
+                lg, cache = self.step(nxt, cache, past=seq.shape[1] - 1)
                 lg_c = lg[-1]
         return dict(tokens_with_cache=with_cache, tokens_without_cache=without, match=mismatch is None,
                     first_mismatch_step=mismatch, tie_flip=tie_flip, max_abs_diff=max_abs)

@@ -293,7 +293,7 @@ def trace(runner, ids, P: int, steps: list[int], restored, layer_idx: int, rel_t
         T = ids.shape[1]
         cache, start, per_step = copy.deepcopy(restored), P, []
         for n in steps:
-            _, cache = runner.step(ids[:, start:start + n], cache)
+            _, cache = runner.step(ids[:, start:start + n], cache, past=start)
             per_step.append((start, n, rec.take()))
             start += n
         runner.full(ids)
