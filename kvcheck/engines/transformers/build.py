@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 from . import models
-from .interface import returned_cache
+from .interface import prefill
 from . import rules
 from .models import (ALIASES, MAX_PARAMS, AdapterError, config_mapping, decoder_type, derive_config,
                      import_transformers, one_line)
@@ -128,12 +128,13 @@ def build_model(model_type: str, config_json: str | None = None, dtype: str = "f
             model = AutoModelForCausalLM.from_config(config, attn_implementation=attn)
             model = _keep_fp32(model.to(tdtype), tdtype).eval()
             with torch.no_grad():
-                out = model(input_ids=torch.zeros((1, 4), dtype=torch.long), use_cache=True)
+                out, cache = prefill(model, torch.zeros((1, 4), dtype=torch.long))
             if getattr(out, "logits", None) is None:
                 raise AdapterError("the model returns no logits")
-            if returned_cache(out) is None:
+            if cache is None:
                 raise AdapterError(f"{type(model).__name__} returns no cache object with use_cache=True (it keeps "
-                                   "its state inside its modules): reuse cannot be driven through a cache")
+                                   "its state inside its modules, and its generate() starts with none): reuse cannot be driven "
+                                   "through a cache")
             return model, model.config, mt, params
         except Exception as exc:  # noqa: BLE001 - any failure to build is reported, never raised
             first = first or f"{type(exc).__name__}: {one_line(exc)}"

@@ -178,6 +178,40 @@ def call_with_cache(model: Any, cache: Any, call: Any = None, past: int | None =
     return out, got
 
 
+def prefill(model: Any, ids: Any, call: Any = None) -> tuple[Any, Any]:
+    """(output, cache) of a first call with ``use_cache=True``: the cache the model returns; where
+    the release's model returns none unless handed one (5.0-5.x's Bamba, FalconH1: their cache
+    class is made by ``prepare_inputs_for_generation``), the one its generate() would start with,
+    passed by the release's keyword; (output, None) when neither gives one."""
+    out = (call or model)(input_ids=ids, use_cache=True)
+    got = returned_cache(out)
+    if got is not None:
+        return out, got
+    start = generation_cache(model, ids)
+    if start is None:
+        return out, None
+    return call_with_cache(model, start, call=call, past=0, input_ids=ids, use_cache=True)
+
+
+def generation_cache(model: Any, ids: Any) -> Any:
+    """The cache object the release's ``prepare_inputs_for_generation`` starts a generation with
+    (None: it makes none, or cannot be asked)."""
+    prep = getattr(model, "prepare_inputs_for_generation", None)
+    if not callable(prep):
+        return None
+    declared = cache_parameters(type(model))
+    if not declared:                   # no cache parameter: nothing a generation could hand it
+        return None
+    import torch
+    key = declared[0]
+    try:
+        inputs = prep(ids, **{key: None}, use_cache=True, cache_position=torch.arange(ids.shape[1]))
+    except Exception:  # noqa: BLE001 - a release that cannot be asked this way: no starting cache
+        return None
+    found = inputs.get(key) if isinstance(inputs, dict) else None
+    return found if found is not None and hasattr(found, "get_seq_length") else None
+
+
 def takes_positions(cls: type) -> bool:
     """Whether ``cls.forward`` declares ``cache_position`` by name (the release's own interface)."""
     fn = getattr(cls, "forward", None)

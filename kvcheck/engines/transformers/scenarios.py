@@ -18,6 +18,7 @@ from . import plan as planlib
 from .cache import FAULTS, CacheFault, compare_caches
 from .interface import (CannotDrive, cache_keyword, call_with_cache, classify, here, output_fields, release,
                         returned_cache)
+from .interface import prefill as first_call
 from .models import AdapterError, finite, one_line
 
 VERDICT_ORDER = ("exact", "within-tolerance", "divergent", "error")
@@ -163,8 +164,7 @@ class Runner:
         return out.logits[0].double(), hs
 
     def prefill(self, ids):
-        out = self._call("prefill", input_ids=ids, use_cache=True)
-        cache = returned_cache(out, self.cache_keyword)
+        out, cache = first_call(self.model, ids, call=lambda **kw: self._call("prefill", **kw))
         if cache is None:
             raise CannotDrive("transformers", release(), (
                 f"{type(self.model).__name__} returned no cache kvcheck can read after a prefill with use_cache=True "
