@@ -64,6 +64,10 @@ def add_matrix_arguments(p: argparse.ArgumentParser) -> None:
                    help="where release environments are built and reused (default: $KVCHECK_ENVS or "
                         "~/.cache/kvcheck/envs)")
     p.add_argument("--out", metavar="DIR", default="kvcheck-matrix", help="output directory (default: %(default)s)")
+    p.add_argument("--resume", action="store_true",
+                   help="keep every cell a previous run into the same --out finished with the same budget, seed "
+                        "and options on the same release, and run only the rest (a long matrix in several "
+                        "sittings, or after Ctrl-C)")
     p.add_argument("--workers", type=positive_int, default=1,
                    help="releases built and run side by side (default: %(default)s)")
     p.add_argument("--fuzz-option", action="append", metavar="NAME=VALUE", default=None,
@@ -116,6 +120,8 @@ def _command(args: argparse.Namespace) -> str:
         cmd += ["--envs", args.envs]
     if args.workers != 1:
         cmd += ["--workers", str(args.workers)]
+    if args.resume:
+        cmd.append("--resume")
     for item in args.fuzz_option or []:
         cmd += ["--fuzz-option", item]
     return shlex.join(cmd)
@@ -198,7 +204,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
                    columns=columns, layouts=wanted, sources=sources, distribution=eng.distribution,
                    script=eng.install_script, envs=envs, workers=workers, fuzz_args=extra,
                    cell_timeout_s=mx.cell_timeout(budget_s),
-                   cell_args=eng.matrix_cell(mx.COLUMN, cell_budget, args.seed))
+                   cell_args=eng.matrix_cell(mx.COLUMN, cell_budget, args.seed), resume=args.resume)
     meta = {"distribution": eng.distribution, "release_range": list(eng.release_range),
             "releases": None if args.python else (args.releases or "minors"),
             "pythons": [s.python for s in sources] if args.python else None,

@@ -180,6 +180,7 @@ class Plan:
     fuzz_args: list[str] = field(default_factory=list)    # --fuzz-option: every cell's fuzz gets them
     # one cell's kvcheck arguments (Engine.matrix_cell with COLUMN for the column); empty: fuzz
     cell_args: list[str] = field(default_factory=list)
+    resume: bool = False                    # keep the cells a previous run with the same key finished
 
 
 def cell_argv(plan: Plan, layout: str) -> list[str]:
@@ -265,10 +266,12 @@ def run_driver(python: str, plan: Plan, label: str, expected: str | None,
     logs = plan.out.resolve() / "drivers"          # the driver runs in kvcheck's repository
     logs.mkdir(parents=True, exist_ok=True)
     lines, errlog = logs / f"{file_stem(label)}.jsonl", logs / f"{file_stem(label)}.stderr.log"
-    lines.write_text("")
     spec = {"lines": str(lines), "sut": plan.engine, "budget": plan.budget, "seed": plan.seed,
             "out": str(plan.out.resolve()), "layouts": plan.layouts, "expected": expected,
             "fuzz_args": plan.fuzz_args, "cell": plan.cell_args}
+    kept = kept_cells(lines, spec) if plan.resume else []
+    lines.write_text("".join(json.dumps(c) + "\n" for c in kept))
+    spec["kept"] = {c["layout"]: c["release"] for c in kept}
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     note = None
     with open(errlog, "w") as err:
@@ -295,6 +298,22 @@ def run_driver(python: str, plan: Plan, label: str, expected: str | None,
                 code = None
                 break
     return lines.read_text(errors="replace"), code, note, errlog.read_text(errors="replace")[-4000:]
+
+
+def kept_cells(path: Path, spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """--resume: the cell records of a previous driver's file that ran under the same key
+    (budget, seed, cell command, fuzz options) and say which release they ran on; a cell with a
+    traceback or no exit code is run again."""
+    from .matrix_driver import cell_key
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return []
+    events, _ = read_lines(text)
+    key = cell_key(spec)
+    cells = {e["layout"]: e for e in events if e["type"] == "cell" and e.get("key") == key
+             and isinstance(e.get("release"), str) and type(e.get("code")) is int and e.get("traceback") is None}
+    return list(cells.values())
 
 
 # ---- the whole matrix ------------------------------------------------------------------------

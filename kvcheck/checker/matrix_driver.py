@@ -8,6 +8,9 @@ layout: `kvcheck fuzz --sut NAME --layout L ...`, or `kvcheck diff --sut transfo
 M ...`) with --json for each layout the release can express, all in this one process (`kvcheck.checker.cli.main`, the command line's own parser,
 errors and exit codes): importing vLLM or SGLang costs seconds, paid once per release.
 
+With SPEC["kept"] ({layout: release}, --resume) a layout whose verdict on this same release is
+already in the file is not run again.
+
 It appends one JSON object per line to SPEC["lines"] as it goes, flushed, so that a driver that
 dies still leaves what it finished: {"type": "release", ...} first (or with "error"), then
 {"type": "start", "layout"} and {"type": "cell", "layout", "code", "result", "stderr",
@@ -99,6 +102,11 @@ def _same(a: str | None, b: str | None) -> bool:
         return a.strip() == b.strip()
 
 
+def cell_key(spec: dict[str, Any]) -> str:
+    """What makes two runs of a cell the same run (--resume keeps a cell only under the same key)."""
+    return json.dumps([str(spec.get("budget")), spec.get("seed"), spec.get("cell") or [], spec.get("fuzz_args") or []])
+
+
 def run(spec: dict[str, Any]) -> int:
     sut, want = spec["sut"], spec.get("layouts")
     with open(spec["lines"], "a", encoding="utf-8") as f:
@@ -132,15 +140,19 @@ def run(spec: dict[str, Any]) -> int:
             return 1
         out = os.path.join(spec["out"], f"{sut}-{release}")
         put(dict(base, out_dir=out))
+        kept = spec.get("kept") or {}
         for lay in (want if want is not None else list(layouts)):
             if lay not in layouts or lay in unsupported:
                 continue                           # cannot express: judged by the parent, not run
+            if _same(kept.get(lay), release):
+                continue                           # --resume: this release's verdict is already in the file
             put({"type": "start", "layout": lay})
             t0 = time.monotonic()
             cell = spec.get("cell") or ["fuzz", "--sut", sut, "--layout", "{COLUMN}", "--budget", str(spec["budget"]),
                                         "--seed", str(spec["seed"])]
             r = cli(*[lay if a == "{COLUMN}" else a for a in cell], *spec.get("fuzz_args", []), "--json", "--out", out)
-            put({"type": "cell", "layout": lay, "code": r["code"], "result": trim(parse_json(r["stdout"])),
+            put({"type": "cell", "layout": lay, "release": release, "key": cell_key(spec),
+                 "code": r["code"], "result": trim(parse_json(r["stdout"])),
                  "stderr": r["stderr"][-2000:], "traceback": r["traceback"],
                  "elapsed_s": round(time.monotonic() - t0, 2)})
             gc.collect()

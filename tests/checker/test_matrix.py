@@ -497,3 +497,58 @@ def test_ci_matrix_gate_fails_on_cannot_drive_and_error_only(tmp_path):
     assert gate([]) == 1
     assert subprocess.run([sys.executable, str(root / "scripts/matrix_gate.py"), str(tmp_path / "none.json")],
                           capture_output=True).returncode == 1
+
+
+def test_resume_keeps_only_cells_finished_under_the_same_key_on_the_same_release(tmp_path, monkeypatch) -> None:
+    from kvcheck.checker import cli, matrix_driver
+    p = mx.Plan(**{**plan(tmp_path, layouts=None).__dict__, "resume": True})
+    spec = {"budget": p.budget, "seed": p.seed, "cell": p.cell_args, "fuzz_args": p.fuzz_args}
+    key = matrix_driver.cell_key(spec)
+    old = tmp_path / "old.jsonl"
+    old.write_text(lines(release_line(), dict(cell("full", 0, {"exit_code": 0, "steps": 300}), release="0.33.0", key=key),
+                         dict(cell("full+swa", 0, {"exit_code": 0}), release="0.33.0",
+                              key=matrix_driver.cell_key(dict(spec, budget="999"))),          # another budget
+                         dict(cell("dsv4", None, traceback={"line": "KeyError", "where": "x"}), release="0.33.0", key=key),
+                         "garbage"))
+    kept = mx.kept_cells(old, spec)
+    assert [c["layout"] for c in kept] == ["full"]
+    assert mx.kept_cells(tmp_path / "missing.jsonl", spec) == []
+    calls = []
+
+    def main(argv):
+        calls.append(argv[:5])
+        if argv[0] == "engines":
+            print(json.dumps({"engines": [{"name": "vllm", "release": "0.33.0", "unsupported": {},
+                                           "layouts": {"full": "", "full+swa": ""}}]}))
+            return 0
+        print(json.dumps({"exit_code": 0, "steps": 300}))
+        return 0
+    monkeypatch.setattr(cli, "main", main)
+    out = tmp_path / "l.jsonl"
+    out.write_text(lines(*kept))
+    assert matrix_driver.run(dict(spec, lines=str(out), sut="vllm", out=str(tmp_path), layouts=None,
+                                  kept={"full": "0.33.0"})) == 0
+    assert [c[4] for c in calls[1:]] == ["full+swa"]                 # full was kept, not run again
+    row = mx.build_row(out.read_text(), 0, p, "/py", "0.33.0")
+    assert {k: c["verdict"] for k, c in row["cells"].items()} == {"full": "clean", "full+swa": "clean"}
+    calls.clear()                                                    # kept on another release: run again
+    assert matrix_driver.run(dict(spec, lines=str(tmp_path / "m.jsonl"), sut="vllm", out=str(tmp_path),
+                                  layouts=None, kept={"full": "0.32.0"})) == 0
+    assert [c[4] for c in calls[1:]] == ["full", "full+swa"]
+
+
+def test_run_driver_with_resume_hands_the_kept_cells_to_the_driver_and_keeps_them_in_the_file(tmp_path) -> None:
+    import threading
+    from kvcheck.checker import matrix_driver
+    p = mx.Plan(**{**plan(tmp_path, layouts=None).__dict__, "resume": True})
+    key = matrix_driver.cell_key({"budget": p.budget, "seed": p.seed, "cell": p.cell_args, "fuzz_args": p.fuzz_args})
+    (tmp_path / "drivers").mkdir()
+    (tmp_path / "drivers" / "vllm-r.jsonl").write_text(
+        lines(dict(cell("full", 0, {"exit_code": 0, "steps": 300}), release="0.33.0", key=key)))
+    fake = script(tmp_path / "py", f'echo "$3" > {tmp_path}/spec.json\n')     # records the spec it was given
+    text, code, _, _ = mx.run_driver(str(fake), p, "vllm-r", "0.33.0", threading.Event())
+    assert json.loads((tmp_path / "spec.json").read_text())["kept"] == {"full": "0.33.0"}
+    assert code == 0 and '"layout": "full"' in text
+    p.resume = False                                                  # without --resume: a fresh file
+    text, _, _, _ = mx.run_driver(str(fake), p, "vllm-r", "0.33.0", threading.Event())
+    assert text == "" and json.loads((tmp_path / "spec.json").read_text())["kept"] == {}
