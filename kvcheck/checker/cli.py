@@ -158,6 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--scenarios", type=positive_int, default=None,
                    help="scenarios (default: 200 for the reference engine, 20 for transformers)")
     d.add_argument("--seed", type=int, default=0, help="seed of every random choice (default: %(default)s)")
+    d.add_argument("--acknowledge", metavar="NAME=REASON", action="append",
+                   help="--sut transformers: accept a known transformers defect its signature recognises (shown, "
+                        "not failing: `kvcheck engines transformers`); repeatable")
     d.add_argument("--fault", metavar="NAME", help="plant a fault: an engine fault (`kvcheck faults`) for the "
                    "reference engine; drop_window_position or perturb_key[@LAYER] for transformers")
     pr = add("prove", _lazy("cmd_prove", "cmd_prove"), "Z3: inductive proofs of every invariant, BMC, hit soundness")

@@ -107,8 +107,9 @@ def _finding(cell: dict[str, Any], res: dict[str, Any], code: int) -> None:
              f"{r.get('kind') or '?'}: {r.get('check') or '?'}" for r in cell["known"]]
     plain_ = [f"{f.get('kind') or '?'}: {f.get('check') or '?'}: {f.get('message') or ''}".rstrip(": ")
               for f in found[:1]]
-    cell["line"] = " ".join("; ".join(names + plain_).split())[:500] or f"exit {code}"
+    cell["line"] = " ".join("; ".join(plain_ + names).split())[:500] or f"exit {code}"
     cell["verdict"] = "finding"
+    cell["unexplained"] = bool(found)           # a finding no known defect explains: it leads
 
 
 def _short(cell: dict[str, Any]) -> str:
@@ -116,11 +117,12 @@ def _short(cell: dict[str, Any]) -> str:
     v = cell["verdict"]
     if v != "finding":
         return v
-    if cell["known"]:
+    if cell["known"] and not cell.get("unexplained"):
         k = cell["known"][0]
         more = f" +{len(cell['known']) - 1}" if len(cell["known"]) > 1 else ""
         return f"finding: {k['name']} (known, {k.get('upstream') or '?'}){more}"
-    return f"finding: {(cell['finding'] or {}).get('check') or '?'}"
+    more = f" (+{len(cell['known'])} known)" if cell["known"] else ""
+    return f"finding: {(cell['finding'] or {}).get('check') or '?'}{more}"
 
 
 def plain(layout: str, verdict: str, line: str, **more: Any) -> dict[str, Any]:
@@ -252,6 +254,11 @@ def error_row(plan: Plan, release: str | None, python: str | None, why: str) -> 
             "cells": {lay: plain(lay, "error", why) for lay in (plan.layouts or plan.columns)}}
 
 
+def cell_key(spec: dict[str, Any]) -> str:
+    """What makes two runs of a cell the same run (--resume keeps a cell only under the same key)."""
+    return json.dumps([str(spec.get("budget")), spec.get("seed"), spec.get("cell") or [], spec.get("fuzz_args") or []])
+
+
 # ---- running a driver -----------------------------------------------------------------------
 def cell_timeout(budget_seconds: float | None) -> float:
     """How long a cell may take before its driver is stopped: its budget three times over plus
@@ -304,7 +311,6 @@ def kept_cells(path: Path, spec: dict[str, Any]) -> list[dict[str, Any]]:
     """--resume: the cell records of a previous driver's file that ran under the same key
     (budget, seed, cell command, fuzz options) and say which release they ran on; a cell with a
     traceback or no exit code is run again."""
-    from .matrix_driver import cell_key
     try:
         text = path.read_text(errors="replace")
     except OSError:

@@ -29,6 +29,8 @@ import time
 import traceback
 from typing import Any
 
+from kvcheck.checker.matrix import cell_key
+
 # result keys a matrix cell keeps (the rest, coverage profiles and such, stay in fuzz's own output)
 KEEP = ("exit_code", "steps", "episodes", "elapsed_s", "missing_actions", "lookups_with_hit", "command",
         "cannot_drive", "cannot_express", "verdict", "undecided", "vllm_version", "sglang_version",
@@ -100,11 +102,6 @@ def _same(a: str | None, b: str | None) -> bool:
         return Version(a) == Version(b)
     except Exception:  # noqa: BLE001 - not a version: compare as text
         return a.strip() == b.strip()
-
-
-def cell_key(spec: dict[str, Any]) -> str:
-    """What makes two runs of a cell the same run (--resume keeps a cell only under the same key)."""
-    return json.dumps([str(spec.get("budget")), spec.get("seed"), spec.get("cell") or [], spec.get("fuzz_args") or []])
 
 
 def run(spec: dict[str, Any]) -> int:

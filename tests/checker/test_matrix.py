@@ -503,11 +503,11 @@ def test_resume_keeps_only_cells_finished_under_the_same_key_on_the_same_release
     from kvcheck.checker import cli, matrix_driver
     p = mx.Plan(**{**plan(tmp_path, layouts=None).__dict__, "resume": True})
     spec = {"budget": p.budget, "seed": p.seed, "cell": p.cell_args, "fuzz_args": p.fuzz_args}
-    key = matrix_driver.cell_key(spec)
+    key = mx.cell_key(spec)
     old = tmp_path / "old.jsonl"
     old.write_text(lines(release_line(), dict(cell("full", 0, {"exit_code": 0, "steps": 300}), release="0.33.0", key=key),
                          dict(cell("full+swa", 0, {"exit_code": 0}), release="0.33.0",
-                              key=matrix_driver.cell_key(dict(spec, budget="999"))),          # another budget
+                              key=mx.cell_key(dict(spec, budget="999"))),          # another budget
                          dict(cell("dsv4", None, traceback={"line": "KeyError", "where": "x"}), release="0.33.0", key=key),
                          "garbage"))
     kept = mx.kept_cells(old, spec)
@@ -541,7 +541,7 @@ def test_run_driver_with_resume_hands_the_kept_cells_to_the_driver_and_keeps_the
     import threading
     from kvcheck.checker import matrix_driver
     p = mx.Plan(**{**plan(tmp_path, layouts=None).__dict__, "resume": True})
-    key = matrix_driver.cell_key({"budget": p.budget, "seed": p.seed, "cell": p.cell_args, "fuzz_args": p.fuzz_args})
+    key = mx.cell_key({"budget": p.budget, "seed": p.seed, "cell": p.cell_args, "fuzz_args": p.fuzz_args})
     (tmp_path / "drivers").mkdir()
     (tmp_path / "drivers" / "vllm-r.jsonl").write_text(
         lines(dict(cell("full", 0, {"exit_code": 0, "steps": 300}), release="0.33.0", key=key)))

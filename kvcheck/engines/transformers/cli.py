@@ -6,9 +6,11 @@ import argparse
 
 from kvcheck.checker.common import UsageError, emit
 from kvcheck.fuzz.boundary import CannotDrive
+from kvcheck.fuzz.known import judge, known_lines, parse_cli
 from kvcheck.spec.outputs import kvcheck_command
 from kvcheck.spec.verdict import ExitCode
 
+from . import known
 from . import oracle as hf
 
 
@@ -48,10 +50,15 @@ def diff_command(args: argparse.Namespace) -> int:
         return 0
     if not args.model_type:
         raise UsageError("--sut transformers needs --model-type NAME (see --list-models)")
+    try:
+        acks = parse_cli(getattr(args, "acknowledge", None))
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     cmd = kvcheck_command(*["diff", "--sut", "transformers", "--model-type", args.model_type,
                             "--dtype", args.dtype, "--scenarios", str(args.scenarios), "--seed", str(args.seed)]
                           + (["--config-json", args.config_json] if args.config_json else [])
-                          + (["--fault", args.fault] if args.fault else []))
+                          + (["--fault", args.fault] if args.fault else [])
+                          + [x for a in (getattr(args, "acknowledge", None) or []) for x in ("--acknowledge", a)])
     try:
         res = hf.run_diff(args.model_type, config_json=args.config_json, dtype=args.dtype,
                           scenarios=args.scenarios, seed=args.seed, fault=args.fault, out_dir=args.out,
@@ -70,5 +77,12 @@ def diff_command(args: argparse.Namespace) -> int:
     if res["verdict"] == "unsupported":      # the release cannot build this model type (kvcheck matrix)
         res["cannot_express"] = f"transformers {res.get('transformers_version')}: {res.get('reason')}"
     res["findings"] = [finding(res, cmd)] if code == ExitCode.DIFF else []
-    emit(args, res, lambda: hf.render_text(res, code) + f"\n  seed {args.seed}; rerun: {res['command']}")
-    return code
+    counts, explained = known.recognise(res) if code == ExitCode.DIFF else ({}, False)
+    if counts or acks:                       # a known defect's signature (known.py): named, never silent
+        res["coverage"] = counts
+        if explained:                        # its row is the finding; only what it explains is accepted
+            res["findings"], res["exit_code"] = [], int(ExitCode.OK)
+        judge(res, known.KNOWN, acks, res.get("transformers_version"))
+    emit(args, res, lambda: "\n".join([hf.render_text(res, int(res["exit_code"])), *known_lines(res),
+                                        f"  seed {args.seed}; rerun: {res['command']}"]))
+    return int(res["exit_code"])

@@ -47,6 +47,10 @@ class TransformersEngine(Engine):
     def faults(self) -> tuple:
         return TRANSFORMERS_FAULTS
 
+    def known_defects(self) -> dict:
+        from .known import KNOWN
+        return dict(KNOWN)
+
     def checks(self) -> dict[str, str]:
         return {"reuse_equals_recompute": "differential"}
 

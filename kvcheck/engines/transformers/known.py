@@ -1,0 +1,71 @@
+"""Known transformers defects a `kvcheck diff` run recognises by their signature (fuzz/known.py
+decides what a recognised defect means for the verdict, the same for every engine).
+
+`recurrent_state_multitoken_extend`: a layer whose cache holds a recurrent / convolution state
+(Mamba, Mamba2, gated delta net) continues a populated cache correctly one token at a time and
+wrongly with several tokens at once: the mixer takes its cached state only when `seq_len == 1`
+and otherwise restarts from zero (or crashes), so chunked prefill after a cache, speculative
+verification and any multi-token extend are wrong while generate()'s decode is right. Upstream:
+transformers PR #45513 (gated delta net: qwen3_next, qwen3_5, qwen3_5_moe, olmo_hybrid) and
+issue #46032 / PR #46084 (Mamba2Mixer); its comment lists the same guard in the other
+Mamba-family models. The signature is read from the run's own scenarios, never from the model
+type's name: every token-by-token continuation agrees with the recompute (and at least one ran),
+and every scenario that diverged or crashed continued with several tokens at once and first
+went wrong in a layer that holds such a state.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from kvcheck.fuzz.known import KnownDefect
+
+MULTITOKEN = "recurrent_state_multitoken_extend"
+KNOWN = {MULTITOKEN: KnownDefect(
+    name=MULTITOKEN, check="reuse_equals_recompute", kind="differential", first="5.0.0", last="5.25.0",
+    upstream="transformers#45513, #46032 (PR #46084)",
+    repro="kvcheck diff --sut transformers --model-type mamba2 (on a release with it)")}
+
+STATE_TYPES = ("linear_attention", "mamba", "mamba2", "conv", "recurrent", "ssm", "hybrid")
+STATE_CLASSES = re.compile(r"Linear|Mamba|Conv|Recurrent|SSM", re.I)
+STATE_MODULES = re.compile(r"(?:^|\.)(?:mixer|mamba|linear_attn|conv1d|ssm|short_conv)(?:\.|$)")
+BAD = ("divergent", "error")
+MULTI = ("one_chunk", "chunks")
+
+
+def _crash_layer(sc: dict[str, Any]) -> tuple[int | None, str]:
+    m = re.search(r"crashed in layer (\d+|None), module (\S+?):", str(sc.get("error") or ""))
+    if not m:
+        return None, ""
+    return (int(m.group(1)) if m.group(1).isdigit() else None), m.group(2)
+
+
+def _state_layer(res: dict[str, Any], layer: int | None, module: str) -> bool:
+    """Whether `layer` holds a recurrent/convolution state: by the config's layer type or the
+    cache layer class the release made for it; a release that says neither: by the module that
+    went wrong (a Mamba mixer, a linear-attention conv)."""
+    types, classes = res.get("layer_types") or [], res.get("cache_layer_classes") or []
+    if layer is not None and layer < len(types) and isinstance(types[layer], str):
+        return types[layer] in STATE_TYPES
+    if layer is not None and layer < len(classes) and isinstance(classes[layer], str):
+        return bool(STATE_CLASSES.search(classes[layer]))
+    return bool(STATE_MODULES.search(module))
+
+
+def recognise(res: dict[str, Any]) -> tuple[dict[str, int], bool]:
+    """({"known:NAME": scenarios}, whether every bad scenario is explained) for a run's result."""
+    scen = [s for s in res.get("scenarios") or [] if isinstance(s, dict)]
+    single = [s for s in scen if s.get("suffix_mode") == "token_by_token"]
+    bad = [s for s in scen if s.get("verdict") in BAD]
+    if not bad or not single or any(s.get("verdict") in BAD for s in single):
+        return {}, False
+    op = str(res.get("first_divergent_operation") or "")
+    hits = 0
+    for s in bad:
+        if s.get("verdict") == "error":
+            layer, module = _crash_layer(s)
+        else:
+            layer, module = s.get("first_divergent_layer"), op
+        if s.get("suffix_mode") in MULTI and _state_layer(res, layer, module):
+            hits += 1
+    return ({f"known:{MULTITOKEN}": hits} if hits else {}), hits == len(bad)

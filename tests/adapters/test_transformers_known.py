@@ -1,0 +1,81 @@
+"""transformers' known defect `recurrent_state_multitoken_extend`, recognised from a run's own
+scenarios (engines/transformers/known.py): named as a finding, accepted only with
+--acknowledge, and never hiding a divergence it does not explain."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvcheck.checker import matrix as mx
+from kvcheck.engines.transformers import known
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cli"))
+from badinput import run  # noqa: E402
+
+NAME = known.MULTITOKEN
+
+
+def sc(mode, verdict, layer=None, error=None):
+    return {"suffix_mode": mode, "verdict": verdict, "first_divergent_layer": layer, "error": error}
+
+
+LT = ["linear_attention", "full_attention"]
+
+
+@pytest.mark.parametrize("res, hits, explained", [
+    # the signature: decode right, multi-token extends wrong in a state layer
+    ({"layer_types": LT, "scenarios": [sc("one_chunk", "divergent", 0), sc("token_by_token", "exact"),
+                                       sc("chunks", "divergent", 0)]}, 2, True),
+    # a crash in the mixer on a multi-token extend, per-layer types unknown (5.0's MambaCache)
+    ({"layer_types": None, "scenarios": [sc("token_by_token", "within-tolerance"), sc(
+        "chunks", "error", error="scenario 2 (prefix 5, chunks): extend crashed in layer 0, module "
+                                 "backbone.layers.0.mixer: IndexError: index 1 is out of bounds")]}, 1, True),
+    # the decode path is wrong too: not this defect
+    ({"layer_types": LT, "scenarios": [sc("one_chunk", "divergent", 0), sc("token_by_token", "divergent", 0)]}, 0, False),
+    # no token-by-token scenario ran: no evidence the decode path is right
+    ({"layer_types": LT, "scenarios": [sc("one_chunk", "divergent", 0)]}, 0, False),
+    # wrong first in a full-attention layer: not explained
+    ({"layer_types": LT, "scenarios": [sc("one_chunk", "divergent", 1), sc("token_by_token", "exact")]}, 0, False),
+    # one explained, one not: named, but the other stays a finding
+    ({"layer_types": LT, "scenarios": [sc("one_chunk", "divergent", 0), sc("chunks", "divergent", 1),
+                                       sc("token_by_token", "exact")]}, 1, False),
+    ({"layer_types": LT, "scenarios": [sc("one_chunk", "exact"), sc("token_by_token", "exact")]}, 0, False),
+])
+def test_the_signature_is_read_from_the_scenarios(res, hits, explained) -> None:
+    counts, all_ = known.recognise(res)
+    assert counts.get(f"known:{NAME}", 0) == hits and all_ == explained
+
+
+def test_an_unexplained_finding_leads_the_matrix_cell_even_beside_a_known_defect() -> None:
+    row = {"name": NAME, "status": "finding", "check": "reuse_equals_recompute", "kind": "differential",
+           "upstream": "transformers#45513"}
+    plain = {"kind": "differential", "check": "reuse_equals_recompute", "message": "layer 1 differs"}
+    both = mx.classify({"layout": "jamba", "code": 11, "result": {"findings": [plain], "known": [row]}})
+    assert both["short"] == "finding: reuse_equals_recompute (+1 known)" and both["line"].startswith("differential")
+    only = mx.classify({"layout": "mamba", "code": 11, "result": {"findings": [], "known": [row]}})
+    assert only["short"] == f"finding: {NAME} (known, transformers#45513)"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="transformers is not installed")
+def test_mamba_on_the_installed_release_is_named_and_acknowledging_it_passes(capsys, tmp_path) -> None:
+    import transformers
+    if not known.KNOWN[NAME].in_release(transformers.__version__):
+        pytest.skip(f"transformers {transformers.__version__} is outside {NAME}'s releases")
+    args = ["diff", "--sut", "transformers", "--model-type", "mamba", "--scenarios", "6", "--out", str(tmp_path), "--json"]
+    code, out, _ = run(capsys, *args)
+    res = json.loads(out)
+    if res["verdict"] not in ("divergent", "error"):
+        pytest.skip(f"mamba is {res['verdict']} on transformers {transformers.__version__}: the defect is fixed there")
+    assert code == 11 and res["findings"] == [] and [k["name"] for k in res["known"]] == [NAME]
+    code, out, _ = run(capsys, *args, "--acknowledge", f"{NAME}=upstream fix pending")
+    res = json.loads(out)
+    assert code == 0 and res["known"][0]["status"] == "acknowledged" and "--acknowledge" in res["command"]
+    # mistral has no recurrent state: acknowledging changes nothing there, the row says it was not hit
+    code, out, _ = run(capsys, "diff", "--sut", "transformers", "--model-type", "mistral", "--scenarios", "3",
+                       "--out", str(tmp_path), "--json", "--acknowledge", f"{NAME}=x")
+    res = json.loads(out)
+    assert code == 0 and res["known"][0]["status"] == "acknowledged, not hit"
