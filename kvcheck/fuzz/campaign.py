@@ -148,7 +148,7 @@ def _campaign(cfg: Config, sut: str, budget: Budget, seed: int, fault: str | Non
     if budget.seconds is not None:
         tally.deadline = t0 + budget.seconds
     tally.max_steps = budget.steps        # both end Hypothesis's target phase too (no bound of its own)
-    machine = make_machine(spec, factory, tally)
+    machine = make_machine(spec, factory, tally, actions)
     database = open_database(db, namespace(sut, fault))     # a directory or a Redis URL
     finding: Finding | None = None
     error: str | None = None

@@ -140,10 +140,12 @@ class Tally:
         return sorted(out, key=lambda d: (*rank(d["kind"], [d["check"]]), d["first_step"]))
 
 
-def make_machine(spec: Spec, sut_factory: Callable[[], SystemUnderTest], tally: Tally
-                 ) -> type[RuleBasedStateMachine]:
-    """A RuleBasedStateMachine class for this spec and SUT."""
-    model = ValuedSpecModel(spec, getattr(sut_factory(), "actions", None))
+def make_machine(spec: Spec, sut_factory: Callable[[], SystemUnderTest], tally: Tally,
+                 actions: Any = None) -> type[RuleBasedStateMachine]:
+    """A RuleBasedStateMachine class for this spec and SUT. `actions`: what the SUT declares
+    after its reset for this config (campaign.machine_actions); else what a fresh one declares."""
+    model = ValuedSpecModel(spec, frozenset(actions) if actions is not None
+                            else getattr(sut_factory(), "actions", None))
     lay, cfg = spec.lay, spec.cfg
     occ_slots = [lay.o(o.group, o.kind, o.block, "st") for o in lay.objects]
     inflight = lay.g("inflight")
