@@ -10,7 +10,9 @@ A step the recorded SUT took alone, after it left the spec, is marked `"mode": "
 (kvcheck diff's traces mark probes too). Replayed on a SUT that leaves the spec at the same
 place, it runs on the SUT alone (refused: skipped, as when recorded), so the finding comes back;
 on a SUT that stays with the spec (a fix), a follow step runs in lockstep where the spec enables
-it and is skipped where it does not (`skipped_follow` counts them): a fixed engine replays clean.
+it and is sent as a negative probe where it does not: refused, it is skipped (`skipped_follow`
+counts them), so a fixed engine replays clean; taken, it is the divergence it was when recorded
+(the first step a SUT took alone may be the forbidden step itself).
 """
 from __future__ import annotations
 
@@ -99,11 +101,12 @@ def _replay(core: Lockstep, trace: Trace, out: dict[str, Any], model: Any) -> in
                     return ExitCode.CONFORMANCE      # the diverged SUT refuses the recorded step
                 continue
             if not model.allows(core.s, x):
-                if mode == "follow":     # the recorded SUT was followed alone here; this one is not
-                    out["skipped_follow"] = out.get("skipped_follow", 0) + 1
-                    continue
-                if not core.probe(x) and mode != "probe":     # refused, but recorded as a spec step
-                    return _diverged(out, n, step, "not enabled in the spec", "step_enabled")
+                if not core.probe(x):    # refused: right, unless it was recorded as a spec step
+                    if mode == "follow":     # the recorded SUT was alone here; this one is not
+                        out["skipped_follow"] = out.get("skipped_follow", 0) + 1
+                        continue
+                    if mode != "probe":
+                        return _diverged(out, n, step, "not enabled in the spec", "step_enabled")
                 _note(core, out, n, step)
                 continue
             decision = model.decide(core.s, x)
