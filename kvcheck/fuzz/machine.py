@@ -144,8 +144,13 @@ def make_machine(spec: Spec, sut_factory: Callable[[], SystemUnderTest], tally: 
                  actions: Any = None) -> type[RuleBasedStateMachine]:
     """A RuleBasedStateMachine class for this spec and SUT. `actions`: what the SUT declares
     after its reset for this config (campaign.machine_actions); else what a fresh one declares."""
-    model = ValuedSpecModel(spec, frozenset(actions) if actions is not None
-                            else getattr(sut_factory(), "actions", None))
+    declared = getattr(sut_factory(), "actions", None)
+    # a SUT that declares a set when constructed and another one for this config after its reset
+    # (the hash-chain base class) is driven with the latter (one that declares None when
+    # constructed keeps its draws: the reference engine's campaigns stay as they were)
+    if actions is not None and declared is not None and set(actions) != set(declared) & set(spec.actions):
+        declared = frozenset(actions)
+    model = ValuedSpecModel(spec, declared)
     lay, cfg = spec.lay, spec.cfg
     occ_slots = [lay.o(o.group, o.kind, o.block, "st") for o in lay.objects]
     inflight = lay.g("inflight")
