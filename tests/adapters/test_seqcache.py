@@ -149,3 +149,21 @@ def test_cli_replay_without_fault_and_config(tmp_path) -> None:
     cfg.write_text(json.dumps({**CFG.to_dict(), "blocks": 4}))
     bad = _cli("replay", path, "--sut", SUT, "--config", str(cfg))
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "blocks" in bad.stderr
+
+
+class _BaseDeclaresMore(SeqAdapter):
+    """As if the base class declared bind_stale where nothing reaches it (the old behaviour)."""
+
+    def _declare(self, alloc):
+        acts = super()._declare(alloc) | {"bind_stale"}
+        self.base_actions = {**self.base_actions, "bind_stale": "an evict callback"}
+        return acts
+
+
+def test_adapter_check_advice_names_the_base_class_declaration() -> None:
+    from kvcheck.fuzz.adapter_lint import lint
+    res = lint(CFG, "base", _BaseDeclaresMore, steps=400)
+    [p] = [p for p in res["problems"] if "bind_stale" in p]
+    assert p.startswith("the base class declares bind_stale") and "drop" not in p, p
+    clean = lint(CFG, SUT, SeqAdapter, steps=2000)
+    assert clean["exit_code"] == 0 and not clean["problems"], clean["problems"]
