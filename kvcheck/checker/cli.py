@@ -66,10 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
             config=False)
     i.add_argument("--force", action="store_true", help="overwrite an existing file")
     i.add_argument("--file", metavar="FILE", default="kvcheck.toml", help="where (default: %(default)s)")
-    r = add("replay", _lazy("cmd_replay", "cmd_replay"), "replay a trace on the spec (and a system under test)", config=False)
+    r = add("replay", _lazy("cmd_replay", "cmd_replay"), "replay a trace on the spec (and a system under test)")
     r.add_argument("trace", metavar="TRACE", help="trace file (JSON, kvcheck-trace/1)")
     r.add_argument("--sut", metavar="NAME", help="also replay on this system under test: spec, reference, "
                    "vllm or MODULE:CLASS (vllm traces replay on vLLM by default)")
+    r.add_argument("--without-fault", action="store_true", help="build the SUT without the planted fault "
+                   "the trace was found with (its fixed version): a fix replays with exit 0")
     z = add("fuzz", _lazy("cmd_fuzz", "cmd_fuzz"), "Hypothesis stateful campaign: drive a system under test in lockstep with the spec")
     z.add_argument("--sut", default="spec", metavar="NAME",
                    help="spec (default), reference, vllm, or MODULE:CLASS implementing "

@@ -132,6 +132,15 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
                  f"  seed {args.seed}; rerun: {res['command']}"]
         if "ray" in res:
             lines.insert(2, ray_line(res["ray"]))
+        raised = res.get("checks_raised") or []
+        if raised:
+            lines.append("  checks raised (most serious first): " + "; ".join(
+                f"{c['check']} [{c['kind']}] x{c['count']}, first at step {c['first_step']} ({c['first_seconds']} s)"
+                for c in raised[:8]) + (f"; ... {len(raised) - 8} more" if len(raised) > 8 else ""))
+        if res.get("detection_check"):
+            lines.append(f"  reported: {res['detection_check']}"
+                         + (f", first raised after {res['seconds_to_detection']} s ({res['steps_to_detection']} steps)"
+                            if res.get("seconds_to_detection") is not None else ""))
         for f in res["findings"]:
             lines.append(f"  FINDING [{f['kind']}] {', '.join(f['checks'])}: {f['message']}")
             lines += [f"    {i:3}. {s}" for i, s in enumerate(f["trace_steps"])]

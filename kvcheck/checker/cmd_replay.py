@@ -20,9 +20,23 @@ def _engine_with_replay(name: str | None) -> Engine | None:
     return eng if eng.has_replay() else None
 
 
+def _same_config(args: argparse.Namespace, trace: Trace) -> None:
+    """A trace carries the config it was recorded under and replays under it; `--config` (the
+    file the campaign ran with) is accepted as a check that they agree, refused when they do not."""
+    if not getattr(args, "config", None):
+        return
+    from ..spec.config import Config
+    want, got = Config.load(args.config).to_dict(), trace.config.to_dict()
+    if want != got:
+        keys = sorted(k for k in set(want) | set(got) if want.get(k) != got.get(k))
+        raise UsageError(f"--config {args.config} differs from the config the trace carries at "
+                         f"{', '.join(keys)}; a trace replays under its own config: drop --config")
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     from .replay import replay_trace, sut_by_name
     trace = Trace.load(args.trace)
+    _same_config(args, trace)
     name = args.sut or trace.sut
     eng = _engine_with_replay(name)
     if eng is not None:
@@ -35,7 +49,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if trace.fault is not None:
         check_fault(trace.fault, ("spec",), "the trace's 'fault' (replayed on the spec)")
     try:
-        sut = sut_by_name(args.sut, trace.meta.get("sut_fault", trace.fault)) if args.sut else None
+        fault = None if args.without_fault else trace.meta.get("sut_fault", trace.fault)
+        sut = sut_by_name(args.sut, fault) if args.sut else None
     except ValueError as e:
         raise UsageError(str(e)) from None
     code, out = replay_trace(trace, sut)

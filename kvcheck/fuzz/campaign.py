@@ -30,10 +30,11 @@ from ..spec.config import Config, ConfigError
 from ..spec.objects import DECISION_KINDS
 from ..spec.outputs import kvcheck_command, python_command, write_atomic
 from ..spec.system import Spec
+from ..spec.severity import rank
 from ..spec.trace import Trace
 from ..spec.verdict import FOR_FINDING, ExitCode
 from .exampledb import namespace, open_database
-from .lockstep import Finding
+from .lockstep import Finding, lead
 from .machine import BudgetSpent, Tally, make_machine, shrink_finding
 from .pool import Interrupted, run_jobs
 from .guard import raised
@@ -147,7 +148,7 @@ def _campaign(cfg: Config, sut: str, budget: Budget, seed: int, fault: str | Non
     if budget.seconds is not None:
         tally.deadline = t0 + budget.seconds
     tally.max_steps = budget.steps        # both end Hypothesis's target phase too (no bound of its own)
-    machine = make_machine(spec, factory, tally)
+    machine = make_machine(spec, factory, tally, actions)
     database = open_database(db, namespace(sut, fault))     # a directory or a Redis URL
     finding: Finding | None = None
     error: str | None = None
@@ -204,6 +205,8 @@ def _campaign(cfg: Config, sut: str, budget: Budget, seed: int, fault: str | Non
             progress(tally.steps)
     if saved_shrink is not None:
         hyp_engine.MAX_SHRINKING_SECONDS = saved_shrink
+    if finding is not None and tally.best is not None and tally.best.rank()[:2] < finding.rank()[:2]:
+        finding = tally.best          # Hypothesis reports the failure it shrank; a more serious one leads
     if finding is None and error is None and tally.soft is not None:
         finding = tally.soft          # decisions whose reasons differ, and nothing worse found
         tally.found(finding)
@@ -223,15 +226,22 @@ def _campaign(cfg: Config, sut: str, budget: Budget, seed: int, fault: str | Non
                      "actions_never_enabled": sorted(set(actions) - tally.enabled),
                      "decisions": {k: tally.decisions.get(k, 0) for k in DECISION_KINDS}},
         "interrupted": interrupted, "findings": [],
+        # the first failure of the campaign, whichever check it was (named: first_failure_check)
         "seconds_to_first_failure": (round(tally.first_failure_at - t0, 2)
                                      if tally.first_failure_at is not None else None),
         "steps_to_first_failure": tally.steps_to_first_failure,
+        "first_failure_check": tally.first_check,
+        # every distinct check raised, most serious first (spec/severity.py), then the reported one
+        "checks_raised": tally.checks_raised(t0),
     }
-    if finding is not None and finding.checks and finding.checks[0] in tally.first_by_check:
-        # time to the first failure by the check that is reported (shrinking may have moved
-        # from the first failure found to another check's failure)
-        at, n = tally.first_by_check[finding.checks[0]]
-        result["seconds_to_detection"], result["steps_to_detection"] = round(at - t0, 2), n
+    if finding is not None and finding.checks:
+        # the first failure by the check that is reported (the most serious raised, which is not
+        # always the first; shrinking keeps its leading check): named by detection_check
+        want = lead(finding.checks)
+        result["reported_check"] = result["detection_check"] = want
+        if want in tally.first_by_check:
+            at, n = tally.first_by_check[want]
+            result["seconds_to_detection"], result["steps_to_detection"] = round(at - t0, 2), n
     if error:
         result["error"] = error
     if any("slow progress" in str(r) for r in reports):
@@ -379,4 +389,12 @@ def merge_results(results: list[dict[str, Any]], cfg: Config, sut: str, seed: in
                               *[set(r["coverage"].get("actions_never_enabled", ())) for r in results])),
                           "decisions": {k: sum(r["coverage"]["decisions"][k] for r in results) for k in DECISION_KINDS}}
     merged["steps_per_s"] = sum(r["steps_per_s"] for r in results)
+    raised: dict[str, dict[str, Any]] = {}
+    for r in results:                  # each worker's own steps and seconds: the earliest stands
+        for c in r.get("checks_raised", ()):
+            got = raised.setdefault(c["check"], {**c, "count": 0})
+            got["count"] += c["count"]
+            if c["first_seconds"] < got["first_seconds"]:
+                got.update(first_seconds=c["first_seconds"], first_step=c["first_step"])
+    merged["checks_raised"] = sorted(raised.values(), key=lambda d: (*rank(d["kind"], [d["check"]]), d["first_seconds"]))
     return merged

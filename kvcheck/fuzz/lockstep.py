@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..spec.events import EventError
+from ..spec.severity import LEADS, SEVERITY, lead, rank
 from ..spec.sut import PROBE_ACTIONS, ActionRejected, SystemUnderTest
 from .models import DRIVE, Act, FreeModel, SpecModel
 from .suts import SutError
@@ -24,26 +25,11 @@ from .suts import SutError
 __all__ = ["Act", "DRIVE", "Finding", "FreeModel", "LEADS", "Lockstep", "SpecModel", "lead"]
 
 
-
-# The order in which a finding's checks say most about it: an unsound hit (what a reuse read)
-# first, then a lease broken under a bound request, a graph's pages moved, accounting, routing;
-# conformance and differential checks (one per finding) after.
-LEADS = ("hit_sound_", "hit_content_sound", "hit_full_blocks", "toctou_bound_stable", "graph_topology", "refcount_equals_holders",
-         "admission_cap", "five_state_routing")
-
-
-def lead(checks: list[str]) -> str:
-    """The check a shrunk finding must keep (the others may go with the steps that caused them)."""
-    def at(c: str) -> tuple[int, str]:
-        return next((n for n, p in enumerate(LEADS) if c.startswith(p)), len(LEADS)), c
-    return min(checks, key=at)
-
-
 class Finding(AssertionError):
     """A failure with the checks that found it. `kind`: invariant | differential | conformance,
     or an adapter's own kind (spec.verdict.FOR_FINDING gives each its exit code)."""
 
-    KINDS = ("invariant", "differential", "conformance")     # most specific first
+    KINDS = SEVERITY        # most serious first: the one order (spec/severity.py)
 
     def __init__(self, kind: str, checks: list[str], message: str, where: list[str] | None = None) -> None:
         super().__init__(f"[{kind}] {message}")
@@ -54,11 +40,11 @@ class Finding(AssertionError):
         self.soft = False                                    # only a decision's reasons differ
         self.lockstep = 0                                    # steps of trail taken with the model
 
-    def rank(self) -> tuple[int, int, int]:
-        """Most specific first: what a divergence breaks before the divergence; among
-        divergences, a wrong decision or state before a forbidden action merely accepted."""
-        k = self.KINDS.index(self.kind) if self.kind in self.KINDS else len(self.KINDS)
-        return k, self.checks == ["sut_accepted_disabled_action"], len(self.trail)
+    def rank(self) -> tuple[int, int, int, int]:
+        """Most serious first (spec/severity.py: an unsafe hit leads, then what a divergence
+        breaks before the divergence, ...); among divergences, a wrong decision or state
+        before a forbidden action merely accepted; then the shorter."""
+        return (*rank(self.kind, self.checks), self.checks == ["sut_accepted_disabled_action"], len(self.trail))
 
 
 def _noop(*_: Any) -> None:

@@ -22,6 +22,7 @@ from ..spec.sut import SystemUnderTest
 from ..spec.system import Instance, Spec
 from ..spec.workloads import BASE, THEMES, weights as theme_weights
 from .guard import GuardedLockstep, ValuedSpecModel, guard
+from ..spec.severity import rank
 from .lockstep import Finding, Lockstep, lead
 from . import shrink as shrinking
 from .walk import CORE, WEIGHTS
@@ -72,6 +73,9 @@ class Tally:
     first_failure_at: float | None = None      # perf_counter() of the first failing step
     steps_to_first_failure: int | None = None
     first_by_check: dict[str, tuple[float, int]] = field(default_factory=dict)  # check -> (time, steps)
+    raised: Counter = field(default_factory=Counter)   # check -> times raised (not the shrinker's replays)
+    kind_of: dict[str, str] = field(default_factory=dict)   # check -> the kind of finding that raised it
+    first_check: str | None = None             # the check of the first failure
     deadline: float | None = None              # perf_counter() when the campaign's budget ends
     max_steps: int | None = None               # ... or the step count where it ends
     shrink_seconds: float = 60.0               # how long past the first failure it may shrink
@@ -120,14 +124,33 @@ class Tally:
         now = time.perf_counter()
         if self.first_failure_at is None:
             self.first_failure_at, self.steps_to_first_failure = now, self.steps
+            self.first_check = f.checks[0] if f.checks else None
+        if self.replaying:
+            return
         for c in f.checks:
             self.first_by_check.setdefault(c, (now, self.steps))
+            self.raised[c] += 1
+            self.kind_of.setdefault(c, f.kind)
+
+    def checks_raised(self, t0: float) -> list[dict[str, Any]]:
+        """Every distinct check raised in the campaign, most serious first: how often, and the
+        step and time of its first failure."""
+        out = [{"check": c, "kind": self.kind_of[c], "count": n, "first_step": self.first_by_check[c][1],
+                "first_seconds": round(self.first_by_check[c][0] - t0, 2)} for c, n in self.raised.items()]
+        return sorted(out, key=lambda d: (*rank(d["kind"], [d["check"]]), d["first_step"]))
 
 
-def make_machine(spec: Spec, sut_factory: Callable[[], SystemUnderTest], tally: Tally
-                 ) -> type[RuleBasedStateMachine]:
-    """A RuleBasedStateMachine class for this spec and SUT."""
-    model = ValuedSpecModel(spec, getattr(sut_factory(), "actions", None))
+def make_machine(spec: Spec, sut_factory: Callable[[], SystemUnderTest], tally: Tally,
+                 actions: Any = None) -> type[RuleBasedStateMachine]:
+    """A RuleBasedStateMachine class for this spec and SUT. `actions`: what the SUT declares
+    after its reset for this config (campaign.machine_actions); else what a fresh one declares."""
+    declared = getattr(sut_factory(), "actions", None)
+    # a SUT that declares a set when constructed and another one for this config after its reset
+    # (the hash-chain base class) is driven with the latter (one that declares None when
+    # constructed keeps its draws: the reference engine's campaigns stay as they were)
+    if actions is not None and declared is not None and set(actions) != set(declared) & set(spec.actions):
+        declared = frozenset(actions)
+    model = ValuedSpecModel(spec, declared)
     lay, cfg = spec.lay, spec.cfg
     occ_slots = [lay.o(o.group, o.kind, o.block, "st") for o in lay.objects]
     inflight = lay.g("inflight")

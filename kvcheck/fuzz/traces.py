@@ -6,9 +6,13 @@ spec (and the SUT, when one is named) step by step, each step enabled, each look
 what the trace expected, the invariants failing exactly where the trace says they did, and
 the first divergence, differential or violation reported with its exit code.
 
-Traces written before the core (kvcheck diff's, with `"mode": "probe" | "follow"` on steps)
-replay too: a step marked as a probe or a follow-through step that the SUT refused is skipped,
-as it was when it was recorded.
+A step the recorded SUT took alone, after it left the spec, is marked `"mode": "follow"`
+(kvcheck diff's traces mark probes too). Replayed on a SUT that leaves the spec at the same
+place, it runs on the SUT alone (refused: skipped, as when recorded), so the finding comes back;
+on a SUT that stays with the spec (a fix), a follow step runs in lockstep where the spec enables
+it and is sent as a negative probe where it does not: refused, it is skipped (`skipped_follow`
+counts them), so a fixed engine replays clean; taken, it is the divergence it was when recorded
+(the first step a SUT took alone may be the forbidden step itself).
 """
 from __future__ import annotations
 
@@ -40,7 +44,9 @@ def to_trace(spec: Spec | None, steps: list[tuple[str, dict[str, Any]]], seed: i
     s = spec.init() if spec is not None else None
     for n, (action, params) in enumerate(steps):
         if spec is None or (expect_upto is not None and n >= expect_upto):
-            out.append(Step(action, dict(params), {}))
+            # taken by the SUT alone after it left the spec: marked, so that an engine that no
+            # longer leaves it (a fix) skips what the spec forbids there instead of failing
+            out.append(Step(action, dict(params), {"mode": "follow"} if spec is not None else {}))
             continue
         inst = spec.instance(action, params)
         expect: dict[str, Any] = {}
@@ -95,8 +101,12 @@ def _replay(core: Lockstep, trace: Trace, out: dict[str, Any], model: Any) -> in
                     return ExitCode.CONFORMANCE      # the diverged SUT refuses the recorded step
                 continue
             if not model.allows(core.s, x):
-                if not core.probe(x) and mode != "probe":     # refused, but recorded as a spec step
-                    return _diverged(out, n, step, "not enabled in the spec", "step_enabled")
+                if not core.probe(x):    # refused: right, unless it was recorded as a spec step
+                    if mode == "follow":     # the recorded SUT was alone here; this one is not
+                        out["skipped_follow"] = out.get("skipped_follow", 0) + 1
+                        continue
+                    if mode != "probe":
+                        return _diverged(out, n, step, "not enabled in the spec", "step_enabled")
                 _note(core, out, n, step)
                 continue
             decision = model.decide(core.s, x)

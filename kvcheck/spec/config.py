@@ -22,7 +22,7 @@ ALLOC_MODES = ("refuse", "evict")
 DUPLICATE_MODES = ("forbid", "allow")
 # Semantic keys and their defaults: omitted from to_dict at the default, so that a default
 # config (its traces, reports, cache keys) reads exactly as before they existed.
-SEMANTIC_DEFAULTS = {"eviction": "tombstone", "prompts": 1, "salted_prompts": 0, "decode": False,
+SEMANTIC_DEFAULTS = {"eviction": "tombstone", "prompts": 1, "salted_prompts": 0, "salt": True, "decode": False,
                      "alloc": "refuse", "duplicates": "forbid"}
 
 # Which device object kinds a group of each layer kind keeps (the kinds themselves are declared
@@ -177,6 +177,7 @@ class Config:
     # the last S prompts are prompt 0's tokens under another extra key of the block hash (a
     # cache salt / tenant, an adapter id, a model fingerprint): content.py
     salted_prompts: int = 0
+    salt: bool = True           # false: the engine has no cache salt (no salted prompts, no other tenant asks)
     decode: bool = False        # decode(r, j) appends one token; the block is published when full
     # refuse: an append into a full pool is not enabled (something else must evict first);
     # evict: the allocation evicts an unreferenced cached block itself, or fails and preempts
@@ -328,6 +329,11 @@ class Config:
             raise ConfigError(f"config: salted_prompts = {self.salted_prompts} needs prompts >= "
                               f"{self.salted_prompts + 1} (prompt 0 is the unsalted original), got "
                               f"prompts = {self.prompts}")
+        if not isinstance(self.salt, bool):
+            raise ConfigError(f"config: salt must be true or false, got {self.salt!r:.40}")
+        if not self.salt and self.salted_prompts:
+            raise ConfigError(f"config: salt = false (the engine has no cache salt) cannot serve "
+                              f"salted_prompts = {self.salted_prompts}: drop one of them")
         if not isinstance(self.decode, bool):
             raise ConfigError(f"config: decode must be true or false, got {self.decode!r:.40}")
         if not isinstance(self.tiers, tuple) or not all(isinstance(t, str) for t in self.tiers):

@@ -36,8 +36,12 @@ from kvcheck.fuzz.lockstep import Finding
 from .shadow import ContentShadow, prompt_table, siblings
 
 TENANT, OTHER_TENANT = "tenant-0", "tenant-1"
-CORE_ACTIONS = frozenset({"submit", "lookup", "bind", "bind_stale", "use", "append", "finish",
-                          "preempt", "resume"})
+CORE_ACTIONS = frozenset({"submit", "lookup", "bind", "use", "append", "finish", "preempt", "resume"})
+# What this class declares besides the core, and what in a config or an adapter reaches it
+# (adapter-check names these as the base class's declarations, never as the user's to drop).
+REACH = {"evict": "an evict callback",
+         "append_fail": 'alloc = "evict" in the config',
+         "bind_stale": "an evict callback (an eviction between a lookup and its bind)"}
 
 
 class HashChainAdapter:
@@ -79,11 +83,21 @@ class HashChainAdapter:
     def __init__(self, fault: str | None = None) -> None:
         self.fault = fault
         cls = type(self)
-        acts = set(CORE_ACTIONS)
-        if getattr(cls, "evict", None) is not None:
-            acts |= {"evict", "append_fail"}   # append_evict: never enabled here (docstring)
-        self.actions = frozenset(acts)
+        self.evicts = getattr(cls, "evict", None) is not None
         self.decodes = getattr(cls, "decode_append", None) is not None
+        self.actions = self._declare("evict")
+
+    def _declare(self, alloc: str) -> frozenset[str]:
+        """The actions this class declares for a config (`alloc`): the core, `evict` with an evict
+        callback, `append_fail` where allocations evict (alloc = "evict"), `bind_stale` where a
+        decided hit can go (append_evict: never enabled here, see the docstring)."""
+        acts = set(CORE_ACTIONS) | ({"evict"} if self.evicts else set())
+        if alloc == "evict":
+            acts.add("append_fail")
+        if self.evicts:     # (allocations alone never evict a decided hit: one prefix, LRU takes no hole)
+            acts.add("bind_stale")
+        self.base_actions = {a: REACH.get(a, "the core lifecycle") for a in acts}
+        return frozenset(acts)
 
     def reset(self, cfg: Config) -> None:
         if [g.kind for g in cfg.groups] != ["full"]:
@@ -91,9 +105,10 @@ class HashChainAdapter:
                              + ", ".join(g.name for g in cfg.groups))
         self.cfg, self.lay, self.B = cfg, Layout(cfg), cfg.block_size
         self.num_blocks = min(cfg.cap("swa_window"), 1 << 16)
+        self.actions = self._declare(cfg.alloc)
         self.start(self.num_blocks, self.B)
         self.shadow = ContentShadow(self.B)
-        if cfg.prompts > 1 and "evict" not in self.actions:
+        if cfg.prompts > 1 and not self.evicts:
             raise ValueError("HashChainAdapter with prompts > 1 needs the evict callback (one copy "
                              "per block position: another prompt's copy is evicted before a rewrite)")
         if cfg.decode:
@@ -139,7 +154,8 @@ class HashChainAdapter:
         """prompts = 1 only: read-only questions about what the spec's traffic does not carry, the
         same prompt from another tenant and sibling prompts. Every hit must hold its content."""
         toks = self.tokens[:n * self.B]
-        asks = [(OTHER_TENANT, toks)] + [(TENANT, s) for s in
+        other = [(OTHER_TENANT, toks)] if self.cfg.salt else []     # salt = false: no tenants to tell apart
+        asks = other + [(TENANT, s) for s in
                                          siblings(self.cfg.seed, self.tokens, n, self.B, self.cfg.blocks)]
         for tenant, t in asks:
             hits = self.lookup(self.chain(t, tenant))
