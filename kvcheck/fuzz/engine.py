@@ -162,7 +162,7 @@ class Engine:
 
     def check_matrix_budget(self, budget: str) -> float | None:
         """A cell budget's seconds (None: a count, no time bound); ValueError, one line, if bad."""
-        from .campaign import Budget
+        from .budget import Budget
         return Budget.parse(budget).seconds
 
     # ---- the project gate (checker/project.py) ----------------------------------------------
