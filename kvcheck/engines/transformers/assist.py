@@ -100,6 +100,7 @@ class Assist:
         self.fault = fault if fault is not None and fault.name == CROP_KEEPS_STALE.name else None
         self.assistant = None
         self.fault_hits = 0
+        self.refused = None
 
     def close(self):
         self.assistant = None
@@ -241,17 +242,30 @@ class Assist:
         return self.assistant
 
     @contextlib.contextmanager
-    def _faulty_crop(self, cls):
-        """crop_keeps_stale planted on ``cls.crop`` while generate() runs (its own caches)."""
-        if self.fault is None or not callable(getattr(cls, "crop", None)):
+    def _watched_crop(self, cls):
+        """While generate() runs: ``cls.crop`` (the class of the model's own cache) through the
+        planted crop_keeps_stale if any, and a crop that the release refuses before changing the
+        cache it was called on is noted (``self.refused``: the exception and why)."""
+        if not callable(getattr(cls, "crop", None)):
             yield
             return
         had, orig = "crop" in vars(cls), cls.crop
         assist = self
 
         def crop(cache, *a, **kw):
-            if assist.fault.on_crop(cache, lambda: orig(cache, *a, **kw)):
-                assist.fault_hits += 1
+            before = copy.deepcopy(cache)
+            try:
+                if assist.fault is not None:
+                    if assist.fault.on_crop(cache, lambda: orig(cache, *a, **kw)):
+                        assist.fault_hits += 1
+                else:
+                    orig(cache, *a, **kw)
+            except Exception as exc:  # noqa: BLE001 - noted, then raised on as it was
+                if classify(exc) is None and not any(r["max_abs_diff"] != 0 or r["shape_mismatch"]
+                                                     for r in compare_caches(cache, before)):
+                    assist.refused = (exc, f"{type(cache).__name__}.crop{tuple(a)} refused before changing any "
+                                           f"state: {type(exc).__name__}: {one_line(exc)}")
+                raise
         cls.crop = crop
         try:
             yield
@@ -275,8 +289,9 @@ class Assist:
         hooks = [m.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1)) for m in (r.model, A)]
         r.path, r.in_model = "generate_assistant", True
         r.mods.stack.clear()
+        self.refused = None
         try:
-            with torch.no_grad(), self._faulty_crop(type(probe)), _quiet():
+            with torch.no_grad(), self._watched_crop(type(probe)), _quiet():
                 out = r.model.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=A,
                                        max_new_tokens=n_new, do_sample=False, return_dict_in_generate=True,
                                        output_logits=True, eos_token_id=None, pad_token_id=0)
@@ -284,6 +299,9 @@ class Assist:
             if calls[0] == 0 and classify(exc) is None:
                 raise Unsupported(f"generate() refused assisted decoding before any forward on transformers "
                                   f"{release()}: {type(exc).__name__}: {one_line(exc)}") from exc
+            if self.refused is not None and self.refused[0] is exc:
+                raise Unsupported(f"generate() with an assistant rolled its cache back after {calls[0]} forwards and "
+                                  f"transformers {release()} refused: {self.refused[1]}") from exc
             raise
         finally:
             for h in hooks:
