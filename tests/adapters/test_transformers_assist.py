@@ -77,6 +77,12 @@ def test_not_croppable_is_what_the_release_documents():
     assert "is_croppable is False" in itf.not_croppable(C()) and "0:Layer" in itf.not_croppable(C())
     assert itf.not_croppable(Remove()) is None          # a release that does not say: the crop decides
 
+    class Stateful:                 # transformers' flag: generate() refuses assisted decoding for it
+        _is_stateful = True
+
+    assert "Stateful._is_stateful is True" in itf.not_croppable(Remove(), Stateful())
+    assert itf.not_croppable(Remove(), Remove()) is None
+
 
 # ---- on the installed transformers ---------------------------------------------------------------
 @pytest.fixture
@@ -113,7 +119,8 @@ def test_sliding_models_are_clean_through_draft_roll_back_and_assistant(tf, mode
 
 def test_linear_attention_models(tf, tmp_path):
     """qwen3_next: 5.24 documents its recurrent layers as not croppable: every assisted-decoding
-    scenario is `unsupported` and the run is clean. lfm2 with short-conv layers (conv state only):
+    scenario is `unsupported` and the run is clean (deepseek_v4 likewise by its model class's
+    `_is_stateful`: cropping it anyway crashed its next forward, kvcheck's mistake). lfm2 with short-conv layers (conv state only):
     croppable, and clean."""
     from kvcheck.engines.transformers.oracle import run_diff
     res = run_diff("qwen3_next", scenarios=10, seed=0)
@@ -121,6 +128,9 @@ def test_linear_attention_models(tf, tmp_path):
     assert [s["suffix_mode"] for s in assist] == list(MODES)
     assert all(s["verdict"] == "unsupported" and "is_croppable is False" in s["reason"] for s in assist)
     assert res["verdict"] in ("exact", "within-tolerance") and res["counts"]["unsupported"] == 3
+    res = run_diff("deepseek_v4", scenarios=10, seed=0, trace=False)      # its compressor cannot rewind
+    assert [s["verdict"] for s in _assist(res)] == ["unsupported"] * 3
+    assert all("DeepseekV4ForCausalLM._is_stateful is True" in s["reason"] for s in _assist(res))
     cfg = tmp_path / "lfm2.json"
     cfg.write_text(json.dumps({"layer_types": ["conv", "full_attention", "conv", "full_attention"],
                                "num_hidden_layers": 4, "full_attn_idxs": [1, 3]}))

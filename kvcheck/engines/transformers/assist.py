@@ -16,7 +16,8 @@ Three kinds, each compared with the Runner's full recompute (``full()``) under t
 
 How to roll back is the installed release's (interface.py: the crop convention read from
 ``crop``'s signature, ``activate_past_recording`` where the release has it). A model whose cache
-the release documents as not croppable (``is_croppable`` False), has no ``crop``, whose ``crop``
+the release documents as not croppable (``is_croppable`` False, or the model class's
+``_is_stateful``), has no ``crop``, whose ``crop``
 refuses before changing any state, or whose ``generate`` refuses assisted decoding before any
 forward ran, gives the scenario verdict ``unsupported`` with the reason: not an error, not a
 divergence, and the run's verdict ignores it.
@@ -141,7 +142,7 @@ class Assist:
 
     def _check(self, cache) -> str:
         """The crop convention of this cache, or Unsupported with the release's reason."""
-        why = not_croppable(cache)
+        why = not_croppable(cache, self.r.model)
         if why:
             raise Unsupported(why)
         conv = crop_convention(cache)

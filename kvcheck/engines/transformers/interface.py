@@ -238,13 +238,20 @@ def past_recording(cache: Any) -> Any:
     return fn if callable(fn) else None
 
 
-def not_croppable(cache: Any) -> str | None:
-    """Why the release documents ``cache`` as not croppable (5.24 ``Cache.is_croppable`` False,
-    with its layers that say so); None when it says croppable or does not say."""
+def not_croppable(cache: Any, model: Any = None) -> str | None:
+    """Why the release documents ``cache`` (of ``model``) as not rollable: the model class's
+    ``_is_stateful`` (transformers' own flag that makes ``generate()`` refuse assisted decoding:
+    its state cannot be rewound, e.g. DeepSeek-V4's compressor), or 5.24 ``Cache.is_croppable``
+    False (with its layers that say so); None when it says croppable or does not say."""
+    cls = None if model is None else (model if isinstance(model, type) else type(model))
+    why = []
     flag = getattr(cache, "is_croppable", None)
-    if flag is None or bool(flag):
-        return None
-    layers = [f"{i}:{type(x).__name__}" for i, x in enumerate(getattr(cache, "layers", []))
-              if getattr(x, "is_croppable", True) is False]
-    return (f"{type(cache).__name__}.is_croppable is False on transformers {release()}"
-            + (f" (layers {', '.join(layers)})" if layers else ""))
+    if flag is not None and not bool(flag):
+        layers = [f"{i}:{type(x).__name__}" for i, x in enumerate(getattr(cache, "layers", []))
+                  if getattr(x, "is_croppable", True) is False]
+        why.append(f"{type(cache).__name__}.is_croppable is False on transformers {release()}"
+                   + (f" (layers {', '.join(layers)})" if layers else ""))
+    if cls is not None and getattr(cls, "_is_stateful", False) is True:
+        why.append(f"{cls.__name__}._is_stateful is True on transformers {release()} (the release declares its "
+                   "state cannot be rolled back: generate() refuses assisted decoding for it)")
+    return "; ".join(why) or None
