@@ -200,3 +200,11 @@ def test_a_crop_that_breaks_midway_is_an_error(tf, monkeypatch):
     assist = _assist(res)
     assert assist[0]["verdict"] == "error" and "crop failed after cropping" in assist[0]["error"]
     assert res["verdict"] == "error"
+
+
+def test_the_crop_fault_brings_its_scenarios_to_a_short_run(tf):
+    from kvcheck.engines.transformers.oracle import run_diff
+    res = run_diff("mistral", scenarios=2, seed=0, fault="crop_keeps_stale")
+    assert [s["suffix_mode"] for s in _assist(res)] == list(MODES) and len(res["scenarios"]) == 4
+    assert res["verdict"] == "divergent"
+    assert run_diff("mistral", scenarios=2, seed=0)["scenarios"][-1]["suffix_mode"] not in MODES

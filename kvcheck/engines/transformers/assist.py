@@ -56,16 +56,18 @@ def count(n: int) -> int:
     return len(MODES) * min(PER_KIND, n // 10)
 
 
-def plan(bounds: dict[str, int], n: int, seed: int) -> list[dict[str, Any]]:
+def plan(bounds: dict[str, int], n: int, seed: int, fault=None) -> list[dict[str, Any]]:
     """The assisted-decoding scenarios of a run of ``n`` (none for a model without a rolling
-    boundary); drawn from their own seeded stream, so the other scenarios stay as they were."""
+    boundary; one of each kind at least when the planted fault corrupts a crop); drawn from their
+    own seeded stream, so the other scenarios stay as they were."""
     named = sorted(((b, k) for k, b in bounds.items() if rolls(k) and b > 1))
-    if not named or count(n) == 0:
+    total = max(count(n), len(MODES) if fault is not None and fault.name == CROP_KEEPS_STALE.name else 0)
+    if not named or total == 0:
         return []
     b, name = named[0]
     rng = random.Random(f"kvcheck-assist:{seed}")
     out = []
-    for j in range(count(n) // len(MODES)):
+    for j in range(total // len(MODES)):
         k = rng.randrange(2, 5)
         if j % 2 == 0:      # the crop crosses the window: P + a < b <= P + k
             P = max(1, b - rng.randrange(1, k + 1))

@@ -333,8 +333,8 @@ class Runner:
         bounds = planlib.boundaries(self)
         fault = self.make_fault(fault_name, rng)
         min_prefix = 3 if fault is not None else 1
-        extra = assist.plan(bounds, scenarios, self.seed)   # assisted decoding: draft, roll back, continue
-        scenarios -= len(extra)
+        extra = assist.plan(bounds, scenarios, self.seed, fault)   # assisted decoding: draft, roll back, continue
+        scenarios = max(1, scenarios - len(extra))
         if cover:  # at least on, one before and one after every boundary
             scenarios = max(scenarios, planlib.first_tier(bounds, min_prefix))
         todo = planlib.plan(bounds, scenarios, rng, min_prefix)
