@@ -115,7 +115,7 @@ class Assist:
         res: dict[str, Any] = dict(index=idx, prefix_len=P, prefix_boundary=f"{name}{P - b:+d}",
                                    suffix_mode=mode, chunks=None, max_abs_diff=None,
                                    first_divergent_position=None, argmax_flips=None, first_divergent_layer=None,
-                                   generation=None, transformers_version=release())
+                                   generation=None)
         if mode == "generate_assistant":
             ids = self.r.tokens(gen, P)
             res.update(suffix_len=it["new"], assistant_drafts=it["drafts"])
