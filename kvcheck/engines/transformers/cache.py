@@ -27,7 +27,15 @@ DROP_WINDOW_POSITION = _fault("drop_window_position", "window not covering neede
                               "a restored sliding-window cache loses one position inside the window")
 PERTURB_KEY = _fault("perturb_key", "placeholder or corrupt data served as a hit",
                      "one cached key of a restored snapshot is perturbed")
-TRANSFORMERS_FAULTS: tuple[Fault, ...] = (DROP_WINDOW_POSITION, PERTURB_KEY)
+CROP_KEEPS_STALE = Fault("crop_keeps_stale", "transformers", "transformers:Cache.crop (draft roll-back)",
+                         "window not covering needed positions",
+                         "a roll-back of a sliding-window cache that keeps the rejected drafts", "divergent",
+                         "rolling a sliding layer back keeps the tail of its un-cropped keys: the rejected drafts "
+                         "stay in the window and the oldest positions it should restore are lost (a restore "
+                         "without a crop is untouched, so only the assisted-decoding scenarios can see it)",
+                         ("transformers",))
+TRANSFORMERS_FAULTS: tuple[Fault, ...] = (DROP_WINDOW_POSITION, PERTURB_KEY, CROP_KEEPS_STALE)
+SLIDING_FAULTS = (DROP_WINDOW_POSITION.name, CROP_KEEPS_STALE.name)      # need a sliding-window layer
 FAULTS = tuple(f.name for f in TRANSFORMERS_FAULTS)      # NAME or NAME@LAYER on the command line
 # Recurrent / SSM state is a fixed-size summary of every token before L: none of the five kinds
 # (it is usable at exactly L and nowhere else); it is named as what it is.
@@ -130,6 +138,8 @@ class CacheFault:
     dropped; the older positions shift up by one and the oldest slot repeats, so the tensor keeps
     the shape the attention mask expects (what a lost/misplaced window page looks like).
     ``perturb_key``: one cached key (one position, all heads) of one layer is perturbed.
+    ``crop_keeps_stale``: a restore is untouched; every crop that removes tokens leaves the
+    sliding layer holding the tail of its un-cropped keys (`on_crop`, assist.py).
     """
 
     def __init__(self, name: str, layer: int, rng: random.Random):
@@ -142,7 +152,7 @@ class CacheFault:
             keys = getattr(layer, "keys", None)
             if keys is None or not hasattr(keys, "shape") or keys.dim() < 2:
                 continue
-            if name == DROP_WINDOW_POSITION.name and not getattr(layer, "is_sliding", False):
+            if name in SLIDING_FAULTS and not getattr(layer, "is_sliding", False):
                 continue
             out.append(i)
         return out
@@ -177,7 +187,28 @@ class CacheFault:
                 layer.values = new
             first = getattr(layer, "cumulative_length", n) - n
             return dict(applied=True, position=int(first + j), slot=j)
+        if self.name == CROP_KEEPS_STALE.name:
+            return dict(applied=False, reason="crop_keeps_stale corrupts a crop, not a restored snapshot")
         raise AdapterError(f"unknown fault {self.name!r}; known: {', '.join(FAULTS)}")
+
+    def on_crop(self, cache, crop) -> bool:
+        """Run ``crop()`` (the release's own crop of ``cache``); with ``crop_keeps_stale``, then put
+        the fault layer's keys/values back as the tail of what it held before, of the length the
+        crop left (the rejected drafts kept, the oldest restored positions lost). True if changed."""
+        layers = cache_layers(cache)
+        layer = layers[self.layer] if self.name == CROP_KEEPS_STALE.name and self.layer < len(layers) else None
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        crop()
+        if keys is None or not hasattr(keys, "shape") or keys.dim() < 2 or layer.keys is None:
+            return False
+        n = layer.keys.shape[-2]
+        if n == 0 or n >= keys.shape[-2] or layer.keys is keys:
+            return False
+        stale = keys[..., -n:, :]
+        if bool((stale == layer.keys).all()):
+            return False
+        layer.keys, layer.values = stale, (stale if values is keys else values[..., -n:, :])
+        return True
 
 
 def select_row(cache, row: int):

@@ -231,3 +231,84 @@ def classify(exc: BaseException) -> CannotDrive | None:
     """CannotDrive for an exception raised on kvcheck's side of the boundary with transformers
     (`kvcheck.fuzz.boundary.blame`), None when it is transformers' own."""
     return as_cannot_drive(exc, ENGINE, release(), PACKAGES)
+
+
+# -- rolling a cache back (assisted decoding: draft, roll back, continue; assist.py) -----------
+# `Cache.crop`'s argument changed meaning across releases: 5.24 `crop(tokens_to_remove)` takes a
+# negative count of tokens to remove (and refuses a positive one); 5.0.0 `crop(max_length)` (and
+# the model caches of that era, e.g. lfm2's `crop(max_length)`) the absolute length to keep. The
+# meaning is read from the name of the first parameter of the installed release's `crop`, never
+# guessed from a call that may succeed with the other meaning.
+CROP_REMOVE = "remove"          # crop(-n): remove the last n tokens
+CROP_ABSOLUTE = "absolute"      # crop(L): keep the first L tokens
+CROP_PARAMETERS = {"tokens_to_remove": CROP_REMOVE, "max_length": CROP_ABSOLUTE, "maximum_length": CROP_ABSOLUTE}
+
+
+@functools.lru_cache(maxsize=None)
+def _crop_parameter(crop: Any) -> str | None:
+    try:
+        params = [p for p in inspect.signature(crop).parameters.values() if p.name != "self"]
+    except (TypeError, ValueError):
+        return None
+    return params[0].name if params else None
+
+
+def crop_convention(cache: Any) -> str | None:
+    """`CROP_REMOVE` or `CROP_ABSOLUTE` for ``type(cache).crop`` (inspected once per function);
+    None when the cache class has no ``crop`` (the release cannot roll it back: unsupported);
+    CannotDrive when it has one whose parameter kvcheck does not know (it would pass a number
+    whose meaning it cannot tell)."""
+    crop = getattr(type(cache), "crop", None)
+    if not callable(crop):
+        return None
+    name = _crop_parameter(crop)
+    if name in CROP_PARAMETERS:
+        return CROP_PARAMETERS[name]
+    raise CannotDrive(ENGINE, release(), (
+        f"{type(cache).__name__}.crop takes {name!r}, none of the crop parameters kvcheck knows "
+        f"({', '.join(f'{k} ({v})' for k, v in CROP_PARAMETERS.items())}); its signature: "
+        f"{inspect.signature(crop) if name is not None else '?'}"), here(1))
+
+
+def crop_argument(convention: str, length: int, keep: int) -> int:
+    """The argument of ``crop`` that rolls a cache holding ``length`` tokens back to ``keep``."""
+    if not 0 <= keep <= length:
+        raise ValueError(f"cannot crop {length} tokens to {keep}")
+    return -(length - keep) if convention == CROP_REMOVE else keep
+
+
+def crop_to(cache: Any, length: int, keep: int) -> tuple[str, int]:
+    """Roll ``cache`` (holding ``length`` tokens) back to ``keep`` by the installed release's own
+    convention: (convention, argument passed). Raises what the release's crop raises."""
+    conv = crop_convention(cache)
+    if conv is None:
+        raise AttributeError(f"{type(cache).__name__} has no crop")
+    arg = crop_argument(conv, length, keep)
+    cache.crop(arg)
+    return conv, arg
+
+
+def past_recording(cache: Any) -> Any:
+    """The release's switch that makes a cache keep what a later crop needs (5.24
+    ``Cache.activate_past_recording``), or None on a release without it."""
+    fn = getattr(cache, "activate_past_recording", None)
+    return fn if callable(fn) else None
+
+
+def not_croppable(cache: Any, model: Any = None) -> str | None:
+    """Why the release documents ``cache`` (of ``model``) as not rollable: the model class's
+    ``_is_stateful`` (transformers' own flag that makes ``generate()`` refuse assisted decoding:
+    its state cannot be rewound, e.g. DeepSeek-V4's compressor), or 5.24 ``Cache.is_croppable``
+    False (with its layers that say so); None when it says croppable or does not say."""
+    cls = None if model is None else (model if isinstance(model, type) else type(model))
+    why = []
+    flag = getattr(cache, "is_croppable", None)
+    if flag is not None and not bool(flag):
+        layers = [f"{i}:{type(x).__name__}" for i, x in enumerate(getattr(cache, "layers", []))
+                  if getattr(x, "is_croppable", True) is False]
+        why.append(f"{type(cache).__name__}.is_croppable is False on transformers {release()}"
+                   + (f" (layers {', '.join(layers)})" if layers else ""))
+    if cls is not None and getattr(cls, "_is_stateful", False) is True:
+        why.append(f"{cls.__name__}._is_stateful is True on transformers {release()} (the release declares its "
+                   "state cannot be rolled back: generate() refuses assisted decoding for it)")
+    return "; ".join(why) or None

@@ -283,7 +283,8 @@ def render_text(res: dict[str, Any], code: int) -> str:
         lines.append(f"  {sc['prefix_len']:>6} {tag:22} {sc['suffix_mode']:14} "
                      f"{(f'{d:12.3g}' if isinstance(d, (int, float)) else str(d)):>12} {sc['verdict']}"
                      + (f"  layer {sc.get('first_divergent_layer')}" if sc["verdict"] == "divergent" else "")
-                     + (f"  {sc['error']}" if sc["verdict"] == "error" else ""))
+                     + (f"  {sc['error']}" if sc["verdict"] == "error" else "")
+                     + (f"  {sc['reason']}" if sc["verdict"] == "unsupported" else ""))
     tr = res.get("operation_trace")
     if tr:
         lines.append(f"  first divergent operation (scenario {tr.get('scenario')}, layer {tr.get('layer')}): "

@@ -14,8 +14,8 @@ import random
 import re
 from typing import Any
 
-from . import plan as planlib
-from .cache import FAULTS, CacheFault, compare_caches
+from . import assist, plan as planlib
+from .cache import FAULTS, SLIDING_FAULTS, CacheFault, compare_caches
 from .interface import (CannotDrive, cache_keyword, call_with_cache, classify, here, output_fields, release,
                         returned_cache)
 from .interface import prefill as first_call
@@ -314,7 +314,7 @@ class Runner:
         eligible = CacheFault.eligible(name, probe)
         if not eligible:
             raise AdapterError(f"fault {name} needs a layer with cached keys"
-                               f"{' in a sliding window' if name == 'drop_window_position' else ''};"
+                               f"{' in a sliding window' if name in SLIDING_FAULTS else ''};"
                                f" {self.model_type} has none")
         if at:
             try:
@@ -334,6 +334,8 @@ class Runner:
         bounds = planlib.boundaries(self)
         fault = self.make_fault(fault_name, rng)
         min_prefix = 3 if fault is not None else 1
+        extra = assist.plan(bounds, scenarios, self.seed, fault)   # assisted decoding: draft, roll back, continue
+        scenarios = max(1, scenarios - len(extra))
         if cover:  # at least on, one before and one after every boundary
             scenarios = max(scenarios, planlib.first_tier(bounds, min_prefix))
         todo = planlib.plan(bounds, scenarios, rng, min_prefix)
@@ -347,8 +349,11 @@ class Runner:
             return dict(boundaries=bounds, verdict="error", error=self.crash(exc, "calibration"),
                         scenarios=[], counts={v: 0 for v in VERDICT_ORDER})
         results = [self.scenario(i, *p, gen, cal, fault) for i, p in enumerate(todo)]
-        counts = {v: sum(1 for r in results if r["verdict"] == v) for v in VERDICT_ORDER}
-        worst = max((r["verdict"] for r in results), key=VERDICT_ORDER.index, default="exact")
+        results += assist.run_all(self, extra, len(results), gen, cal, fault)
+        counts = {v: sum(1 for r in results if r["verdict"] == v) for v in VERDICT_ORDER + ("unsupported",)
+                  if v != "unsupported" or extra}
+        worst = max((r["verdict"] for r in results if r["verdict"] != "unsupported"), key=VERDICT_ORDER.index,
+                    default="exact")
         divergent = [r for r in results if r["verdict"] == "divergent"]
         return dict(
             boundaries=bounds, cal=cal, tolerance=cal["tolerance"], observed_noise=cal["noise"],
@@ -361,7 +366,7 @@ class Runner:
             verdict=worst, counts=counts, scenarios=results,
             errors=[r["error"] for r in results if r["verdict"] == "error"],
             suffix_modes={m: sorted({r["verdict"] for r in results if r["suffix_mode"] == m})
-                          for m in planlib.SUFFIX_MODES})
+                          for m in planlib.SUFFIX_MODES + (assist.MODES if extra else ())})
 
 
 def explanation(rows: list[dict[str, Any]], first_layer: int | None) -> dict[str, Any] | None:
