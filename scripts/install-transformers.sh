@@ -13,7 +13,9 @@
 # Layered: `pip install --no-deps transformers==VERSION`, then, transitively, only the
 # requirements of what was installed that the environment does not already satisfy (each
 # --no-deps, so torch is never replaced; e.g. 5.16.0 needs huggingface-hub<2.0, and hub 1.x
-# needs httpx). Nothing is written into PYTHON's env. Then run kvcheck from the checkout:
+# needs httpx). huggingface-hub, when transformers needs another, at the release's own floor (the
+# version it was built against: a later hub broke 5.4.0's configs). Nothing is written into
+# PYTHON's env. Then run kvcheck from the checkout:
 #   PYTHONPATH=$PWD DIR/bin/python -m kvcheck diff --sut transformers --model-type mistral
 set -euo pipefail
 VERSION=${1:?usage: scripts/install-transformers.sh VERSION [DIR]}
@@ -40,6 +42,10 @@ if [ -n "${PYTHON:-}" ]; then
     mapfile -t reqs < <("$PY" - "${todo[@]}" <<'EOF'
 import importlib.metadata as md, sys
 from packaging.requirements import Requirement
+from packaging.version import Version
+# the hub a release was built against: its floor, not today's newest (5.4.0's configs fail
+# strict validation under huggingface-hub 1.33; its floor, 1.5.0, builds them)
+PINNED = {"huggingface-hub"}
 for name in sys.argv[1:]:
     for line in md.distribution(name).requires or []:
         r = Requirement(line)
@@ -50,7 +56,11 @@ for name in sys.argv[1:]:
         except md.PackageNotFoundError:
             have = None
         if have is None or not r.specifier.contains(have, prereleases=True):
-            print(f"{r.name}{r.specifier}")
+            floor = [s.version for s in r.specifier if s.operator in (">=", "==", "~=")]
+            if name == "transformers" and r.name.lower().replace("_", "-") in PINNED and floor:
+                print(f"{r.name}=={max(floor, key=Version)}")     # the release's own floor
+            else:
+                print(f"{r.name}{r.specifier}")
 EOF
 )
     [ "${#reqs[@]}" -gt 0 ] || break
