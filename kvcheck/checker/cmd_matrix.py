@@ -58,7 +58,7 @@ def add_matrix_arguments(p: argparse.ArgumentParser) -> None:
                    help="only these layouts (transformers: model types) (default: every one each release has)")
     p.add_argument("--budget-per-cell", default=None, metavar="BUDGET",
                    help="each cell's campaign: a time (30s, 5m) or a step count (300) (default: 30s); "
-                        "transformers: a number of kvcheck diff scenarios (default: 8)")
+                        "transformers: a number of kvcheck diff scenarios (default: 10)")
     p.add_argument("--seed", type=int, default=0, help="seed of every campaign (default: %(default)s)")
     p.add_argument("--envs", metavar="DIR", default=None,
                    help="where release environments are built and reused (default: $KVCHECK_ENVS or "
