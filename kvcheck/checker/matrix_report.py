@@ -92,6 +92,42 @@ def inexpressible(data: dict[str, Any]) -> list[tuple[str, str, str]]:
             if lay in r["cells"] and r["cells"][lay]["verdict"] == "cannot express"]
 
 
+def runs(data: dict[str, Any]) -> tuple[list[tuple[str, list[tuple[str, str, str]]]], list[str]]:
+    """Each column across the releases as runs of one verdict, (first, last, short) in release
+    order, for the columns whose verdict changes or is not clean; and the columns clean on every
+    release that ran them. A matrix of many releases and columns reads this way round."""
+    varied, clean = [], []
+    for lay in data["layouts"]:
+        seq = [(label(r), r["cells"][lay]["short"]) for r in data["rows"] if lay in r["cells"]]
+        out: list[tuple[str, str, str]] = []
+        for rel, short in seq:
+            if out and out[-1][2] == short:
+                out[-1] = (out[-1][0], rel, short)
+            else:
+                out.append((rel, rel, short))
+        if [r[2] for r in out] == ["clean"]:
+            clean.append(lay)
+        elif out:
+            varied.append((lay, out))
+    return varied, clean
+
+
+def _runs_md(data: dict[str, Any]) -> list[str]:
+    varied, clean = runs(data)
+    if len(data["rows"]) < 3:
+        return []
+    col = str(data.get("column") or "layout")
+    out = ["", f"## Across releases, by {col}", "",
+           f"Each {col} whose verdict is not clean on every release, as runs of releases with one verdict "
+           "(release order; `A–B` spans every release of the table between them).", "",
+           f"| {col} | across releases |", "|---|---|"]
+    out += [f"| `{_md(lay)}` | " + "; ".join(f"{a}{'–' + b if b != a else ''}: {_md(v)}" for a, b, v in rs) + " |"
+            for lay, rs in varied]
+    if clean:
+        out += ["", f"Clean on every release that has it ({len(clean)}): " + ", ".join(f"`{c}`" for c in clean) + "."]
+    return out
+
+
 def _note_lines(x: dict[str, Any], md: bool) -> list[str]:
     c, q = x["cell"], (lambda s: f"`{s}`" if md else s)
     where = ", ".join(x["layouts"]) if len(x["layouts"]) <= 4 else f"{len(x['layouts'])} layouts"
@@ -168,6 +204,7 @@ def render_md(data: dict[str, Any]) -> str:
            "|---" * (len(cols) + 1) + "|"]
     for r in data["rows"]:
         out.append(f"| {_md(label(r))} | " + " | ".join(_md(cell_text(r, c, refs)) for c in cols) + " |")
+    out += _runs_md(data)
     out += ["", "## Legend", ""] + [f"- **{v}**: {LEGEND[v]}" for v in VERDICTS]
     found = [x for x in notes(data) if x["cell"]["verdict"] == "finding"]
     other = [x for x in notes(data) if x["cell"]["verdict"] != "finding"]

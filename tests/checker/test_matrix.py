@@ -552,3 +552,23 @@ def test_run_driver_with_resume_hands_the_kept_cells_to_the_driver_and_keeps_the
     p.resume = False                                                  # without --resume: a fresh file
     text, _, _, _ = mx.run_driver(str(fake), p, "vllm-r", "0.33.0", threading.Event())
     assert text == "" and json.loads((tmp_path / "spec.json").read_text())["kept"] == {}
+
+
+def test_the_markdown_reads_each_layout_across_releases_as_runs(tmp_path) -> None:
+    from kvcheck.checker.matrix_report import runs
+    p = plan(tmp_path, layouts=("full", "dsv4", "gemma3"))
+    rows = []
+    for rel, full in (("0.20.0", 10), ("0.21.0", 10), ("0.22.0", 0), ("0.23.0", 10)):
+        text = lines(release_line({"dsv4": "no V4 groups"}, release=rel), cell("full", full, {"exit_code": full, "steps": 300, "findings":
+                                                                   [FINDING] if full else []}),
+                     cell("gemma3", 0, {"exit_code": 0, "steps": 300}), {"type": "done"})
+        rows.append(mx.build_row(text, 0, p, "/py", rel))
+    data = matrix_data("vllm", rows, p.columns, command="kvcheck matrix", seed=0, budget="300", code=10)
+    varied, clean = runs(data)
+    assert clean == ["gemma3"]
+    assert dict(varied)["full"] == [("0.20.0", "0.21.0", "finding: read_before_write"), ("0.22.0", "0.22.0", "clean"),
+                                   ("0.23.0", "0.23.0", "finding: read_before_write")]
+    assert dict(varied)["dsv4"] == [("0.20.0", "0.23.0", "cannot express")]
+    md = render_md(data)
+    assert "| `full` | 0.20.0–0.21.0: finding: read_before_write; 0.22.0: clean; 0.23.0: finding" in md
+    assert "Clean on every release that has it (1): `gemma3`." in md
