@@ -79,3 +79,17 @@ def test_mamba_on_the_installed_release_is_named_and_acknowledging_it_passes(cap
                        "--out", str(tmp_path), "--json", "--acknowledge", f"{NAME}=x")
     res = json.loads(out)
     assert code == 0 and res["known"][0]["status"] == "acknowledged, not hit"
+
+
+def test_a_crash_of_an_uncropped_recording_sliding_layer_is_its_own_known_defect() -> None:
+    crash = ("scenario 15 (prefix 7, crop_continue): decode crashed in layer 0, module model.layers.0.self_attn: "
+             "RuntimeError: The size of tensor a (9) must match the size of tensor b (8) at non-singleton dimension 3")
+    res = {"layer_types": None, "cache_layer_classes": ["DynamicSlidingWindowLayer", "DynamicSlidingWindowLayer"],
+           "scenarios": [sc("one_chunk", "exact"), sc("token_by_token", "exact"),
+                         dict(sc("crop_continue", "error"), error=crash)]}
+    assert known.recognise(res) == ({f"known:{known.UNCROPPED}": 1}, True)
+    # the same crash in a full-attention layer's cache, or outside crop_continue: not this defect
+    full = dict(res, cache_layer_classes=["DynamicLayer", "DynamicLayer"])
+    assert known.recognise(full) == ({}, False)
+    other = dict(res, scenarios=[sc("token_by_token", "exact"), dict(sc("assist_burst", "error"), error=crash)])
+    assert known.recognise(other) == ({}, False)

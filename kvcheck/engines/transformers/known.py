@@ -12,6 +12,13 @@ Mamba-family models. The signature is read from the run's own scenarios, never f
 type's name: every token-by-token continuation agrees with the recompute (and at least one ran),
 and every scenario that diverged or crashed continued with several tokens at once and first
 went wrong in a layer that holds such a state.
+
+`sliding_record_uncropped_forward`: with the cache's past recording on (assisted decoding's
+roll-back support), a second forward before any crop, past the sliding window, crashes in the
+attention: the sliding layer's `update` returns every recorded key while `get_mask_sizes`
+announces only the window (later releases slice what `update` returns; their comment names an
+assistant that calls `generate` with a past-aware cache). Signature: a `crop_continue` scenario
+(several forwards, then the crop) crashed in the attention of a sliding layer.
 """
 from __future__ import annotations
 
@@ -25,6 +32,13 @@ KNOWN = {MULTITOKEN: KnownDefect(
     name=MULTITOKEN, check="reuse_equals_recompute", kind="differential", first="5.0.0", last="5.25.0",
     upstream="transformers#45513, #46032 (PR #46084)",
     repro="kvcheck diff --sut transformers --model-type mamba2 (on a release with it)")}
+
+UNCROPPED = "sliding_record_uncropped_forward"
+KNOWN[UNCROPPED] = KnownDefect(
+    name=UNCROPPED, check="reuse_equals_recompute", kind="differential", first="5.16.0", last="5.16.0",
+    upstream="none found (fixed by 5.24: DynamicSlidingWindowLayer.update returns only the keys get_mask_sizes "
+             "announces while recording)",
+    repro="docs/repro/transformers_sliding_record_uncropped.py")
 
 STATE_TYPES = ("linear_attention", "mamba", "mamba2", "conv", "recurrent", "ssm", "hybrid")
 STATE_CLASSES = re.compile(r"Linear|Mamba|Conv|Recurrent|SSM", re.I)
@@ -52,9 +66,37 @@ def _state_layer(res: dict[str, Any], layer: int | None, module: str) -> bool:
     return bool(STATE_MODULES.search(module))
 
 
+def _sliding(res: dict[str, Any], layer: int | None) -> bool:
+    types, classes = res.get("layer_types") or [], res.get("cache_layer_classes") or []
+    if layer is not None and layer < len(types) and isinstance(types[layer], str):
+        return "sliding" in types[layer]
+    return layer is not None and layer < len(classes) and "Sliding" in str(classes[layer])
+
+
+def uncropped(scen: list[dict[str, Any]], res: dict[str, Any]) -> list[dict[str, Any]]:
+    """`sliding_record_uncropped_forward`: a crop_continue scenario (past recording on, several
+    forwards before the crop) crashed in a sliding layer's attention."""
+    out = []
+    for s in scen:
+        layer, module = _crash_layer(s)
+        if s.get("suffix_mode") == "crop_continue" and s.get("verdict") == "error" and module.endswith("self_attn") \
+                and _sliding(res, layer):
+            out.append(s)
+    return out
+
+
 def recognise(res: dict[str, Any]) -> tuple[dict[str, int], bool]:
     """({"known:NAME": scenarios}, whether every bad scenario is explained) for a run's result."""
     scen = [s for s in res.get("scenarios") or [] if isinstance(s, dict)]
+    late = uncropped(scen, res)
+    counts, explained = _multitoken([s for s in scen if s not in late], res)
+    if late:
+        counts[f"known:{UNCROPPED}"] = len(late)
+        explained = explained or not any(s.get("verdict") in BAD for s in scen if s not in late)
+    return counts, explained
+
+
+def _multitoken(scen: list[dict[str, Any]], res: dict[str, Any]) -> tuple[dict[str, int], bool]:
     single = [s for s in scen if s.get("suffix_mode") == "token_by_token"]
     bad = [s for s in scen if s.get("verdict") in BAD]
     if not bad or not single or any(s.get("verdict") in BAD for s in single):
