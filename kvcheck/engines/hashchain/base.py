@@ -108,15 +108,13 @@ class HashChainAdapter:
         self.actions = self._declare(cfg.alloc)
         self.start(self.num_blocks, self.B)
         self.shadow = ContentShadow(self.B)
-        if cfg.prompts > 1 and not self.evicts:
-            raise ValueError("HashChainAdapter with prompts > 1 needs the evict callback (one copy "
-                             "per block position: another prompt's copy is evicted before a rewrite)")
         if cfg.decode:
             raise ValueError("HashChainAdapter decodes inside append (decode_append); the config's "
                              "decode = true is not mapped yet")
         self.prompts = prompt_table(cfg, TENANT)
         self.tokens = self.prompts[0][1]
-        self.where: dict[int, int] = {}        # logical block j -> the block id holding it
+        self.want: list[Any] = [None] * cfg.blocks   # the content (tenant, prefix) block j stands for
+        self.stale: set[int] = set()           # block ids whose content the spec no longer counts
         self.state = [0] * cfg.blocks          # logical block j's spec lifecycle state
         self.lineage = [0] * cfg.blocks        # the prompt lineage block j's copy holds (bcid)
         self.published: set[int] = set()       # logical blocks whose hash is published (`hashed`)
@@ -148,7 +146,11 @@ class HashChainAdapter:
     def _engine_hits(self, r: int, n: int) -> list[int]:
         tenant, toks = self._prompt(r)
         toks = toks[:n * self.B]
-        return self._check_hits(f"lookup for request {r}", self.lookup(self.chain(toks, tenant)), n, tenant, toks)
+        hits = self._check_hits(f"lookup for request {r}", self.lookup(self.chain(toks, tenant)), n, tenant, toks)
+        # a sound hit on a copy the spec no longer counts (another prompt's, at a position the
+        # spec rewrote, kept by a manager without evict) ends the hit where the spec's does
+        k = next((i for i, b in enumerate(hits) if b not in self.copies(i)), len(hits))
+        return hits[:k]
 
     def _shadow_queries(self, n: int) -> None:
         """prompts = 1 only: read-only questions about what the spec's traffic does not carry, the
@@ -175,29 +177,55 @@ class HashChainAdapter:
         q["blocks"].append(block)
         q["pos"] = len(q["blocks"])
 
+    def copies(self, j: int) -> list[int]:
+        """The physical copies of logical block j: every block id holding its content (two
+        requests that computed one prefix before either published it hold two; a legal
+        duplicate). None while j is not cached."""
+        if self.state[j] != READY:
+            return []
+        return [b for b, c in self.shadow.content.items() if c == self.want[j] and b not in self.stale]
+
+    def _held(self) -> dict[int, list[tuple[int, int]]]:
+        """Block id -> the (request, position) pairs of bound or running requests holding it."""
+        out: dict[int, list[tuple[int, int]]] = {}
+        for y, q in enumerate(self.req):
+            if q["st"] in (R_BOUND, R_RUNNING):
+                for i, b in enumerate(q["blocks"]):
+                    out.setdefault(b, []).append((y, i))
+        return out
+
+    def _holders(self, j: int) -> int:
+        """Requests holding a copy of logical block j, counted per physical block id."""
+        held = self._held()
+        return sum(len(held.get(b, ())) for b in self.copies(j))
+
     def _gone(self, j: int) -> None:
-        """The manager evicted logical block j's copy (its memory is free)."""
+        """The manager evicted the last copy of logical block j."""
         self.state[j] = EVICTED
-        self.shadow.release(self.where[j])
         if self.cfg.eviction == "drop_hash":
             self.published.discard(j)
 
     def _fill(self, r: int, j: int, block: int) -> list[int]:
-        """A fresh block for logical block j. Returns the logical blocks whose copy it held (the
-        engine evicted them on its own to make room)."""
+        """Request r filled `block` with logical block j. Returns the logical blocks whose last
+        copy it held (the engine evicted them on its own to make room). A block another request
+        holds is a TOCTOU break even where another copy of its content survives."""
         tenant, toks = self._prompt(r)
-        gone = [lj for lj, b in self.where.items() if b == block and lj != j and self.state[lj] == READY]
+        want = (tenant, tuple(toks[:(j + 1) * self.B]))
+        others = [h for h in self._held().get(block, []) if h != (r, j)]
+        if others and self.shadow.content.get(block) != want:
+            y, i = others[0]
+            raise Finding("invariant", ["toctou_bound_stable"],
+                          f"append(r={r}, j={j}): the manager filled block {block}, which request {y} "
+                          f"holds as its block {i} (a bound block was overwritten)")
+        gone = [lj for lj in range(self.cfg.blocks) if lj != j and self.copies(lj) == [block]]
         for lj in gone:
             self._gone(lj)
-        self.shadow.fill(block, tenant, toks[:(j + 1) * self.B])
-        self.where[j], self.state[j] = block, READY
+        self.shadow.fill(block, *want)
+        self.stale.discard(block)
+        self.want[j], self.state[j] = want, READY
         self.lineage[j] = lineage(self.cfg, self.req[r]["p"], j)
         self.published.add(j)
         return gone
-
-    def _holders(self, j: int) -> int:
-        """Requests holding logical block j (whichever block id the manager gave them)."""
-        return sum(len(q["blocks"]) > j for q in self.req if q["st"] in (R_BOUND, R_RUNNING))
 
     # ---- the spec's actions ------------------------------------------------------------------
     def apply(self, action: str, p: dict[str, Any]) -> dict[str, Any]:
@@ -280,11 +308,11 @@ class HashChainAdapter:
                 raise ActionRejected("allocate refused a cached block")
             self._take(r, got, j, hit=True)
             return got, []
-        old = None                                   # another prompt's copy of block j: rewritten
+        old: list[int] = []                          # another prompt's copies of block j: rewritten
         if self.state[j] == READY and self.lineage[j] != lineage(self.cfg, q["p"], j):
             if self._holders(j):                     # in use: wait
                 raise ActionRejected(f"block {j}'s copy holds another prompt and is in use")
-            old = self.where[j]
+            old = self.copies(j)
         decode = self.decodes and j == q["n"] - 1 and self.B > 1
         got = self.allocate(r, None if decode else hashes[j])
         if got is None:
@@ -295,9 +323,9 @@ class HashChainAdapter:
             for t in range(self.B - d, self.B):
                 self.decode_append(r, got, toks[t], hashes[j] if t == self.B - 1 else None)  # type: ignore[attr-defined]
         gone = self._fill(r, j, got)
-        if old is not None and old != got:           # the spec keeps one copy per position
-            if self.evict(old):                      # type: ignore[attr-defined]
-                self.shadow.release(old)
+        for b in old if self.evicts else ():         # the spec keeps one prompt per position: with
+            if b != got and self.evict(b):           # an evict callback the other's copies go; without
+                self.shadow.release(b)               # one they stay cached, uncounted (see _engine_hits)
         return got, gone
 
     def _a_append(self, r: int, j: int) -> None:
@@ -335,8 +363,13 @@ class HashChainAdapter:
     def _a_evict(self, g: int, kind: str, j: int) -> None:
         if self.state[j] != READY:
             raise ActionRejected(f"block {j} is not cached")
-        if not self.evict(self.where[j]):            # type: ignore[attr-defined]
-            raise ActionRejected(f"the manager refused to evict block {self.where[j]}")
+        copies = self.copies(j)
+        done = [b for b in copies if self.evict(b)]  # type: ignore[attr-defined]
+        if not done:
+            raise ActionRejected(f"the manager refused to evict block {copies}")
+        for b in done:
+            self.shadow.release(b)
+        self.stale.update(set(copies) - set(done))   # a copy it keeps unpublished: no longer counted
         self._gone(j)
 
     # ---- what kvcheck reads ------------------------------------------------------------------
