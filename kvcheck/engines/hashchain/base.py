@@ -146,7 +146,7 @@ class HashChainAdapter:
     def _engine_hits(self, r: int, n: int) -> list[int]:
         tenant, toks = self._prompt(r)
         toks = toks[:n * self.B]
-        hits = self._check_hits(f"lookup for request {r}", self.lookup(self.chain(toks, tenant)), n, tenant, toks)
+        hits = self._check_hits(f"lookup for request {r}", self._ask(tenant, toks), n, tenant, toks)
         # a sound hit on a copy the spec no longer counts (another prompt's, at a position the
         # spec rewrote, kept by a manager without evict) ends the hit where the spec's does
         k = next((i for i, b in enumerate(hits) if b not in self.copies(i)), len(hits))
@@ -160,7 +160,7 @@ class HashChainAdapter:
         asks = other + [(TENANT, s) for s in
                                          siblings(self.cfg.seed, self.tokens, n, self.B, self.cfg.blocks)]
         for tenant, t in asks:
-            hits = self.lookup(self.chain(t, tenant))
+            hits = self._ask(tenant, t)
             self._check_hits(f"shadow query by {tenant} for blocks {[list(t[i:i + self.B]) for i in range(0, len(t), self.B)]}",
                              hits, len(t) // self.B, tenant, t)
 
@@ -198,6 +198,41 @@ class HashChainAdapter:
         """Requests holding a copy of logical block j, counted per physical block id."""
         held = self._held()
         return sum(len(held.get(b, ())) for b in self.copies(j))
+
+    # ---- the calls into the manager (a shape overrides these: sequence.py) ---------------------
+    def _ask(self, tenant: str, toks: tuple[int, ...]) -> Any:
+        """The manager's answer to a read-only lookup of `toks` (whole blocks) by `tenant`."""
+        return self.lookup(self.chain(toks, tenant))
+
+    def _admit(self, r: int, hits: list[int]) -> None:
+        """Request r references its decided hit (bind); ActionRejected when refused."""
+        for i, b in enumerate(hits):
+            got = self._alloc(r, i, b)
+            if got is None:
+                self._release(r, self.req[r]["blocks"])
+                self.req[r]["blocks"] = []
+                raise ActionRejected(f"allocate refused cached block {b}")
+
+    def _alloc(self, r: int, j: int, hit: int | None) -> int | None:
+        """Request r's block j from the manager: `hit` the cached block to reference, or None for
+        a fresh one (decode_append completes a prompt's last block when the class has it). The
+        block is taken (_take) before it returns; None: no room, nothing taken."""
+        tenant, toks = self._prompt(r)
+        toks = toks[:(j + 1) * self.B]
+        h = self.chain(toks, tenant)[j]
+        decode = hit is None and self.decodes and j == self.req[r]["n"] - 1 and self.B > 1
+        got = self.allocate(r, None if decode else h, hit=hit)
+        if got is None:
+            return None
+        self._take(r, got, j, hit=hit is not None)
+        if decode:                                   # the prompt ends inside block j: decode the rest
+            d = 1 + (self.cfg.seed + r + j) % (self.B - 1)
+            for t in range(self.B - d, self.B):
+                self.decode_append(r, got, toks[t], h if t == self.B - 1 else None)  # type: ignore[attr-defined]
+        return got
+
+    def _release(self, r: int, blocks: list[int]) -> None:
+        self.free(r, blocks)
 
     def _gone(self, j: int) -> None:
         """The manager evicted the last copy of logical block j."""
@@ -271,15 +306,7 @@ class HashChainAdapter:
         hits = self._valid(r)
         if hits is None or active >= self.cfg.max_active:
             raise ActionRejected("the hit is gone or too many requests are active")
-        tenant, toks = self._prompt(r)
-        hashes = self.chain(toks[:q["k"] * self.B], tenant)
-        for i, b in enumerate(hits[:q["k"]]):
-            got = self.allocate(r, hashes[i], hit=b)
-            if got is None:
-                self.free(r, q["blocks"])
-                q["blocks"] = []
-                raise ActionRejected(f"allocate refused cached block {b}")
-            self._take(r, got, i, hit=True)
+        self._admit(r, hits[:q["k"]])
         q.update(st=R_BOUND, pos=q["k"])
 
     def _a_bind_stale(self, r: int) -> None:
@@ -298,30 +325,20 @@ class HashChainAdapter:
         q = self._need(r, R_RUNNING)
         if len(q["blocks"]) != j or j >= q["n"]:
             raise ActionRejected(f"request {r} is not at block {j}")
-        tenant, toks = self._prompt(r)
-        toks = toks[:(j + 1) * self.B]
-        hashes = self.chain(toks, tenant)
         hits = self._engine_hits(r, j + 1)
         if len(hits) > j:                            # cached meanwhile: reuse it
-            got = self.allocate(r, hashes[j], hit=hits[j])
+            got = self._alloc(r, j, hits[j])
             if got is None:
                 raise ActionRejected("allocate refused a cached block")
-            self._take(r, got, j, hit=True)
-            return got, []
+            return got, ([] if got == hits[j] else self._fill(r, j, got))   # another: computed
         old: list[int] = []                          # another prompt's copies of block j: rewritten
         if self.state[j] == READY and self.lineage[j] != lineage(self.cfg, q["p"], j):
             if self._holders(j):                     # in use: wait
                 raise ActionRejected(f"block {j}'s copy holds another prompt and is in use")
             old = self.copies(j)
-        decode = self.decodes and j == q["n"] - 1 and self.B > 1
-        got = self.allocate(r, None if decode else hashes[j])
+        got = self._alloc(r, j, None)
         if got is None:
             return None, []
-        self._take(r, got, j)
-        if decode:                                   # the prompt ends inside block j: decode the rest
-            d = 1 + (self.cfg.seed + r + j) % (self.B - 1)
-            for t in range(self.B - d, self.B):
-                self.decode_append(r, got, toks[t], hashes[j] if t == self.B - 1 else None)  # type: ignore[attr-defined]
         gone = self._fill(r, j, got)
         for b in old if self.evicts else ():         # the spec keeps one prompt per position: with
             if b != got and self.evict(b):           # an evict callback the other's copies go; without
@@ -348,13 +365,13 @@ class HashChainAdapter:
         q = self._need(r, R_RUNNING)
         if len(q["blocks"]) != q["n"]:
             raise ActionRejected(f"request {r} has not computed its prompt")
-        self.free(r, list(q["blocks"]))
+        self._release(r, list(q["blocks"]))
         q.update(st=R_IDLE, blocks=[])
 
     def _a_preempt(self, r: int) -> None:
         q = self._need(r, R_DECIDED, R_BOUND, R_RUNNING)
         if q["blocks"]:
-            self.free(r, list(q["blocks"]))
+            self._release(r, list(q["blocks"]))
         q.update(st=R_PREEMPTED, blocks=[])
 
     def _a_resume(self, r: int) -> None:
