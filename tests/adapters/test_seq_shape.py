@@ -81,3 +81,11 @@ def test_admit_returning_the_wrong_count_is_named() -> None:
             ("submit", {"r": 1, "n": 1, "p": 0}), ("lookup", {"r": 1}), ("bind", {"r": 1})]
     with pytest.raises(TypeError, match=r"admit\(\) must return 1 block ids .* got \[\]"):
         core.run([model.step(a, p) for a, p in prog])     # (a campaign reports it as sut_raised)
+
+
+def test_capacity_by_the_layer_kind() -> None:
+    from kvcheck.spec.config import ConfigError
+    assert json.loads((ROOT / "examples" / "seq.json").read_text())["capacity"] == {"full": 2}
+    assert CFG.cap("swa_window") == 2 and CFG.to_dict()["capacity"] == {"swa_window": 2}
+    with pytest.raises(ConfigError, match="every layer full"):
+        Config.from_dict({"layers": [{"kind": "full"}, {"kind": "swa", "window": 2}], "capacity": {"full": 2}})

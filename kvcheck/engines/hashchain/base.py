@@ -11,9 +11,10 @@ reports a hit reusing a block that holds other content as an UNSAFE HIT.
 Prompts with content (config `prompts = K`, spec/content.py): each request carries the
 tokens (and tenant) of its prompt, allocated with its own chained hashes, so a manager whose
 hash confuses two prompts serves a hit on real traffic, reported as an UNSAFE HIT. The spec
-keeps one copy per block position: when a request writes another prompt's block at a position
-whose cached copy is unreferenced, this class evicts that copy after the allocation (`evict`
-is then required). Every eviction the manager does by itself inside an allocation (its LRU) is
+keeps one prompt per block position: when a request writes another prompt's block at a position
+whose cached copy is unreferenced, this class evicts that copy after the allocation with
+`evict`, or, without one, stops counting it. Holders are counted per physical block id and a
+logical block is cached while any copy of its content is (legal duplicates). Every eviction the manager does by itself inside an allocation (its LRU) is
 reported as engine-initiated `("evict", j)` events before the append (spec/events.py). With
 `alloc = "evict"`, `append_fail(r, j, x)` runs the manager's allocation where the spec says
 nothing is evictable, and preempts the newest request (`{"instead": {"x": ...}}` when that is
