@@ -8,8 +8,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import pytest
-
 from kvcheck.fuzz.guard import GuardedLockstep, ValuedSpecModel
 from kvcheck.spec.config import Config
 from kvcheck.spec.system import Spec

@@ -29,11 +29,12 @@ from typing import Any
 
 from kvcheck.spec.config import Config
 from kvcheck.spec.content import chain as lineage
-from kvcheck.spec.objects import (DECISIONS, EVICTED, FREE, POOL, READY, R_BOUND, R_DECIDED, R_IDLE,
+from kvcheck.spec.objects import (DECISIONS, EVICTED, READY, R_BOUND, R_DECIDED, R_IDLE,
                                   R_PREEMPTED, R_RUNNING, R_WAITING)
 from kvcheck.spec.state import Layout
 from kvcheck.spec.sut import ActionRejected
 from kvcheck.fuzz.lockstep import Finding
+from .mapping import observe
 from .shadow import ContentShadow, prompt_table, siblings
 
 TENANT, OTHER_TENANT = "tenant-0", "tenant-1"
@@ -392,25 +393,5 @@ class HashChainAdapter:
 
     # ---- what kvcheck reads ------------------------------------------------------------------
     def observe(self) -> tuple[int, ...]:
-        """The whole spec state, so that a diverged manager is followed and judged by the
-        invariants. Observed from the manager: each logical block's page state (cached, evicted
-        by `evict` or by an allocation that reused its block) and holders, each request's state,
-        position and decision. Kept by this class: `hashed` (published; under the config's
-        eviction = tombstone an evicted block's hash stays), the lineage each copy holds and its
-        hash names (`bcid`, `bkey`), each request's prompt (`rp`). Constant for a full-attention
-        manager: versions, ABI, alignment, pool, graphs, tiers, the window step `rwin` (no finite
-        window: always 0)."""
-        lay, s = self.lay, list(self.lay.init())
-        content = self.cfg.prompts > 1
-        for j in range(self.cfg.blocks):
-            s[lay.o(0, "swa_window", j, "st")] = self.state[j]
-            s[lay.o(0, "swa_window", j, "ref")] = self._holders(j)
-            s[lay.o(0, "swa_window", j, "pool")] = POOL["swa_window"] if self.state[j] != FREE else 0
-            s[lay.b(j, "hashed")] = int(j in self.published)
-            if content:
-                s[lay.b(j, "bcid")] = s[lay.b(j, "bkey")] = self.lineage[j]
-        for r, q in enumerate(self.req):
-            for f, v in (("rst", q["st"]), ("rlen", q["n"]), ("rk", q["k"]), ("rpos", q["pos"]),
-                         ("rdec", q["dec"])) + ((("rp", q["p"]),) if content else ()):
-                s[lay.r(r, f)] = v
-        return tuple(s)
+        """The whole spec state (mapping.py)."""
+        return observe(self)
