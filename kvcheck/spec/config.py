@@ -410,6 +410,12 @@ class Config:
                     raise ConfigError(f"config: layers[{i}]: missing 'kind'")
                 layers.append(LayerSpec(**l))
             kw["layers"] = tuple(layers)
+        cap = kw.get("capacity")
+        if isinstance(cap, dict) and "full" in cap:     # the pages of full-attention layers, by their name
+            if {getattr(l, "kind", None) for l in kw.get("layers", ())} != {"full"} or "swa_window" in cap:
+                raise ConfigError("config: capacity: 'full' (the pages of full-attention layers) needs "
+                                  "every layer full and no 'swa_window' key beside it")
+            kw["capacity"] = {("swa_window" if k == "full" else k): v for k, v in cap.items()}
         if "tiers" in kw:
             if not isinstance(kw["tiers"], list):
                 raise ConfigError(f"config: tiers must be a list of tier names (device, host, disk), "

@@ -12,6 +12,11 @@ Planted bugs (`SeqCache(..., bug=NAME)`; None is the fix of both):
                    repeats block 0)                                      -> hit_sound_content
   lost_reuse       the read-only match stops one block short of the cached prefix (an
                    off-by-one), so a reusable block is recomputed        -> decision_matches_spec
+
+`SeqCache(..., late_publish=True)` is legal behaviour, not a bug: a sequence's blocks enter the
+hash table only when it is freed (the shape of a radix cache that inserts a request's prefix when
+it finishes). Two requests that compute one prefix meanwhile hold two physical copies of it (a
+duplicate); the first one published stays the cached one.
 """
 from __future__ import annotations
 
@@ -24,9 +29,10 @@ BUGS = {"wrong_block_hit": "hit_sound_content", "lost_reuse": "decision_matches_
 
 
 class SeqCache:
-    def __init__(self, num_blocks: int, block_size: int, bug: str | None = None) -> None:
+    def __init__(self, num_blocks: int, block_size: int, bug: str | None = None,
+                 late_publish: bool = False) -> None:
         assert bug is None or bug in BUGS, bug
-        self.B, self.bug = block_size, bug
+        self.B, self.bug, self.late = block_size, bug, late_publish
         self.ref = [0] * num_blocks
         self.key: list[str | None] = [None] * num_blocks          # the hash a block is cached under
         self.toks: list[tuple[int, ...] | None] = [None] * num_blocks
@@ -63,9 +69,11 @@ class SeqCache:
             if not self.lru:
                 return None
             b = next(iter(self.lru))
-            self.table.pop(self.key[b], None) if self.key[b] is not None else None
+            if self.key[b] is not None and self.table.get(self.key[b]) == b:
+                del self.table[self.key[b]]
             self.key[b], self.toks[b] = h, tuple(block)
-            self.table[h] = b
+            if not self.late:
+                self.table[h] = b
         self.lru.pop(b, None)
         self.ref[b] += 1
         blocks.append(b)
@@ -81,6 +89,8 @@ class SeqCache:
         return list(self.seqs[seq])
 
     def free(self, seq: int) -> None:
+        for b in self.seqs.get(seq, []) if self.late else ():
+            self.table.setdefault(self.key[b], b)           # published now; the first copy stays
         for b in reversed(self.seqs.pop(seq, [])):
             self.ref[b] -= 1
             if self.ref[b] == 0:
@@ -108,3 +118,12 @@ class SeqAdapter(HashChainAdapter):
 
     def free(self, req, blocks):
         self.m.free(req)
+
+
+class LatePublishAdapter(SeqAdapter):
+    """The fixed manager publishing a sequence's blocks only when it is freed (legal duplicates)."""
+
+    name = "seqcache-late"
+
+    def start(self, num_blocks, block_size):
+        self.m = SeqCache(num_blocks, block_size, bug=self.fault, late_publish=True)

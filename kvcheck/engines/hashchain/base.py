@@ -11,9 +11,10 @@ reports a hit reusing a block that holds other content as an UNSAFE HIT.
 Prompts with content (config `prompts = K`, spec/content.py): each request carries the
 tokens (and tenant) of its prompt, allocated with its own chained hashes, so a manager whose
 hash confuses two prompts serves a hit on real traffic, reported as an UNSAFE HIT. The spec
-keeps one copy per block position: when a request writes another prompt's block at a position
-whose cached copy is unreferenced, this class evicts that copy after the allocation (`evict`
-is then required). Every eviction the manager does by itself inside an allocation (its LRU) is
+keeps one prompt per block position: when a request writes another prompt's block at a position
+whose cached copy is unreferenced, this class evicts that copy after the allocation with
+`evict`, or, without one, stops counting it. Holders are counted per physical block id and a
+logical block is cached while any copy of its content is (legal duplicates). Every eviction the manager does by itself inside an allocation (its LRU) is
 reported as engine-initiated `("evict", j)` events before the append (spec/events.py). With
 `alloc = "evict"`, `append_fail(r, j, x)` runs the manager's allocation where the spec says
 nothing is evictable, and preempts the newest request (`{"instead": {"x": ...}}` when that is
@@ -28,11 +29,12 @@ from typing import Any
 
 from kvcheck.spec.config import Config
 from kvcheck.spec.content import chain as lineage
-from kvcheck.spec.objects import (DECISIONS, EVICTED, FREE, POOL, READY, R_BOUND, R_DECIDED, R_IDLE,
+from kvcheck.spec.objects import (DECISIONS, EVICTED, READY, R_BOUND, R_DECIDED, R_IDLE,
                                   R_PREEMPTED, R_RUNNING, R_WAITING)
 from kvcheck.spec.state import Layout
 from kvcheck.spec.sut import ActionRejected
 from kvcheck.fuzz.lockstep import Finding
+from .mapping import observe
 from .shadow import ContentShadow, prompt_table, siblings
 
 TENANT, OTHER_TENANT = "tenant-0", "tenant-1"
@@ -108,15 +110,13 @@ class HashChainAdapter:
         self.actions = self._declare(cfg.alloc)
         self.start(self.num_blocks, self.B)
         self.shadow = ContentShadow(self.B)
-        if cfg.prompts > 1 and not self.evicts:
-            raise ValueError("HashChainAdapter with prompts > 1 needs the evict callback (one copy "
-                             "per block position: another prompt's copy is evicted before a rewrite)")
         if cfg.decode:
             raise ValueError("HashChainAdapter decodes inside append (decode_append); the config's "
                              "decode = true is not mapped yet")
         self.prompts = prompt_table(cfg, TENANT)
         self.tokens = self.prompts[0][1]
-        self.where: dict[int, int] = {}        # logical block j -> the block id holding it
+        self.want: list[Any] = [None] * cfg.blocks   # the content (tenant, prefix) block j stands for
+        self.stale: set[int] = set()           # block ids whose content the spec no longer counts
         self.state = [0] * cfg.blocks          # logical block j's spec lifecycle state
         self.lineage = [0] * cfg.blocks        # the prompt lineage block j's copy holds (bcid)
         self.published: set[int] = set()       # logical blocks whose hash is published (`hashed`)
@@ -148,7 +148,11 @@ class HashChainAdapter:
     def _engine_hits(self, r: int, n: int) -> list[int]:
         tenant, toks = self._prompt(r)
         toks = toks[:n * self.B]
-        return self._check_hits(f"lookup for request {r}", self.lookup(self.chain(toks, tenant)), n, tenant, toks)
+        hits = self._check_hits(f"lookup for request {r}", self._ask(tenant, toks), n, tenant, toks)
+        # a sound hit on a copy the spec no longer counts (another prompt's, at a position the
+        # spec rewrote, kept by a manager without evict) ends the hit where the spec's does
+        k = next((i for i, b in enumerate(hits) if b not in self.copies(i)), len(hits))
+        return hits[:k]
 
     def _shadow_queries(self, n: int) -> None:
         """prompts = 1 only: read-only questions about what the spec's traffic does not carry, the
@@ -158,7 +162,7 @@ class HashChainAdapter:
         asks = other + [(TENANT, s) for s in
                                          siblings(self.cfg.seed, self.tokens, n, self.B, self.cfg.blocks)]
         for tenant, t in asks:
-            hits = self.lookup(self.chain(t, tenant))
+            hits = self._ask(tenant, t)
             self._check_hits(f"shadow query by {tenant} for blocks {[list(t[i:i + self.B]) for i in range(0, len(t), self.B)]}",
                              hits, len(t) // self.B, tenant, t)
 
@@ -175,29 +179,90 @@ class HashChainAdapter:
         q["blocks"].append(block)
         q["pos"] = len(q["blocks"])
 
+    def copies(self, j: int) -> list[int]:
+        """The physical copies of logical block j: every block id holding its content (two
+        requests that computed one prefix before either published it hold two; a legal
+        duplicate). None while j is not cached."""
+        if self.state[j] != READY:
+            return []
+        return [b for b, c in self.shadow.content.items() if c == self.want[j] and b not in self.stale]
+
+    def _held(self) -> dict[int, list[tuple[int, int]]]:
+        """Block id -> the (request, position) pairs of bound or running requests holding it."""
+        out: dict[int, list[tuple[int, int]]] = {}
+        for y, q in enumerate(self.req):
+            if q["st"] in (R_BOUND, R_RUNNING):
+                for i, b in enumerate(q["blocks"]):
+                    out.setdefault(b, []).append((y, i))
+        return out
+
+    def _holders(self, j: int) -> int:
+        """Requests holding a copy of logical block j, counted per physical block id."""
+        held = self._held()
+        return sum(len(held.get(b, ())) for b in self.copies(j))
+
+    # ---- the calls into the manager (a shape overrides these: sequence.py) ---------------------
+    def _ask(self, tenant: str, toks: tuple[int, ...]) -> Any:
+        """The manager's answer to a read-only lookup of `toks` (whole blocks) by `tenant`."""
+        return self.lookup(self.chain(toks, tenant))
+
+    def _admit(self, r: int, hits: list[int]) -> None:
+        """Request r references its decided hit (bind); ActionRejected when refused."""
+        for i, b in enumerate(hits):
+            got = self._alloc(r, i, b)
+            if got is None:
+                self._release(r, self.req[r]["blocks"])
+                self.req[r]["blocks"] = []
+                raise ActionRejected(f"allocate refused cached block {b}")
+
+    def _alloc(self, r: int, j: int, hit: int | None) -> int | None:
+        """Request r's block j from the manager: `hit` the cached block to reference, or None for
+        a fresh one (decode_append completes a prompt's last block when the class has it). The
+        block is taken (_take) before it returns; None: no room, nothing taken."""
+        tenant, toks = self._prompt(r)
+        toks = toks[:(j + 1) * self.B]
+        h = self.chain(toks, tenant)[j]
+        decode = hit is None and self.decodes and j == self.req[r]["n"] - 1 and self.B > 1
+        got = self.allocate(r, None if decode else h, hit=hit)
+        if got is None:
+            return None
+        self._take(r, got, j, hit=hit is not None)
+        if decode:                                   # the prompt ends inside block j: decode the rest
+            d = 1 + (self.cfg.seed + r + j) % (self.B - 1)
+            for t in range(self.B - d, self.B):
+                self.decode_append(r, got, toks[t], h if t == self.B - 1 else None)  # type: ignore[attr-defined]
+        return got
+
+    def _release(self, r: int, blocks: list[int]) -> None:
+        self.free(r, blocks)
+
     def _gone(self, j: int) -> None:
-        """The manager evicted logical block j's copy (its memory is free)."""
+        """The manager evicted the last copy of logical block j."""
         self.state[j] = EVICTED
-        self.shadow.release(self.where[j])
         if self.cfg.eviction == "drop_hash":
             self.published.discard(j)
 
     def _fill(self, r: int, j: int, block: int) -> list[int]:
-        """A fresh block for logical block j. Returns the logical blocks whose copy it held (the
-        engine evicted them on its own to make room)."""
+        """Request r filled `block` with logical block j. Returns the logical blocks whose last
+        copy it held (the engine evicted them on its own to make room). A block another request
+        holds is a TOCTOU break even where another copy of its content survives."""
         tenant, toks = self._prompt(r)
-        gone = [lj for lj, b in self.where.items() if b == block and lj != j and self.state[lj] == READY]
+        want = (tenant, tuple(toks[:(j + 1) * self.B]))
+        others = [h for h in self._held().get(block, []) if h != (r, j)]
+        if others and self.shadow.content.get(block) != want:
+            y, i = others[0]
+            raise Finding("invariant", ["toctou_bound_stable"],
+                          f"append(r={r}, j={j}): the manager filled block {block}, which request {y} "
+                          f"holds as its block {i} (a bound block was overwritten)")
+        gone = [lj for lj in range(self.cfg.blocks) if lj != j and self.copies(lj) == [block]]
         for lj in gone:
             self._gone(lj)
-        self.shadow.fill(block, tenant, toks[:(j + 1) * self.B])
-        self.where[j], self.state[j] = block, READY
+        self.shadow.fill(block, *want)
+        self.stale.discard(block)
+        self.want[j], self.state[j] = want, READY
         self.lineage[j] = lineage(self.cfg, self.req[r]["p"], j)
         self.published.add(j)
         return gone
-
-    def _holders(self, j: int) -> int:
-        """Requests holding logical block j (whichever block id the manager gave them)."""
-        return sum(len(q["blocks"]) > j for q in self.req if q["st"] in (R_BOUND, R_RUNNING))
 
     # ---- the spec's actions ------------------------------------------------------------------
     def apply(self, action: str, p: dict[str, Any]) -> dict[str, Any]:
@@ -243,15 +308,7 @@ class HashChainAdapter:
         hits = self._valid(r)
         if hits is None or active >= self.cfg.max_active:
             raise ActionRejected("the hit is gone or too many requests are active")
-        tenant, toks = self._prompt(r)
-        hashes = self.chain(toks[:q["k"] * self.B], tenant)
-        for i, b in enumerate(hits[:q["k"]]):
-            got = self.allocate(r, hashes[i], hit=b)
-            if got is None:
-                self.free(r, q["blocks"])
-                q["blocks"] = []
-                raise ActionRejected(f"allocate refused cached block {b}")
-            self._take(r, got, i, hit=True)
+        self._admit(r, hits[:q["k"]])
         q.update(st=R_BOUND, pos=q["k"])
 
     def _a_bind_stale(self, r: int) -> None:
@@ -270,34 +327,24 @@ class HashChainAdapter:
         q = self._need(r, R_RUNNING)
         if len(q["blocks"]) != j or j >= q["n"]:
             raise ActionRejected(f"request {r} is not at block {j}")
-        tenant, toks = self._prompt(r)
-        toks = toks[:(j + 1) * self.B]
-        hashes = self.chain(toks, tenant)
         hits = self._engine_hits(r, j + 1)
         if len(hits) > j:                            # cached meanwhile: reuse it
-            got = self.allocate(r, hashes[j], hit=hits[j])
+            got = self._alloc(r, j, hits[j])
             if got is None:
                 raise ActionRejected("allocate refused a cached block")
-            self._take(r, got, j, hit=True)
-            return got, []
-        old = None                                   # another prompt's copy of block j: rewritten
+            return got, ([] if got == hits[j] else self._fill(r, j, got))   # another: computed
+        old: list[int] = []                          # another prompt's copies of block j: rewritten
         if self.state[j] == READY and self.lineage[j] != lineage(self.cfg, q["p"], j):
             if self._holders(j):                     # in use: wait
                 raise ActionRejected(f"block {j}'s copy holds another prompt and is in use")
-            old = self.where[j]
-        decode = self.decodes and j == q["n"] - 1 and self.B > 1
-        got = self.allocate(r, None if decode else hashes[j])
+            old = self.copies(j)
+        got = self._alloc(r, j, None)
         if got is None:
             return None, []
-        self._take(r, got, j)
-        if decode:                                   # the prompt ends inside block j: decode the rest
-            d = 1 + (self.cfg.seed + r + j) % (self.B - 1)
-            for t in range(self.B - d, self.B):
-                self.decode_append(r, got, toks[t], hashes[j] if t == self.B - 1 else None)  # type: ignore[attr-defined]
         gone = self._fill(r, j, got)
-        if old is not None and old != got:           # the spec keeps one copy per position
-            if self.evict(old):                      # type: ignore[attr-defined]
-                self.shadow.release(old)
+        for b in old if self.evicts else ():         # the spec keeps one prompt per position: with
+            if b != got and self.evict(b):           # an evict callback the other's copies go; without
+                self.shadow.release(b)               # one they stay cached, uncounted (see _engine_hits)
         return got, gone
 
     def _a_append(self, r: int, j: int) -> None:
@@ -320,13 +367,13 @@ class HashChainAdapter:
         q = self._need(r, R_RUNNING)
         if len(q["blocks"]) != q["n"]:
             raise ActionRejected(f"request {r} has not computed its prompt")
-        self.free(r, list(q["blocks"]))
+        self._release(r, list(q["blocks"]))
         q.update(st=R_IDLE, blocks=[])
 
     def _a_preempt(self, r: int) -> None:
         q = self._need(r, R_DECIDED, R_BOUND, R_RUNNING)
         if q["blocks"]:
-            self.free(r, list(q["blocks"]))
+            self._release(r, list(q["blocks"]))
         q.update(st=R_PREEMPTED, blocks=[])
 
     def _a_resume(self, r: int) -> None:
@@ -335,31 +382,16 @@ class HashChainAdapter:
     def _a_evict(self, g: int, kind: str, j: int) -> None:
         if self.state[j] != READY:
             raise ActionRejected(f"block {j} is not cached")
-        if not self.evict(self.where[j]):            # type: ignore[attr-defined]
-            raise ActionRejected(f"the manager refused to evict block {self.where[j]}")
+        copies = self.copies(j)
+        done = [b for b in copies if self.evict(b)]  # type: ignore[attr-defined]
+        if not done:
+            raise ActionRejected(f"the manager refused to evict block {copies}")
+        for b in done:
+            self.shadow.release(b)
+        self.stale.update(set(copies) - set(done))   # a copy it keeps unpublished: no longer counted
         self._gone(j)
 
     # ---- what kvcheck reads ------------------------------------------------------------------
     def observe(self) -> tuple[int, ...]:
-        """The whole spec state, so that a diverged manager is followed and judged by the
-        invariants. Observed from the manager: each logical block's page state (cached, evicted
-        by `evict` or by an allocation that reused its block) and holders, each request's state,
-        position and decision. Kept by this class: `hashed` (published; under the config's
-        eviction = tombstone an evicted block's hash stays), the lineage each copy holds and its
-        hash names (`bcid`, `bkey`), each request's prompt (`rp`). Constant for a full-attention
-        manager: versions, ABI, alignment, pool, graphs, tiers, the window step `rwin` (no finite
-        window: always 0)."""
-        lay, s = self.lay, list(self.lay.init())
-        content = self.cfg.prompts > 1
-        for j in range(self.cfg.blocks):
-            s[lay.o(0, "swa_window", j, "st")] = self.state[j]
-            s[lay.o(0, "swa_window", j, "ref")] = self._holders(j)
-            s[lay.o(0, "swa_window", j, "pool")] = POOL["swa_window"] if self.state[j] != FREE else 0
-            s[lay.b(j, "hashed")] = int(j in self.published)
-            if content:
-                s[lay.b(j, "bcid")] = s[lay.b(j, "bkey")] = self.lineage[j]
-        for r, q in enumerate(self.req):
-            for f, v in (("rst", q["st"]), ("rlen", q["n"]), ("rk", q["k"]), ("rpos", q["pos"]),
-                         ("rdec", q["dec"])) + ((("rp", q["p"]),) if content else ()):
-                s[lay.r(r, f)] = v
-        return tuple(s)
+        """The whole spec state (mapping.py)."""
+        return observe(self)
