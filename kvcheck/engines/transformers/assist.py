@@ -236,12 +236,12 @@ class Assist:
             torch, m = self.torch, self.r.model
             from transformers import AutoModelForCausalLM
 
-            from .build import _keep_fp32
+            from .build import keep_fp32
             dtype = next(m.parameters()).dtype
             with torch.random.fork_rng():
                 torch.manual_seed(self.r.seed + ASSISTANT_SEED)
                 a = AutoModelForCausalLM.from_config(m.config, attn_implementation=m.config._attn_implementation)
-            self.assistant = _keep_fp32(a.to(dtype), dtype).eval()
+            self.assistant = keep_fp32(a.to(dtype), dtype).eval()
         return self.assistant
 
     @contextlib.contextmanager

@@ -72,7 +72,7 @@ def _variants(params: dict[str, Any], fills: dict[str, Any]):
         yield {**base, "hidden_size": 128, "intermediate_size": 128}
 
 
-def _keep_fp32(model, tdtype):
+def keep_fp32(model, tdtype):
     """Cast back to float32 what the model's own dtype plan keeps there (``_keep_in_fp32_modules*``:
     routers, score biases), as loading it in ``tdtype`` through transformers would."""
     import re
@@ -126,7 +126,7 @@ def build_model(model_type: str, config_json: str | None = None, dtype: str = "f
                 raise AdapterError(f"the derived config still has {size:,} parameters (> {MAX_PARAMS:,})")
             torch.manual_seed(seed)
             model = AutoModelForCausalLM.from_config(config, attn_implementation=attn)
-            model = _keep_fp32(model.to(tdtype), tdtype).eval()
+            model = keep_fp32(model.to(tdtype), tdtype).eval()
             with torch.no_grad():
                 out, cache = prefill(model, torch.zeros((1, 4), dtype=torch.long))
             if getattr(out, "logits", None) is None:
