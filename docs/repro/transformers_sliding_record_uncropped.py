@@ -2,9 +2,10 @@
 the cache's past recording on (assisted decoding's roll-back support), two forwards in a row
 without a crop in between, past the sliding window, crash in the attention: the sliding layer's
 `update` returns every recorded key while its `get_mask_sizes` reports only the window (found
-by `kvcheck diff --sut transformers`, scenario `crop_continue`; transformers 5.24's `update`
-slices what it returns to the window for exactly this case, its comment names the assistant
-calling `generate` with a past-aware cache).
+by `kvcheck diff --sut transformers`, scenario `crop_continue`). Measured: exit 1 on 5.15.0,
+5.15.1, 5.16.0, 5.16.1, 5.17.0; 0 on 5.14.1 and 5.18.0-5.24.0 (5.18.0's `update` slices what it
+returns to the window for exactly this case, its comment naming an assistant that calls
+`generate` with a past-aware cache); 2 (no past recording) on 5.0.0-5.13.1.
 
     python transformers_sliding_record_uncropped.py [--model-type mistral|gemma3_text] [--prefix 9]
 

@@ -35,8 +35,8 @@ KNOWN = {MULTITOKEN: KnownDefect(
 
 UNCROPPED = "sliding_record_uncropped_forward"
 KNOWN[UNCROPPED] = KnownDefect(
-    name=UNCROPPED, check="reuse_equals_recompute", kind="differential", first="5.16.0", last="5.16.0",
-    upstream="none found (fixed by 5.24: DynamicSlidingWindowLayer.update returns only the keys get_mask_sizes "
+    name=UNCROPPED, check="reuse_equals_recompute", kind="differential", first="5.15.0", last="5.17.0",
+    upstream="none found (fixed in 5.18.0: DynamicSlidingWindowLayer.update returns only the keys get_mask_sizes "
              "announces while recording)",
     repro="docs/repro/transformers_sliding_record_uncropped.py")
 
