@@ -6,9 +6,11 @@ decides what a recognised defect means for the verdict, the same for every engin
 wrongly with several tokens at once: the mixer takes its cached state only when `seq_len == 1`
 and otherwise restarts from zero (or crashes), so chunked prefill after a cache, speculative
 verification and any multi-token extend are wrong while generate()'s decode is right. Upstream:
-transformers PR #45513 (gated delta net: qwen3_next, qwen3_5, qwen3_5_moe, olmo_hybrid) and
-issue #46032 / PR #46084 (Mamba2Mixer); its comment lists the same guard in the other
-Mamba-family models. The signature is read from the run's own scenarios, never from the model
+transformers PR #45513 (gated delta net: qwen3_next, qwen3_5, qwen3_5_moe, olmo_hybrid; fixed in
+5.7.0), issue #46032 / PR #46084 (Mamba2Mixer; fixed in 5.13) and PR #46741 (the Mamba2 mixers of
+Zamba2, Nemotron-H, Bamba, FalconH1, GraniteMoeHybrid); the Mamba1 mixer (mamba, falcon_mamba,
+jamba) still has it in 5.24, no upstream report found (docs/repro/transformers_multitoken_extend.py
+exits 1 on every 5.x minor for mamba). The signature is read from the run's own scenarios, never from the model
 type's name: every token-by-token continuation agrees with the recompute (and at least one ran),
 and every scenario that diverged or crashed continued with several tokens at once and first
 went wrong in a layer that holds such a state.
@@ -30,7 +32,8 @@ from kvcheck.fuzz.known import KnownDefect
 MULTITOKEN = "recurrent_state_multitoken_extend"
 KNOWN = {MULTITOKEN: KnownDefect(
     name=MULTITOKEN, check="reuse_equals_recompute", kind="differential", first="5.0.0", last="5.25.0",
-    upstream="transformers#45513, #46032 (PR #46084)",
+    upstream="transformers#45513 (gated delta net, 5.7.0), #46032/#46084 (Mamba2, 5.13), #46741 (Mamba2 mixers of "
+             "hybrids); the Mamba1 mixer (mamba, falcon_mamba, jamba): none found, still in 5.24",
     repro="kvcheck diff --sut transformers --model-type mamba2 (on a release with it)")}
 
 UNCROPPED = "sliding_record_uncropped_forward"
