@@ -33,6 +33,7 @@ from .cache import CROP_KEEPS_STALE, compare_caches
 from .interface import (classify, crop_argument, crop_convention, crop_to, not_croppable, past_recording,
                         release, seq_length)
 from .models import WINDOW_FIELDS, one_line
+from .plan import near_tie
 
 MODES = ("assist_burst", "crop_continue", "generate_assistant")
 PER_KIND = 2            # at most this many of each kind (one of each from 10 scenarios, two from 20)
@@ -321,9 +322,7 @@ class Assist:
             tf = int(lg_f.argmax())
             without.append(tf)
             if tc != tf:
-                mismatch = step
-                top2 = lg_f.topk(2).values
-                tie_flip = float(top2[0] - top2[1]) <= 2 * tol
+                mismatch, tie_flip = step, near_tie(lg_f, tol)
                 break
             seq = torch.cat([seq, torch.tensor([[tc]], dtype=seq.dtype)], dim=1)
         match = mismatch is None and len(tokens) == n_new

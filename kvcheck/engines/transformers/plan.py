@@ -183,3 +183,10 @@ def calibrate(runner, length: int, gen) -> dict[str, Any]:
     return dict(noise=noise, scale=scale, tolerance=tol, layer_tolerance=layer_tol, layer_scale=layer_scale,
                 layer_noise=layer_noise,
                 obj_noise=obj_noise, causality=causality)
+
+
+def near_tie(logits, tol: float) -> bool:
+    """A greedy flip the tolerance allows: the recompute's top two logits within 2 x tolerance
+    (float noise alone can swap them)."""
+    top2 = logits.topk(2).values
+    return float(top2[0] - top2[1]) <= 2 * tol

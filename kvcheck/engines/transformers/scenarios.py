@@ -278,9 +278,7 @@ class Runner:
             with_cache.append(tc)
             without.append(tf)
             if tc != tf:
-                mismatch = step
-                top2 = lg_f.topk(2).values
-                tie_flip = float(top2[0] - top2[1]) <= 2 * tol
+                mismatch, tie_flip = step, planlib.near_tie(lg_f, tol)
                 break
             nxt = torch.tensor([[tc]], dtype=seq.dtype)
             seq = torch.cat([seq, nxt], dim=1)
