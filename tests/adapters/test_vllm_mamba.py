@@ -88,7 +88,10 @@ def test_a_planted_mamba_fault_is_caught_by_its_check_and_replays(layout, fault,
     r = V.run_campaign(layout, budget_s=60, seed=0, fault=fault, out_dir=str(tmp_path))
     assert r["exit_code"] == 10 and r["caught"], r["findings"]
     f = r["findings"][-1]
-    assert f["check"] == V.FAULTS[fault][0] and f["steps"] <= 40
+    # shrunk from a campaign of hundreds to thousands of steps; qwen3-next's trace does not reach
+    # the shrinker's fixpoint within its 30 s CPU budget (33 steps on an idle machine, 51 under a
+    # loaded CI run), so the bound says "shrunk", not how far a given machine got
+    assert f["check"] == V.FAULTS[fault][0] and f["steps"] <= 64
     rep = V.replay(f["trace"])
     assert rep["reproduced"] and rep["fault"] == fault
 
