@@ -70,14 +70,19 @@ def cache_parameters(cls: type) -> tuple[str, ...]:
     return _declared(fn) if fn is not None else ()
 
 
-@functools.lru_cache(maxsize=None)
 def _declared(forward: Any) -> tuple[str, ...]:
+    return _explicit(forward, CACHE_KEYWORDS)
+
+
+@functools.lru_cache(maxsize=None)
+def _explicit(forward: Any, names: tuple[str, ...]) -> tuple[str, ...]:
+    """Those of ``names`` that ``forward`` declares by name (never only through ``**kwargs``)."""
     try:
         params = inspect.signature(forward).parameters
     except (TypeError, ValueError):
         return ()
     ok = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return tuple(k for k in CACHE_KEYWORDS if k in params and params[k].kind in ok)
+    return tuple(k for k in names if k in params and params[k].kind in ok)
 
 
 def cache_keyword(model: Any) -> str:
@@ -215,16 +220,7 @@ def generation_cache(model: Any, ids: Any) -> Any:
 def takes_positions(cls: type) -> bool:
     """Whether ``cls.forward`` declares ``cache_position`` by name (the release's own interface)."""
     fn = getattr(cls, "forward", None)
-    return fn is not None and _takes_positions(fn)
-
-
-@functools.lru_cache(maxsize=None)
-def _takes_positions(forward: Any) -> bool:
-    try:
-        p = inspect.signature(forward).parameters.get("cache_position")
-    except (TypeError, ValueError):
-        return False
-    return p is not None and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return fn is not None and bool(_explicit(fn, ("cache_position",)))
 
 
 def classify(exc: BaseException) -> CannotDrive | None:

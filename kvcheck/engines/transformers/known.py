@@ -57,23 +57,27 @@ def _crash_layer(sc: dict[str, Any]) -> tuple[int | None, str]:
     return (int(m.group(1)) if m.group(1).isdigit() else None), m.group(2)
 
 
+def _said(res: dict[str, Any], layer: int | None) -> tuple[str | None, str | None]:
+    """What the run says of `layer`: (the config's layer type, the release's cache layer class)."""
+    def at(key: str) -> str | None:
+        xs = res.get(key) or []
+        return xs[layer] if layer is not None and layer < len(xs) and isinstance(xs[layer], str) else None
+    return at("layer_types"), at("cache_layer_classes")
+
+
 def _state_layer(res: dict[str, Any], layer: int | None, module: str) -> bool:
     """Whether `layer` holds a recurrent/convolution state: by the config's layer type or the
     cache layer class the release made for it; a release that says neither: by the module that
     went wrong (a Mamba mixer, a linear-attention conv)."""
-    types, classes = res.get("layer_types") or [], res.get("cache_layer_classes") or []
-    if layer is not None and layer < len(types) and isinstance(types[layer], str):
-        return types[layer] in STATE_TYPES
-    if layer is not None and layer < len(classes) and isinstance(classes[layer], str):
-        return bool(STATE_CLASSES.search(classes[layer]))
-    return bool(STATE_MODULES.search(module))
+    kind, cls = _said(res, layer)
+    if kind is not None:
+        return kind in STATE_TYPES
+    return bool(STATE_CLASSES.search(cls)) if cls is not None else bool(STATE_MODULES.search(module))
 
 
 def _sliding(res: dict[str, Any], layer: int | None) -> bool:
-    types, classes = res.get("layer_types") or [], res.get("cache_layer_classes") or []
-    if layer is not None and layer < len(types) and isinstance(types[layer], str):
-        return "sliding" in types[layer]
-    return layer is not None and layer < len(classes) and "Sliding" in str(classes[layer])
+    kind, cls = _said(res, layer)
+    return "sliding" in kind if kind is not None else cls is not None and "Sliding" in cls
 
 
 def uncropped(scen: list[dict[str, Any]], res: dict[str, Any]) -> list[dict[str, Any]]:
