@@ -84,11 +84,16 @@ class Plan:
     resume: bool = False                    # keep the cells a previous run with the same key finished
 
 
+def fill_cell(template: list[str] | None, engine: str, budget: Any, seed: Any, column: str) -> list[str]:
+    """A cell's kvcheck arguments from its template (Engine.matrix_cell with COLUMN; none: a fuzz
+    campaign on the layout, as matrices written before templates ran), `column` put in."""
+    template = template or ["fuzz", "--sut", engine, "--layout", COLUMN, "--budget", str(budget), "--seed", str(seed)]
+    return [column if a == COLUMN else a for a in template]
+
+
 def cell_argv(plan: Plan, layout: str) -> list[str]:
     """The kvcheck arguments of one cell, before --fuzz-option, --json and --out."""
-    template = plan.cell_args or ["fuzz", "--sut", plan.engine, "--layout", COLUMN, "--budget", plan.budget,
-                                  "--seed", str(plan.seed)]
-    return [layout if a == COLUMN else a for a in template]
+    return fill_cell(plan.cell_args, plan.engine, plan.budget, plan.seed, layout)
 
 
 def rerun_command(python: str, plan: Plan, layout: str, out_dir: str, drive: Any = None) -> str:

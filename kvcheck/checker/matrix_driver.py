@@ -29,7 +29,7 @@ import time
 import traceback
 from typing import Any
 
-from kvcheck.checker.matrix import cell_key
+from kvcheck.checker.matrix import cell_key, fill_cell
 
 # result keys a matrix cell keeps (the rest, coverage profiles and such, stay in fuzz's own output)
 KEEP = ("exit_code", "steps", "episodes", "elapsed_s", "missing_actions", "lookups_with_hit", "command",
@@ -145,9 +145,8 @@ def run(spec: dict[str, Any]) -> int:
                 continue                           # --resume: this release's verdict is already in the file
             put({"type": "start", "layout": lay})
             t0 = time.monotonic()
-            cell = spec.get("cell") or ["fuzz", "--sut", sut, "--layout", "{COLUMN}", "--budget", str(spec["budget"]),
-                                        "--seed", str(spec["seed"])]
-            r = cli(*[lay if a == "{COLUMN}" else a for a in cell], *spec.get("fuzz_args", []), "--json", "--out", out)
+            r = cli(*fill_cell(spec.get("cell"), sut, spec["budget"], spec["seed"], lay), *spec.get("fuzz_args", []),
+                    "--json", "--out", out)
             put({"type": "cell", "layout": lay, "release": release, "key": cell_key(spec),
                  "code": r["code"], "result": trim(parse_json(r["stdout"])),
                  "stderr": r["stderr"][-2000:], "traceback": r["traceback"],

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..spec.outputs import file_stem, write_atomic
 from ..spec.verdict import ExitCode
-from .matrix import COLUMN, LEGEND, UNPROVEN, VERDICTS, count
+from .matrix import LEGEND, UNPROVEN, VERDICTS, count, fill_cell
 from .matrix_envs import ROOT
 
 FORMAT = "kvcheck-matrix/1"
@@ -179,9 +179,8 @@ def render_text(data: dict[str, Any]) -> str:
 
 def rerun_template(row: dict[str, Any], data: dict[str, Any]) -> str:
     col = _col(data).upper().replace(" ", "_")
-    cell = data.get("cell_args") or ["fuzz", "--sut", data["engine"], "--layout", COLUMN, "--budget",
-                                     data["budget_per_cell"], "--seed", str(data["seed"])]
-    return shlex.join([f"PYTHONPATH={ROOT}", row["python"], "-m", "kvcheck", *[col if a == COLUMN else a for a in cell],
+    cell = fill_cell(data.get("cell_args"), data["engine"], data["budget_per_cell"], data["seed"], col)
+    return shlex.join([f"PYTHONPATH={ROOT}", row["python"], "-m", "kvcheck", *cell,
                        *data.get("fuzz_args", []), "--out", row["out_dir"]])
 
 
