@@ -93,3 +93,48 @@ def test_a_crash_of_an_uncropped_recording_sliding_layer_is_its_own_known_defect
     assert known.recognise(full) == ({}, False)
     other = dict(res, scenarios=[sc("token_by_token", "exact"), dict(sc("assist_burst", "error"), error=crash)])
     assert known.recognise(other) == ({}, False)
+
+
+def test_a_divergence_explicit_positions_remove_is_its_own_known_defect() -> None:
+    agree, differ = {"ran": True, "agrees": True}, {"ran": True, "agrees": False}
+    res = {"layer_types": LT, "scenarios": [dict(sc("one_chunk", "divergent", 1), positions_probe=agree),
+                                           dict(sc("token_by_token", "divergent", 1), positions_probe=agree)]}
+    assert known.recognise(res) == ({f"known:{known.POSITIONS}": 2}, True)
+    # the probe did not agree (moshi), or could not run (no position_ids parameter): not this defect
+    for probe in (differ, {"ran": False, "why": "no position_ids"}):
+        res = {"layer_types": LT, "scenarios": [dict(sc("one_chunk", "divergent", 1), positions_probe=probe)]}
+        assert known.recognise(res) == ({}, False)
+    # one explained by positions, one divergent without: named, and the other stays a finding
+    res = {"layer_types": LT, "scenarios": [dict(sc("one_chunk", "divergent", 1), positions_probe=agree),
+                                           dict(sc("chunks", "divergent", 1), positions_probe=differ)]}
+    assert known.recognise(res) == ({f"known:{known.POSITIONS}": 1}, False)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="transformers is not installed")
+@pytest.mark.parametrize("planted", [True, False])
+def test_the_positions_probe_names_a_forward_that_restarts_positions_and_only_that(planted, tmp_path) -> None:
+    """A planted wrapper makes mistral's forward start the new tokens' positions at 0 when the caller
+    passes none (Bamba's defect, on a model without it): the run diverges and the probe explains
+    every divergent scenario; without the wrapper, mistral is clean and nothing is named."""
+    import torch
+
+    from kvcheck.engines.transformers.oracle import run_diff
+
+    def restart_positions(model):
+        forward = type(model).forward
+
+        def wrapped(self, input_ids=None, position_ids=None, **kw):
+            if position_ids is None and input_ids is not None:
+                position_ids = torch.arange(input_ids.shape[1]).unsqueeze(0)
+            return forward(self, input_ids=input_ids, position_ids=position_ids, **kw)
+        wrapped.__signature__ = __import__("inspect").signature(forward)
+        model.__class__ = type(type(model).__name__, (type(model),), {"forward": wrapped})
+
+    res = run_diff("mistral", scenarios=6, seed=0, out_dir=str(tmp_path),
+                   model_hook=restart_positions if planted else None)
+    counts, explained = known.recognise(res)
+    if planted:
+        assert res["verdict"] == "divergent" and explained and counts == {
+            f"known:{known.POSITIONS}": res["counts"]["divergent"]}
+    else:
+        assert res["verdict"] in ("exact", "within-tolerance") and counts == {}

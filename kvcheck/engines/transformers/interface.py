@@ -217,10 +217,15 @@ def generation_cache(model: Any, ids: Any) -> Any:
     return found if found is not None and hasattr(found, "get_seq_length") else None
 
 
+def declares(cls: type, name: str) -> bool:
+    """Whether ``cls.forward`` declares the parameter ``name`` by name (not only via ``**kwargs``)."""
+    fn = getattr(cls, "forward", None)
+    return fn is not None and bool(_explicit(fn, (name,)))
+
+
 def takes_positions(cls: type) -> bool:
     """Whether ``cls.forward`` declares ``cache_position`` by name (the release's own interface)."""
-    fn = getattr(cls, "forward", None)
-    return fn is not None and bool(_explicit(fn, ("cache_position",)))
+    return declares(cls, "cache_position")
 
 
 def classify(exc: BaseException) -> CannotDrive | None:

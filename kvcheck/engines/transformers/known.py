@@ -21,6 +21,14 @@ attention: the sliding layer's `update` returns every recorded key while `get_ma
 announces only the window (later releases slice what `update` returns; their comment names an
 assistant that calls `generate` with a past-aware cache). Signature: a `crop_continue` scenario
 (several forwards, then the crop) crashed in the attention of a sliding layer.
+
+`positions_restart_without_cache`: a forward given a populated cache and no positions starts the
+new tokens' positions at 0 instead of where the cache ends, so RoPE rotates every reused query and
+key wrongly while the cache itself is right (Bamba from 5.4.0, when `cache_position` was removed:
+`position_ids = torch.arange(seq_len)`; its siblings add `cache.get_seq_length()`). `generate()`
+passes positions and is unaffected; a caller continuing a returned cache, as transformers' docs
+teach, is not. Signature: a divergent scenario that agrees with the recompute when its extend is
+replayed with explicit `position_ids` (positions.py); never read from the model type's name.
 """
 from __future__ import annotations
 
@@ -42,6 +50,13 @@ KNOWN[UNCROPPED] = KnownDefect(
     upstream="none found (fixed in 5.18.0: DynamicSlidingWindowLayer.update returns only the keys get_mask_sizes "
              "announces while recording)",
     repro="docs/repro/transformers_sliding_record_uncropped.py")
+
+POSITIONS = "positions_restart_without_cache"
+KNOWN[POSITIONS] = KnownDefect(
+    name=POSITIONS, check="reuse_equals_recompute", kind="differential", first="5.4.0", last="5.25.0",
+    upstream="none found (BambaModel.forward: position_ids = torch.arange(seq_len) without the cache's length, "
+             "since 5.4.0; Jamba, FalconH1, GraniteMoeHybrid add cache.get_seq_length())",
+    repro="docs/repro/transformers_positions_from_zero.py")
 
 STATE_TYPES = ("linear_attention", "mamba", "mamba2", "conv", "recurrent", "ssm", "hybrid")
 STATE_CLASSES = re.compile(r"Linear|Mamba|Conv|Recurrent|SSM", re.I)
@@ -95,12 +110,20 @@ def uncropped(scen: list[dict[str, Any]], res: dict[str, Any]) -> list[dict[str,
 def recognise(res: dict[str, Any]) -> tuple[dict[str, int], bool]:
     """({"known:NAME": scenarios}, whether every bad scenario is explained) for a run's result."""
     scen = [s for s in res.get("scenarios") or [] if isinstance(s, dict)]
-    late = uncropped(scen, res)
-    counts, explained = _multitoken([s for s in scen if s not in late], res)
-    if late:
-        counts[f"known:{UNCROPPED}"] = len(late)
-        explained = explained or not any(s.get("verdict") in BAD for s in scen if s not in late)
-    return counts, explained
+    counts: dict[str, int] = {}
+    for name, found in ((POSITIONS, positions(scen)), (UNCROPPED, uncropped(scen, res))):
+        if found:
+            counts[f"known:{name}"] = len(found)
+            scen = [s for s in scen if s not in found]
+    more, explained = _multitoken(scen, res)
+    counts.update(more)
+    return counts, bool(counts) and (explained or not any(s.get("verdict") in BAD for s in scen))
+
+
+def positions(scen: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`positions_restart_without_cache`: divergent scenarios whose extend, replayed with explicit
+    positions, agrees with the recompute."""
+    return [s for s in scen if s.get("verdict") == "divergent" and (s.get("positions_probe") or {}).get("agrees")]
 
 
 def _multitoken(scen: list[dict[str, Any]], res: dict[str, Any]) -> tuple[dict[str, int], bool]:

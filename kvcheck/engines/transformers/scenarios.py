@@ -14,7 +14,7 @@ import random
 import re
 from typing import Any
 
-from . import assist, plan as planlib
+from . import assist, plan as planlib, positions
 from .cache import FAULTS, SLIDING_FAULTS, CacheFault, compare_caches
 from .interface import (CannotDrive, cache_keyword, call_with_cache, classify, here, output_fields, release,
                         returned_cache)
@@ -171,13 +171,13 @@ class Runner:
                 f"(its output {type(out).__name__} declares {', '.join(output_fields(out)) or 'no fields'})"), here())
         return out.logits[0].double(), cache
 
-    def step(self, ids, cache, path="extend", past=None):
+    def step(self, ids, cache, path="extend", past=None, **extra):
         """Continue ``cache`` (holding ``past`` tokens) with ``ids`` through the keyword this
         release's forward declares; a model that ignored the cache is CannotDrive
         (interface.check_used), never a divergence."""
         path = path if ids.shape[1] > 1 else "decode"
         out, got = call_with_cache(self.model, cache, call=lambda **kw: self._call(path, **kw), past=past,
-                                   input_ids=ids, use_cache=True)
+                                   input_ids=ids, use_cache=True, **extra)
         return out.logits[0].double(), got
 
     def tokens(self, gen, n: int, batch: int = 1):
@@ -263,6 +263,7 @@ class Runner:
         if verdict == "divergent":
             res["cache_diff"] = self._explain(restored_rows, after_rows, cal)
             res["explained_by"] = explanation(res["cache_diff"], first_layer)
+            res["positions_probe"] = positions.probe(self, ids, P, steps, kept, ref, tol)
             if first_layer is not None and (not self.kept or first_layer < self.kept["layer"]):
                 self.kept = dict(layer=first_layer, index=idx, ids=ids, cache=kept)
         return res
