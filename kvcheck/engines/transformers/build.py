@@ -151,4 +151,6 @@ def build_model(model_type: str, config_json: str | None = None, dtype: str = "f
                 first = one_line(exc) if unexpressed else f"{type(exc).__name__}: {one_line(exc)}"
             if overrides and config_json:
                 break
+    if unexpressed:                     # the pattern, not the model, is what cannot be built
+        raise patterns.Unexpressible(first)
     raise AdapterError(f"cannot build a tiny {mt} causal LM from its derived config ({first})")
