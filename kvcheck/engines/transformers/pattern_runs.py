@@ -80,7 +80,7 @@ def render(res: dict[str, Any]) -> list[str]:
     rows = res.get("patterns")
     if not rows:
         return []
-    lines = [f"  layer patterns ({len([r for r in rows if r.get('pattern')])} run; overall {res['verdict']}):"]
+    lines = [f"  layer patterns ({len([r for r in rows if r.get('pattern')])}; overall verdict {res['verdict']}):"]
     for r in rows:
         if r["verdict"] == "skipped":
             lines.append(f"    {r['set']:10} skipped: {r['reason']}")
