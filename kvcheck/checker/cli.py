@@ -153,6 +153,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: a fresh temporary directory per engine)")
     d.add_argument("--model-type", metavar="NAME", help="transformers model_type (e.g. mistral, gemma3_text)")
     d.add_argument("--config-json", metavar="FILE", help="JSON overrides of the tiny default model config")
+    d.add_argument("--patterns", metavar="SET", default=None,
+                   help="--sut transformers: the layer patterns to run: default (the derived one), checkpoint (the "
+                        "class's own, cut short), orderings (every order of its layer kinds, up to 4 layers, at most "
+                        "8), all (default: default)")
     d.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16"],
                    help="model dtype (default: %(default)s)")
     d.add_argument("--list-models", action="store_true", help="--sut transformers: list every hybrid model type "

@@ -23,8 +23,8 @@ def diff_command(args: argparse.Namespace) -> int:
     cfg = Config.load(args.config)
     if args.fault is not None:
         check_fault(args.fault, ("engine",), "`kvcheck diff --sut reference`")
-    if args.model_type or args.config_json:
-        raise UsageError("--model-type/--config-json apply to --sut transformers only")
+    if args.model_type or args.config_json or getattr(args, "patterns", None):
+        raise UsageError("--model-type/--config-json/--patterns apply to --sut transformers only")
     out = Path(args.out)
     check_writable(out)
     if args.cache_dir:

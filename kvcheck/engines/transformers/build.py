@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 from . import models
+from . import patterns
 from .interface import prefill
 from . import rules
 from .models import (ALIASES, MAX_PARAMS, AdapterError, config_mapping, decoder_type, derive_config,
@@ -88,9 +89,12 @@ def keep_fp32(model, tdtype):
     return model
 
 
-def build_model(model_type: str, config_json: str | None = None, dtype: str = "float32", seed: int = 0):
+def build_model(model_type: str, config_json: str | None = None, dtype: str = "float32", seed: int = 0,
+                pattern: list[str] | None = None):
     """``(model, config, model_type, params)``: a seeded random-weight causal LM in eval mode whose
-    4-token forward with cache runs; :class:`AdapterError` (one line) when no variant builds."""
+    4-token forward with cache runs; :class:`AdapterError` (one line) when no variant builds.
+    ``pattern``: the layer kinds to have instead of the derived ones, set through the class's own
+    fields on every variant and checked on the built model's cache layers (patterns.py)."""
     transformers = import_transformers()
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -115,10 +119,12 @@ def build_model(model_type: str, config_json: str | None = None, dtype: str = "f
         if alt not in bases:
             bases.append(alt)
     fills = derive_fills(mt)
-    first = None
+    first, unexpressed = None, False
     for params in (v for base in bases for v in _variants(base, fills)):
         params = {**params, **overrides}
         try:
+            if pattern is not None:
+                params = patterns.express(mt, params, pattern)
             config = AutoConfig.for_model(mt, **params)
             with torch.device("meta"):
                 size = sum(x.numel() for x in AutoModelForCausalLM.from_config(config).parameters())
@@ -135,9 +141,16 @@ def build_model(model_type: str, config_json: str | None = None, dtype: str = "f
                 raise AdapterError(f"{type(model).__name__} returns no cache object with use_cache=True (it keeps "
                                    "its state inside its modules, and its generate() starts with none): reuse cannot be driven "
                                    "through a cache")
+            why = patterns.check_built(pattern, cache) if pattern is not None else None
+            if why:
+                raise patterns.Unexpressible(why)
             return model, model.config, mt, params
         except Exception as exc:  # noqa: BLE001 - any failure to build is reported, never raised
-            first = first or f"{type(exc).__name__}: {one_line(exc)}"
+            if first is None:
+                unexpressed = isinstance(exc, patterns.Unexpressible)
+                first = one_line(exc) if unexpressed else f"{type(exc).__name__}: {one_line(exc)}"
             if overrides and config_json:
                 break
+    if unexpressed:                     # the pattern, not the model, is what cannot be built
+        raise patterns.Unexpressible(first)
     raise AdapterError(f"cannot build a tiny {mt} causal LM from its derived config ({first})")

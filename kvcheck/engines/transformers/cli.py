@@ -12,6 +12,9 @@ from kvcheck.spec.verdict import ExitCode
 
 from . import known
 from . import oracle as hf
+from .pattern_runs import render as render_patterns
+from .pattern_runs import run_patterns
+from .patterns import SETS
 
 
 def finding(res: dict, cmd: str) -> dict:
@@ -24,8 +27,10 @@ def finding(res: dict, cmd: str) -> dict:
         what = (f"reuse differs from the full recompute by {res.get('max_abs_diff', 0):.3g} (tolerance "
                 f"{res.get('tolerance', 0):.3g})" + (f", first at layer {layer}" if layer is not None else "")
                 + (f", in {op}" if op else ""))
+    if res.get("pattern_label"):         # --patterns: which pattern's run it is
+        what = f"pattern {res['pattern_label']}: {what}"
     return {"kind": "differential", "check": "reuse_equals_recompute", "message": what, "replay": cmd,
-            "layout": res.get("model_type")}
+            "layout": res.get("model_type")} | ({"pattern": res["pattern"]} if res.get("pattern") else {})
 
 
 def diff_command(args: argparse.Namespace) -> int:
@@ -44,12 +49,18 @@ def diff_command(args: argparse.Namespace) -> int:
                 last = ", ".join(f"{dt} {v['verdict']}" for dt, v in sorted(m["last_verdicts"].items())) or "not run"
                 what = ", ".join(k for k in m["layer_kinds"] if k != "full_attention") or ", ".join(m["fields"])
                 lines.append(f"  {m['model_type']:28} {what[:60]:60} {last}")
+                for kind, c in (m.get("layer_caches") or {}).items():
+                    objs = ", ".join(f"{a} {k}" for a, k in c["objects"].items()) or "nothing cached"
+                    lines.append(f"      {kind:30} {c['cache_class'] or 'no cache layer class'}: {objs}")
             return "\n".join(lines)
 
         emit(args, {"models": models, "verdicts_file": hf.verdicts_path(args.out)}, listing)
         return 0
     if not args.model_type:
         raise UsageError("--sut transformers needs --model-type NAME (see --list-models)")
+    which = getattr(args, "patterns", None) or "default"
+    if which not in SETS:
+        raise UsageError(f"unknown --patterns {which!r}; use one of {', '.join(SETS)}")
     try:
         acks = parse_cli(getattr(args, "acknowledge", None))
     except ValueError as e:
@@ -58,11 +69,12 @@ def diff_command(args: argparse.Namespace) -> int:
                             "--dtype", args.dtype, "--scenarios", str(args.scenarios), "--seed", str(args.seed)]
                           + (["--config-json", args.config_json] if args.config_json else [])
                           + (["--fault", args.fault] if args.fault else [])
+                          + (["--patterns", which] if which != "default" else [])
                           + [x for a in (getattr(args, "acknowledge", None) or []) for x in ("--acknowledge", a)])
     try:
-        res = hf.run_diff(args.model_type, config_json=args.config_json, dtype=args.dtype,
-                          scenarios=args.scenarios, seed=args.seed, fault=args.fault, out_dir=args.out,
-                          cover=True)
+        res, others = run_patterns(args.model_type, which, hf.run_diff, config_json=args.config_json,
+                                   dtype=args.dtype, scenarios=args.scenarios, seed=args.seed, fault=args.fault,
+                                   out_dir=args.out, cover=True)
     except hf.AdapterError as e:
         raise UsageError(str(e)) from None
     except CannotDrive as e:     # kvcheck's side of the boundary (interface.py, fuzz/boundary.py): no verdict
@@ -76,13 +88,22 @@ def diff_command(args: argparse.Namespace) -> int:
     res["command"] = cmd
     if res["verdict"] == "unsupported":      # the release cannot build this model type (kvcheck matrix)
         res["cannot_express"] = f"transformers {res.get('transformers_version')}: {res.get('reason')}"
-    res["findings"] = [finding(res, cmd)] if code == ExitCode.DIFF else []
-    counts, explained = known.recognise(res) if code == ExitCode.DIFF else ({}, False)
+    bad = ("divergent", "error")
+    runs = [r for r in [res] + others if r.get("verdict") in bad and (r is not res or res.get("default_verdict",
+                                                                                              res["verdict"]) in bad)]
+    res["findings"] = [finding(r, cmd) for r in runs]
+    counts, explained = {}, bool(runs)
+    for r in runs:                           # a known defect's signature, in any pattern's run
+        c, e = known.recognise(r)
+        explained = explained and e
+        for k, n in c.items():
+            counts[k] = counts.get(k, 0) + n
     if counts or acks:                       # a known defect's signature (known.py): named, never silent
         res["coverage"] = counts
         if explained:                        # its row is the finding; only what it explains is accepted
             res["findings"], res["exit_code"] = [], int(ExitCode.OK)
         judge(res, known.KNOWN, acks, res.get("transformers_version"))
-    emit(args, res, lambda: "\n".join([hf.render_text(res, int(res["exit_code"])), *known_lines(res),
+    emit(args, res, lambda: "\n".join([hf.render_text(res, int(res["exit_code"])), *render_patterns(res),
+                                        *known_lines(res),
                                         f"  seed {args.seed}; rerun: {res['command']}"]))
     return int(res["exit_code"])

@@ -64,12 +64,19 @@ def record_verdict(out_dir: str, res: dict[str, Any]) -> None:
 
 def list_models(out_dir: str | None = None) -> list[dict[str, Any]]:
     """Every model type of the installed transformers whose cache is not uniform full attention,
-    found from the library (config classes, layer types, cache layer classes), with last verdicts."""
+    found from the library (config classes, layer types, cache layer classes), with last verdicts
+    and, per layer kind, the cache layer class and objects it needs (``layer_caches``)."""
     from .models import list_model_types
+    from .patterns import layer_caches
 
     last = load_verdicts(out_dir)
     out = []
     for info in list_model_types():
+        try:
+            info["layer_caches"] = layer_caches(info["model_type"])
+        except Exception as exc:  # noqa: BLE001 - description only
+            info["layer_caches"] = {}
+            info["layer_caches_note"] = f"not read: {one_line(exc)}"
         info["last_verdicts"] = {k.split("|", 1)[1]: v for k, v in last.items()
                                  if k.split("|", 1)[0] == info["model_type"]}
         out.append(info)
@@ -88,7 +95,7 @@ def _cache_objects(runner) -> list[dict[str, Any]]:
 
 def run_diff(model_type: str, config_json: str | None = None, dtype: str = "float32", scenarios: int = 20,
              seed: int = 0, fault: str | None = None, out_dir: str | None = None, trace: bool = True,
-             model_hook=None, cover: bool = False) -> dict:
+             model_hook=None, cover: bool = False, pattern: list[str] | None = None) -> dict:
     """Reuse vs recompute for a tiny random-weight model of ``model_type`` (see docs/adapters-transformers.md).
 
     A model that cannot be built from its derived config gives ``verdict: unsupported`` with a
@@ -101,9 +108,12 @@ def run_diff(model_type: str, config_json: str | None = None, dtype: str = "floa
     fails on kvcheck's side of the boundary with transformers: the installed release ignored the
     cache kvcheck passed (interface.py), or kvcheck's own code failed on it (``boundary.blame``).
     An exception of transformers' own code stays the scenario's verdict ``error``.
+    ``pattern``: run with these layer kinds instead of the derived ones (patterns.py; ``unsupported``
+    when the class cannot express them).
     """
     try:
-        return _run_diff(model_type, config_json, dtype, scenarios, seed, fault, out_dir, trace, model_hook, cover)
+        return _run_diff(model_type, config_json, dtype, scenarios, seed, fault, out_dir, trace, model_hook, cover,
+                         pattern)
     except (AdapterError, CannotDrive):
         raise
     except Exception as exc:  # noqa: BLE001 - classified: kvcheck's side is CannotDrive, else as it was
@@ -114,7 +124,8 @@ def run_diff(model_type: str, config_json: str | None = None, dtype: str = "floa
 
 
 def _run_diff(model_type: str, config_json: str | None, dtype: str, scenarios: int, seed: int,
-              fault: str | None, out_dir: str | None, trace: bool, model_hook, cover: bool) -> dict:
+              fault: str | None, out_dir: str | None, trace: bool, model_hook, cover: bool,
+              pattern: list[str] | None = None) -> dict:
     """run_diff's body (see its docstring)."""
     from .build import build_model, torch_dtype
     from .models import decoder_type, derive_config
@@ -130,6 +141,9 @@ def _run_diff(model_type: str, config_json: str | None, dtype: str, scenarios: i
         raise AdapterError(f"unknown fault {fault!r}; known: {', '.join(FAULTS)} (optionally NAME@LAYER)")
     base = dict(transformers_version=transformers.__version__, torch_version=torch.__version__,
                 model_type=model_type, runs_as=None, dtype=dtype, seed=seed, fault=fault)
+    if pattern is not None:
+        from .patterns import label
+        base.update(pattern=list(pattern), pattern_label=label(pattern))
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     from .models import ALIASES
@@ -139,7 +153,7 @@ def _run_diff(model_type: str, config_json: str | None, dtype: str, scenarios: i
     try:
         base["runs_as"] = decoder_type(model_type)
         base["derived_config"] = derive_config(model_type)
-        model, config, mt, params = build_model(model_type, config_json, dtype, seed)
+        model, config, mt, params = build_model(model_type, config_json, dtype, seed, pattern=pattern)
     except AdapterError as exc:
         if "config file" in str(exc):
             raise

@@ -29,10 +29,11 @@ def period(rows: list) -> int:
 
 def scale_layer_counts(d: dict[str, Any], n_old: int, n_new: int, fixed=()) -> dict[str, Any]:
     """Counts of layers of one role (``n_input_layers``, ``num_dense_layers``, ...) scaled to the kept
-    layers; counts that partition the layers keep partitioning them (largest remainder)."""
+    layers (fewer, or more for a longer layer pattern); counts that partition the layers keep
+    partitioning them (largest remainder)."""
     fields = {k: v for k, v in d.items() if LAYER_COUNT.match(k) and isinstance(v, int) and not isinstance(v, bool)
               and 0 < v < n_old and k != "num_hidden_layers" and k not in fixed}
-    if not fields or n_new >= n_old:
+    if not fields or n_new == n_old:
         return {}
     if sum(fields.values()) == n_old:  # a partition: keep every role, sum = n_new
         share = {k: v * n_new / n_old for k, v in fields.items()}
