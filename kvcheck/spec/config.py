@@ -380,6 +380,11 @@ class Config:
                               "semantic (docs/spec.md, Configurable semantics); run it with --sut "
                               "spec, or an adapter that maps it, or drop the key")
 
+    def kind_name(self, kind: str) -> str:
+        """An object kind in this config's vocabulary (messages): a config whose layers are all
+        full attention calls its pages `full`, as its capacity key does (from_dict)."""
+        return "full" if kind == "swa_window" and {l.kind for l in self.layers} == {"full"} else kind
+
     def cap(self, kind: str) -> int:
         """Capacity of a device pool; unlisted kinds are unbounded (every object fits)."""
         return self.capacity.get(kind, 1 << 30)
