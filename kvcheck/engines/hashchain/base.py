@@ -14,7 +14,9 @@ hash confuses two prompts serves a hit on real traffic, reported as an UNSAFE HI
 keeps one prompt per block position: when a request writes another prompt's block at a position
 whose cached copy is unreferenced, this class evicts that copy after the allocation with
 `evict`, or, without one, stops counting it. Holders are counted per physical block id and a
-logical block is cached while any copy of its content is (legal duplicates). Every eviction the manager does by itself inside an allocation (its LRU) is
+logical block is cached while any copy of its content is (legal duplicates; with duplicates =
+"allow" and publish = "release", copies and late publishing are mapped onto the spec's copy
+actions: copies.py, writes.py). Every eviction the manager does by itself inside an allocation (its LRU) is
 reported as engine-initiated `("evict", j)` events before the append (spec/events.py). With
 `alloc = "evict"`, `append_fail(r, j, x)` runs the manager's allocation where the spec says
 nothing is evictable, and preempts the newest request (`{"instead": {"x": ...}}` when that is
