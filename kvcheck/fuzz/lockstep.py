@@ -98,7 +98,8 @@ class Lockstep:
             return False
         self.program.append(x)
         mid = self.made_room(x, obs)
-        if mid is not None:             # the engine's own events enabled it: a lockstep step
+        took = isinstance(obs, dict) and obs.get("instead") is not None    # another step: judged as one
+        if mid is not None or took:     # the engine's own events enabled it: a lockstep step
             try:
                 self.check(x, obs, mid)
             except Finding as f:
@@ -185,16 +186,25 @@ class Lockstep:
                          self.sut.observe(), x.params.get("r"))
             return
         seen = self.sut.observe()
+        before, after = (obs.get("events_before"), obs.get("events")) if isinstance(obs, dict) else (None, None)
+        evented = False
         if isinstance(obs, dict) and obs.get("instead") is not None:
-            x = self.instead(label, pre, x, obs["instead"])
+            # the step it took instead is judged after the room its own events made (an LRU
+            # eviction, then a copy of a block the spec shared)
+            at = pre
+            if before and mid is None:
+                at = mid = self.events(label, pre, before, seen, x)
+                if mid is None:
+                    return
+                before, evented = None, True    # done: the events wrote other slots
+            x = self.instead(label, at, x, obs["instead"])
             if x is None:
                 self.diverge(Finding("conformance", ["sut_accepted_disabled_action"],
                                      f"{label}: the SUT took {obs['instead']!r:.60} instead, which the "
                                      "spec forbids here"), seen, self.trail[-1][1].get("r"))
                 return
-            label, decision, self.s = x.label(), m.decide(pre, x), m.effect(pre, x)
-        before, after = (obs.get("events_before"), obs.get("events")) if isinstance(obs, dict) else (None, None)
-        checked = x                             # what judge frames its check on
+            label, decision, self.s = x.label(), m.decide(at, x), m.effect(at, x)
+        checked = None if evented else x        # what judge frames its check on
         if (before and mid is None) or after:
             if before and mid is None:          # done first: re-run the step from there
                 mid = self.events(label, pre, before, seen, x)
@@ -238,9 +248,10 @@ class Lockstep:
     def instead(self, label: str, pre: Any, x: Any, params: Any) -> Any:
         """The step the SUT took in place of x: the same action with some parameters its own
         choice (`{"instead": {"v": 2}}`: its LRU's victim, the request its scheduler preempted),
-        or another action on x's parameters and any it adds (`{"instead": {"action":
-        "append_copy"}}`: it copied a block the spec shared). None when the spec forbids that
-        step in `pre`."""
+        or another action on x's parameters, any it adds, less any it maps to None (`{"instead":
+        {"action": "append_copy"}}`: it copied a block the spec shared; `{"action": "append",
+        "v": None}`: its allocation fitted after all). None when the spec forbids that step in
+        `pre`."""
         bad = f"--sut {getattr(self.sut, 'name', '?')}: {label}: 'instead' {params!r:.60}"
         name = x.action
         if isinstance(params, dict) and isinstance(params.get("action"), str):
@@ -249,7 +260,7 @@ class Lockstep:
             raise SutError(f"{bad} must map some of the step's parameters ({', '.join(x.params)}) "
                            "to values, or name another action")
         try:
-            y = self.model.step(name, {**x.params, **params})
+            y = self.model.step(name, {k: v for k, v in {**x.params, **params}.items() if v is not None})
         except KeyError:
             raise SutError(f"{bad} names no step of the spec") from None
         if not self.model.allows(pre, y):

@@ -18,7 +18,7 @@ from .logic import Logic
 from .objects import (header_version, D_DURABLE, D_LOADING, D_NONE, D_OFFLOADING, D_QUARANTINED,
                       D_UNVERIFIED, EVICTED, KIND, POOL, PREFETCH, R_BOUND, R_DECIDED, R_IDLE,
                       R_PREEMPTED, R_RUNNING, R_WAITING, READY, WRITING, live)
-from .context import Ctx, write_block
+from .context import Ctx, publish_released, unseen, write_block
 from .state import Layout, ObjSlot, View
 
 
@@ -64,7 +64,9 @@ def lookup(c: Ctx, r: int) -> Any:
 def _bind_valid(c: Ctx, r: int) -> Any:
     d = Decision(c.v, c.L, c.cfg, r, c.planted)
     ok = d.ok_at(c.L, c.v.req(r).rk)
-    if c.cfg.prompts > 1:       # the blocks may hold other content since the lookup: re-check the hash
+    # the blocks may hold other content since the lookup (prompts > 1), or be live yet unpublished
+    # (publish = release: rewritten by a request still running): re-check the published hashes
+    if c.cfg.prompts > 1 or c.cfg.publish == "release":
         ok = c.L.And(ok, d.hit_at(c.L, c.v.req(r).rk))
     return c.L.And(c.lease_current(r), ok)
 
@@ -113,9 +115,11 @@ def use_stale(c: Ctx, r: int) -> Any:
 @action(lambda lay: ({"r": r, "j": j} for r in range(lay.cfg.requests) for j in range(lay.cfg.blocks)))
 def append(c: Ctx, r: int, j: int) -> Any:
     """Write block j's tokens: raw KV pages and tail now; the compressed entry and the indexer
-    keys start WRITING (compress / indexer_sync finish them). Publishes the block's hash."""
+    keys start WRITING (compress / indexer_sync finish them). Publishes the block's hash (with
+    publish = release: at the request's release instead, and a block another request wrote but
+    has not published is not shared: the request copies it, duplicates.py)."""
     q = c.v.req(r)
-    return c.L.And(q.rst == R_RUNNING, q.rpos == j, j < q.rlen, *write_block(c, r, j))
+    return c.L.And(q.rst == R_RUNNING, q.rpos == j, j < q.rlen, c.L.Not(unseen(c, r, j)), *write_block(c, r, j))
 
 
 @action(per_request)
@@ -139,10 +143,12 @@ def slide(c: Ctx, r: int) -> Any:
 
 @action(per_request)
 def finish(c: Ctx, r: int) -> Any:
-    """The request completes and releases everything it holds."""
+    """The request completes and releases everything it holds (publish = release: publishing
+    the blocks it wrote)."""
     L, q = c.L, c.v.req(r)
     c.set(("r", r, "rst"), R_IDLE)
     c.release(r)
+    publish_released(c, r)
     if c.planted(F.REFCOUNT_DOUBLE_DECREMENT):
         for o in c.lay.objects:
             if o.kind == "tail":            # the pin of the tail snapshot, released twice
@@ -152,10 +158,12 @@ def finish(c: Ctx, r: int) -> Any:
 
 @action(per_request)
 def preempt(c: Ctx, r: int) -> Any:
-    """Preemption: a decided, bound or running request is descheduled and unpins."""
+    """Preemption: a decided, bound or running request is descheduled and unpins (publish =
+    release: publishing the blocks it wrote, as at finish)."""
     L, q = c.L, c.v.req(r)
     c.set(("r", r, "rst"), R_PREEMPTED)
     c.release(r)
+    publish_released(c, r)
     return L.In(q.rst, (R_DECIDED, R_BOUND, R_RUNNING))
 
 

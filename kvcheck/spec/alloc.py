@@ -18,7 +18,7 @@ from typing import Any
 
 from . import faults as F
 from .action_registry import action
-from .context import Ctx, fits, spare, write_block
+from .context import Ctx, fits, publish_released, spare, write_block
 from .objects import D_OFFLOADING, EVICTED, R_BOUND, R_DECIDED, R_PREEMPTED, R_RUNNING, live
 
 
@@ -82,6 +82,7 @@ def append_fail(c: Ctx, r: int, j: int, x: int) -> Any:
     L, qx = c.L, c.v.req(x)
     c.set(("r", x, "rst"), R_PREEMPTED)
     c.release(x)
+    publish_released(c, x)
     no_room = [L.Not(L.And(*_room_with(c, j, v))) for v in range(c.cfg.blocks) if v != j]
     if c.cfg.duplicates == "allow":     # nor a second copy (duplicates.py)
         no_room += [L.Not(L.And(*spare_room_with(c, j, v))) for v in range(c.cfg.blocks) if v != j]

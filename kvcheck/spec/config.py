@@ -20,10 +20,11 @@ SPEC_LAYER_KINDS = ("full", "swa", "hca", "csa")   # the kinds the spec's state 
 EVICTION_MODES = ("tombstone", "drop_hash")
 ALLOC_MODES = ("refuse", "evict")
 DUPLICATE_MODES = ("forbid", "allow")
+PUBLISH_MODES = ("append", "release")
 # Semantic keys and their defaults: omitted from to_dict at the default, so that a default
 # config (its traces, reports, cache keys) reads exactly as before they existed.
 SEMANTIC_DEFAULTS = {"eviction": "tombstone", "prompts": 1, "salted_prompts": 0, "salt": True, "decode": False,
-                     "alloc": "refuse", "duplicates": "forbid"}
+                     "alloc": "refuse", "duplicates": "forbid", "publish": "append"}
 
 # Which device object kinds a group of each layer kind keeps (the kinds themselves are declared
 # once, in object_kinds.py). Full-attention KV pages are swa_window pages with an infinite window:
@@ -186,6 +187,9 @@ class Config:
     # forbid: one physical copy per logical block (a request appending a cached block shares
     # it); allow: two requests recomputing one prefix may keep two copies (duplicates.py)
     duplicates: str = "forbid"
+    # append: a block's hash is published when it is written; release: when the request holding
+    # it finishes or is preempted (a late publisher: context.publish_released)
+    publish: str = "append"
 
     # ---- derived structure -------------------------------------------------------------
     def __post_init__(self) -> None:
@@ -323,6 +327,12 @@ class Config:
         if not isinstance(self.duplicates, str) or self.duplicates not in DUPLICATE_MODES:
             raise ConfigError(f"config: duplicates must be one of {', '.join(DUPLICATE_MODES)}, "
                               f"got {self.duplicates!r:.40}")
+        if not isinstance(self.publish, str) or self.publish not in PUBLISH_MODES:
+            raise ConfigError(f"config: publish must be one of {', '.join(PUBLISH_MODES)}, "
+                              f"got {self.publish!r:.40}")
+        if self.publish == "release" and (self.duplicates != "allow" or self.decode is True):
+            raise ConfigError("config: publish = \"release\" needs duplicates = \"allow\" (a request "
+                              "copies what another has not published yet) and decode = false (not modelled)")
         _int("prompts", self.prompts, 1, 8)
         _int("salted_prompts", self.salted_prompts, 0, 7)
         if self.salted_prompts > self.prompts - 1:
@@ -369,6 +379,11 @@ class Config:
             raise ConfigError(f"config: {k} = {json.dumps(v)}: {who} does not implement this "
                               "semantic (docs/spec.md, Configurable semantics); run it with --sut "
                               "spec, or an adapter that maps it, or drop the key")
+
+    def kind_name(self, kind: str) -> str:
+        """An object kind in this config's vocabulary (messages): a config whose layers are all
+        full attention calls its pages `full`, as its capacity key does (from_dict)."""
+        return "full" if kind == "swa_window" and {l.kind for l in self.layers} == {"full"} else kind
 
     def cap(self, kind: str) -> int:
         """Capacity of a device pool; unlisted kinds are unbounded (every object fits)."""

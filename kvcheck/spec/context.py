@@ -180,10 +180,12 @@ def write_block(c: Ctx, r: int, j: int, write: Any = True, done: Any = True,
         c.set(("b", j, "bcid"), gate(mine, b.bcid))
         keep = L.And(other, b.hashed == 1) if c.planted(F.STALE_HASH_AFTER_REUSE) else False
         c.set(("b", j, "bkey"), gate(L.If(keep, b.bkey, mine), b.bkey))
+    rewrites = []
     for o in c.block_objects(j):
         ob = c.ob(o)
         rewrite = L.Or(L.Not(L.And(live(ob.st, L), c.current(o))), other)
         rewrite = L.let(rewrite if write is True else L.And(write, rewrite))
+        rewrites.append(rewrite)
         guard.append(L.Not(L.And(rewrite, L.Or(ob.ref > 0, c.gpin(o)))))
         fresh = KIND[o.kind].fresh
         cur = current_version(v, o.kind)
@@ -207,5 +209,44 @@ def write_block(c: Ctx, r: int, j: int, write: Any = True, done: Any = True,
         delta = L.If(after, 1, 0) - L.If(before, 1, 0)
         c.add_ref(o, delta if done is True else L.If(done, delta, 0))
     c.set(("r", r, "rpos"), gate(j + 1, j, done))
-    c.set(("b", j, "hashed"), gate(1, v.disk(j).hashed))
+    if c.cfg.publish == "release":      # written unpublished; a rewrite drops the old content's hash
+        c.set(("b", j, "hashed"), gate(L.If(L.Or(other, *rewrites), 0, v.disk(j).hashed), v.disk(j).hashed))
+    else:
+        c.set(("b", j, "hashed"), gate(1, v.disk(j).hashed))
     return guard
+
+
+def mine_cached(c: Ctx, r: int, j: int) -> Any:
+    """Block j's objects are live and current and hold request r's content (its prefix to j)."""
+    L, q = c.L, c.v.req(r)
+    ok = [L.And(live(c.ob(o).st, L), c.current(o)) for o in c.block_objects(j)]
+    if c.cfg.prompts > 1:
+        ok.append(c.v.disk(j).bcid == content.chain_of(L, c.cfg, q.rp, j))
+    return L.And(*ok)
+
+
+def unseen(c: Ctx, r: int, j: int) -> Any:
+    """publish = release: block j holds request r's content but is unpublished (another running
+    request wrote it): r cannot find it and computes its own copy (append_copy), never shares it."""
+    if c.cfg.publish != "release":
+        return False
+    return c.L.And(c.v.disk(j).hashed == 0, mine_cached(c, r, j))
+
+
+def publish_released(c: Ctx, r: int) -> None:
+    """publish = release: request r releases its blocks (finish, preempt) and the engine publishes
+    the hash of each position it holds whose slot still holds its content (live, current, its
+    prefix); a slot another prompt rewrote meanwhile (out of a window) stays as it is."""
+    if c.cfg.publish != "release":
+        return
+    L, q = c.L, c.v.req(r)
+    stale = c.planted(F.LATE_PUBLISH_REUSED_SLOT)
+    for j in range(c.cfg.blocks):
+        b = c.v.disk(j)
+        at = L.let(L.And(c.active(r), j < q.rpos))
+        if stale:           # the fault: every position published under r's key, content or not
+            c.set(("b", j, "hashed"), L.If(at, 1, b.hashed))
+            if c.cfg.prompts > 1:
+                c.set(("b", j, "bkey"), L.If(at, content.chain_of(L, c.cfg, q.rp, j), b.bkey))
+            continue
+        c.set(("b", j, "hashed"), L.If(L.And(at, mine_cached(c, r, j)), 1, b.hashed))

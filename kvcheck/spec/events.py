@@ -91,7 +91,7 @@ def claim_fails(spec: Any, s: tuple, e: Event) -> str | None:
     """What is wrong with a claim event in state s (None: the spec agrees)."""
     lay, j = spec.lay, e.block
     if e.claim == "held":
-        held = [f"{o.kind}[g{o.group}]" for o in lay.objects
+        held = [lay.label(o, block=False) for o in lay.objects
                 if o.block == j and s[lay.o(o.group, o.kind, j, "ref")] > 0]
         return f"block {j} is still held ({', '.join(held)})" if held else None
     if e.claim == "published":

@@ -111,6 +111,14 @@ def _full(*keys: tuple[str, Any]) -> tuple[tuple[str, Any], ...]:
     return (("layers", (LayerSpec("full"),)), *keys)
 
 
+def _one_window(*keys: tuple[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """One sliding-window group (W=2 over blocks of 2 tokens: block 0 leaves the window at
+    position 2, and another prompt may rewrite its slot while the request runs) and `keys`."""
+    from .config import LayerSpec
+    return (("layers", (LayerSpec("swa", window=2),)), ("block_size", 2), ("blocks", 2),
+            ("tiers", ("device",)), ("capacity", {"swa_window": 3}), *keys)
+
+
 def _two_windows(*keys: tuple[str, Any]) -> tuple[tuple[str, Any], ...]:
     """Two sliding-window groups of different windows (W=2 and W=4 over blocks of 2 tokens:
     the narrow window moves first, at position 2, the wide one at 3) and `keys`."""
@@ -228,6 +236,16 @@ COPY_IGNORES_CAPACITY = _spec(
     "With duplicates = allow, a request's own second copy of a cached block is allocated without "
     "checking that the pool has room for it.",
     _small(("duplicates", "allow"), ("capacity", {"swa_window": 1})))
+LATE_PUBLISH_REUSED_SLOT = _spec(
+    "late_publish_reused_slot", "action:finish", "late publish of a block whose memory was reused",
+    "a late publisher (a radix cache inserting a request's prefix when it finishes) that inserts "
+    "every position of the request, including a block that slid out of its window and was "
+    "rewritten by another prompt meanwhile", "hit_content_sound",
+    "With publish = release, a releasing request publishes each of its positions under its own key "
+    "whether or not the slot still holds its content: a later request of its prompt hits the other "
+    "prompt's block.",
+    _one_window(("prompts", 2), ("duplicates", "allow"), ("publish", "release"), ("requests", 2),
+                ("max_active", 2), ("max_version", 0)))
 
 SLIDE_ONE_WINDOW = _spec(
     "slide_one_window", "action:slide", "groups with different windows sharing one window bound",
@@ -244,7 +262,7 @@ SPEC_FAULTS: tuple[Fault, ...] = (
     NO_REVALIDATION_AT_USE, REFCOUNT_DOUBLE_DECREMENT, ADMISSION_IGNORED, SHARED_FREE_LIST,
     GRAPH_PAGES_MIGRATED, STALE_HASH_AFTER_EVICT, HASH_IGNORES_PARENT, STALE_HASH_AFTER_REUSE,
     HASH_MISSING_SALT, DECODE_PUBLISHES_PARTIAL, ALLOC_EVICTS_REFERENCED, COPY_IGNORES_CAPACITY,
-    RESTORE_UNDER_STALE_KEY, SLIDE_ONE_WINDOW,
+    RESTORE_UNDER_STALE_KEY, SLIDE_ONE_WINDOW, LATE_PUBLISH_REUSED_SLOT,
 )
 FAULTS: dict[str, Fault] = {f.name: f for f in SPEC_FAULTS}      # the spec's own
 

@@ -42,10 +42,6 @@ def invariants_for(cfg: Config) -> dict[str, Invariant]:
     return {n: i for n, i in INVARIANTS.items() if i.when(cfg)}
 
 
-def _oname(o: Any) -> str:
-    return f"{o.kind}[g{o.group},b{o.block}]"
-
-
 @invariant("consistency", "Admission cap: transfers in flight, requests holding leases and every "
            "pool's occupancy stay within their caps, and the in-flight count is exact.")
 def admission_cap(c: Ctx) -> list[tuple[str, Any]]:
@@ -64,7 +60,7 @@ def admission_cap(c: Ctx) -> list[tuple[str, Any]]:
            "no page is aliased across object types.")
 def five_state_routing(c: Ctx) -> list[tuple[str, Any]]:
     L = c.L
-    return [(_oname(o), L.Implies(live(c.ob(o).st, L), c.ob(o).pool == POOL[o.kind]))
+    return [(c.lay.label(o), L.Implies(live(c.ob(o).st, L), c.ob(o).pool == POOL[o.kind]))
             for o in c.lay.objects]
 
 
@@ -73,7 +69,7 @@ def five_state_routing(c: Ctx) -> list[tuple[str, Any]]:
            "the current versions.")
 def toctou_bound_stable(c: Ctx) -> list[tuple[str, Any]]:
     L = c.L
-    out = [(_oname(o), L.Implies(c.ob(o).ref > 0, live(c.ob(o).st, L))) for o in c.lay.objects]
+    out = [(c.lay.label(o), L.Implies(c.ob(o).ref > 0, live(c.ob(o).st, L))) for o in c.lay.objects]
     out += [(f"request {r}", L.Implies(c.v.req(r).rst == R_RUNNING, c.lease_current(r)))
             for r in range(c.cfg.requests)]
     return out
@@ -83,7 +79,7 @@ def toctou_bound_stable(c: Ctx) -> list[tuple[str, Any]]:
            "stay resident at the addresses captured until the graph is released.")
 def graph_topology(c: Ctx) -> list[tuple[str, Any]]:
     L = c.L
-    return [(_oname(o), L.Implies(c.gpin(o), L.And(live(c.ob(o).st, L), c.ob(o).gmv == 0)))
+    return [(c.lay.label(o), L.Implies(c.gpin(o), L.And(live(c.ob(o).st, L), c.ob(o).gmv == 0)))
             for o in c.lay.objects]
 
 
@@ -91,7 +87,7 @@ def graph_topology(c: Ctx) -> list[tuple[str, Any]]:
            "of requests holding it (no leak, no double free).")
 def refcount_equals_holders(c: Ctx) -> list[tuple[str, Any]]:
     L = c.L
-    return [(_oname(o), c.ob(o).ref == L.Count(c.holds(r, o) for r in range(c.cfg.requests)))
+    return [(c.lay.label(o), c.ob(o).ref == L.Count(c.holds(r, o) for r in range(c.cfg.requests)))
             for o in c.lay.objects]
 
 
@@ -194,7 +190,7 @@ def copies_cached(c: Ctx) -> list[tuple[str, Any]]:
     if c.cfg.duplicates != "allow":
         return []
     from .objects import READY
-    return [(_oname(o), c.L.Implies(c.ob(o).dup == 1, c.ob(o).st == READY)) for o in c.lay.objects]
+    return [(c.lay.label(o), c.L.Implies(c.ob(o).dup == 1, c.ob(o).st == READY)) for o in c.lay.objects]
 
 
 HIT_SOUNDNESS = tuple(n for n in INVARIANTS if n.startswith("hit_sound_"))

@@ -181,6 +181,12 @@ class Layout:
     def o(self, g: int, kind: str, j: int, f: str) -> int:
         return self.index[("o", g, kind, j, f)]
 
+    def label(self, o: ObjSlot, block: bool = True) -> str:
+        """An object as messages name it, in the config's vocabulary: a config whose layers are
+        all full attention calls its pages `full` (its capacity key), not `swa_window`."""
+        kind = self.cfg.kind_name(o.kind)
+        return f"{kind}[g{o.group},b{o.block}]" if block else f"{kind}[g{o.group}]"
+
     def b(self, j: int, f: str) -> int:
         return self.index[("b", j, f)]
 

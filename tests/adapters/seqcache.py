@@ -26,12 +26,16 @@ from collections import OrderedDict
 from kvcheck.engines.hashchain.base import HashChainAdapter
 
 BUGS = {"wrong_block_hit": "hit_sound_content", "lost_reuse": "decision_matches_spec"}
+# planted in the late-publishing manager only: at a sequence's release each block is published
+# under the hash of its own tokens (no parent, the last block wins), so prompt 0's block 1
+# answers a lookup of block 0
+LATE_BUGS = {"late_key_without_parent": "hit_sound_content"}
 
 
 class SeqCache:
     def __init__(self, num_blocks: int, block_size: int, bug: str | None = None,
                  late_publish: bool = False) -> None:
-        assert bug is None or bug in BUGS, bug
+        assert bug is None or bug in BUGS or (late_publish and bug in LATE_BUGS), bug
         self.B, self.bug, self.late = block_size, bug, late_publish
         self.ref = [0] * num_blocks
         self.key: list[str | None] = [None] * num_blocks          # the hash a block is cached under
@@ -88,8 +92,22 @@ class SeqCache:
                 return None
         return list(self.seqs[seq])
 
+    def evict(self, b: int) -> bool:
+        """Drop an unreferenced block: its hash entry goes, its memory is reused first."""
+        if self.ref[b]:
+            return False
+        if self.key[b] is not None and self.table.get(self.key[b]) == b:
+            del self.table[self.key[b]]
+        self.key[b] = self.toks[b] = None
+        self.lru[b] = None
+        self.lru.move_to_end(b, last=False)
+        return True
+
     def free(self, seq: int) -> None:
         for b in self.seqs.get(seq, []) if self.late else ():
+            if self.bug == "late_key_without_parent":        # under its own tokens' hash, last one wins
+                self.table[self._hash(None, self.toks[b])] = b
+                continue
             self.table.setdefault(self.key[b], b)           # published now; the first copy stays
         for b in reversed(self.seqs.pop(seq, [])):
             self.ref[b] -= 1
@@ -121,9 +139,15 @@ class SeqAdapter(HashChainAdapter):
 
 
 class LatePublishAdapter(SeqAdapter):
-    """The fixed manager publishing a sequence's blocks only when it is freed (legal duplicates)."""
+    """The fixed manager publishing a sequence's blocks only when it is freed (legal duplicates;
+    config publish = "release", duplicates = "allow"). It maps the manager's evict: with
+    prompts > 1 the base class evicts another prompt's copy of a position a request rewrites."""
 
     name = "seqcache-late"
+    faults = {**BUGS, **LATE_BUGS}
 
     def start(self, num_blocks, block_size):
         self.m = SeqCache(num_blocks, block_size, bug=self.fault, late_publish=True)
+
+    def evict(self, block):
+        return self.m.evict(block)

@@ -59,7 +59,51 @@ def test_a_salted_config_is_one_line_exit_2(tmp_path) -> None:
     cfg.write_text(json.dumps({**CFG.to_dict(), "salt": True}))
     bad = _cli("adapter-check", SUT, "--config", str(cfg))
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
-    assert '"salt": false' in bad.stderr
+    assert '"salt": false' in bad.stderr and "declare a `salt` parameter" in bad.stderr
+
+
+def _salted(tokens, salt):
+    return tuple((salt, t) for t in tokens)         # the manager's keys carry the tenant
+
+
+def _salted_adapter(ignore: bool = False):
+    from examples.seq_adapter import Adapter
+
+    class Salted(Adapter):
+        """The example manager keyed by (salt, token): callbacks that declare `salt`."""
+
+        def lookup(self, tokens, salt):
+            return self.m.match(_salted(tokens, "one" if ignore else salt))
+
+        def admit(self, seq, tokens, salt):
+            return self.m.admit(seq, _salted(tokens, "one" if ignore else salt))
+
+        def append(self, seq, tokens, salt):
+            return self.m.extend(seq, _salted(tokens, "one" if ignore else salt))
+    return Salted
+
+
+def test_callbacks_declaring_salt_take_the_tenants_salt(tmp_path) -> None:
+    """salt = true: the salt reaches the callbacks, a manager keyed by it is clean, one that
+    declares the parameter and ignores it serves another tenant's block (UNSAFE HIT); salt =
+    false passes none (the example's callbacks, unchanged)."""
+    salted = Config.from_dict({**CFG.to_dict(), "salt": True, "salted_prompts": 1})
+    seen = []
+    Salted = _salted_adapter()
+
+    class Spy(Salted):
+        def lookup(self, tokens, salt):
+            seen.append(salt)
+            return super().lookup(tokens, salt)
+    from kvcheck.fuzz.adapter_lint import lint
+    clean = lint(salted, "salted", Spy, steps=3000)
+    assert clean["exit_code"] == 0 and "finding" not in clean, clean
+    assert {"tenant-0", "tenant-2"} <= set(seen)
+    bad = lint(salted, "ignores-salt", _salted_adapter(ignore=True), steps=3000)
+    assert bad["exit_code"] == 10 and lead(bad["finding"]["checks"]) == "hit_sound_content", bad.get("finding")
+    unsalted = Salted()
+    unsalted.reset(CFG)
+    assert unsalted.salted is False and unsalted._salt("tenant-0") == {}
 
 
 def test_admit_returning_the_wrong_count_is_named() -> None:

@@ -78,7 +78,7 @@ FAST = ["window_off_by_one", "tail_junction_not_checked", "eviction_ignores_pins
         "no_revalidation_at_use", "refcount_double_decrement", "admission_ignored",
         "shared_free_list", "graph_pages_migrated", "stale_hash_after_evict", "hash_ignores_parent",
         "stale_hash_after_reuse", "hash_missing_salt", "decode_publishes_partial", "alloc_evicts_referenced",
-        "copy_ignores_capacity", "restore_under_stale_key", "slide_one_window"]
+        "copy_ignores_capacity", "restore_under_stale_key", "slide_one_window", "late_publish_reused_slot"]
 
 
 @pytest.mark.parametrize("fault", [f.name for f in spec_faults()])

@@ -67,11 +67,11 @@ SHORTEST = {"no_revalidation_at_use": 5, "shared_free_list": 5, "eviction_ignore
             "compressed_version_ignored": 13, "stale_hash_after_evict": 7, "hash_ignores_parent": 16,
             "stale_hash_after_reuse": 11, "hash_missing_salt": 9, "decode_publishes_partial": 6,
             "alloc_evicts_referenced": 6, "copy_ignores_capacity": 10, "restore_under_stale_key": 18,
-            "slide_one_window": 7}
+            "slide_one_window": 7, "late_publish_reused_slot": 13}
 # A fault that breaks an auxiliary invariant before its named one: BMC reports that first (a
 # stale hash is reachable in 11 steps; the unsafe hit it enables in 15, found by the explorer).
 BMC_FIRST = {"stale_hash_after_reuse": "hash_names_content", "decode_publishes_partial": "blocks_whole",
-             "restore_under_stale_key": "hash_names_content"}
+             "restore_under_stale_key": "hash_names_content", "late_publish_reused_slot": "hash_names_content"}
 
 
 def test_every_spec_fault_has_a_depth():

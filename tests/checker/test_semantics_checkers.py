@@ -33,6 +33,18 @@ def test_duplicates_explored_to_the_copy_eviction_inside_allocation() -> None:
     assert res.report["actions"]["append_copy"] > 0 and res.report["actions"]["evict_copy"] > 0
 
 
+def test_late_publishing_explored_exhaustively_and_clean(tmp_path) -> None:
+    """publish = release (duplicates.py's config): the second request copies what the first has
+    not published, both copies are evicted and reused; and over a window, with two prompts, a
+    release never publishes a slot another prompt rewrote."""
+    code, rep = explore.run_explore(replace(explore._DUP, publish="release"), tmp_path, None, seconds=60)
+    assert code == 0 and rep["exhaustive"] and rep["verdict"] == "holds"
+    assert min(rep["actions"][a] for a in ("append_copy", "evict_copy", "append_evict_copy")) > 0
+    swa = F.get("late_publish_reused_slot").config_for(explore.FAULT_CONFIG)
+    _, res, _ = explore.explore(swa, max_depth=16, liveness=False)
+    assert res.violation is None and res.report["actions"]["append_copy"] > 0
+
+
 @pytest.mark.slow
 def test_duplicates_explored_exhaustively_and_clean(tmp_path) -> None:
     code, rep = explore.run_explore(explore._DUP, tmp_path, None, seconds=300)
@@ -43,9 +55,10 @@ def test_duplicates_explored_exhaustively_and_clean(tmp_path) -> None:
                                  replace(explore._CONTENT, prompts=3, salted_prompts=1),
                                  replace(explore._CONTENT, tiers=("device", "disk")),
                                  replace(explore._CONTENT, decode=True, block_size=2), explore._ALLOC,
-                                 replace(explore._ALLOC, eviction="drop_hash", requests=2), explore._DUP],
+                                 replace(explore._ALLOC, eviction="drop_hash", requests=2), explore._DUP,
+                                 replace(explore._DUP, publish="release")],
                          ids=["prompts", "drop_hash", "salted", "prompts+disk", "decode+prompts", "alloc", "alloc+drop_hash",
-                              "duplicates"])
+                              "duplicates", "late_publish"])
 def test_z3_proves_the_semantics_inductive(cfg, tmp_path) -> None:
     code, rep = prove.run_prove(cfg, tmp_path, None, profile=prove.ProveProfile(depth=4))
     assert code == 0 and rep["verdict"] == "proved", [o for o in rep["invariants"] if o["status"] != "proved"]

@@ -14,7 +14,9 @@ hash confuses two prompts serves a hit on real traffic, reported as an UNSAFE HI
 keeps one prompt per block position: when a request writes another prompt's block at a position
 whose cached copy is unreferenced, this class evicts that copy after the allocation with
 `evict`, or, without one, stops counting it. Holders are counted per physical block id and a
-logical block is cached while any copy of its content is (legal duplicates). Every eviction the manager does by itself inside an allocation (its LRU) is
+logical block is cached while any copy of its content is (legal duplicates; with duplicates =
+"allow" and publish = "release", copies and late publishing are mapped onto the spec's copy
+actions: copies.py, writes.py). Every eviction the manager does by itself inside an allocation (its LRU) is
 reported as engine-initiated `("evict", j)` events before the append (spec/events.py). With
 `alloc = "evict"`, `append_fail(r, j, x)` runs the manager's allocation where the spec says
 nothing is evictable, and preempts the newest request (`{"instead": {"x": ...}}` when that is
@@ -29,12 +31,14 @@ from typing import Any
 
 from kvcheck.spec.config import Config
 from kvcheck.spec.content import chain as lineage
-from kvcheck.spec.objects import (DECISIONS, EVICTED, READY, R_BOUND, R_DECIDED, R_IDLE,
+from kvcheck.spec.objects import (DECISIONS, READY, R_BOUND, R_DECIDED, R_IDLE,
                                   R_PREEMPTED, R_RUNNING, R_WAITING)
 from kvcheck.spec.state import Layout
 from kvcheck.spec.sut import ActionRejected
 from kvcheck.fuzz.lockstep import Finding
+from .copies import CopyActions, released
 from .mapping import observe
+from .writes import Writes
 from .shadow import ContentShadow, prompt_table, siblings
 
 TENANT, OTHER_TENANT = "tenant-0", "tenant-1"
@@ -43,10 +47,13 @@ CORE_ACTIONS = frozenset({"submit", "lookup", "bind", "use", "append", "finish",
 # (adapter-check names these as the base class's declarations, never as the user's to drop).
 REACH = {"evict": "an evict callback",
          "append_fail": 'alloc = "evict" in the config',
-         "bind_stale": "an evict callback (an eviction between a lookup and its bind)"}
+         "bind_stale": "an evict callback (an eviction between a lookup and its bind)",
+         "append_copy": 'duplicates = "allow" in the config',
+         "append_evict_copy": 'duplicates = "allow" and alloc = "evict" in the config',
+         "evict_copy": 'duplicates = "allow" in the config and an evict callback'}
 
 
-class HashChainAdapter:
+class HashChainAdapter(Writes, CopyActions):
     """Subclass it and implement the callbacks below (block ids are ints, requests are the
     spec's request slots 0..requests-1)."""
 
@@ -90,14 +97,18 @@ class HashChainAdapter:
         self.actions = self._declare("evict")
 
     def _declare(self, alloc: str) -> frozenset[str]:
-        """The actions this class declares for a config (`alloc`): the core, `evict` with an evict
-        callback, `append_fail` where allocations evict (alloc = "evict"), `bind_stale` where a
-        decided hit can go (append_evict: never enabled here, see the docstring)."""
+        """The actions this class declares for a config (`alloc`; after reset, its `duplicates`):
+        the core, `evict` with an evict callback, `append_fail` where allocations evict (alloc =
+        "evict"), `bind_stale` where a decided hit can go (append_evict: never enabled here, see
+        the docstring), the copy actions where duplicates are allowed (copies.py)."""
         acts = set(CORE_ACTIONS) | ({"evict"} if self.evicts else set())
         if alloc == "evict":
             acts.add("append_fail")
         if self.evicts:     # (allocations alone never evict a decided hit: one prefix, LRU takes no hole)
             acts.add("bind_stale")
+        if getattr(getattr(self, "cfg", None), "duplicates", "forbid") == "allow":
+            acts |= {"append_copy"} | ({"append_evict_copy"} if alloc == "evict" else set()) \
+                | ({"evict_copy"} if self.evicts else set())
         self.base_actions = {a: REACH.get(a, "the core lifecycle") for a in acts}
         return frozenset(acts)
 
@@ -113,6 +124,9 @@ class HashChainAdapter:
         if cfg.decode:
             raise ValueError("HashChainAdapter decodes inside append (decode_append); the config's "
                              "decode = true is not mapped yet")
+        if cfg.publish == "release" and cfg.prompts > 1 and not self.evicts:
+            raise ValueError("HashChainAdapter: a late publisher (publish = \"release\") with prompts > 1 "
+                             "needs an evict callback (another prompt's copy of a rewritten position goes)")
         self.prompts = prompt_table(cfg, TENANT)
         self.tokens = self.prompts[0][1]
         self.want: list[Any] = [None] * cfg.blocks   # the content (tenant, prefix) block j stands for
@@ -120,6 +134,7 @@ class HashChainAdapter:
         self.state = [0] * cfg.blocks          # logical block j's spec lifecycle state
         self.lineage = [0] * cfg.blocks        # the prompt lineage block j's copy holds (bcid)
         self.published: set[int] = set()       # logical blocks whose hash is published (`hashed`)
+        self.pub: dict[int, int] = {}          # logical block -> the copy its hash names (copies.py)
         self.req = [{"st": R_IDLE, "n": 0, "k": 0, "pos": 0, "dec": 0, "blocks": [], "p": 0, "t": 0}
                     for _ in range(cfg.requests)]
         self.clock = 0                         # submit order (the scheduler preempts the newest)
@@ -236,43 +251,17 @@ class HashChainAdapter:
     def _release(self, r: int, blocks: list[int]) -> None:
         self.free(r, blocks)
 
-    def _gone(self, j: int) -> None:
-        """The manager evicted the last copy of logical block j."""
-        self.state[j] = EVICTED
-        if self.cfg.eviction == "drop_hash":
-            self.published.discard(j)
-
-    def _fill(self, r: int, j: int, block: int) -> list[int]:
-        """Request r filled `block` with logical block j. Returns the logical blocks whose last
-        copy it held (the engine evicted them on its own to make room). A block another request
-        holds is a TOCTOU break even where another copy of its content survives."""
-        tenant, toks = self._prompt(r)
-        want = (tenant, tuple(toks[:(j + 1) * self.B]))
-        others = [h for h in self._held().get(block, []) if h != (r, j)]
-        if others and self.shadow.content.get(block) != want:
-            y, i = others[0]
-            raise Finding("invariant", ["toctou_bound_stable"],
-                          f"append(r={r}, j={j}): the manager filled block {block}, which request {y} "
-                          f"holds as its block {i} (a bound block was overwritten)")
-        gone = [lj for lj in range(self.cfg.blocks) if lj != j and self.copies(lj) == [block]]
-        for lj in gone:
-            self._gone(lj)
-        self.shadow.fill(block, *want)
-        self.stale.discard(block)
-        self.want[j], self.state[j] = want, READY
-        self.lineage[j] = lineage(self.cfg, self.req[r]["p"], j)
-        self.published.add(j)
-        return gone
-
     # ---- the spec's actions ------------------------------------------------------------------
     def apply(self, action: str, p: dict[str, Any]) -> dict[str, Any]:
-        self.events = []
+        self.events, self.after = [], []
         fn = getattr(self, f"_a_{action}", None)
         if fn is None or action not in self.actions:
             raise ActionRejected(f"{action} is not implemented")
         out = fn(**p) or {}
         if self.events:                # evictions inside allocation (spec/events.py)
             out["events_before"] = list(self.events)
+        if self.after:                 # garbage copies after a release (copies.py)
+            out["events"] = out.get("events", []) + self.after
         return out
 
     def _need(self, r: int, *states: int) -> dict[str, Any]:
@@ -320,76 +309,25 @@ class HashChainAdapter:
     def _a_use(self, r: int) -> None:
         self._need(r, R_BOUND)["st"] = R_RUNNING
 
-    def _append(self, r: int, j: int) -> tuple[int | None, list[int]]:
-        """Request r's block j: reused when cached meanwhile, else a fresh block from the manager.
-        Returns (block, the logical blocks the manager evicted to make room); block None: the
-        allocation failed (nothing written)."""
-        q = self._need(r, R_RUNNING)
-        if len(q["blocks"]) != j or j >= q["n"]:
-            raise ActionRejected(f"request {r} is not at block {j}")
-        hits = self._engine_hits(r, j + 1)
-        if len(hits) > j:                            # cached meanwhile: reuse it
-            got = self._alloc(r, j, hits[j])
-            if got is None:
-                raise ActionRejected("allocate refused a cached block")
-            return got, ([] if got == hits[j] else self._fill(r, j, got))   # another: computed
-        old: list[int] = []                          # another prompt's copies of block j: rewritten
-        if self.state[j] == READY and self.lineage[j] != lineage(self.cfg, q["p"], j):
-            if self._holders(j):                     # in use: wait
-                raise ActionRejected(f"block {j}'s copy holds another prompt and is in use")
-            old = self.copies(j)
-        got = self._alloc(r, j, None)
-        if got is None:
-            return None, []
-        gone = self._fill(r, j, got)
-        for b in old if self.evicts else ():         # the spec keeps one prompt per position: with
-            if b != got and self.evict(b):           # an evict callback the other's copies go; without
-                self.shadow.release(b)               # one they stay cached, uncounted (see _engine_hits)
-        return got, gone
-
-    def _a_append(self, r: int, j: int) -> None:
-        got, gone = self._append(r, j)
-        if got is None:
-            raise ActionRejected("no free block (capacity)")
-        self.events = [("evict", lj) for lj in gone]     # before the write: the room it made
-
-    def _a_append_fail(self, r: int, j: int, x: int) -> dict[str, Any] | None:
-        got, gone = self._append(r, j)
-        if got is not None:
-            self.events = [("evict", lj) for lj in gone]
-            return None                              # it fitted after all: the state shows it
-        busy = [y for y, q in enumerate(self.req) if q["st"] in (R_DECIDED, R_BOUND, R_RUNNING)]
-        newest = max(busy, key=lambda y: self.req[y]["t"])
-        self._a_preempt(newest)                      # the scheduler preempts the newest request
-        return {"instead": {"x": newest}} if newest != x else None
-
     def _a_finish(self, r: int) -> None:
         q = self._need(r, R_RUNNING)
         if len(q["blocks"]) != q["n"]:
             raise ActionRejected(f"request {r} has not computed its prompt")
-        self._release(r, list(q["blocks"]))
+        blocks = list(q["blocks"])
+        self._release(r, blocks)
         q.update(st=R_IDLE, blocks=[])
+        self.after += released(self, r, blocks)
 
     def _a_preempt(self, r: int) -> None:
         q = self._need(r, R_DECIDED, R_BOUND, R_RUNNING)
-        if q["blocks"]:
-            self._release(r, list(q["blocks"]))
+        blocks = list(q["blocks"])
+        if blocks:
+            self._release(r, blocks)
         q.update(st=R_PREEMPTED, blocks=[])
+        self.after += released(self, r, blocks)
 
     def _a_resume(self, r: int) -> None:
         self._need(r, R_PREEMPTED)["st"] = R_WAITING
-
-    def _a_evict(self, g: int, kind: str, j: int) -> None:
-        if self.state[j] != READY:
-            raise ActionRejected(f"block {j} is not cached")
-        copies = self.copies(j)
-        done = [b for b in copies if self.evict(b)]  # type: ignore[attr-defined]
-        if not done:
-            raise ActionRejected(f"the manager refused to evict block {copies}")
-        for b in done:
-            self.shadow.release(b)
-        self.stale.update(set(copies) - set(done))   # a copy it keeps unpublished: no longer counted
-        self._gone(j)
 
     # ---- what kvcheck reads ------------------------------------------------------------------
     def observe(self) -> tuple[int, ...]:

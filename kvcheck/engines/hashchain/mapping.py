@@ -14,7 +14,8 @@ def observe(a: Any) -> tuple[int, ...]:
     by `evict` or by an allocation that reused its block) and holders, each request's state,
     position and decision. Kept by this class: `hashed` (published; under the config's
     eviction = tombstone an evicted block's hash stays), the lineage each copy holds and its
-    hash names (`bcid`, `bkey`), each request's prompt (`rp`). Constant for a full-attention
+    hash names (`bcid`, `bkey`), each request's prompt (`rp`); `dup` where duplicates are
+    allowed (a second physical copy holds its content). Constant for a full-attention
     manager: versions, ABI, alignment, pool, graphs, tiers, the window step `rwin` (no finite
     window: always 0)."""
     lay, s = a.lay, list(a.lay.init())
@@ -23,6 +24,8 @@ def observe(a: Any) -> tuple[int, ...]:
         s[lay.o(0, "swa_window", j, "st")] = a.state[j]
         s[lay.o(0, "swa_window", j, "ref")] = a._holders(j)
         s[lay.o(0, "swa_window", j, "pool")] = POOL["swa_window"] if a.state[j] != FREE else 0
+        if a.cfg.duplicates == "allow":     # a second copy is cached (copies.py)
+            s[lay.o(0, "swa_window", j, "dup")] = int(len(a.copies(j)) > 1)
         s[lay.b(j, "hashed")] = int(j in a.published)
         if content:
             s[lay.b(j, "bcid")] = s[lay.b(j, "bkey")] = a.lineage[j]

@@ -6,17 +6,22 @@ manager", walks through examples/seq_adapter.py.
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from kvcheck.spec.config import Config
 from kvcheck.spec.sut import ActionRejected
 from .base import HashChainAdapter
 
+SALTED = ("lookup", "admit", "append")      # the callbacks given tokens: a salt keys them too
+
 
 class SequenceAdapter(HashChainAdapter):
     """Subclass it and implement `start`, `lookup`, `admit`, `append`, `free` (optionally
     `evict`). Sequences are the spec's request slots 0..requests-1, block ids ints, tokens tuples
-    of ints; every token tuple is whole blocks (a multiple of `self.B`, the block size)."""
+    of ints; every token tuple is whole blocks (a multiple of `self.B`, the block size). With a
+    salted config (`"salt": true`) `lookup`, `admit` and `append` each declare a `salt`
+    parameter and receive the tenant's cache salt (a string) with the tokens."""
 
     name = "sequence"
 
@@ -50,17 +55,24 @@ class SequenceAdapter(HashChainAdapter):
 
     # ---- the base class's calls, in this shape -----------------------------------------------
     def reset(self, cfg: Config) -> None:
-        if cfg.salt:
-            raise ValueError(f"{type(self).__name__}: a sequence-level manager keys blocks by tokens "
-                             "alone; set \"salt\": false in the config")
+        bare = [n for n in SALTED if "salt" not in inspect.signature(getattr(self, n)).parameters]
+        if cfg.salt and bare:
+            raise ValueError(f"{type(self).__name__}: {', '.join(bare)} take no salt (a manager keying "
+                             "blocks by tokens alone): declare a `salt` parameter, or set \"salt\": "
+                             "false in the config")
+        self.salted = cfg.salt
         super().reset(cfg)
 
+    def _salt(self, tenant: str) -> dict[str, str]:
+        """The keyword a salted config passes the callbacks given tokens (none otherwise)."""
+        return {"salt": tenant} if self.salted else {}
+
     def _ask(self, tenant: str, toks: tuple[int, ...]) -> Any:
-        return self.lookup(tuple(toks))
+        return self.lookup(tuple(toks), **self._salt(tenant))
 
     def _admit(self, r: int, hits: list[int]) -> None:
-        _, toks = self._prompt(r)
-        got = self.admit(r, tuple(toks[:len(hits) * self.B]))
+        tenant, toks = self._prompt(r)
+        got = self.admit(r, tuple(toks[:len(hits) * self.B]), **self._salt(tenant))
         if got is None:
             raise ActionRejected(f"admit refused sequence {r} on its {len(hits)} cached blocks")
         if not isinstance(got, (list, tuple)) or len(got) != len(hits):
@@ -69,8 +81,8 @@ class SequenceAdapter(HashChainAdapter):
             self._take(r, b, i, hit=True)
 
     def _alloc(self, r: int, j: int, hit: int | None) -> int | None:
-        _, toks = self._prompt(r)
-        got = self.append(r, tuple(toks[j * self.B:(j + 1) * self.B]))
+        tenant, toks = self._prompt(r)
+        got = self.append(r, tuple(toks[j * self.B:(j + 1) * self.B]), **self._salt(tenant))
         if got is not None:
             self._take(r, got, j, hit=got == hit)    # another block than the hit: the manager filled it
         return got
