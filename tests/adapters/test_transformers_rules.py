@@ -46,6 +46,12 @@ def test_per_layer_tables_follow_the_kept_layers():
     assert out == {"per_layer_config": {"02": {"qk_nope_head_dim": 16, "head_dim": 24}}}
 
 
+def test_flags_asking_for_cuda_kernels_are_switched_off_and_nothing_else():
+    d = {"use_mamba_kernels": True, "use_cache": True, "use_fast_kernels": False, "use_kernel": True,
+         "use_sliding_window": True}
+    assert rules.cpu_paths(d) == {"use_mamba_kernels": False, "use_kernel": False}
+
+
 def test_period_needs_two_repeats():
     assert rules.period(list("aab" * 4)) == 3
     assert rules.period(list("aabaaab")) == 7  # no repeat: its length

@@ -281,6 +281,7 @@ def derive_config(mt: str, periods: int = 0) -> dict[str, Any]:
         p.update(rules.scale_layer_counts(d, n_old, len(keep), fixed=p))
         p.update(rules.attention_kept(d, p, len(keep)))
     p.update(rules.relations(d, p))
+    p.update(rules.cpu_paths(d))
     if keep:
         p.update(rules.per_layer_tables(d, keep, _shrink, p))
     lt = p.get("layer_types")

@@ -165,3 +165,13 @@ def none_fills(d: dict[str, Any], sizes: dict, granularity: dict, patterns) -> d
         elif k == "head_dim":
             out[k] = 16
     return out
+
+
+FAST_KERNELS = re.compile(r"^use_(\w+_)?kernels?$")
+
+
+def cpu_paths(d: dict[str, Any]) -> dict[str, Any]:
+    """Switch off flags that ask for fused CUDA kernels (`use_mamba_kernels`): their config docs say
+    to set them False where the kernels or a CUDA device are missing, as on kvcheck's CPU (Jamba
+    5.0-5.1 refuses to build otherwise); the reference PyTorch path is what runs."""
+    return {k: False for k, v in d.items() if v is True and FAST_KERNELS.match(k)}
