@@ -99,7 +99,7 @@ def test_mistral_is_clean_on_every_path_from_13_scenarios(tf):
     _clean(res)
 
 
-@pytest.mark.parametrize("model_type", ["llama", "lfm2"])      # full attention; short-conv + attention hybrid
+@pytest.mark.parametrize("model_type", ["llama", "lfm2", "qwen3_next"])   # full attention; short conv; linear attention
 def test_other_cache_kinds_are_clean(tf, model_type, monkeypatch):
     from kvcheck.engines.transformers.oracle import run_diff
     monkeypatch.setattr(paths, "FIRST_AT", 3)          # the paths alone, after one plain scenario

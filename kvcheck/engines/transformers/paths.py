@@ -105,7 +105,8 @@ class Paths:
     def scenario(self, idx: int, it: dict[str, Any], gen) -> dict[str, Any]:
         name, b = it["b"]
         mode, P = it["mode"], it["P"]
-        res: dict[str, Any] = dict(index=idx, prefix_len=P, prefix_boundary=f"{name}{P - b:+d}", suffix_mode=mode,
+        tag = f"2*{name}-1" if P == 2 * b - 1 and b > 2 else f"{name}{P - b:+d}"
+        res: dict[str, Any] = dict(index=idx, prefix_len=P, prefix_boundary=tag, suffix_mode=mode,
                                    chunks=None, max_abs_diff=None, first_divergent_position=None, argmax_flips=None,
                                    first_divergent_layer=None, generation=None)
         body = dict(shared_prefix=self._shared, generate_continue=self._continue, batched_left_pad=self._batch)[mode]
