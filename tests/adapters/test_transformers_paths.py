@@ -172,3 +172,18 @@ def test_a_crash_inside_generate_is_an_error_naming_path_and_module(tf, monkeypa
     assert batch["verdict"] == "error" and res["verdict"] == "error"
     assert "generate (left-padded batch) crashed in layer 0" in batch["error"] and ".mlp" in batch["error"]
     assert "the MLP fails on a batch" in batch["error"]
+
+
+def test_deepseek_v4_left_padding_divergence_is_its_forward_not_the_reuse(tf, monkeypatch):
+    """DeepSeek-V4 (5.24.0): a left-padded row diverges from the row alone (its compressor groups
+    the cache by index, pads included); the padded batch without a cache diverges the same, so the
+    scenario names the padding, and stays divergent (nothing papered over)."""
+    from kvcheck.engines.transformers.oracle import run_diff
+    monkeypatch.setattr(paths, "FIRST_AT", 3)
+    res = run_diff("deepseek_v4", scenarios=4, seed=0, trace=False)
+    batch = next(s for s in _paths(res) if s["suffix_mode"] == "batched_left_pad")
+    if batch["verdict"] != "divergent":
+        pytest.skip(f"no left-padding divergence on transformers {tf.__version__}")
+    assert batch["without_cache"]["explained_by"] == "padding" and batch["without_cache"]["same_tokens"]
+    shared, cont = (next(s for s in _paths(res) if s["suffix_mode"] == m) for m in MODES[:2])
+    assert shared["verdict"] in ("exact", "within-tolerance") and cont["verdict"] in ("exact", "within-tolerance")

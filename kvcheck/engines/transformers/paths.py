@@ -286,10 +286,25 @@ class Paths:
                                                       g["tie_flip"], tol)
             per_row.append(g)
         bad = [i for i, g in enumerate(per_row) if g["verdict"] == "divergent"]
-        return dict(rows=per_row, verdict=max((g["verdict"] for g in per_row), key=order),
-                    max_abs_diff=max(g["max_abs_diff"] for g in per_row),
-                    argmax_flips=sum(g["first_mismatch_step"] is not None for g in per_row),
-                    divergent_rows=bad, generation=None)
+        out_res = dict(rows=per_row, verdict=max((g["verdict"] for g in per_row), key=order),
+                       max_abs_diff=max(g["max_abs_diff"] for g in per_row),
+                       argmax_flips=sum(g["first_mismatch_step"] is not None for g in per_row),
+                       divergent_rows=bad, generation=None)
+        if bad and logits is not None and self.fault is None:
+            out_res["without_cache"] = self._padded_without_cache(ids, mask, n, out, bad)
+        return out_res
+
+    def _padded_without_cache(self, ids, mask, n: int, cached, bad: list[int]) -> dict[str, Any]:
+        """The same padded batch through generate(use_cache=False): when its divergent rows are
+        the cached run's, the difference is the model's forward on left padding, not the reuse."""
+        with self._generating("generate (left-padded batch, no cache)"):
+            plain = self.r.model.generate(**self._kw(ids, mask, n), use_cache=False)
+        same = all(bool((a == b).all()) for a, b in zip(plain.sequences[bad], cached.sequences[bad]))
+        diff = max(float((a[bad].double() - b[bad].double()).abs().max()) for a, b in zip(plain.logits, cached.logits))
+        padding = same and diff <= self.cal["tolerance"]
+        return dict(max_abs_diff_to_cached=diff, same_tokens=same, explained_by="padding" if padding else None,
+                    note=("the padded rows diverge as much without a cache: the model's forward on a left-padded "
+                          "row, not the cache reuse" if padding else "the cache changes the padded rows' outputs"))
 
 
 def order(verdict: str) -> int:
