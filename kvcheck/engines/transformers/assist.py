@@ -303,7 +303,8 @@ class Assist:
         seqs = out.sequences if hasattr(out, "sequences") else out
         tokens = [int(t) for t in seqs[0, P:]]
         gen_res = against_recompute(r, ids, tokens, getattr(out, "logits", None), tol)
-        gen_res.update(match=gen_res["match"] and len(tokens) == n_new, forwards=calls[0])
+        compared = gen_res.pop("logits_compared")      # the keys in the order the JSON has always had
+        gen_res.update(match=gen_res["match"] and len(tokens) == n_new, forwards=calls[0], logits_compared=compared)
         max_abs, mismatch = gen_res["max_abs_diff"], gen_res["first_mismatch_step"]
         verdict = generation_verdict(max_abs, gen_res["match"], gen_res["tie_flip"], tol)
         return dict(max_abs_diff=max_abs, argmax_flips=0 if mismatch is None else 1, generation=gen_res,
