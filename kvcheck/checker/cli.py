@@ -168,7 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--sut transformers: accept a known transformers defect its signature recognises (shown, "
                         "not failing: `kvcheck engines transformers`); repeatable")
     d.add_argument("--fault", metavar="NAME", help="plant a fault: an engine fault (`kvcheck faults`) for the "
-                   "reference engine; drop_window_position, perturb_key or crop_keeps_stale[@LAYER] for transformers")
+                   "reference engine; drop_window_position, perturb_key, crop_keeps_stale, shared_copy_aliases, "
+                   "generate_stale_prefix or pad_rows_swapped[@LAYER] for transformers")
     pr = add("prove", _lazy("cmd_prove", "cmd_prove"), "Z3: inductive proofs of every invariant, BMC, hit soundness")
     pr.add_argument("--blocks", type=positive_int, default=None, help="override config.blocks")
     pr.add_argument("--depth", type=nonneg_int, default=None, help="BMC depth (default: 8 clean, 14 when induction fails, 18 with --fault: "

@@ -33,7 +33,7 @@ from .cache import CROP_KEEPS_STALE, compare_caches
 from .interface import (classify, crop_argument, crop_convention, crop_to, not_croppable, past_recording,
                         release, seq_length)
 from .models import WINDOW_FIELDS, one_line
-from .plan import near_tie
+from .plan import against_recompute, compare_logits, generation_verdict, layer_diffs
 
 MODES = ("assist_burst", "crop_continue", "generate_assistant")
 PER_KIND = 2            # at most this many of each kind (one of each from 10 scenarios, two from 20)
@@ -205,22 +205,11 @@ class Assist:
                 self._crop(cache, pos, pos, path="roll back 0")
         reuse_hs = r.rec.stop()
         got = torch.cat([torch.cat(ext_logits, dim=0)[:keep]] + pieces, dim=0)
-        ref = full_logits[P:]
-        per_pos = (got - ref).abs().max(dim=-1).values
-        max_abs = float(per_pos.max())
-        bad = (per_pos > tol).nonzero()
-        flips = int((got.argmax(-1) != ref.argmax(-1)).sum())
-        verdict = "exact" if max_abs == 0.0 and flips == 0 else "within-tolerance" if max_abs <= tol else "divergent"
-        first_layer, layer_diff = None, []
-        for i, (rh, fh) in enumerate(zip(reuse_hs, full_hs)):
-            if rh is None or fh is None or rh.shape[1] != fh.shape[1] - P - keep:
-                layer_diff.append(None)
-                continue
-            d = float((rh[0].double() - fh[0, P + keep:].double()).abs().max())
-            layer_diff.append(d)
-            if first_layer is None and d > self.cal["layer_tolerance"][i]:
-                first_layer = i
-        res = dict(max_abs_diff=max_abs, first_divergent_position=int(bad[0, 0]) + P if bad.numel() else None,
+        cmp = compare_logits(got, full_logits[P:], tol)
+        max_abs, flips, verdict = cmp["max_abs_diff"], cmp["argmax_flips"], cmp["verdict"]
+        layer_diff, first_layer = layer_diffs(reuse_hs, full_hs, P + keep, self.cal["layer_tolerance"])
+        first_pos = None if cmp["first_bad"] is None else P + cmp["first_bad"]
+        res = dict(max_abs_diff=max_abs, first_divergent_position=first_pos,
                    argmax_flips=flips, verdict=verdict, crop_convention=conv, past_recording=rec is not None,
                    length_after_crop=after_crop, layer_max_abs_diff=layer_diff,
                    first_divergent_layer=first_layer if verdict == "divergent" else None)
@@ -313,28 +302,11 @@ class Assist:
         r.in_model = False
         seqs = out.sequences if hasattr(out, "sequences") else out
         tokens = [int(t) for t in seqs[0, P:]]
-        logits = getattr(out, "logits", None)
-        seq, without, max_abs, mismatch, tie_flip = ids, [], 0.0, None, False
-        for step, tc in enumerate(tokens):
-            lg_f = r.full(seq)[0][-1]
-            if logits is not None and step < len(logits):
-                max_abs = max(max_abs, float((logits[step][0].double() - lg_f).abs().max()))
-            tf = int(lg_f.argmax())
-            without.append(tf)
-            if tc != tf:
-                mismatch, tie_flip = step, near_tie(lg_f, tol)
-                break
-            seq = torch.cat([seq, torch.tensor([[tc]], dtype=seq.dtype)], dim=1)
-        match = mismatch is None and len(tokens) == n_new
-        gen_res = dict(tokens_with_cache=tokens, tokens_without_cache=without, match=match,
-                       first_mismatch_step=mismatch, tie_flip=tie_flip, max_abs_diff=max_abs,
-                       forwards=calls[0], logits_compared=logits is not None)
-        if max_abs == 0.0 and match:
-            verdict = "exact"
-        elif max_abs <= tol and (match or tie_flip):
-            verdict = "within-tolerance"
-        else:
-            verdict = "divergent"
+        gen_res = against_recompute(r, ids, tokens, getattr(out, "logits", None), tol)
+        compared = gen_res.pop("logits_compared")      # the keys in the order the JSON has always had
+        gen_res.update(match=gen_res["match"] and len(tokens) == n_new, forwards=calls[0], logits_compared=compared)
+        max_abs, mismatch = gen_res["max_abs_diff"], gen_res["first_mismatch_step"]
+        verdict = generation_verdict(max_abs, gen_res["match"], gen_res["tie_flip"], tol)
         return dict(max_abs_diff=max_abs, argmax_flips=0 if mismatch is None else 1, generation=gen_res,
                     verdict=verdict, crop_convention=conv, first_divergent_position=None if mismatch is None
                     else P + mismatch)

@@ -34,7 +34,27 @@ CROP_KEEPS_STALE = Fault("crop_keeps_stale", "transformers", "transformers:Cache
                          "stay in the window and the oldest positions it should restore are lost (a restore "
                          "without a crop is untouched, so only the assisted-decoding scenarios can see it)",
                          ("transformers",))
-TRANSFORMERS_FAULTS: tuple[Fault, ...] = (DROP_WINDOW_POSITION, PERTURB_KEY, CROP_KEEPS_STALE)
+SHARED_COPY_ALIASES = Fault("shared_copy_aliases", "transformers", "transformers:copy of a shared prompt cache",
+                            "state shared between requests", "a prompt-cache copy that shares state with the "
+                            "original", "divergent",
+                            "a copy of the prompt cache shares one layer's state with the original (a copy whose "
+                            "tensors alias it): continuing the copy changes the prompt cache, so the next request "
+                            "copies a grown cache; a single restore and continue is unaffected (paths.py)",
+                            ("transformers",))
+GENERATE_STALE_PREFIX = Fault("generate_stale_prefix", "transformers", "transformers:cache handed to generate()",
+                              "placeholder or corrupt data served as a hit", "a prompt cache of another prompt "
+                              "served to generate()", "divergent",
+                              "the cache handed to generate() holds, in one layer, the entries of a prompt whose "
+                              "last prefix token differs (a stale entry of the same length); only generate_continue "
+                              "hands a cache to generate (paths.py)", ("transformers",))
+PAD_ROWS_SWAPPED = Fault("pad_rows_swapped", "transformers", "transformers:batched cache (left padding)",
+                         "state shared between requests", "rows of a batched cache misaligned", "divergent",
+                         "after the prefill of a left-padded batch, one layer's cache rows 0 and 1 are swapped: "
+                         "each row continues with another prompt's entries; only batched_left_pad runs a batch "
+                         "(paths.py)", ("transformers",))
+PATH_FAULTS = (SHARED_COPY_ALIASES.name, GENERATE_STALE_PREFIX.name, PAD_ROWS_SWAPPED.name)   # paths.py plants them
+TRANSFORMERS_FAULTS: tuple[Fault, ...] = (DROP_WINDOW_POSITION, PERTURB_KEY, CROP_KEEPS_STALE, SHARED_COPY_ALIASES,
+                                          GENERATE_STALE_PREFIX, PAD_ROWS_SWAPPED)
 SLIDING_FAULTS = (DROP_WINDOW_POSITION.name, CROP_KEEPS_STALE.name)      # need a sliding-window layer
 FAULTS = tuple(f.name for f in TRANSFORMERS_FAULTS)      # NAME or NAME@LAYER on the command line
 # Recurrent / SSM state is a fixed-size summary of every token before L: none of the five kinds
@@ -157,9 +177,16 @@ class CacheFault:
             out.append(i)
         return out
 
-    def apply(self, cache) -> dict[str, Any]:
+    def apply(self, cache, source=None) -> dict[str, Any]:
+        """Corrupt ``cache``, restored from the snapshot ``source``; the faults of a reuse path
+        (paths.py) touch a restore only where that is their point: ``shared_copy_aliases`` makes
+        the restore share the fault layer with ``source``."""
         import torch
 
+        if self.name in PATH_FAULTS:
+            if self.name == SHARED_COPY_ALIASES.name and source is not None:
+                return dict(applied=share_layer(cache, source, self.layer), shares_with="snapshot")
+            return dict(applied=False, reason=f"{self.name} corrupts a reuse path (paths.py), not a restored snapshot")
         layer = cache_layers(cache)[self.layer]
         keys, values = layer.keys, layer.values
         n = keys.shape[-2]
@@ -209,6 +236,16 @@ class CacheFault:
             return False
         layer.keys, layer.values = stale, (stale if values is keys else values[..., -n:, :])
         return True
+
+
+def share_layer(copy_, original, layer: int) -> bool:
+    """``shared_copy_aliases``: layer ``layer`` of ``copy_`` becomes the very layer object of
+    ``original`` (its tensors shared). True if it was a different object."""
+    a, b = cache_layers(copy_), cache_layers(original)
+    if layer >= min(len(a), len(b)) or a[layer] is b[layer]:
+        return False
+    copy_.layers[layer] = b[layer]
+    return True
 
 
 def select_row(cache, row: int):

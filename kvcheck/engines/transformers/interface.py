@@ -313,3 +313,24 @@ def not_croppable(cache: Any, model: Any = None) -> str | None:
         why.append(f"{cls.__name__}._is_stateful is True on transformers {release()} (the release declares its "
                    "state cannot be rolled back: generate() refuses assisted decoding for it)")
     return "; ".join(why) or None
+
+
+# -- generate() continuing a cache (the reuse paths users take; paths.py) ----------------------
+def generate_with_cache(model: Any, cache: Any, past: int, **kw: Any) -> Any:
+    """``model.generate(**kw)`` handed ``cache`` (holding ``past`` tokens) by the keyword this
+    release's forward declares (generate passes its model kwargs on to forward under the same
+    name: ``past_key_values=`` up to 5.16, ``cache=`` in 5.24); CannotDrive when generate did not
+    continue it (the cache neither came back nor grew by the tokens generate fed)."""
+    where = here(1)
+    key = cache_keyword(model)
+    out = model.generate(**kw, **{key: cache})
+    seqs = getattr(out, "sequences", out)
+    fed = int(seqs.shape[1]) - 1 - past          # every token but the last one goes through forward
+    got = returned_cache(out, key)
+    after = seq_length(cache)
+    if got is cache or (after is not None and after == past + fed and past > 0):
+        return out
+    raise CannotDrive(ENGINE, release(), (
+        f"kvcheck handed generate() a {type(cache).__name__} holding {past} tokens as {key}= and it did not continue "
+        f"it (the cache {'holds ' + str(after) if after is not None else 'cannot say how many'} tokens after "
+        f"{fed} were fed; its output returned {type(got).__name__ if got is not None else 'no cache'})"), where)

@@ -190,3 +190,59 @@ def near_tie(logits, tol: float) -> bool:
     (float noise alone can swap them)."""
     top2 = logits.topk(2).values
     return float(top2[0] - top2[1]) <= 2 * tol
+
+
+def against_recompute(runner, ids, tokens: list[int], logits, tol: float, row: int = 0) -> dict[str, Any]:
+    """A generation's greedy ``tokens`` (and its ``logits``, one per step, where given: batch row
+    ``row``) against greedy decoding of ``ids`` (one unpadded row) by full recomputes, up to the
+    first token that differs (a flip the tolerance allows is ``tie_flip``)."""
+    import torch
+
+    seq, without, max_abs, mismatch, tie_flip = ids, [], 0.0, None, False
+    for step, tc in enumerate(tokens):
+        lg_f = runner.full(seq)[0][-1]
+        if logits is not None and step < len(logits):
+            max_abs = max(max_abs, float((logits[step][row].double() - lg_f).abs().max()))
+        tf = int(lg_f.argmax())
+        without.append(tf)
+        if tc != tf:
+            mismatch, tie_flip = step, near_tie(lg_f, tol)
+            break
+        seq = torch.cat([seq, torch.tensor([[tc]], dtype=seq.dtype)], dim=1)
+    return dict(tokens_with_cache=tokens, tokens_without_cache=without, match=mismatch is None,
+                first_mismatch_step=mismatch, tie_flip=tie_flip, max_abs_diff=max_abs,
+                logits_compared=logits is not None)
+
+
+def generation_verdict(max_abs: float, match: bool, tie_flip: bool, tol: float) -> str:
+    """exact / within-tolerance (a greedy flip only where the top two are within the tolerance) /
+    divergent, for a generation compared token by token and logit by logit."""
+    if max_abs == 0.0 and match:
+        return "exact"
+    return "within-tolerance" if max_abs <= tol and (match or tie_flip) else "divergent"
+
+
+def compare_logits(got, ref, tol: float) -> dict[str, Any]:
+    """Reuse logits against the recompute's, position by position (positions relative to ``ref``)."""
+    per_pos = (got - ref).abs().max(dim=-1).values
+    max_abs = float(per_pos.max())
+    bad = (per_pos > tol).nonzero()
+    flips = int((got.argmax(-1) != ref.argmax(-1)).sum())
+    verdict = "exact" if max_abs == 0.0 and flips == 0 else "within-tolerance" if max_abs <= tol else "divergent"
+    return dict(max_abs_diff=max_abs, first_bad=int(bad[0, 0]) if bad.numel() else None, argmax_flips=flips,
+                verdict=verdict)
+
+
+def layer_diffs(reuse_hs, full_hs, start: int, layer_tol: list[float]) -> tuple[list, int | None]:
+    """Per decoder layer, the largest hidden-state difference of the reused positions against the
+    recompute's from ``start`` on; and the first layer past its tolerance."""
+    out, first = [], None
+    for i, (rh, fh) in enumerate(zip(reuse_hs, full_hs)):
+        if rh is None or fh is None or rh.shape[1] != fh.shape[1] - start:
+            out.append(None)
+            continue
+        d = float((rh[0].double() - fh[0, start:].double()).abs().max())
+        out.append(d)
+        if first is None and d > layer_tol[i]:
+            first = i
+    return out, first

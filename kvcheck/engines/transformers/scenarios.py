@@ -14,7 +14,7 @@ import random
 import re
 from typing import Any
 
-from . import assist, plan as planlib, positions
+from . import assist, paths, plan as planlib, positions
 from .cache import FAULTS, SLIDING_FAULTS, CacheFault, compare_caches
 from .interface import (CannotDrive, cache_keyword, call_with_cache, classify, here, output_fields, release,
                         returned_cache)
@@ -214,7 +214,7 @@ class Runner:
         snapshot = copy.deepcopy(cache)
         del cache
         restored = copy.deepcopy(snapshot)
-        fault_info = fault.apply(restored) if fault is not None else None
+        fault_info = fault.apply(restored, snapshot) if fault is not None else None
         restored_rows = compare_caches(restored, snapshot)
         kept = copy.deepcopy(restored)
         steps = [S] if mode == "one_chunk" else [1] * S if mode == "token_by_token" else chunks
@@ -334,7 +334,8 @@ class Runner:
         fault = self.make_fault(fault_name, rng)
         min_prefix = 3 if fault is not None else 1
         extra = assist.plan(bounds, scenarios, self.seed, fault)   # assisted decoding: draft, roll back, continue
-        scenarios = max(1, scenarios - len(extra))
+        reuse = paths.plan(bounds, scenarios, self.seed, fault)   # a shared prompt cache, generate(), a batch
+        scenarios = max(1, scenarios - len(extra) - len(reuse))
         if cover:  # at least on, one before and one after every boundary
             scenarios = max(scenarios, planlib.first_tier(bounds, min_prefix))
         todo = planlib.plan(bounds, scenarios, rng, min_prefix)
@@ -349,8 +350,9 @@ class Runner:
                         scenarios=[], counts={v: 0 for v in VERDICT_ORDER})
         results = [self.scenario(i, *p, gen, cal, fault) for i, p in enumerate(todo)]
         results += assist.run_all(self, extra, len(results), gen, cal, fault)
+        results += paths.run_all(self, reuse, len(results), gen, cal, fault)
         counts = {v: sum(1 for r in results if r["verdict"] == v) for v in VERDICT_ORDER + ("unsupported",)
-                  if v != "unsupported" or extra}
+                  if v != "unsupported" or extra or reuse}
         worst = max((r["verdict"] for r in results if r["verdict"] != "unsupported"), key=VERDICT_ORDER.index,
                     default="exact")
         divergent = [r for r in results if r["verdict"] == "divergent"]
@@ -365,7 +367,8 @@ class Runner:
             verdict=worst, counts=counts, scenarios=results,
             errors=[r["error"] for r in results if r["verdict"] == "error"],
             suffix_modes={m: sorted({r["verdict"] for r in results if r["suffix_mode"] == m})
-                          for m in planlib.SUFFIX_MODES + (assist.MODES if extra else ())})
+                          for m in planlib.SUFFIX_MODES + (assist.MODES if extra else ())
+                          + (paths.MODES if reuse else ())})
 
 
 def explanation(rows: list[dict[str, Any]], first_layer: int | None) -> dict[str, Any] | None:
