@@ -33,7 +33,7 @@ from .cache import CROP_KEEPS_STALE, compare_caches
 from .interface import (classify, crop_argument, crop_convention, crop_to, not_croppable, past_recording,
                         release, seq_length)
 from .models import WINDOW_FIELDS, one_line
-from .plan import against_recompute, compare_logits, generation_verdict, layer_diffs
+from .plan import Unsupported, against_recompute, compare_logits, generation_verdict, guarded, layer_diffs, quiet
 
 MODES = ("assist_burst", "crop_continue", "generate_assistant")
 PER_KIND = 2            # at most this many of each kind (one of each from 10 scenarios, two from 20)
@@ -41,8 +41,6 @@ GEN_NEW = 5             # tokens generate() makes with the assistant
 ASSISTANT_SEED = 1      # the assistant's weights: torch seed run seed + this
 
 
-class Unsupported(Exception):
-    """The release or model cannot roll this cache back (the scenario's verdict ``unsupported``)."""
 
 
 def rolls(name: str) -> bool:
@@ -128,15 +126,7 @@ class Assist:
                        ext_steps=it["ext"], steps=it["cont"])
             body = lambda: self._roll(ids, it)  # noqa: E731
         self.fault_hits = 0
-        try:
-            res.update(body())
-        except Unsupported as exc:
-            res.update(verdict="unsupported", reason=str(exc))
-        except Exception as exc:  # noqa: BLE001 - a crash of the SUT is a finding, not ours
-            cd = classify(exc)
-            if cd is not None:
-                raise cd from exc
-            res.update(verdict="error", error=self.r.crash(exc, f"scenario {idx} (prefix {P}, {mode})"))
+        guarded(body, res, self.r.crash, f"scenario {idx} (prefix {P}, {mode})")
         if self.fault is not None:
             res["fault"] = dict(name=self.fault.name, layer=self.fault.layer, applied=self.fault_hits > 0,
                                 crops_changed=self.fault_hits)
@@ -284,7 +274,7 @@ class Assist:
         r.mods.stack.clear()
         self.refused = None
         try:
-            with torch.no_grad(), self._watched_crop(type(probe)), _quiet():
+            with torch.no_grad(), self._watched_crop(type(probe)), quiet():
                 out = r.model.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=A,
                                        max_new_tokens=n_new, do_sample=False, return_dict_in_generate=True,
                                        output_logits=True, eos_token_id=None, pad_token_id=0)
@@ -310,19 +300,3 @@ class Assist:
         return dict(max_abs_diff=max_abs, argmax_flips=0 if mismatch is None else 1, generation=gen_res,
                     verdict=verdict, crop_convention=conv, first_divergent_position=None if mismatch is None
                     else P + mismatch)
-
-
-@contextlib.contextmanager
-def _quiet():
-    """transformers' own generation warnings (pad/eos, attention mask) off while generate() runs."""
-    try:
-        from transformers.utils import logging as tlog
-    except ImportError:  # pragma: no cover
-        yield
-        return
-    level = tlog.get_verbosity()
-    tlog.set_verbosity_error()
-    try:
-        yield
-    finally:
-        tlog.set_verbosity(level)

@@ -100,7 +100,7 @@ def config_mapping():
     return CONFIG_MAPPING, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 
-def _modeling_source(mt: str) -> str:
+def modeling_source(mt: str) -> str:
     """The text of the model's modeling file ('' when there is none); read, not imported."""
     import importlib.util
     import os
@@ -119,13 +119,13 @@ def _modeling_source(mt: str) -> str:
 
 def layer_kinds_in_source(mt: str) -> list[str]:
     """Layer kinds the modeling code compares ``layer_types`` entries with (``!= "conv"``)."""
-    found = re.findall(r"layer_types?\b(?:\[[^\]]*\])?\s*(?:==|!=)\s*[\"'](\w+)[\"']", _modeling_source(mt))
+    found = re.findall(r"layer_types?\b(?:\[[^\]]*\])?\s*(?:==|!=)\s*[\"'](\w+)[\"']", modeling_source(mt))
     return list(dict.fromkeys(found))
 
 
 def _cache_classes_in_source(mt: str) -> list[str]:
     """Cache layer classes the model's modeling file defines or names (read as text, not imported)."""
-    src = _modeling_source(mt)
+    src = modeling_source(mt)
     if not src:
         return []
     from transformers import cache_utils

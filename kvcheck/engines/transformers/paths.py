@@ -27,7 +27,6 @@ import random
 from typing import Any
 
 from . import plan as planlib
-from .assist import _quiet
 from .cache import GENERATE_STALE_PREFIX, PAD_ROWS_SWAPPED, PATH_FAULTS, SHARED_COPY_ALIASES, cache_layers, \
     compare_caches, objects, share_layer
 from .interface import cache_keyword, classify, generate_with_cache, release, returned_cache
@@ -40,8 +39,6 @@ GEN_NEW = 3         # tokens each generate() makes
 STEPS = ("one_chunk", "token_by_token", "chunks")     # how copy k of the prompt cache is continued
 
 
-class Unsupported(Exception):
-    """The release refuses this path for this model (the scenario's verdict ``unsupported``)."""
 
 
 def count(n: int) -> int:
@@ -111,15 +108,7 @@ class Paths:
                                    first_divergent_layer=None, generation=None)
         body = dict(shared_prefix=self._shared, generate_continue=self._continue, batched_left_pad=self._batch)[mode]
         self.hits = 0
-        try:
-            res.update(body(it, gen, res))
-        except Unsupported as exc:
-            res.update(verdict="unsupported", reason=str(exc))
-        except Exception as exc:  # noqa: BLE001 - a crash of the SUT is a finding, not ours
-            cd = classify(exc)
-            if cd is not None:
-                raise cd from exc
-            res.update(verdict="error", error=self.r.crash(exc, f"scenario {idx} (prefix {P}, {mode})"))
+        planlib.guarded(lambda: body(it, gen, res), res, self.r.crash, f"scenario {idx} (prefix {P}, {mode})")
         if self.fault is not None:
             res["fault"] = dict(name=self.fault.name, layer=self.fault.layer, applied=self.hits > 0)
             res["fault_layer"] = self.fault.layer
@@ -185,11 +174,11 @@ class Paths:
         r.path, r.in_model = path, True
         r.mods.stack.clear()
         try:
-            with self.torch.no_grad(), _quiet():
+            with self.torch.no_grad(), planlib.quiet():
                 yield
         except Exception as exc:  # noqa: BLE001
             if calls[0] == 0 and classify(exc) is None:
-                raise Unsupported(f"{path}: generate() refused before any forward on transformers {release()}: "
+                raise planlib.Unsupported(f"{path}: generate() refused before any forward on transformers {release()}: "
                                   f"{type(exc).__name__}: {one_line(exc)}") from exc
             raise
         finally:

@@ -18,7 +18,7 @@ import re
 from typing import Any
 
 from . import rules
-from .models import AdapterError, config_mapping, decoder_type, layer_kinds_in_source, _modeling_source
+from .models import AdapterError, config_mapping, decoder_type, layer_kinds_in_source, modeling_source
 
 SETS = ("default", "checkpoint", "orderings", "all")
 ORDERING_LAYERS = 4       # orderings: patterns of up to this many layers (more only if there are more kinds)
@@ -94,7 +94,7 @@ def cache_mapping() -> dict[str, Any]:
 
 def registered_in_source(mt: str) -> list[str]:
     """Layer kinds the model's modeling file registers its own cache layer class for (``_layer_type = "x"``)."""
-    return list(dict.fromkeys(re.findall(r"^\s+_layer_type\s*=\s*[\"'](\w+)[\"']", _modeling_source(mt), re.M)))
+    return list(dict.fromkeys(re.findall(r"^\s+_layer_type\s*=\s*[\"'](\w+)[\"']", modeling_source(mt), re.M)))
 
 
 def kinds_of(mt: str, default: list[str] | None) -> list[str]:

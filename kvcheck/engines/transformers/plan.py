@@ -8,12 +8,13 @@ multiples, and cycles the suffix through one chunk, token by token, and chunks (
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
-from typing import Any
+from typing import Any, Callable
 
 from .cache import cache_layers, compare_caches, select_row
-from .interface import returned_cache
+from .interface import classify, returned_cache
 from .models import boundaries_of
 
 SUFFIX_MODES = ("one_chunk", "token_by_token", "chunks")
@@ -246,3 +247,39 @@ def layer_diffs(reuse_hs, full_hs, start: int, layer_tol: list[float]) -> tuple[
         if first is None and d > layer_tol[i]:
             first = i
     return out, first
+
+
+class Unsupported(Exception):
+    """The release refuses this path for this model (the scenario's verdict ``unsupported``)."""
+
+
+def guarded(body: Callable[[], dict[str, Any]], res: dict[str, Any], crash: Callable[[BaseException, str], str],
+            where: str) -> None:
+    """Run a scenario's ``body`` into ``res``: the release's refusal is ``unsupported``, a crash of
+    the SUT is ``error`` (``crash`` names the path, layer and module), an exception on kvcheck's
+    side of the boundary (interface.classify) is raised as CannotDrive, never a verdict."""
+    try:
+        res.update(body())
+    except Unsupported as exc:
+        res.update(verdict="unsupported", reason=str(exc))
+    except Exception as exc:  # noqa: BLE001 - a crash of the SUT is a finding, not ours
+        cd = classify(exc)
+        if cd is not None:
+            raise cd from exc
+        res.update(verdict="error", error=crash(exc, where))
+
+
+@contextlib.contextmanager
+def quiet():
+    """transformers' own generation warnings (pad/eos, attention mask) off while generate() runs."""
+    try:
+        from transformers.utils import logging as tlog
+    except ImportError:  # pragma: no cover
+        yield
+        return
+    level = tlog.get_verbosity()
+    tlog.set_verbosity_error()
+    try:
+        yield
+    finally:
+        tlog.set_verbosity(level)

@@ -243,15 +243,7 @@ class Runner:
             verdict = "within-tolerance"
         else:
             verdict = "divergent"
-        layer_diff, first_layer = [], None
-        for i, (rh, fh) in enumerate(zip(reuse_hs, full_hs)):
-            if rh is None or fh is None or rh.shape[1] != fh.shape[1] - P:
-                layer_diff.append(None)
-                continue
-            d = float((rh[0].double() - fh[0, P:].double()).abs().max())
-            layer_diff.append(d)
-            if first_layer is None and d > cal["layer_tolerance"][i]:
-                first_layer = i
+        layer_diff, first_layer = planlib.layer_diffs(reuse_hs, full_hs, P, cal["layer_tolerance"])
         res: dict[str, Any] = dict(
             max_abs_diff=max_abs, first_divergent_position=first_pos, argmax_flips=flips,
             generation=gen_res, verdict=verdict, steps=steps,
