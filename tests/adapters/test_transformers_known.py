@@ -138,3 +138,12 @@ def test_the_positions_probe_names_a_forward_that_restarts_positions_and_only_th
             f"known:{known.POSITIONS}": res["counts"]["divergent"]}
     else:
         assert res["verdict"] in ("exact", "within-tolerance") and counts == {}
+
+
+def test_the_positions_probe_leaves_a_divergence_of_the_generation_alone() -> None:
+    """A scenario whose extend agreed and whose generation diverged (dots3_note_text: a tie in its
+    top-k while decoding) is not the extend's positions: the probe does not run, nothing is named."""
+    from kvcheck.engines.transformers import positions
+    got = positions.probe(runner=None, ids=None, prefix=3, steps=[4], restored=None, ref=None, tol=1e-6,
+                          extend_diff=2e-7)
+    assert got["ran"] is False and "generation" in got["why"]

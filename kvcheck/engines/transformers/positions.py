@@ -21,10 +21,15 @@ from .interface import declares
 PARAMETER = "position_ids"
 
 
-def probe(runner: Any, ids: Any, prefix: int, steps: list[int], restored: Any, ref: Any, tol: float) -> dict[str, Any]:
+def probe(runner: Any, ids: Any, prefix: int, steps: list[int], restored: Any, ref: Any, tol: float,
+          extend_diff: float) -> dict[str, Any]:
     """Replay the extend of a divergent scenario from a copy of the `restored` cache with explicit
-    `position_ids` and compare with `ref` (the recompute's logits of the suffix). A crash here is
-    reported, never raised: the probe only explains a verdict already given."""
+    `position_ids` and compare with `ref` (the recompute's logits of the suffix). Only an extend
+    that diverged (`extend_diff`, its own difference, over `tol`) can be explained so: a scenario
+    whose divergence is in its generation alone is not probed. A crash here is reported, never
+    raised: the probe only explains a verdict already given."""
+    if extend_diff <= tol:
+        return {"ran": False, "why": "the extend agrees with the recompute; the divergence is in the generation"}
     if not declares(type(runner.model), PARAMETER):
         return {"ran": False, "why": f"{type(runner.model).__name__}.forward declares no {PARAMETER}"}
     torch = runner.torch

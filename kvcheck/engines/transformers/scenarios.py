@@ -255,7 +255,7 @@ class Runner:
         if verdict == "divergent":
             res["cache_diff"] = self._explain(restored_rows, after_rows, cal)
             res["explained_by"] = explanation(res["cache_diff"], first_layer)
-            res["positions_probe"] = positions.probe(self, ids, P, steps, kept, ref, tol)
+            res["positions_probe"] = positions.probe(self, ids, P, steps, kept, ref, tol, float(per_pos.max()))
             if first_layer is not None and (not self.kept or first_layer < self.kept["layer"]):
                 self.kept = dict(layer=first_layer, index=idx, ids=ids, cache=kept)
         return res
