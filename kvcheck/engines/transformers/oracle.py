@@ -286,8 +286,10 @@ def render_text(res: dict[str, Any], code: int) -> str:
     cfg = res.get("derived_config") or {}
     lines.append("  derived config: " + ", ".join(f"{k}={json.dumps(v)}" for k, v in sorted(cfg.items())))
     if res.get("sizes") == "ratios":   # --sizes ratios: the model's own granularities, scaled together
-        lines.append(f"  sizes: ratios, scale {res.get('scale')} ({res.get('scale_rule')}): " + (", ".join(
-            f"{k} {f['default']}->{f['scaled']}" for k, f in (res.get("size_fields") or {}).items()) or "none"))
+        fields = [f"{k} {f['default']}->{f['scaled']}" + (" (capped)" if f.get("capped") else "")
+                  for k, f in (res.get("size_fields") or {}).items()]
+        lines.append(f"  sizes: ratios, scale {res.get('scale')} ({res.get('scale_rule')}): "
+                     + (', '.join(fields) or 'none'))
     lines.append("  boundaries: " + (", ".join(f"{k}={v}" for k, v in res.get("boundaries", {}).items())
                                      or "none declared"))
     if isinstance(res.get("cache_objects"), list):
