@@ -157,6 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--sut transformers: the layer patterns to run: default (the derived one), checkpoint (the "
                         "class's own, cut short), orderings (every order of its layer kinds, up to 4 layers, at most "
                         "8), all (default: default)")
+    d.add_argument("--sizes", metavar="HOW", default=None,
+                   help="--sut transformers: fixed (kvcheck's small granularities) or ratios (the model's own "
+                        "windows, chunks, compress rates and index top-k scaled together) (default: fixed)")
     d.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16"],
                    help="model dtype (default: %(default)s)")
     d.add_argument("--list-models", action="store_true", help="--sut transformers: list every hybrid model type "

@@ -12,7 +12,7 @@ from typing import Any
 from . import models
 from . import patterns
 from .interface import prefill
-from . import rules
+from . import ratios, rules
 from .models import (ALIASES, MAX_PARAMS, AdapterError, config_mapping, decoder_type, derive_config,
                      import_transformers, one_line)
 
@@ -90,11 +90,12 @@ def keep_fp32(model, tdtype):
 
 
 def build_model(model_type: str, config_json: str | None = None, dtype: str = "float32", seed: int = 0,
-                pattern: list[str] | None = None):
+                pattern: list[str] | None = None, sizes: str = "fixed"):
     """``(model, config, model_type, params)``: a seeded random-weight causal LM in eval mode whose
     4-token forward with cache runs; :class:`AdapterError` (one line) when no variant builds.
     ``pattern``: the layer kinds to have instead of the derived ones, set through the class's own
-    fields on every variant and checked on the built model's cache layers (patterns.py)."""
+    fields on every variant and checked on the built model's cache layers (patterns.py).
+    ``sizes="ratios"``: the granularities are the default's own, scaled together (ratios.py)."""
     transformers = import_transformers()
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -118,6 +119,9 @@ def build_model(model_type: str, config_json: str | None = None, dtype: str = "f
         alt = derive_config(mt, periods=periods)
         if alt not in bases:
             bases.append(alt)
+    if sizes == "ratios":
+        report = ratios.report_for(mt, bases[0])
+        bases = [ratios.apply(b, report) for b in bases]
     fills = derive_fills(mt)
     first, unexpressed = None, False
     for params in (v for base in bases for v in _variants(base, fills)):

@@ -15,6 +15,7 @@ from . import oracle as hf
 from .pattern_runs import render as render_patterns
 from .pattern_runs import run_patterns
 from .patterns import SETS
+from .ratios import SIZES
 
 
 def finding(res: dict, cmd: str) -> dict:
@@ -61,6 +62,9 @@ def diff_command(args: argparse.Namespace) -> int:
     which = getattr(args, "patterns", None) or "default"
     if which not in SETS:
         raise UsageError(f"unknown --patterns {which!r}; use one of {', '.join(SETS)}")
+    sizes = getattr(args, "sizes", None) or "fixed"
+    if sizes not in SIZES:
+        raise UsageError(f"unknown --sizes {sizes!r}; use one of {', '.join(SIZES)}")
     try:
         acks = parse_cli(getattr(args, "acknowledge", None))
     except ValueError as e:
@@ -70,11 +74,12 @@ def diff_command(args: argparse.Namespace) -> int:
                           + (["--config-json", args.config_json] if args.config_json else [])
                           + (["--fault", args.fault] if args.fault else [])
                           + (["--patterns", which] if which != "default" else [])
+                          + (["--sizes", sizes] if sizes != "fixed" else [])
                           + [x for a in (getattr(args, "acknowledge", None) or []) for x in ("--acknowledge", a)])
     try:
         res, others = run_patterns(args.model_type, which, hf.run_diff, config_json=args.config_json,
                                    dtype=args.dtype, scenarios=args.scenarios, seed=args.seed, fault=args.fault,
-                                   out_dir=args.out, cover=True)
+                                   out_dir=args.out, cover=True, **({"sizes": sizes} if sizes != "fixed" else {}))
     except hf.AdapterError as e:
         raise UsageError(str(e)) from None
     except CannotDrive as e:     # kvcheck's side of the boundary (interface.py, fuzz/boundary.py): no verdict

@@ -95,7 +95,7 @@ def _cache_objects(runner) -> list[dict[str, Any]]:
 
 def run_diff(model_type: str, config_json: str | None = None, dtype: str = "float32", scenarios: int = 20,
              seed: int = 0, fault: str | None = None, out_dir: str | None = None, trace: bool = True,
-             model_hook=None, cover: bool = False, pattern: list[str] | None = None) -> dict:
+             model_hook=None, cover: bool = False, pattern: list[str] | None = None, sizes: str = "fixed") -> dict:
     """Reuse vs recompute for a tiny random-weight model of ``model_type`` (see docs/adapters-transformers.md).
 
     A model that cannot be built from its derived config gives ``verdict: unsupported`` with a
@@ -109,11 +109,12 @@ def run_diff(model_type: str, config_json: str | None = None, dtype: str = "floa
     cache kvcheck passed (interface.py), or kvcheck's own code failed on it (``boundary.blame``).
     An exception of transformers' own code stays the scenario's verdict ``error``.
     ``pattern``: run with these layer kinds instead of the derived ones (patterns.py; ``unsupported``
-    when the class cannot express them).
+    when the class cannot express them). ``sizes``: ``fixed`` (models.GRANULARITY) or ``ratios`` (the
+    default config's own granularities scaled together; ratios.py; adds ``sizes``, ``scale``, ``size_fields``).
     """
     try:
         return _run_diff(model_type, config_json, dtype, scenarios, seed, fault, out_dir, trace, model_hook, cover,
-                         pattern)
+                         pattern, sizes)
     except (AdapterError, CannotDrive):
         raise
     except Exception as exc:  # noqa: BLE001 - classified: kvcheck's side is CannotDrive, else as it was
@@ -125,7 +126,7 @@ def run_diff(model_type: str, config_json: str | None = None, dtype: str = "floa
 
 def _run_diff(model_type: str, config_json: str | None, dtype: str, scenarios: int, seed: int,
               fault: str | None, out_dir: str | None, trace: bool, model_hook, cover: bool,
-              pattern: list[str] | None = None) -> dict:
+              pattern: list[str] | None = None, sizes: str = "fixed") -> dict:
     """run_diff's body (see its docstring)."""
     from .build import build_model, torch_dtype
     from .models import decoder_type, derive_config
@@ -153,7 +154,12 @@ def _run_diff(model_type: str, config_json: str | None, dtype: str, scenarios: i
     try:
         base["runs_as"] = decoder_type(model_type)
         base["derived_config"] = derive_config(model_type)
-        model, config, mt, params = build_model(model_type, config_json, dtype, seed, pattern=pattern)
+        if sizes == "ratios":
+            from . import ratios
+            rep = ratios.report_for(model_type, base["derived_config"])
+            base.update(sizes="ratios", scale=rep["scale"], scale_rule=rep["rule"], size_fields=rep["fields"])
+            base["derived_config"] = ratios.apply(base["derived_config"], rep)
+        model, config, mt, params = build_model(model_type, config_json, dtype, seed, pattern=pattern, sizes=sizes)
     except AdapterError as exc:
         if "config file" in str(exc):
             raise
@@ -164,6 +170,7 @@ def _run_diff(model_type: str, config_json: str | None, dtype: str, scenarios: i
     if model_hook is not None:
         model_hook(model)
     runner = Runner(model, config, mt, dtype, seed)
+    runner.sizes = sizes
     try:
         try:
             run = runner.run(scenarios, fault, cover)
@@ -278,6 +285,11 @@ def render_text(res: dict[str, Any], code: int) -> str:
         return "\n".join(lines + [f"  unsupported: {res['reason']}"])
     cfg = res.get("derived_config") or {}
     lines.append("  derived config: " + ", ".join(f"{k}={json.dumps(v)}" for k, v in sorted(cfg.items())))
+    if res.get("sizes") == "ratios":   # --sizes ratios: the model's own granularities, scaled together
+        fields = [f"{k} {f['default']}->{f['scaled']}" + (" (capped)" if f.get("capped") else "")
+                  for k, f in (res.get("size_fields") or {}).items()]
+        lines.append(f"  sizes: ratios, scale {res.get('scale')} ({res.get('scale_rule')}): "
+                     + (', '.join(fields) or 'none'))
     lines.append("  boundaries: " + (", ".join(f"{k}={v}" for k, v in res.get("boundaries", {}).items())
                                      or "none declared"))
     if isinstance(res.get("cache_objects"), list):

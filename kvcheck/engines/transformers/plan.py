@@ -43,9 +43,10 @@ def boundaries(runner) -> dict[str, int]:
     return found
 
 
-def prefix_candidates(bounds: dict[str, int], min_len: int) -> list[tuple[int, str]]:
+def prefix_candidates(bounds: dict[str, int], min_len: int, cap: int = MAX_MULTIPLE_LEN) -> list[tuple[int, str]]:
     """Prefix lengths in priority order: on/-1/+1 of every boundary first (round robin), then its
-    multiples, then the lcm of all, then small ones."""
+    multiples up to ``cap`` tokens (``--sizes ratios`` raises it: ratios.multiple_cap), then the lcm
+    of all, then small ones."""
     cand: dict[int, str] = {}
 
     def add(n: int, tag: str):
@@ -61,10 +62,10 @@ def prefix_candidates(bounds: dict[str, int], min_len: int) -> list[tuple[int, s
         add(b - 1, f"off:{name}-1")
         add(b + 1, f"off:{name}+1")
     for name, b in items:
-        if b >= LINEAR_CHUNK:
+        if b >= LINEAR_CHUNK and (cap <= MAX_MULTIPLE_LEN or name == "linear_chunk"):
             continue
         k = 2
-        while k * b <= MAX_MULTIPLE_LEN:
+        while k * b <= cap:
             add(k * b, f"on:{k}*{name}")
             add(k * b - 1, f"off:{k}*{name}-1")
             add(k * b + 1, f"off:{k}*{name}+1")
@@ -82,19 +83,20 @@ def prefix_candidates(bounds: dict[str, int], min_len: int) -> list[tuple[int, s
     return list(cand.items())
 
 
-def first_tier(bounds: dict[str, int], min_prefix: int) -> int:
+def first_tier(bounds: dict[str, int], min_prefix: int, cap: int = MAX_MULTIPLE_LEN) -> int:
     """How many candidates are on, one before or one after a boundary (``cover`` runs them all)."""
     def tier1(tag: str) -> bool:
         return any("*" not in part and "small" not in part and "lcm" not in part
                    for part in tag.split(":", 1)[1].split(","))
 
-    return sum(1 for _, tag in prefix_candidates(bounds, min_prefix) if tier1(tag))
+    return sum(1 for _, tag in prefix_candidates(bounds, min_prefix, cap) if tier1(tag))
 
 
-def plan(bounds: dict[str, int], n: int, rng: random.Random, min_prefix: int) -> list[tuple]:
+def plan(bounds: dict[str, int], n: int, rng: random.Random, min_prefix: int,
+         cap: int = MAX_MULTIPLE_LEN) -> list[tuple]:
     """``n`` scenarios ``(prefix, tag, suffix_len, mode, chunks)``; the first ones take the
     candidates in priority order, each suffix long enough to cross the smallest boundary."""
-    cands = prefix_candidates(bounds, min_prefix)
+    cands = prefix_candidates(bounds, min_prefix, cap)
     small = [b for b in bounds.values() if b < LINEAR_CHUNK] or [8]
     max_b = max(small)
     out = []

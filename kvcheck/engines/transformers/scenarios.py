@@ -328,9 +328,13 @@ class Runner:
         extra = assist.plan(bounds, scenarios, self.seed, fault)   # assisted decoding: draft, roll back, continue
         reuse = paths.plan(bounds, scenarios, self.seed, fault)   # a shared prompt cache, generate(), a batch
         scenarios = max(1, scenarios - len(extra) - len(reuse))
+        cap = planlib.MAX_MULTIPLE_LEN
+        if getattr(self, "sizes", "fixed") == "ratios":  # cross every real-ratio boundary at least twice
+            from .ratios import multiple_cap
+            cap = multiple_cap({k: b for k, b in bounds.items() if k != "linear_chunk"}, cap)
         if cover:  # at least on, one before and one after every boundary
-            scenarios = max(scenarios, planlib.first_tier(bounds, min_prefix))
-        todo = planlib.plan(bounds, scenarios, rng, min_prefix)
+            scenarios = max(scenarios, planlib.first_tier(bounds, min_prefix, cap))
+        todo = planlib.plan(bounds, scenarios, rng, min_prefix, cap)
         max_len = max(p[0] + p[2] + GEN_TOKENS for p in todo)
         try:
             cal = planlib.calibrate(self, max_len, gen)
