@@ -572,3 +572,17 @@ def test_the_markdown_reads_each_layout_across_releases_as_runs(tmp_path) -> Non
     md = render_md(data)
     assert "| `full` | 0.20.0–0.21.0: finding: read_before_write; 0.22.0: clean; 0.23.0: finding" in md
     assert "Clean on every release that has it (1): `gemma3`." in md
+
+
+def test_the_runs_across_releases_name_a_known_defect_by_its_name_alone() -> None:
+    """The upstream text of a known defect may be worded anew between two releases' runs (a long
+    matrix over several sittings): the runs compare verdicts by the defect's name, so one verdict
+    stays one run; an unexplained finding beside it stays visible."""
+    from kvcheck.checker import matrix_report as rep
+    old, new = "finding: m (known, x#1, #2 (PR #3))", "finding: m (known, x#1 (fixed 5.7), #2)"
+    rows = [{"release": r, "cells": {"mamba": {"short": s}}} for r, s in
+            (("5.0.0", old), ("5.1.0", new), ("5.2.0", new + " (+1 known)"), ("5.3.0", "clean"))]
+    varied, clean = rep.runs({"layouts": ["mamba"], "rows": rows})
+    assert clean == [] and [v for _, _, v in varied[0][1]] == [
+        "finding: m (known)", "finding: m (known) (+1 known)", "clean"]
+    assert varied[0][1][0][:2] == ("5.0.0", "5.1.0")
