@@ -82,6 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="processes sharing the example database (default: 1); with --ray, the "
                         "shards (seeds seed..seed+N-1; default: the cluster's CPUs)")
     z.add_argument("--fault", metavar="NAME", help="plant a fault in the SUT")
+    z.add_argument("--exhaustive", type=positive_int, default=None, metavar="DEPTH",
+                   help="instead of random programs, run every program of up to DEPTH steps (breadth "
+                        "first, each from reset, a (spec state, observed SUT state) already reached not "
+                        "expanded again); --budget bounds it (then it says 'to depth k<DEPTH', exit 3). "
+                        "The generic lockstep's SUTs only (spec, reference, MODULE:CLASS): engines with "
+                        "their own driver (vllm, sglang, transformers) are refused")
     z.add_argument("--db", metavar="DIR", help="Hypothesis example database directory (replayed first)")
     z.add_argument("--out", metavar="DIR", default="kvcheck-report", help="where traces go (default: %(default)s)")
     z.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",

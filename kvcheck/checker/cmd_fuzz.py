@@ -64,6 +64,11 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     for dest, flag in ENGINE_OPTIONS.items():
         if getattr(args, dest, None) not in (None, False) and dest not in accepted:
             raise UsageError(_not_here(flag, dest, args.sut))
+    if getattr(args, "exhaustive", None) is not None:
+        if own:
+            raise UsageError(f"--exhaustive: --sut {args.sut} runs its own driver, which cannot be enumerated "
+                             "generically; it applies to spec, reference and MODULE:CLASS adapters")
+        return _exhaustive(args)
     if own:
         with covering(args, eng, "fuzz"):
             code = eng.fuzz_command(args)
@@ -141,6 +146,51 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
             lines.append(f"  reported: {res['detection_check']}"
                          + (f", first raised after {res['seconds_to_detection']} s ({res['steps_to_detection']} steps)"
                             if res.get("seconds_to_detection") is not None else ""))
+        for f in res["findings"]:
+            lines.append(f"  FINDING [{f['kind']}] {', '.join(f['checks'])}: {f['message']}")
+            lines += [f"    {i:3}. {s}" for i, s in enumerate(f["trace_steps"])]
+            lines.append(f"  trace: {f['trace']}\n  reproducer: {f['reproducer']}\n  replay: {f['replay']}")
+        return "\n".join(lines)
+
+    emit(args, res, text)
+    return code
+
+
+def _exhaustive(args: argparse.Namespace) -> int:
+    """`--exhaustive DEPTH`: every program up to DEPTH steps (fuzz/exhaustive.py)."""
+    from ..fuzz.campaign import Budget
+    from ..fuzz.exhaustive import run_exhaustive, summary
+    for flag, given in (("--workers", (args.workers or 1) > 1), ("--ray", args.ray is not None),
+                        ("--db", args.db is not None), ("--redis", bool(args.redis)),
+                        ("--observability", bool(args.observability))):
+        if given:
+            raise UsageError(f"{flag} drives Hypothesis campaigns; --exhaustive is one deterministic search without it")
+    cfg = load_config(args)
+    try:
+        budget = Budget.parse(args.budget)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if args.fault is not None:
+        check_sut_fault(args.sut, args.fault)
+    out = Path(args.out)
+    check_writable(out)
+    with progress(args, f"fuzz {args.sut} --exhaustive {args.exhaustive} ({budget.describe()})") as bar:
+        res = run_exhaustive(cfg, args.sut, args.exhaustive, budget, args.fault, out, args.seed, progress=bar)
+    cmd = ["fuzz", "--sut", args.sut, "--exhaustive", str(args.exhaustive), "--budget", args.budget]
+    if args.config:
+        cmd += ["--config", args.config]
+    if args.fault:
+        cmd += ["--fault", args.fault]
+    res["command"] = kvcheck_command(*cmd)
+    code = res["exit_code"]
+
+    def text() -> str:
+        lines = [f"kvcheck fuzz --sut {args.sut} --exhaustive {args.exhaustive}: {res['verdict']} (exit {code})",
+                 "  " + summary(res),
+                 f"  actions exercised: {len(res['coverage']['actions'])}"
+                 + (f"; never: {', '.join(res['coverage']['actions_missing'])}" if res["coverage"]["actions_missing"] else ""),
+                 "  seed: none used (breadth-first order is deterministic; the SUT's reset takes no seed); "
+                 f"rerun: {res['command']}"]
         for f in res["findings"]:
             lines.append(f"  FINDING [{f['kind']}] {', '.join(f['checks'])}: {f['message']}")
             lines += [f"    {i:3}. {s}" for i, s in enumerate(f["trace_steps"])]

@@ -214,15 +214,8 @@ def _campaign(cfg: Config, sut: str, budget: Budget, seed: int, fault: str | Non
     code = ExitCode.OK
     if finding is not None:
         trail = finding.trail or list(tally.last_trail)
-        trace = _trace(spec, trail, sut, seed, finding, fault, finding.lockstep if finding.trail else tally.lockstep)
-        stem = f"fuzz-{file_stem(sut)}-{file_stem(fault or 'clean')}-seed{seed}"
-        path = trace.save(out / f"{stem}.json")
-        repro = write_atomic(out / f"{stem}.py", reproducer_text(path, sut))
-        result["findings"].append({
-            "kind": finding.kind, "checks": finding.checks, "message": finding.message,
-            "trace": str(path), "trace_steps": [s.label() for s in trace.steps],
-            "reproducer": python_command(repro),
-            "replay": kvcheck_command("replay", path, *([] if sut == "spec" else ["--sut", sut]))})
+        result["findings"].append(save_finding(spec, finding, trail, finding.lockstep if finding.trail else tally.lockstep,
+                                               sut, seed, fault, out, f"fuzz-{file_stem(sut)}-{file_stem(fault or 'clean')}-seed{seed}"))
         code = FOR_FINDING[finding.kind]
     elif interrupted:
         code = ExitCode.INTERRUPTED     # stopped early: nothing is claimed
@@ -264,6 +257,20 @@ def machine_actions(spec: Spec, factory: Callable[[], Any]) -> list[str]:
                        f"{type(e).__name__}: {' '.join(str(e).split())[:200]}") from None
     supported = getattr(sut, "actions", None)    # after reset: a SUT may declare per config
     return [a for a in spec.actions if supported is None or a in supported]
+
+
+def save_finding(spec: Spec, finding: Finding, trail: list[tuple[str, dict[str, Any]]], lockstep: int, sut: str,
+                 seed: int, fault: str | None, out: Path, stem: str) -> dict[str, Any]:
+    """A finding's artefacts (the trace, a Python reproducer) under `out` as STEM.json/.py, and
+    its entry in a result's findings with the `kvcheck replay` command: one writer for every
+    search (the random campaign, the exhaustive one)."""
+    trace = _trace(spec, trail, sut, seed, finding, fault, lockstep)
+    path = trace.save(out / f"{stem}.json")
+    repro = write_atomic(out / f"{stem}.py", reproducer_text(path, sut))
+    return {"kind": finding.kind, "checks": finding.checks, "message": finding.message,
+            "trace": str(path), "trace_steps": [s.label() for s in trace.steps],
+            "reproducer": python_command(repro),
+            "replay": kvcheck_command("replay", path, *([] if sut == "spec" else ["--sut", sut]))}
 
 
 def _trace(spec: Spec, trail: list[tuple[str, dict[str, Any]]], sut: str, seed: int,

@@ -140,17 +140,23 @@ class Tally:
         return sorted(out, key=lambda d: (*rank(d["kind"], [d["check"]]), d["first_step"]))
 
 
-def make_machine(spec: Spec, sut_factory: Callable[[], SystemUnderTest], tally: Tally,
-                 actions: Any = None) -> type[RuleBasedStateMachine]:
-    """A RuleBasedStateMachine class for this spec and SUT. `actions`: what the SUT declares
-    after its reset for this config (campaign.machine_actions); else what a fresh one declares."""
+def drive_model(spec: Spec, sut_factory: Callable[[], SystemUnderTest], actions: Any = None) -> ValuedSpecModel:
+    """The model a SUT is driven against, over the actions it declares: every driver of the
+    spec's alphabet (this machine, the exhaustive search) draws from the same instances."""
     declared = getattr(sut_factory(), "actions", None)
     # a SUT that declares a set when constructed and another one for this config after its reset
     # (the hash-chain base class) is driven with the latter (one that declares None when
     # constructed keeps its draws: the reference engine's campaigns stay as they were)
     if actions is not None and declared is not None and set(actions) != set(declared) & set(spec.actions):
         declared = frozenset(actions)
-    model = ValuedSpecModel(spec, declared)
+    return ValuedSpecModel(spec, declared)
+
+
+def make_machine(spec: Spec, sut_factory: Callable[[], SystemUnderTest], tally: Tally,
+                 actions: Any = None) -> type[RuleBasedStateMachine]:
+    """A RuleBasedStateMachine class for this spec and SUT. `actions`: what the SUT declares
+    after its reset for this config (campaign.machine_actions); else what a fresh one declares."""
+    model = drive_model(spec, sut_factory, actions)
     lay, cfg = spec.lay, spec.cfg
     occ_slots = [lay.o(o.group, o.kind, o.block, "st") for o in lay.objects]
     inflight = lay.g("inflight")
