@@ -147,3 +147,14 @@ def test_the_positions_probe_leaves_a_divergence_of_the_generation_alone() -> No
     got = positions.probe(runner=None, ids=None, prefix=3, steps=[4], restored=None, ref=None, tol=1e-6,
                           extend_diff=2e-7)
     assert got["ran"] is False and "generation" in got["why"]
+
+
+def test_positions_and_the_multitoken_defect_together_are_both_named() -> None:
+    """Bamba 5.4-5.12: its token-by-token continuation is wrong only by its positions (the probe
+    agrees), its multi-token extends also by the Mamba2 mixer (the probe does not): both defects
+    are named and together they explain the run."""
+    agree, differ = {"ran": True, "agrees": True}, {"ran": True, "agrees": False}
+    res = {"layer_types": LT, "scenarios": [dict(sc("one_chunk", "divergent", 0), positions_probe=differ),
+                                           dict(sc("token_by_token", "divergent", 1), positions_probe=agree),
+                                           dict(sc("chunks", "divergent", 0), positions_probe=differ)]}
+    assert known.recognise(res) == ({f"known:{known.POSITIONS}": 1, f"known:{NAME}": 2}, True)

@@ -111,11 +111,12 @@ def recognise(res: dict[str, Any]) -> tuple[dict[str, int], bool]:
     """({"known:NAME": scenarios}, whether every bad scenario is explained) for a run's result."""
     scen = [s for s in res.get("scenarios") or [] if isinstance(s, dict)]
     counts: dict[str, int] = {}
-    for name, found in ((POSITIONS, positions(scen)), (UNCROPPED, uncropped(scen, res))):
+    moved = positions(scen)     # right once given their positions: evidence for the decode path too
+    for name, found in ((POSITIONS, moved), (UNCROPPED, uncropped(scen, res))):
         if found:
             counts[f"known:{name}"] = len(found)
             scen = [s for s in scen if s not in found]
-    more, explained = _multitoken(scen, res)
+    more, explained = _multitoken(scen, res, moved)
     counts.update(more)
     return counts, bool(counts) and (explained or not any(s.get("verdict") in BAD for s in scen))
 
@@ -126,10 +127,13 @@ def positions(scen: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [s for s in scen if s.get("verdict") == "divergent" and (s.get("positions_probe") or {}).get("agrees")]
 
 
-def _multitoken(scen: list[dict[str, Any]], res: dict[str, Any]) -> tuple[dict[str, int], bool]:
-    single = [s for s in scen if s.get("suffix_mode") == "token_by_token"]
+def _multitoken(scen: list[dict[str, Any]], res: dict[str, Any],
+                moved: list[dict[str, Any]] = ()) -> tuple[dict[str, int], bool]:
+    """`moved`: scenarios that agree once given explicit positions (positions_restart_without_cache):
+    a token-by-token one among them shows the decode path right, as an agreeing one does."""
+    single = [s for s in [*scen, *moved] if s.get("suffix_mode") == "token_by_token"]
     bad = [s for s in scen if s.get("verdict") in BAD]
-    if not bad or not single or any(s.get("verdict") in BAD for s in single):
+    if not bad or not single or any(s.get("verdict") in BAD for s in single if s not in moved):
         return {}, False
     op = str(res.get("first_divergent_operation") or "")
     hits = 0
