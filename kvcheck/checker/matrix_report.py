@@ -113,7 +113,7 @@ def runs(data: dict[str, Any]) -> tuple[list[tuple[str, list[tuple[str, str, str
     return varied, clean
 
 
-KNOWN_UPSTREAM = re.compile(r" \(known, .*?\)(?= \(\+\d+ known\)$|$)")
+KNOWN_UPSTREAM = re.compile(r" \(known, .*?\)(?= \+\d+$| \(\+\d+ known\)$|$)")
 
 
 def _verdict(short: str) -> str:

@@ -581,8 +581,9 @@ def test_the_runs_across_releases_name_a_known_defect_by_its_name_alone() -> Non
     from kvcheck.checker import matrix_report as rep
     old, new = "finding: m (known, x#1, #2 (PR #3))", "finding: m (known, x#1 (fixed 5.7), #2)"
     rows = [{"release": r, "cells": {"mamba": {"short": s}}} for r, s in
-            (("5.0.0", old), ("5.1.0", new), ("5.2.0", new + " (+1 known)"), ("5.3.0", "clean"))]
+            (("5.0.0", old), ("5.1.0", new), ("5.2.0", new + " (+1 known)"), ("5.3.0", new + " +1"),
+             ("5.4.0", "clean"))]
     varied, clean = rep.runs({"layouts": ["mamba"], "rows": rows})
     assert clean == [] and [v for _, _, v in varied[0][1]] == [
-        "finding: m (known)", "finding: m (known) (+1 known)", "clean"]
+        "finding: m (known)", "finding: m (known) (+1 known)", "finding: m (known) +1", "clean"]
     assert varied[0][1][0][:2] == ("5.0.0", "5.1.0")
