@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..spec.outputs import kvcheck_command
 from ..spec.verdict import ExitCode
@@ -75,17 +75,9 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         if code is None:
             raise UsageError(f"--sut {args.sut}: the engine runs no campaign of its own and has no SUT class")
         return code
-    from ..fuzz.campaign import Budget, run_campaign, run_workers
+    from ..fuzz.campaign import run_campaign, run_workers
     from ..fuzz.pool import cap_workers
-    cfg = load_config(args)
-    try:
-        budget = Budget.parse(args.budget)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    if args.fault is not None:
-        check_sut_fault(args.sut, args.fault)
-    out = Path(args.out)
-    check_writable(out)
+    cfg, budget, out = _prepared(args)
     obs = Path(args.observability) if args.observability else None
     if obs is not None:
         check_out_file(obs, "--observability")
@@ -158,22 +150,13 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
 
 def _exhaustive(args: argparse.Namespace) -> int:
     """`--exhaustive DEPTH`: every program up to DEPTH steps (fuzz/exhaustive.py)."""
-    from ..fuzz.campaign import Budget
     from ..fuzz.exhaustive import run_exhaustive, summary
     for flag, given in (("--workers", (args.workers or 1) > 1), ("--ray", args.ray is not None),
                         ("--db", args.db is not None), ("--redis", bool(args.redis)),
                         ("--observability", bool(args.observability))):
         if given:
             raise UsageError(f"{flag} drives Hypothesis campaigns; --exhaustive is one deterministic search without it")
-    cfg = load_config(args)
-    try:
-        budget = Budget.parse(args.budget)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    if args.fault is not None:
-        check_sut_fault(args.sut, args.fault)
-    out = Path(args.out)
-    check_writable(out)
+    cfg, budget, out = _prepared(args)
     with progress(args, f"fuzz {args.sut} --exhaustive {args.exhaustive} ({budget.describe()})") as bar:
         res = run_exhaustive(cfg, args.sut, args.exhaustive, budget, args.fault, out, args.seed, progress=bar)
     cmd = ["fuzz", "--sut", args.sut, "--exhaustive", str(args.exhaustive), "--budget", args.budget]
@@ -257,3 +240,19 @@ def on_ray(args: argparse.Namespace, shards_for: Callable[[int], list], budget: 
                 return rc.run_ray(cfg or Config(), shards, budget, db, out, progress=bar)
         finally:
             ray.shutdown()
+
+
+def _prepared(args: argparse.Namespace) -> tuple[Any, Any, Path]:
+    """What a campaign and an exhaustive search both read first: the config, the budget (one line
+    on a bad one), the fault checked against the SUT, and a writable --out."""
+    from ..fuzz.campaign import Budget
+    cfg = load_config(args)
+    try:
+        budget = Budget.parse(args.budget)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if args.fault is not None:
+        check_sut_fault(args.sut, args.fault)
+    out = Path(args.out)
+    check_writable(out)
+    return cfg, budget, out
