@@ -138,11 +138,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
             lines.append(f"  reported: {res['detection_check']}"
                          + (f", first raised after {res['seconds_to_detection']} s ({res['steps_to_detection']} steps)"
                             if res.get("seconds_to_detection") is not None else ""))
-        for f in res["findings"]:
-            lines.append(f"  FINDING [{f['kind']}] {', '.join(f['checks'])}: {f['message']}")
-            lines += [f"    {i:3}. {s}" for i, s in enumerate(f["trace_steps"])]
-            lines.append(f"  trace: {f['trace']}\n  reproducer: {f['reproducer']}\n  replay: {f['replay']}")
-        return "\n".join(lines)
+        return "\n".join(lines + finding_lines(res["findings"]))
 
     emit(args, res, text)
     return code
@@ -174,14 +170,20 @@ def _exhaustive(args: argparse.Namespace) -> int:
                  + (f"; never: {', '.join(res['coverage']['actions_missing'])}" if res["coverage"]["actions_missing"] else ""),
                  "  seed: none used (breadth-first order is deterministic; the SUT's reset takes no seed); "
                  f"rerun: {res['command']}"]
-        for f in res["findings"]:
-            lines.append(f"  FINDING [{f['kind']}] {', '.join(f['checks'])}: {f['message']}")
-            lines += [f"    {i:3}. {s}" for i, s in enumerate(f["trace_steps"])]
-            lines.append(f"  trace: {f['trace']}\n  reproducer: {f['reproducer']}\n  replay: {f['replay']}")
-        return "\n".join(lines)
+        return "\n".join(lines + finding_lines(res["findings"]))
 
     emit(args, res, text)
     return code
+
+
+def finding_lines(findings: list[dict]) -> list[str]:
+    """A campaign's or an exhaustive search's findings: check, shrunk trace, and how to replay."""
+    lines: list[str] = []
+    for f in findings:
+        lines.append(f"  FINDING [{f['kind']}] {', '.join(f['checks'])}: {f['message']}")
+        lines += [f"    {i:3}. {s}" for i, s in enumerate(f["trace_steps"])]
+        lines.append(f"  trace: {f['trace']}\n  reproducer: {f['reproducer']}\n  replay: {f['replay']}")
+    return lines
 
 
 def ray_line(r: dict) -> str:
