@@ -94,3 +94,36 @@ def test_sweep_shares_a_composite_types_decoder_run(tmp_path):
     assert rows[0]["verdict"] == rows[1]["verdict"] in ("exact", "within-tolerance")
     stored = json.loads((tmp_path / "transformers-verdicts.json").read_text())
     assert set(stored) == {"gemma3|float32", "gemma3_text|float32"}
+
+
+def test_sweep_with_patterns_keeps_each_patterns_verdict_per_reuse_path(tmp_path, monkeypatch):
+    """scripts/findings-transformers.py --patterns: every pattern's row names its verdict per scenario
+    kind, and the rendered table has one row per pattern run, a divergent path shown in its column.
+    The patterns are gemma3_text's own (patterns.py); each run is stood in by a canned result (the runs
+    themselves are tested in test_transformers_patterns.py)."""
+    import importlib.util
+
+    from kvcheck.engines.transformers import oracle
+
+    def fake_run(model_type, dtype="float32", scenarios=1, seed=0, out_dir=None, cover=False, pattern=None, **kw):
+        bad = pattern is not None and pattern[0] != pattern[-1]
+        modes = {"one_chunk": ["exact"], "chunks": ["exact", "divergent"] if bad else ["within-tolerance"]}
+        return dict(model_type=model_type, dtype=dtype, verdict="divergent" if bad else "within-tolerance",
+                    suffix_modes=modes, layer_types=list(pattern) if pattern else None, counts={})
+
+    monkeypatch.setattr(oracle, "run_diff", fake_run)
+    listed = [dict(model_type="gemma3_text", layer_kinds=["full_attention", "sliding_attention"])]
+    rows = oracle.sweep(None, dtypes=("float32",), scenarios=3, out_dir=None, patterns="orderings", listed=listed)
+    pats = rows[0]["patterns"]
+    ran = [p for p in pats if p.get("pattern")]
+    assert len(ran) >= 3 and {p["set"] for p in ran} == {"default", "orderings"}
+    assert rows[0]["verdict"] == "divergent" and rows[0]["default_verdict"] == "within-tolerance"
+    spec = importlib.util.spec_from_file_location("ft", os.path.join(ROOT, "scripts", "findings-transformers.py"))
+    ft = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ft)
+    table = [line for line in ft.render_patterns(rows, {"patterns": "orderings"}) if line.startswith("| gemma3_text")]
+    assert len(table) == len([p for p in pats if p["verdict"] != "skipped"])
+    for line, p in zip(table, [p for p in pats if p["verdict"] != "skipped"]):
+        cells = line.split(" | ")
+        bad = p["set"] != "default" and p["pattern"][0] != p["pattern"][-1]   # the default run is given none
+        assert cells[5:8] == ["ok", "—", "**div**" if bad else "ok"], line

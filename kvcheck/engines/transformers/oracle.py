@@ -20,6 +20,7 @@ from .cache import (FAULTS, KINDS, RECURRENT, cache_layers, objects)
 from .interface import CannotDrive, classify
 from .models import (AdapterError, import_transformers, jsonable, one_line)
 from .models import derive_config as default_config
+from .pattern_runs import run_patterns
 from .plan import EPS_FLOOR, NOISE_FACTOR
 
 __all__ = ["AdapterError", "run_diff", "list_models", "render_text", "FAULTS", "KINDS", "default_config",
@@ -226,9 +227,10 @@ def _run_diff(model_type: str, config_json: str | None, dtype: str, scenarios: i
 
 def sweep(model_types: list[str] | None = None, dtypes=("float32", "bfloat16"), scenarios: int = 10,
           seed: int = 0, out_dir: str | None = None, progress=None, listed=None,
-          shared: dict | None = None) -> list[dict[str, Any]]:
+          shared: dict | None = None, patterns: str = "default") -> list[dict[str, Any]]:
     """Run every listed model type (or ``model_types``) in each dtype; a composite type whose
-    decoder is itself listed shares that run. Returns one summary row per (model type, dtype)."""
+    decoder is itself listed shares that run. Returns one summary row per (model type, dtype);
+    with ``patterns`` (pattern_runs.py) each row also has its patterns' verdicts per reuse path."""
     import time
 
     listed = list_models(out_dir) if listed is None else listed
@@ -244,8 +246,8 @@ def sweep(model_types: list[str] | None = None, dtypes=("float32", "bfloat16"), 
                 if out_dir:
                     record_verdict(out_dir, res)
             else:
-                res = run_diff(m["model_type"], dtype=dt, scenarios=scenarios, seed=seed, out_dir=out_dir,
-                               cover=True)
+                res, _ = run_patterns(m["model_type"], patterns, run_diff, dtype=dt, scenarios=scenarios,
+                                      seed=seed, out_dir=out_dir, cover=True)
                 done[key] = res
             row = summary_row(res)
             row["seconds"] = round(time.monotonic() - t0, 2)
@@ -272,7 +274,9 @@ def summary_row(res: dict[str, Any]) -> dict[str, Any]:
                 clean_suffix_modes=sorted(m for m, v in (res.get("suffix_modes") or {}).items()
                                           if v and set(v) <= {"exact", "within-tolerance"}),
                 kinds=sorted({k for layer in res.get("cache_objects") or [] if isinstance(layer, dict)
-                              for k in layer["objects"].values()}))
+                              for k in layer["objects"].values()}),
+                **({"patterns": res["patterns"], "default_verdict": res.get("default_verdict")}
+                   if res.get("patterns") else {}))
 
 
 def render_text(res: dict[str, Any], code: int) -> str:

@@ -15,7 +15,7 @@ from .models import AdapterError, decoder_type, derive_config, one_line
 
 RAN = ("exact", "within-tolerance", "divergent", "error")
 SUMMARY = ("verdict", "counts", "max_abs_diff", "tolerance", "first_divergent_layer", "first_divergent_operation",
-           "reason", "error", "errors", "scenarios_run", "cache_layer_classes")
+           "reason", "error", "errors", "scenarios_run", "cache_layer_classes", "suffix_modes")
 
 
 def default_pattern(model_type: str, res: dict[str, Any]) -> list[str] | None:
