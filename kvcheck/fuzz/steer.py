@@ -9,7 +9,9 @@ and extend it with fresh random steps (AFL-style: entries that found more arcs a
 less often are picked first). Every choice comes from the campaign seed.
 
 Per-episode arcs: coverage.py's C tracer (branch mode) restricted to the cache files, flushed
-once per episode with `Coverage.get_data()` and counted per file. Measured cheaper than a
+once per episode with `Coverage.get_data()` and counted per file. It costs about 3x a step, so
+it backs off: after k traced episodes in a row that reached nothing new, the next 2^k - 1 (at
+most MAX_SKIP) run untraced (they replay and extend the corpus all the same, but cannot join it). Measured cheaper than a
 `sys.settrace` restricted to those files' code objects (benchmarks/search.py `tracer`): a Python
 trace function still runs on every call event of every module (vLLM, the adapter, the checks),
 where the C tracer decides per file once and records arcs in C. Where `--cover` already measures
@@ -29,6 +31,7 @@ from typing import Any, Sequence
 
 STEERS = ("random", "coverage")
 FRESH_SHARE = 0.5          # the share of episodes drawn fresh once the corpus has entries
+MAX_SKIP = 7               # at most this many untraced episodes between two traced ones
 
 
 @dataclass
@@ -50,6 +53,7 @@ class Episode:
     prefix: list[tuple[str, dict]] = field(default_factory=list)
     extend_seed: int | None = None
     parent: int | None = None      # the corpus entry's index
+    traced: bool = True            # its arcs are collected (else it runs untraced: see Steer.episode)
 
     def wrap(self, gen: Any, rng: random.Random) -> Any:
         """The step generator the driver uses: the prefix first, then `gen`. `rng` (the one
@@ -89,7 +93,7 @@ class ArcFeedback:
             import coverage
             self.cov = coverage.Coverage(data_file=None, branch=True, config_file=False, include=list(files))
             self.cov.start()
-        self.total = 0
+        self.total, self.paused = 0, False
 
     def new(self) -> int:
         data = self.cov.get_data()
@@ -97,9 +101,15 @@ class ArcFeedback:
         fresh, self.total = n - self.total, n
         return fresh
 
+    def pause(self, paused: bool) -> None:
+        """Stop or restart the tracer between episodes (not one --cover owns: it measures all)."""
+        if self.own and paused != self.paused:
+            (self.cov.stop if paused else self.cov.start)()
+            self.paused = paused
+
     def stop(self) -> None:
         if self.own:
-            self.cov.stop()
+            self.pause(True)
             self.own = False
 
 
@@ -114,7 +124,8 @@ class Steer:
         self.corpus: list[Entry] = []
         self.feedback: ArcFeedback | None = None
         self.absent: list[str] = []
-        self.episodes = self.from_corpus = self.kept = 0
+        self.episodes = self.from_corpus = self.kept = self.traced = 0
+        self.misses = self.skip = 0         # traced episodes in a row without a new arc; untraced ones left
         if strategy == "coverage":
             from .engine_coverage import resolve
             files, self.absent = resolve(self.modules)
@@ -132,8 +143,13 @@ class Steer:
         """The next episode: fresh from `fresh_seed`, or (the corpus loop) a kept one's prefix
         replayed and extended."""
         self.episodes += 1
+        traced = self.skip == 0
+        self.skip = max(0, self.skip - 1)
+        if self.feedback is not None:
+            self.feedback.pause(not traced)
+            self.traced += traced
         if not self.corpus or self.rng.random() < FRESH_SHARE:
-            return Episode(fresh_seed)
+            return Episode(fresh_seed, traced=traced)
         weights = [e.arcs / (1 + e.picked) for e in self.corpus]
         i = self.rng.choices(range(len(self.corpus)), weights)[0]
         e = self.corpus[i]
@@ -141,14 +157,18 @@ class Steer:
         n = len(e.program)
         cut = self.rng.randint(n // 2, n)       # the whole, or its tail cut off (where it went astray)
         self.from_corpus += 1
-        return Episode(e.seed, e.program[:cut], self.rng.getrandbits(63), i)
+        return Episode(e.seed, e.program[:cut], self.rng.getrandbits(63), i, traced)
 
     def done(self, ep: Episode, program: Sequence[tuple[str, dict]]) -> int:
         """After an episode (its steps: (action, params) pairs such as `Act`s): the arcs it
         reached first; an episode with any is kept."""
-        if self.feedback is None:
+        if self.feedback is None or not ep.traced:
             return 0
         fresh = self.feedback.new()
+        # the tracer's cost (about 3x) is paid where it pays: after k traced episodes in a row
+        # without a new arc, the next 2^k - 1 (at most MAX_SKIP) run untraced
+        self.misses = 0 if fresh else self.misses + 1
+        self.skip = min(2 ** self.misses - 1, MAX_SKIP)
         if fresh > 0:
             steps = [(a[0], copy.deepcopy(a[1])) for a in program]     # (an engine may keep and grow its lists)
             self.corpus.append(Entry(ep.seed, steps, fresh))
@@ -162,7 +182,8 @@ class Steer:
             self.feedback.new()
             self.feedback.stop()
             res.update(corpus=len(self.corpus), from_corpus=self.from_corpus, arcs=self.feedback.total,
-                       tracer="coverage.py CTracer (branch) on the cache files, flushed per episode",
+                       traced=self.traced,
+                       tracer="coverage.py CTracer (branch) on the cache files, flushed per traced episode",
                        absent_modules=self.absent)
         return res
 
