@@ -68,7 +68,8 @@ def _table(targets: list[str], strategies: list[str], a: argparse.Namespace, d: 
     for t in targets:
         name, layout = t.split("@")
         cap = a.defect_cap_s if known else a.cap_s
-        out[t] = {s: _row([_vllm_run(name, layout, s, seed, cap, d, known) for seed in range(a.seeds)], cap)
+        seeds = range(a.first_seed, a.first_seed + a.seeds)
+        out[t] = {s: _row([_vllm_run(name, layout, s, seed, cap, d, known) for seed in seeds], cap)
                   for s in strategies}
         print(json.dumps({t: out[t]}), file=sys.stderr, flush=True)     # progress
     return out
@@ -158,6 +159,7 @@ def _tracer(steps: int, d: str) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=1)
+    ap.add_argument("--first-seed", type=int, default=0, help="the fault and defect rows' seeds start here")
     ap.add_argument("--cap-s", type=float, default=5.0, help="per-run cap (seconds)")
     ap.add_argument("--faults", default="swa_overstrict@gpt-oss,early_reader_forward@gemma3",
                     help="planted vLLM faults as FAULT@LAYOUT (the manager drive)")
@@ -175,7 +177,8 @@ def main() -> int:
     from kvcheck.engines.vllm import drivers as V
     strategies = [s for s in a.strategies.split(",") if s]
     out: dict = {"vllm_version": V.vllm_version(), "date": datetime.date.today().isoformat(), "seeds": a.seeds,
-                 "cap_s": a.cap_s, "defect_cap_s": a.defect_cap_s, "strategies": strategies, "argv": sys.argv[1:]}
+                 "first_seed": a.first_seed, "cap_s": a.cap_s, "defect_cap_s": a.defect_cap_s,
+                 "strategies": strategies, "argv": sys.argv[1:]}
     with tempfile.TemporaryDirectory() as d:
         V.run_campaign("full", budget_s=None, steps=50, seed=0, out_dir=d, drive="mixed")    # import vLLM first
         if a.tracer_steps:

@@ -131,8 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "generator over vLLM's KV cache manager, one request or a modelled scheduler step per "
                         "action; it runs the dense twin, --workload chat, --layout generated and --ray)")
     z.add_argument("--steer", metavar="NAME", default=None,
-                   help="--sut vllm: where episodes come from: random (default: each one fresh) or coverage "
-                        "(an episode that reaches arcs of vLLM's cache code not reached before is kept in a "
+                   help="--sut vllm|sglang: where episodes come from: random (default: each one fresh) or coverage "
+                        "(an episode that reaches arcs of the engine's cache code not reached before is kept in a "
                         "corpus; later episodes replay a prefix of a kept one and extend it: docs/search.md)")
     z.add_argument("--strict-reuse", action="store_true",
                    help="--sut vllm: lost reuse (spec-usable hit > vLLM hit) fails the run (exit 13)")
