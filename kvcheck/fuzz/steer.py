@@ -9,14 +9,15 @@ and extend it with fresh random steps (AFL-style: entries that found more arcs a
 less often are picked first). Every choice comes from the campaign seed.
 
 Per-episode arcs: coverage.py's C tracer (branch mode) restricted to the cache files, flushed
-once per episode with `Coverage.get_data()` and counted per file. It costs about 3x a step, so
-it backs off: after k traced episodes in a row that reached nothing new, the next 2^k - 1 (at
-most MAX_SKIP) run untraced (they replay and extend the corpus all the same, but cannot join it). Measured cheaper than a
-`sys.settrace` restricted to those files' code objects (benchmarks/search.py `tracer`): a Python
-trace function still runs on every call event of every module (vLLM, the adapter, the checks),
-where the C tracer decides per file once and records arcs in C. Where `--cover` already measures
-the same files, its Coverage object is read instead of starting a second one (coverage.py
-traces with one tracer at a time).
+once per episode with `Coverage.get_data()` and counted per file. It costs about 2.5-3x a step,
+so it backs off: after k traced episodes in a row that reached nothing new, the next 2^k - 1 (at
+most MAX_SKIP) run untraced (they replay and extend the corpus all the same, but cannot join it).
+Measured cheaper than a `sys.settrace` restricted to those files' code objects
+(benchmarks/search.py `tracer`: 2.4x against 3.1x untraced): a Python trace function still runs
+on every call event of every module (vLLM, the adapter, the checks), where the C tracer decides
+per file once and records arcs in C. Where `--cover` already measures the same files, its
+Coverage object is read instead of starting a second one (coverage.py traces with one tracer at
+a time), and every episode is traced.
 
 The driver calls `episode()` before drawing an episode, `Episode.wrap` on its step generator,
 and `done()` after it; `--steer random` is the same loop with no tracer and no corpus.
@@ -143,7 +144,8 @@ class Steer:
         """The next episode: fresh from `fresh_seed`, or (the corpus loop) a kept one's prefix
         replayed and extended."""
         self.episodes += 1
-        traced = self.skip == 0
+        # (sharing --cover's tracer, every episode is traced anyway: no back-off)
+        traced = self.skip == 0 or (self.feedback is not None and not self.feedback.own)
         self.skip = max(0, self.skip - 1)
         if self.feedback is not None:
             self.feedback.pause(not traced)
