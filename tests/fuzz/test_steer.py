@@ -155,7 +155,7 @@ def test_unknown_strategy_and_no_cache_code_are_one_line() -> None:
 
 @pytest.mark.parametrize("argv, needle", [
     (["--sut", "vllm", "--layout", "full+swa", "--steer", "greedy"], "--steer: unknown strategy 'greedy'"),
-    (["--sut", "spec", "--steer", "coverage"], "--steer applies to --sut vllm"),
+    (["--sut", "spec", "--steer", "coverage"], "--steer applies to --sut"),
     (["--sut", "vllm", "--layout", "full+swa", "--steer", "coverage", "--ray"], "--steer: the Ray shards"),
 ])
 def test_steer_refusals_exit_2_in_one_line(capsys, tmp_path, argv, needle) -> None:
