@@ -57,6 +57,14 @@ def _fuzz(o: dict) -> None:
     assert o["trace_len_by_fault"]["decode_publishes_partial"] >= 1
 
 
+def _search(o: dict) -> None:
+    row = o["faults"]["swa_hit_unchecked@full+swa"]
+    assert set(row) == {"random", "coverage", "swarm_off"} and row["random"]["found"] == "1/1", row
+    assert _positive(o["tracer"]["ctracer_cpu_s"]) and set(o["coverage_after"]) >= {"random@auto", "coverage@mixed"}
+    assert all(_positive(v["lines"]) for k, v in o["coverage_after"].items() if "@" in k), o["coverage_after"]
+    assert o["reference_exhaustive"]["engine_tail_check_skipped"]["exhaustive"]["programs"] > 0
+
+
 def _kernels_gpu(o: dict) -> None:
     # without CUDA it times nothing and says so; with CUDA --tiny runs every kernel on small shapes
     if o["cuda"] is False:
@@ -144,6 +152,8 @@ class Case:
 
 
 CASES: dict[str, Case] = {
+    "search": Case(("--cap-s", "3", "--faults", "swa_hit_unchecked@full+swa", "--cover-s", "1", "--depth", "2",
+                    "--tracer-steps", "100"), _search, _module("vllm", "search.py needs vLLM")),
     "spec_walk": Case(("--steps", "200", "--runs", "1"), _spec_walk),
     "checker": Case(("--smoke", "--reps", "1", "--blocks", "2"), _checker),
     "compare": Case(("--base-tree", ".", "--runs", "1", "--metrics", "walk", "--smoke"), _compare),

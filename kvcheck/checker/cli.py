@@ -130,6 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "and preempts; knobs drawn per episode) or mixed (the manager drive: kvcheck's step "
                         "generator over vLLM's KV cache manager, one request or a modelled scheduler step per "
                         "action; it runs the dense twin, --workload chat, --layout generated and --ray)")
+    z.add_argument("--steer", metavar="NAME", default=None,
+                   help="--sut vllm|sglang: where episodes come from: random (default: each one fresh) or coverage "
+                        "(an episode that reaches arcs of the engine's cache code not reached before is kept in a "
+                        "corpus; later episodes replay a prefix of a kept one and extend it: docs/search.md)")
     z.add_argument("--strict-reuse", action="store_true",
                    help="--sut vllm: lost reuse (spec-usable hit > vLLM hit) fails the run (exit 13)")
     ac = add("adapter-check", _lazy("cmd_adapter_check", "cmd_adapter_check"),

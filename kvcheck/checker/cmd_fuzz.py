@@ -27,7 +27,7 @@ ENGINE_OPTIONS = {"workload": "--workload", "sched_policy": "--sched-policy", "l
                   "list_layouts": "--list-layouts", "layout_file": "--layout-file",
                   "strict_reuse": "--strict-reuse", "ray": "--ray", "redis": "--redis",
                   "observability": "--observability", "acknowledge": "--acknowledge",
-                  "strict_known": "--strict-known", "drive": "--drive"}
+                  "strict_known": "--strict-known", "drive": "--drive", "steer": "--steer"}
 MACHINE_OPTIONS = frozenset({"ray", "redis", "observability"})
 
 

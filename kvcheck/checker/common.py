@@ -153,6 +153,25 @@ def _int_at_least(text: str, lo: int, what: str) -> int:
     return v
 
 
+def steering(args: argparse.Namespace, engine: str) -> Any:
+    """`--steer NAME` (fuzz/steer.py) for the engine's own driver: its Steer over the engine's
+    cache code, or None (not given: the driver's default). Unknown names and --ray (the shards
+    keep no shared corpus) are refused in one line."""
+    name = getattr(args, "steer", None)
+    if name is None:
+        return None
+    from ..fuzz import registry
+    from ..fuzz.steer import STEERS, Steer
+    if name not in STEERS:
+        raise UsageError(f"--steer: unknown strategy {name!r}; known: {', '.join(STEERS)}")
+    if getattr(args, "ray", None) is not None:
+        raise UsageError("--steer: the Ray shards run fresh random episodes only (drop --ray or --steer)")
+    try:
+        return Steer(name, args.seed, registry.get(engine).cache_code)
+    except (ValueError, ImportError) as e:
+        raise UsageError(str(e)) from None
+
+
 @contextmanager
 def covering(args: argparse.Namespace, eng: Any, command: str) -> Iterator[None]:
     """`--cover`: measure the engine's cache code (fuzz/engine_coverage.py) while the body runs

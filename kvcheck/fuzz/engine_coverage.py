@@ -185,6 +185,11 @@ def attach(data: Any) -> list[str]:
     return text_lines(res)
 
 
+def active() -> Measure | None:
+    """The measurement under way (`--cover`), if any: a second tracer would suspend it."""
+    return _ACTIVE[-1] if _ACTIVE else None
+
+
 def abandon() -> None:
     """Stop an active measurement whose command ended without emitting (an error, Ctrl-C)."""
     while _ACTIVE:

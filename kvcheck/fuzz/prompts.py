@@ -8,18 +8,23 @@ workload shape on either engine. Each adapter keeps its own rules for which acti
 from __future__ import annotations
 
 import random
-from typing import Iterable
+from typing import ClassVar, Iterable
 
 
 class PromptGen:
     """`bases` shared prompts of `base_len` tokens over `vocab`; each episode draws a weight per
-    action (doubled for `boost`)."""
+    action (doubled for `boost`). `swarm = False` (set by benchmarks/search.py only, to measure
+    what swarm buys) keeps the draws but gives every action weight 1."""
+
+    swarm: ClassVar[bool] = True
 
     def __init__(self, rng: random.Random, vocab: int, base_len: int, actions: Iterable[str],
                  boost: Iterable[str]) -> None:
         self.rng, self.vocab = rng, vocab
         self.bases = [[rng.randrange(vocab) for _ in range(base_len)] for _ in range(3)]
         self.w = {a: rng.choice([0.3, 1, 2, 4]) for a in actions}
+        if not self.swarm:
+            self.w = dict.fromkeys(self.w, 1.0)
         for a in boost:
             self.w[a] *= 2
 

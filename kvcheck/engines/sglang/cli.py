@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kvcheck.checker.common import UsageError, check_writable, emit
+from kvcheck.checker.common import UsageError, check_writable, emit, steering
 from kvcheck.fuzz.campaign import Budget
 from kvcheck.fuzz.known import parse_cli
 
@@ -16,9 +16,10 @@ def fuzz_command(args: argparse.Namespace) -> int:
     try:
         b = Budget.parse(args.budget)
         check_writable(Path(args.out))
+        steer = steering(args, "sglang")
         res, text = sg.cli_fuzz(args.layout, args.layout_file, args.list_layouts, b.seconds, b.steps,
                                 args.seed, args.fault, args.out, parse_cli(args.acknowledge),
-                                bool(getattr(args, "strict_known", False)))
+                                bool(getattr(args, "strict_known", False)), steer)
     except (sg.SglangUnavailable, ValueError) as e:
         raise UsageError(str(e)) from None
     emit(args, res, lambda: text)

@@ -23,6 +23,7 @@ from kvcheck.fuzz.boundary import CannotDrive, as_cannot_drive, require, setting
 from kvcheck.fuzz.known import Acknowledgement, judge, known_lines
 from kvcheck.fuzz.lockstep import (Act, Finding, FreeModel, Lockstep)
 from kvcheck.fuzz.prompts import PromptGen
+from kvcheck.fuzz.steer import Steer, steer_lines
 from kvcheck.fuzz.traces import replay as replay_on_core, to_trace
 from .swa import WALLCLOCK_DEFECT
 from .adapter import SglangAdapter
@@ -140,13 +141,15 @@ def _save(lay: Layout, capacity: int, fault: str | None, seed: int, f: Finding, 
 def run_campaign(layout: str | Layout, budget_s: float | None = 60, steps: int | None = None, seed: int = 0,
                  fault: str | None = None, out_dir: str = "kvcheck-report", shrink_s: float = 30,
                  full_scan_every: int = FULL_SCAN_EVERY, acknowledged: Mapping[str, Acknowledgement] | None = None,
-                 strict_known: bool = False) -> dict:
+                 strict_known: bool = False, steer: Steer | None = None) -> dict:
     """Fuzz one layout until the budget (seconds and/or steps) is spent or a check breaks. Where
     the class's incremental check pays (`incremental_pays`: UnifiedRadixCache) the checks run
     incrementally with a full scan every `full_scan_every` steps; else, and with 1, the full
     scan after every step. Known defects recognised on the way are judged by the core's rule
-    (fuzz/known.py): findings unless `acknowledged`."""
+    (fuzz/known.py): findings unless `acknowledged`. `steer`: where episodes come from
+    (fuzz/steer.py; None: fresh random episodes)."""
     lay = get_layout(layout)
+    steer = steer or Steer("random", seed)
     try:
         with setting_up("sglang", sglang_version, ("sglang",), (SglangUnavailable, LayoutError)):
             make_adapter(lay, fault)  # validate layout/fault/release early (and import SGLang)
@@ -161,7 +164,7 @@ def run_campaign(layout: str | Layout, budget_s: float | None = 60, steps: int |
     if mine:
         gc.freeze()
     try:
-        res = _campaign(lay, budget_s, steps, seed, fault, out_dir, shrink_s, full_scan_every)
+        res = _campaign(lay, budget_s, steps, seed, fault, out_dir, shrink_s, full_scan_every, steer)
     except CannotDrive as e:      # kvcheck's side of the boundary (fuzz/boundary.py): no verdict
         return e.result(**_base(lay, seed, fault))
     except Exception as e:        # raised outside a step's engine calls (the generator, shrinking)
@@ -170,8 +173,10 @@ def run_campaign(layout: str | Layout, budget_s: float | None = 60, steps: int |
             raise
         return cd.result(**_base(lay, seed, fault))
     finally:
+        res_steer = steer.stop()
         if mine:
             gc.unfreeze()
+    res["steer"] = res_steer
     return judge(res, {WALLCLOCK_DEFECT.name: WALLCLOCK_DEFECT}, acknowledged, res.get("sglang_version"),
                  strict_known)
 
@@ -185,7 +190,7 @@ def _base(lay: Layout, seed: int, fault: str | None) -> dict:
 
 
 def _campaign(lay: Layout, budget_s: float | None, steps: int | None, seed: int, fault: str | None,
-              out_dir: str, shrink_s: float, full_scan_every: int) -> dict:
+              out_dir: str, shrink_s: float, full_scan_every: int, steer: Steer) -> dict:
     t0 = time.monotonic()
     if budget_s is None and steps is None:
         budget_s = 60
@@ -196,7 +201,8 @@ def _campaign(lay: Layout, budget_s: float | None, steps: int | None, seed: int,
     exit_code, first_fail_s, first_steps = 0, None, None
     exp = FAULTS[fault].expected if fault else None
     while time.monotonic() < deadline and (steps is None or total < steps):
-        ep_seed = seed * 1_000_003 + episodes
+        ep = steer.episode(seed * 1_000_003 + episodes)
+        ep_seed = ep.seed                    # (a corpus entry's: the same config, replayed and extended)
         rng = random.Random(ep_seed)
         gen = _Gen(rng)
         capacity = rng.choice([1, 2, 3]) * lay.capacity // 2 // lay.page_size * lay.page_size
@@ -204,7 +210,8 @@ def _campaign(lay: Layout, budget_s: float | None, steps: int | None, seed: int,
         ad.full_scan_every = full_scan_every if ad.incremental_pays else 1
         core = Lockstep(FreeModel(), ad)
         viol: Finding | None = None
-        for _ in range(rng.randint(20, 120)):
+        gen = ep.wrap(gen, rng)
+        for _ in range(len(ep.prefix) + rng.randint(20, 120)):
             if steps is not None and total >= steps:
                 break
             total += 1
@@ -214,6 +221,7 @@ def _campaign(lay: Layout, budget_s: float | None, steps: int | None, seed: int,
                 viol = f
                 break
         hits += ad.hits
+        steer.done(ep, core.program)
         coverage.update(ad.coverage)
         episodes += 1
         if viol is not None and fault is not None and execute(lay, capacity, None, viol.program)[1] is not None:
@@ -274,7 +282,7 @@ def replay(trace: Trace | str | Path) -> dict:
 def cli_fuzz(layout: str | None, layout_file: str | None, list_only: bool, budget_s: float | None,
              steps: int | None, seed: int, fault: str | None, out_dir: str,
              acknowledged: Mapping[str, Acknowledgement] | None = None,
-             strict_known: bool = False) -> tuple[dict, str]:
+             strict_known: bool = False, steer: Steer | None = None) -> tuple[dict, str]:
     """What `kvcheck fuzz --sut sglang` prints: (JSON result, text). Raises LayoutError or
     SglangUnavailable (the CLI turns them into one line, exit 2)."""
     if list_only:
@@ -291,12 +299,12 @@ def cli_fuzz(layout: str | None, layout_file: str | None, list_only: bool, budge
     if fault is not None and fault not in FAULTS:
         raise LayoutError(f"unknown fault {fault!r} for --sut sglang; known: {', '.join(FAULTS)}")
     res = run_campaign(lay, budget_s=budget_s, steps=steps, seed=seed, fault=fault, out_dir=out_dir,
-                       acknowledged=acknowledged, strict_known=strict_known)
+                       acknowledged=acknowledged, strict_known=strict_known, steer=steer)
     if "cannot_drive" in res:
         return res, res["cannot_drive"]["line"]
     lines = [f"kvcheck fuzz --sut sglang --layout {res['layout']} ({res['class']}): exit {res['exit_code']} "
              f"(sglang {res['sglang_version']})",
-             f"  {res['steps']} steps in {res['episodes']} episodes, seed {seed}",
+             f"  {res['steps']} steps in {res['episodes']} episodes, seed {seed}", *steer_lines(res.get("steer")),
              "  actions: " + ", ".join(f"{k} {n}" for k, n in res["coverage"].items())] + undecided_lines(res)
     for f in res["findings"]:
         lines += [f"  FINDING [{f['kind']}] {f['check']}: {f['message']}", f"    replay: {f['replay']}"]

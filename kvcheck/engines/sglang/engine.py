@@ -23,7 +23,7 @@ class SglangEngine(Engine):
     docs = "docs/adapters-sglang.md"
     legacy_modules = {"kvcheck.fuzz.adapters.sglang": "kvcheck.engines.sglang.drivers"} | {
         f"kvcheck.fuzz.adapters.sglang_{m}": f"kvcheck.engines.sglang.{m}" for m in MODULES}
-    fuzz_options = frozenset({"layout", "list_layouts", "layout_file", "acknowledge", "strict_known"})
+    fuzz_options = frozenset({"layout", "list_layouts", "layout_file", "acknowledge", "strict_known", "steer"})
     packages = ("sglang",)
     # (the modules moved between releases: each release measures the ones it has)
     cache_code = tuple(f"sglang.srt.mem_cache.{m}" for m in (
@@ -60,7 +60,8 @@ class SglangEngine(Engine):
                  fault: str | None, out_dir: str, **options: Any) -> dict[str, Any]:
         from .drivers import run_campaign
         try:
-            return run_campaign(layout, budget_s=budget_s, steps=steps, seed=seed, fault=fault, out_dir=out_dir)
+            return run_campaign(layout, budget_s=budget_s, steps=steps, seed=seed, fault=fault, out_dir=out_dir,
+                                steer=options.get("steer"))
         except (SglangUnavailable, LayoutError) as e:
             raise EngineUnavailable(str(e)) from None
 

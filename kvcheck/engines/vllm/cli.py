@@ -13,6 +13,8 @@ from kvcheck.checker.common import UsageError, check_writable, emit
 from kvcheck.fuzz.boundary import CannotExpress
 from kvcheck.fuzz.campaign import Budget
 from kvcheck.fuzz.known import known_lines, parse_cli
+from kvcheck.fuzz.steer import rerun_args, steer_lines
+from kvcheck.checker.common import steering
 from kvcheck.spec.outputs import kvcheck_command
 
 from . import drivers as v
@@ -70,6 +72,7 @@ def fuzz_command(args: argparse.Namespace) -> int:
         raise UsageError("--acknowledge: the Ray shards judge known defects unacknowledged (drop --ray)")
     if policy != "fcfs" and args.ray is not None:
         raise UsageError("--sched-policy: the Ray shards drive FCFS only (drop --ray or --sched-policy)")
+    steer = steering(args, "vllm")
     out = Path(args.out)
     check_writable(out)
     layouts = args.layout.split(",") if args.ray is not None else [args.layout]
@@ -91,7 +94,7 @@ def fuzz_command(args: argparse.Namespace) -> int:
             res = v.run_campaign(args.layout, budget_s=budget.seconds, steps=budget.steps, seed=args.seed,
                                  strict_reuse=args.strict_reuse, fault=args.fault, out_dir=str(out),
                                  workload=workload, sched_policy=policy, acknowledged=acknowledged, drive=drive,
-                                 strict_known=bool(args.strict_known))
+                                 strict_known=bool(args.strict_known), steer=steer)
     except v.VllmUnavailable as e:
         raise UsageError(str(e)) from None
     except CannotExpress as e:          # (the JSON says so: kvcheck matrix shows "cannot express")
@@ -118,6 +121,7 @@ def fuzz_command(args: argparse.Namespace) -> int:
            else []) \
         + [f"--acknowledge={n}={a.reason}" for n, a in acknowledged.items()] \
         + (["--strict-known"] if args.strict_known else []) \
+        + (rerun_args(steer.strategy) if steer is not None else []) \
         + (["--ray", *([args.ray] if args.ray else []), "--workers", str(len(res["ray"]["shards"]) // len(layouts))]
            if args.ray is not None else [])
     res["command"] = kvcheck_command(*cmd)
@@ -130,6 +134,7 @@ def fuzz_command(args: argparse.Namespace) -> int:
                  + (f", {policy.upper()} scheduling" if policy not in ("fcfs", None) else "")
                  + (f"; drive {res['drive']} ({res.get('drive_reason')})" if res.get("drive") else "")
                  + f"; rerun: {res['command']}",
+                 *steer_lines(res.get("steer")),
                  "  actions: " + ", ".join(f"{k} {n}" for k, n in sorted(res.get("coverage", {}).items())
                                            if isinstance(n, int))] + undecided_lines(res)
         if "ray" in res:

@@ -26,6 +26,7 @@ from kvcheck.fuzz.known import Acknowledgement, judge
 from kvcheck.fuzz.lockstep import (Act, Finding, FreeModel, Lockstep)
 from kvcheck.fuzz.prompts import PromptGen
 from kvcheck.fuzz.shrink import shrink_finding
+from kvcheck.fuzz.steer import Steer
 from kvcheck.fuzz.traces import replay as replay_on_core, to_trace
 from . import known
 from .adapter import VllmAdapter
@@ -178,12 +179,15 @@ def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = N
                  seed: int = 0, strict_reuse: bool = False, fault: str | None = None,
                  out_dir: str = "kvcheck-report", twin: bool | None = None,
                  workload: str = "random", drive: str = "auto", sched_policy: str = "fcfs",
-                 acknowledged: Mapping[str, Acknowledgement] | None = None, strict_known: bool = False) -> dict:
+                 acknowledged: Mapping[str, Acknowledgement] | None = None, strict_known: bool = False,
+                 steer: Steer | None = None) -> dict:
     """`_campaign`, then the core's rule for known defects (fuzz/known.py): a recognised one
-    is a finding unless `acknowledged`; a stale acknowledgement fails with `strict_known`."""
+    is a finding unless `acknowledged`; a stale acknowledgement fails with `strict_known`.
+    `steer`: where episodes come from (fuzz/steer.py; None: fresh random episodes)."""
+    steer = steer or Steer("random", seed)
     try:
         res = _campaign(layout, budget_s, steps, seed, strict_reuse, fault, out_dir, twin, workload, drive,
-                        sched_policy)
+                        sched_policy, steer)
     except (VllmUnavailable, ValueError):
         raise                          # the release lacks it, or bad arguments: one line, exit 2
     except Exception as e:  # noqa: BLE001 - kvcheck's side of the boundary is "cannot drive"
@@ -192,6 +196,9 @@ def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = N
             raise
         return cd.result(sut="vllm", vllm_version=vllm_version(), layout=layout, seed=seed, fault=fault,
                          steps=0, coverage={})
+    finally:
+        steered = steer.stop()
+    res["steer"] = steered
     fails = frozenset(FOR_FINDING) - (frozenset() if strict_reuse else {"lost_reuse"})
     return judge(res, known.defects(), acknowledged, res["vllm_version"], strict_known, fails)
 
@@ -199,7 +206,8 @@ def run_campaign(layout: str, budget_s: float | None = 60, steps: int | None = N
 def _campaign(layout: str, budget_s: float | None = 60, steps: int | None = None,
               seed: int = 0, strict_reuse: bool = False, fault: str | None = None,
               out_dir: str = "kvcheck-report", twin: bool | None = None,
-              workload: str = "random", drive: str = "auto", sched_policy: str = "fcfs") -> dict:
+              workload: str = "random", drive: str = "auto", sched_policy: str = "fcfs",
+              steer: Steer | None = None) -> dict:
     """Fuzz one layout until the budget (seconds and/or steps) is spent or a violation is found.
     Without `strict_reuse`, the first three kinds of lost reuse are saved as findings and the
     campaign goes on. `twin` (default: when the layout sets a retention interval): run the
@@ -210,6 +218,7 @@ def _campaign(layout: str, budget_s: float | None = 60, steps: int | None = None
     `sched_policy`: the scheduler's preemption policy, "fcfs" or "priority" (None: drawn per
     episode on the engine drive)."""
     from . import generator as gen_layouts
+    steer = steer or Steer("random", seed)
     p = drive_plan.plan(layout, fault, twin, workload, drive, sched_policy, seed)     # once, before the loop
     drive, engine, twin, twin_arg, sched_policy = p.drive, p.engine, p.twin, p.twin_arg, p.sched_policy
     generated = layout == GENERATED       # a layout sampled per episode (generator.py)
@@ -228,7 +237,8 @@ def _campaign(layout: str, budget_s: float | None = 60, steps: int | None = None
     first_known: dict[str, float] = {}       # known defect -> seconds to its first sighting
     knobs_seen: dict[str, Counter] = {}      # the scheduler drive: each knob's values over episodes
     while time.monotonic() < deadline and (steps is None or total < steps):
-        ep_seed = seed * 1_000_003 + episodes
+        ep = steer.episode(seed * 1_000_003 + episodes)
+        ep_seed = ep.seed                    # (a corpus entry's: the same config, replayed and extended)
         if generated:
             layout, sampled = gen_layouts.sample_layout(ep_seed, fault, engine), sampled + 1
         rng = random.Random(ep_seed)
@@ -257,7 +267,8 @@ def _campaign(layout: str, budget_s: float | None = 60, steps: int | None = None
         known.install(ad, vllm_version())     # known defects counted here, judged by run_campaign
         core = Lockstep(FreeModel(), ad)
         viol: Finding | None = None
-        for _ in range(rng.randint(20, 120)):
+        gen = ep.wrap(gen, rng)
+        for _ in range(len(ep.prefix) + rng.randint(20, 120)):
             if steps is not None and total >= steps:
                 break
             total += 1
@@ -300,6 +311,7 @@ def _campaign(layout: str, budget_s: float | None = 60, steps: int | None = None
             if viol is not None:
                 break
         hits += ad.hits
+        steer.done(ep, core.program)
         coverage.update(ad.coverage)
         if twin:
             twins.append(ad)

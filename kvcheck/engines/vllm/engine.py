@@ -22,7 +22,7 @@ class VllmEngine(Engine):
             "machine", "mamba", "mamba_faults", "presets", "release", "reproducer", "reproducer_body",
             "sched", "timeline", "twin", "workloads")}
     fuzz_options = frozenset({"drive", "layout", "list_layouts", "layout_file", "workload", "sched_policy",
-                              "strict_reuse", "ray", "acknowledge", "strict_known"})
+                              "strict_reuse", "ray", "acknowledge", "strict_known", "steer"})
     project_variant_key = "layouts"
     packages = ("vllm",)
     cache_code = ("vllm.v1.core.kv_cache_manager", "vllm.v1.core.kv_cache_coordinator",
