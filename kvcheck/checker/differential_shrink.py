@@ -14,7 +14,7 @@ import shlex
 from pathlib import Path
 from typing import Any, Callable
 
-from ..fuzz.shrink import shrink
+from ..fuzz.shrink import budget, shrink
 from ..spec.outputs import file_stem
 from .differential import DriverError, ReleaseProc
 from .matrix_envs import ROOT
@@ -63,7 +63,9 @@ def breaks(a: str, check: str) -> Callable[[dict[str, list[dict[str, Any]]]], bo
 def shrink_trace(trace: dict[str, Any], layout: str, procs: dict[str, ReleaseProc],
                  holds: Callable[[dict[str, list[dict[str, Any]]]], bool], seconds: float) -> dict[str, Any]:
     """The smallest workload (by fuzz/shrink.py's order) on which `holds` still does, within
-    `seconds` of this process's CPU (the drivers' time is theirs)."""
+    `seconds` of this process's CPU (the drivers' time is theirs); then every prompt cut to the
+    shortest length at which it still holds (one prompt at a time cannot shrink a resend: its
+    copy no longer matches) and shrunk again."""
     def fails(steps: Steps) -> Steps | None:
         cand = {**trace, "steps": steps}
         try:
@@ -71,7 +73,16 @@ def shrink_trace(trace: dict[str, Any], layout: str, procs: dict[str, ReleasePro
         except DriverError:
             return None
         return steps if holds(recs) else None
+    left = budget(seconds)
     steps = shrink(list(trace["steps"]), fails, seconds, _alternatives, _related)
+    longest = max([len(st["tokens"]) for st in steps if st.get("op") == "send"] + [0])
+    for n in range(1, longest):        # every prompt cut at once: prompts that share a prefix still do
+        if not left():
+            break
+        cut = fails([{**st, "tokens": st["tokens"][:n]} if st.get("op") == "send" else st for st in steps])
+        if cut is not None:
+            steps = shrink(cut, fails, max(0.0, seconds / 4), _alternatives, _related)
+            break
     return {**trace, "name": f"{trace['name']}-shrunk", "steps": steps}
 
 
