@@ -124,6 +124,7 @@ for label, python in PYTHONS.items():
     for r in recs:
         v = (r.get("violation") or {{}}).get("check")
         print(f"  step {{r['step']}} {{r['request']}}: {{r['prompt_tokens']}} prompt tokens, hit {{r['hit']}}"
+              + (f" (kvcheck's usable hit on this release: {{r['usable']}})" if r.get("usable") is not None else "")
               + (f", breaks {{v}}" if v else ""))
 if CHECK:
     differ = any((r.get("violation") or {{}}).get("check") == CHECK for r in hits[LESS])

@@ -4,7 +4,9 @@ replayed on the installed release, one record per lookup.
 Each workload runs on a fresh adapter (adapter.py: vLLM's real manager, its own checks after
 every action) with one request per step: a send is submit, a lookup (`get_computed_blocks` +
 admission) and the rest of the prompt in the workload's chunks (vLLM's own Mamba split decides
-where a chunk may end), then a decode per output token. The record keeps vLLM's hit, the spec's
+where a chunk may end; where it fits no chunk in the budget, as a Mamba block larger than the
+chunk, the step is scheduled again with the whole prompt, as a larger budget would, and the
+record says `chunk_refused`), then a decode per output token. The record keeps vLLM's hit, the spec's
 usable hit (the adapter's oracle), the blocks served per group, and the check a step broke (the
 replay of that workload stops there: the manager's state is then undefined).
 """
@@ -91,6 +93,9 @@ def _workload(layout: str, w: dict[str, Any]) -> list[dict[str, Any]]:
             seen.clear()
             ad.last_hit = None
             obs = act("lookup", {"r": r, "chunk": st.get("chunk") or len(toks)}, rec)
+            if obs is not None and not obs.get("admitted") and st.get("chunk"):
+                rec["chunk_refused"] = True          # no aligned chunk fits the budget: a larger one
+                obs = act("lookup", {"r": r, "chunk": len(toks)}, rec)
             rec.update(hit=int(ad.last_hit or 0), served=seen.get("served"))
             if obs is None:
                 continue
