@@ -121,14 +121,17 @@ def run(args: argparse.Namespace, eng: Any, sources: list[Any], envs: Path | Non
 
 
 def _todo(cmp: dict[str, Any], workloads: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
-    """The differences to shrink: one per ordered pair of release classes (the first workload
-    that shows it) and one per release and broken check, at most `limit`."""
+    """The differences to shrink: one per ordered pair of release classes (releases with the same
+    hits on every lookup; the first workload that shows it) and one per release and broken check,
+    at most `limit`."""
     from .differential import class_pairs
     by_name = {w["name"]: w for w in workloads}
     out: list[dict[str, Any]] = []
+    members = {c[0]: c for c in cmp["classes"]}
     for a, b, keys in class_pairs(cmp):
         t, step = keys[0]
-        out.append({"less": a, "more": b, "origin": t, "step": step, "trace": by_name[t], "check": None})
+        out.append({"less": a, "more": b, "origin": t, "step": step, "trace": by_name[t], "check": None,
+                    "less_class": members[a], "more_class": members[b], "lookups": len(keys)})
     seen = set()
     for u in cmp["unsound"]:
         if (u["release"], u["check"]) not in seen:

@@ -63,7 +63,12 @@ def render_md(data: dict[str, Any]) -> str:
 def _what(x: dict[str, Any]) -> str:
     if x.get("check"):
         return f"{x['less']} breaks {x['check']} (serves what it must not)"
-    return f"{x['less']} reuses less than {x['more']} (reuse available elsewhere)"
+
+    def named(k: str) -> str:
+        same = [r for r in x.get(f"{k}_class") or [] if r != x[k]]
+        return x[k] + (f" (and {', '.join(same)}: the same hits)" if same else "")
+    return (f"{named('less')} reuses less than {named('more')} on {x.get('lookups', '?')} lookups "
+            "(reuse available elsewhere)")
 
 
 def render_text(data: dict[str, Any]) -> str:

@@ -34,10 +34,12 @@ def pool_blocks(layout: str) -> int:
     return 6 * per_req * len(groups) + 8
 
 
-def replay_reuse(layout: str, workloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def replay_reuse(layout: str, workloads: list[dict[str, Any]], fault: str | None = None) -> list[dict[str, Any]]:
+    """Every workload's records; `fault`: a planted vLLM fault (tests: a release that serves
+    what it must not)."""
     out: list[dict[str, Any]] = []
     for w in workloads:
-        out += _workload(layout, w)
+        out += _workload(layout, w, fault)
     return out
 
 
@@ -50,8 +52,8 @@ def _served(res: Any) -> list[int] | None:
         return None
 
 
-def _workload(layout: str, w: dict[str, Any]) -> list[dict[str, Any]]:
-    ad = VllmAdapter(layout, pool_blocks(layout))
+def _workload(layout: str, w: dict[str, Any], fault: str | None = None) -> list[dict[str, Any]]:
+    ad = VllmAdapter(layout, pool_blocks(layout), fault)
     seen: dict[str, Any] = {}
     lookup = ad.mgr.get_computed_blocks
 
