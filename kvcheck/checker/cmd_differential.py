@@ -26,6 +26,8 @@ def check_args(args: argparse.Namespace, eng: Any) -> list[dict[str, Any]] | Non
     for dest, flag in NOT_WITH.items():
         if getattr(args, dest, None):
             raise UsageError(f"{flag}: not used by --differential (it replays workloads, no campaign)")
+    if not 0 <= args.shrink_seconds < float("inf"):
+        raise UsageError(f"--shrink-seconds: expected a number of seconds >= 0, not {args.shrink_seconds!r}")
     if args.workers != 1:
         raise UsageError("--workers: --differential runs one release at a time")
     if not eng.has_replay_reuse():

@@ -83,7 +83,8 @@ def shrink_trace(trace: dict[str, Any], layout: str, procs: dict[str, ReleasePro
         if cut is not None:
             steps = shrink(cut, fails, max(0.0, seconds / 4), _alternatives, _related)
             break
-    return {**trace, "name": f"{trace['name']}-shrunk", "steps": steps}
+    name = trace["name"] if trace["name"].endswith("-shrunk") else f"{trace['name']}-shrunk"
+    return {**trace, "name": name, "steps": steps}
 
 
 REPRO = '''#!/usr/bin/env python3

@@ -154,6 +154,8 @@ def test_refusals_are_one_line(capsys, tmp_path, toy) -> None:
     assert_bad_input(*run(capsys, *base, "--sut", "toy-releases", "--python", py, "--resume")[::2], "--resume")
     assert_bad_input(*run(capsys, *base, "--sut", "toy-releases", "--python", py, "--traces",
                           str(tmp_path / "missing.json"))[::2], "--traces", "no such file")
+    assert_bad_input(*run(capsys, *base, "--sut", "toy-releases", "--python", py, "--shrink-seconds", "nan")[::2],
+                     "--shrink-seconds")
     (tmp_path / "bin.json").write_bytes(b"\xff\xfe\x00garbage")
     assert_bad_input(*run(capsys, *base, "--sut", "toy-releases", "--python", py, "--traces",
                           str(tmp_path / "bin.json"))[::2], "--traces")
@@ -170,7 +172,8 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers(-3, 60) | st.
 def test_any_traces_file_is_workloads_or_one_line(tmp_path, data) -> None:
     path = tmp_path / "t.json"
     path.write_bytes(data if isinstance(data, bytes) else json.dumps(data).encode())
-    args = argparse.Namespace(budget_per_cell=None, fuzz_option=None, resume=False, workers=1, traces=str(path))
+    args = argparse.Namespace(budget_per_cell=None, fuzz_option=None, resume=False, workers=1, traces=str(path),
+                              shrink_seconds=1.0)
     try:
         got = cmd_differential.check_args(args, toy_releases.ENGINE)
     except UsageError as e:
