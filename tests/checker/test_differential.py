@@ -180,3 +180,18 @@ def test_any_traces_file_is_workloads_or_one_line(tmp_path, data) -> None:
         assert "\n" not in str(e) and str(e).startswith(f"--traces {path}")
         return
     assert isinstance(got, list) and got and all(isinstance(w["steps"], list) for w in got)
+
+
+def test_a_driver_that_prints_garbage_or_dies_is_an_error_side_and_exit_3(capsys, tmp_path, toy) -> None:
+    bad = tmp_path / "py-garbage"
+    bad.write_text("#!/bin/sh\necho 'not json'\n")
+    bad.chmod(0o755)
+    dead = tmp_path / "py-dead"
+    dead.write_text("#!/bin/sh\nexit 7\n")
+    dead.chmod(0o755)
+    code, out, _ = run(capsys, "matrix", "--sut", "toy-releases", "--differential", "--python", toy("1.0"),
+                       "--python", str(bad), "--python", str(dead), "--layouts", "toy", "--json",
+                       "--out", str(tmp_path / "o"))
+    sides = json.loads(out)["layouts"]["toy"]["sides"]
+    assert code == 3 and [s["status"] for s in sides] == ["ran", "error", "error"]
+    assert "unreadable driver output" in sides[1]["why"] and "died (exit 7)" in sides[2]["why"]
