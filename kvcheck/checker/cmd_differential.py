@@ -104,10 +104,14 @@ def run(args: argparse.Namespace, eng: Any, sources: list[Any], envs: Path | Non
         for d in _todo(cmp, workloads.get(lay) or [], args.max_differences - len(differences)):
             key = (d["origin"], d["step"])
             d["hit_less"], d["hit_more"] = (ran[d[k]].hits()[key]["hit"] for k in ("less", "more"))
-            procs = {k: opener(ran[k].python) for k in dict.fromkeys([d["less"], d["more"]])}
+            procs: dict[str, df.ReleaseProc] = {}
             try:
+                for k in dict.fromkeys([d["less"], d["more"]]):
+                    procs[k] = opener(ran[k].python)
                 holds = breaks(d["less"], d["check"]) if d.get("check") else less_than(d["less"], d["more"])
                 d["trace"] = shrink_trace(d["trace"], lay, procs, holds, args.shrink_seconds)
+            except df.DriverError as e:              # kept whole: the difference stands unshrunk
+                d["shrink_error"] = str(e)
             finally:
                 for p in procs.values():
                     p.close()

@@ -157,6 +157,9 @@ def run_releases(pythons: list[str], layouts: list[str], opener: Opener, seed: i
                 sides[lay].append(Side(py, py, status="error", why=str(e)))
             continue
         label = proc.release or py
+        taken = {s.label for ss in sides.values() for s in ss}
+        label = next(f"{label} ({n})" for n in range(2, 10**6) if f"{label} ({n})" not in taken) \
+            if label in taken else label            # (two pythons with one release: both shown)
         say(f"kvcheck matrix --differential: {label} ({py}) ...")
         try:
             for lay in layouts:

@@ -114,7 +114,7 @@ def test_a_planted_reuse_loss_is_reported_shrunk_with_a_two_release_reproducer(c
 
 def test_the_same_release_twice_differs_nowhere(capsys, tmp_path, toy) -> None:
     code, data, _, _ = differential(capsys, tmp_path, toy, "1.0", "1.0")
-    assert code == 0 and data["differences"] == [] and data["layouts"]["toy"]["classes"] == [["1.0", "1.0"]]
+    assert code == 0 and data["differences"] == [] and data["layouts"]["toy"]["classes"] == [["1.0", "1.0 (2)"]]
 
 
 def test_an_unsound_hit_is_a_finding_shrunk_to_its_check(capsys, tmp_path, toy) -> None:
