@@ -87,7 +87,8 @@ def run(args: argparse.Namespace, eng: Any, sources: list[Any], envs: Path | Non
     def opener(py: str) -> df.ReleaseProc:
         return df.ReleaseProc(py, ref, logs / "differential.stderr.log")
 
-    sides, workloads = df.run_releases(pythons, layouts, opener, args.seed, args.workloads, given, say)
+    sides, workloads = df.run_releases(pythons, layouts, opener, args.seed, args.workloads, given, say,
+                                       out / "records")
     for f in failed:
         for lay in layouts:
             sides[lay].append(df.Side(f["release"], "", status="error", why=f["why"]))
@@ -128,7 +129,7 @@ def run(args: argparse.Namespace, eng: Any, sources: list[Any], envs: Path | Non
 
 def _todo(cmp: dict[str, Any], workloads: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
     """The differences to shrink: one per ordered pair of release classes (releases with the same
-    hits on every lookup; the first workload that shows it) and one per release and broken check,
+    hits on every lookup; the first workload that shows it) and one per class and broken check,
     at most `limit`."""
     from .differential import class_pairs
     by_name = {w["name"]: w for w in workloads}
@@ -138,10 +139,12 @@ def _todo(cmp: dict[str, Any], workloads: list[dict[str, Any]], limit: int) -> l
         t, step = keys[0]
         out.append({"less": a, "more": b, "origin": t, "step": step, "trace": by_name[t], "check": None,
                     "less_class": members[a], "more_class": members[b], "lookups": len(keys)})
+    rep = {r: c[0] for c in cmp["classes"] for r in c}
     seen = set()
-    for u in cmp["unsound"]:
-        if (u["release"], u["check"]) not in seen:
-            seen.add((u["release"], u["check"]))
+    for u in cmp["unsound"]:                   # one per class of releases and check
+        if (rep.get(u["release"]), u["check"]) not in seen:
+            seen.add((rep.get(u["release"]), u["check"]))
             out.append({"less": u["release"], "more": (u["more_than"] or [u["release"]])[0], "origin": u["trace"],
-                        "step": u["step"], "trace": by_name[u["trace"]], "check": u["check"]})
+                        "step": u["step"], "trace": by_name[u["trace"]], "check": u["check"], "kind": u["kind"],
+                        "known": u["known"]})
     return out[:max(0, limit)]

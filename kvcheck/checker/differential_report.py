@@ -48,6 +48,12 @@ def render_md(data: dict[str, Any]) -> str:
         for s in d["sides"]:
             if s["status"] != "ran":
                 out.append(f"\n{s['release']}: {s['status']}: {s['why']}")
+        broke: dict[str, int] = {}
+        for u in d["unsound"]:
+            k = f"{u['release']} breaks {u['check']}" + (f" (known defect {u['known']})" if u.get("known") else "")
+            broke[k] = broke.get(k, 0) + 1
+        if broke:
+            out += ["", "Lookups that broke a check: " + "; ".join(f"{k}: {n}" for k, n in broke.items())]
         groups = [" = ".join(c) for c in d["classes"]]
         out += ["", "Releases with identical hits on every lookup: " + ("; ".join(f"{{{g}}}" for g in groups) or "none"), ""]
     out += ["## Differences (shrunk)", ""]
@@ -62,7 +68,8 @@ def render_md(data: dict[str, Any]) -> str:
 
 def _what(x: dict[str, Any]) -> str:
     if x.get("check"):
-        return f"{x['less']} breaks {x['check']} (serves what it must not)"
+        known = f", known defect {x['known']}" if x.get("known") else ""
+        return f"{x['less']} breaks {x['check']} ({x.get('kind') or 'a check'}{known})"
 
     def named(k: str) -> str:
         same = [r for r in x.get(f"{k}_class") or [] if r != x[k]]

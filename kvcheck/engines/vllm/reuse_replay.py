@@ -7,17 +7,21 @@ admission) and the rest of the prompt in the workload's chunks (vLLM's own Mamba
 where a chunk may end; where it fits no chunk in the budget, as a Mamba block larger than the
 chunk, the step is scheduled again with the whole prompt, as a larger budget would, and the
 record says `chunk_refused`), then a decode per output token. The record keeps vLLM's hit, the spec's
-usable hit (the adapter's oracle), the blocks served per group, and the check a step broke (the
-replay of that workload stops there: the manager's state is then undefined).
+usable hit (the adapter's oracle), the blocks served per group, and the check a step broke, with
+the known defect of the release behind it if any (known.py; the replay of that workload stops
+there: the manager's state is then undefined).
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
+from kvcheck.fuzz.lockstep import Act
 from kvcheck.spec.sut import ActionRejected
 
+from . import known
 from .adapter import VllmAdapter
-from .layouts import LAYOUT_DATA, VOCAB, layout_scale
+from .layouts import LAYOUT_DATA, VOCAB, layout_scale, vllm_version
 
 
 def sizes(layout: str) -> dict[str, int]:
@@ -52,8 +56,15 @@ def _served(res: Any) -> list[int] | None:
         return None
 
 
+def _known(ad: VllmAdapter, broken: tuple[str, str, str], action: str, params: dict[str, Any]) -> str | None:
+    """The known defect of this release (known.py, the campaigns' one rule) behind a broken check."""
+    v = SimpleNamespace(check=broken[1], message=broken[2], size=None)
+    return known.of_violation(ad, v, Act(action, params), vllm_version())
+
+
 def _workload(layout: str, w: dict[str, Any], fault: str | None = None) -> list[dict[str, Any]]:
     ad = VllmAdapter(layout, pool_blocks(layout), fault)
+    known.install(ad, vllm_version())            # (a broken check then names its known defect)
     seen: dict[str, Any] = {}
     lookup = ad.mgr.get_computed_blocks
 
@@ -74,7 +85,8 @@ def _workload(layout: str, w: dict[str, Any], fault: str | None = None) -> list[
         broken = ad.extra_checks(action, params)
         if broken is not None:
             if rec is not None:
-                rec["violation"] = {"kind": broken[0], "check": broken[1], "message": broken[2][:300]}
+                rec["violation"] = {"kind": broken[0], "check": broken[1], "message": broken[2][:300],
+                                    "known": _known(ad, broken, action, params)}
                 if action == "lookup":
                     rec.update(hit=int(ad.last_hit or 0), served=seen.get("served"), decision="violation")
             raise _Stop
