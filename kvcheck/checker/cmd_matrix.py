@@ -37,7 +37,14 @@ what a cell says:
 exit: 3 if any cell is cannot drive, undecided or error (the matrix did not prove the releases);
 else the first finding's code (10-13); else 0. Outputs in --out: matrix-ENGINE.json, .md, .html;
 each release's traces under OUT/ENGINE-RELEASE/, the drivers' logs under OUT/drivers/.
-Docs: docs/matrix.md"""
+Docs: docs/matrix.md
+
+--differential: instead of campaigns, the same workloads (generated from --seed at each layout's
+sizes, or --traces FILE) replayed on every release, lookup by lookup: a release x release table per
+layout (reuse ratio, lookups where one release hits less than another), each difference shrunk
+with a two-release reproducer. exit 3 if a release could not replay, 10 if a lookup broke a
+check, 13 if reuse differs between releases, else 0; outputs differential-ENGINE.json and .md,
+differences/ (docs/differential.md)."""
 
 
 def add_matrix_arguments(p: argparse.ArgumentParser) -> None:
@@ -73,6 +80,18 @@ def add_matrix_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fuzz-option", action="append", metavar="NAME=VALUE", default=None,
                    help="an option of the engine's kvcheck fuzz for every cell (repeatable), e.g. drive=engine "
                         "or sched_policy=priority for --sut vllm; on/off options take true or false")
+    d = p.add_argument_group("cross-release differential (--differential)")
+    d.add_argument("--differential", action="store_true",
+                   help="replay the same workloads on every release and compare reuse lookup by lookup")
+    d.add_argument("--workloads", type=positive_int, default=8, metavar="N",
+                   help="generated workloads per layout (chats, resends, shared system prompts, long "
+                        "prompts, in turn) (default: %(default)s)")
+    d.add_argument("--traces", metavar="FILE", default=None,
+                   help="replay these workloads instead (a JSON list, or a saved difference)")
+    d.add_argument("--shrink-seconds", type=float, default=30.0, metavar="S",
+                   help="CPU seconds to shrink each difference (default: %(default)s)")
+    d.add_argument("--max-differences", type=positive_int, default=6, metavar="N",
+                   help="differences shrunk, with a reproducer each (default: %(default)s)")
 
 
 # fuzz options a cell cannot take from --fuzz-option: the matrix sets the layout, runs each cell
@@ -115,7 +134,9 @@ def _command(args: argparse.Namespace) -> str:
         cmd.append("--allow-outside-range")
     if args.layouts:
         cmd += ["--layouts", args.layouts]
-    cmd += ["--budget-per-cell", args.budget_per_cell or _engine(args.sut, False).matrix_budget, "--seed", str(args.seed), "--out", args.out]
+    if not args.differential:
+        cmd += ["--budget-per-cell", args.budget_per_cell or _engine(args.sut, False).matrix_budget]
+    cmd += ["--seed", str(args.seed), "--out", args.out]
     if args.envs:
         cmd += ["--envs", args.envs]
     if args.workers != 1:
@@ -124,6 +145,8 @@ def _command(args: argparse.Namespace) -> str:
         cmd.append("--resume")
     for item in args.fuzz_option or []:
         cmd += ["--fuzz-option", item]
+    if args.differential:
+        cmd += ["--differential", "--workloads", str(args.workloads)] + (["--traces", args.traces] if args.traces else [])
     return shlex.join(cmd)
 
 
@@ -197,6 +220,9 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         sources = [mx.Source(release=r) for r in releases]
     elif args.envs:
         raise UsageError("--envs: with --python nothing is built (drop --envs)")
+    if args.differential:
+        from .cmd_differential import run
+        return run(args, eng, sources, envs, wanted or columns, _command(args))
     workers, note = cap_workers(args.workers)
     if note:
         print(f"kvcheck matrix: {note}", file=sys.stderr)

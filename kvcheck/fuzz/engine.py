@@ -144,6 +144,23 @@ class Engine:
     def has_replay(self) -> bool:
         return type(self).replay is not Engine.replay
 
+    # ---- the cross-release differential (checker/differential*.py) -----------------------------
+    def reuse_sizes(self, layout: str) -> dict[str, int]:
+        """The sizes the core generates a layout's release-independent workloads at (fuzz/
+        reuse_workloads.py): {"block": tokens of a cache block, "max_tokens": the longest request
+        (prompt and output), "vocab": token ids drawn below it}. kvcheck's own data, no release."""
+        raise EngineUnavailable(f"{self.name}: no cross-release differential (no replay_reuse)")
+
+    def replay_reuse(self, layout: str, workloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Replay workloads (fuzz/reuse_workloads.py's steps) on the installed release, each on a
+        fresh cache: one record per lookup, {"trace", "step", "request", "prompt_tokens", "hit",
+        "decision", and where the driver has them "usable", "served", "violation"} (the
+        differential compares them across releases). Raises EngineUnavailable."""
+        raise EngineUnavailable(f"{self.name}: no cross-release differential (no replay_reuse)")
+
+    def has_replay_reuse(self) -> bool:
+        return type(self).replay_reuse is not Engine.replay_reuse
+
     # ---- command-line hooks (the engine's own driver behind `kvcheck fuzz/diff --sut NAME`) -
     def fuzz_command(self, args: argparse.Namespace) -> int | None:
         """`kvcheck fuzz --sut NAME` when the engine has its own driver; None: the core's
