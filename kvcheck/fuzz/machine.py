@@ -101,7 +101,9 @@ class Tally:
             return time.perf_counter() > self.first_failure_at + self.shrink_seconds
         if self.max_steps is not None and self.steps >= self.max_steps:
             return True
-        return self.deadline is not None and time.perf_counter() > self.deadline
+        # at least one step: a budget spent before the first step (Hypothesis starting on a busy
+        # machine) would otherwise give a campaign of nothing
+        return self.deadline is not None and self.steps > 0 and time.perf_counter() > self.deadline
 
     @property
     def last_trail(self) -> list[tuple[str, dict[str, Any]]]:
