@@ -133,16 +133,25 @@ class Steer:
             if not files:
                 raise ValueError("--steer coverage: none of the engine's cache-code modules is importable "
                                  f"here ({', '.join(self.modules) or 'it declares none'})")
-            for m in files:          # before tracing: the import's own arcs would be a first episode's only
-                try:
-                    importlib.import_module(m)
-                except Exception:  # noqa: BLE001 - the campaign reports a module that cannot load
-                    pass
-            self.feedback = ArcFeedback(list(files.values()))
+            self.files = files
+
+    def _start(self) -> None:
+        """Import the cache modules, then start tracing them: at the first episode, once the driver
+        has imported the engine its own way (SGLang's CPU stand-ins first: imported bare before,
+        a module half-loaded broke the release's import, KeyError 'sglang' on 0.5.11). Imported
+        before tracing: the import's own arcs would be a first episode's only."""
+        for m in self.files:
+            try:
+                importlib.import_module(m)
+            except Exception:  # noqa: BLE001 - the campaign reports a module that cannot load
+                pass
+        self.feedback = ArcFeedback(list(self.files.values()))
 
     def episode(self, fresh_seed: int) -> Episode:
         """The next episode: fresh from `fresh_seed`, or (the corpus loop) a kept one's prefix
         replayed and extended."""
+        if self.strategy == "coverage" and self.feedback is None:
+            self._start()
         self.episodes += 1
         # (sharing --cover's tracer, every episode is traced anyway: no back-off)
         traced = self.skip == 0 or (self.feedback is not None and not self.feedback.own)
