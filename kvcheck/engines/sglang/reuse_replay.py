@@ -1,0 +1,141 @@
+"""SGLang's side of the cross-release differential: the core's workloads (fuzz/reuse_workloads.py)
+replayed on the installed release, one record per lookup.
+
+Each workload runs on a fresh adapter of the layout's class (drivers.make_adapter: SGLang's real
+cache and pools, every check after every action) on the scheduler path the campaigns drive
+(sched.py): a send is submit, then `chunk` actions (the first is the lookup: `match_prefix` on all
+but the last token, lock, allocation; every chunk that leaves the prompt unfinished is published
+by SGLang's own `cache_unfinished_req` / `checkpoint_kv_cache`), then a decode per output token;
+a finish is SGLang's own `cache_finished_req` / `release_kv_cache`. The pool holds six requests of
+the longest length (release-independent), so a lookup's hit is the cache's matching, not its
+eviction under pressure. The record keeps SGLang's match length, kvcheck's usable hit (the
+adapter's oracle: the no-eviction twin, or for a sliding window the longest prefix with a live
+window behind it), and the check a step broke, naming the release's known defect behind it
+(layouts.KNOWN_FINDINGS); the replay of that workload stops there.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from kvcheck.spec.sut import ActionRejected
+
+from .layouts import KNOWN_FINDINGS, MAX_TOKENS, VOCAB, get_layout, known_finding
+
+
+UNIT = 4       # tokens the workloads are cut in at least: page 1 would make 1-2 token prompts
+
+
+def sizes(layout: str) -> dict[str, int]:
+    """The unit the workloads are cut in (whole pages, at least UNIT tokens: the sliding windows'
+    W), the longest request the adapter takes (prompt and output), the vocabulary."""
+    ps = get_layout(layout).page_size
+    return {"block": -(-UNIT // ps) * ps, "max_tokens": MAX_TOKENS - 1, "vocab": VOCAB}
+
+
+def capacity(layout: str) -> int:
+    """Token slots for six requests of the longest length (whole pages; release-independent)."""
+    ps = get_layout(layout).page_size
+    return -(-(6 * MAX_TOKENS + 8) // ps) * ps
+
+
+def replay_reuse(layout: str, workloads: list[dict[str, Any]], fault: str | None = None) -> list[dict[str, Any]]:
+    """Every workload's records; `fault`: a planted SGLang fault (tests: a release that serves
+    what it must not)."""
+    out: list[dict[str, Any]] = []
+    for w in workloads:
+        out += _workload(layout, w, fault)
+    return out
+
+
+class _Stop(Exception):
+    """A step broke one of the adapter's checks: this workload's replay ends there."""
+
+
+def _usable(ad: Any, tokens: list[int]) -> int | None:
+    """kvcheck's oracle before the match changes anything: the longest prefix with a live window
+    behind it (sliding-window classes), else the no-eviction twin's."""
+    try:
+        return int(ad.usable_hit(tokens)[0]) if hasattr(ad, "usable_hit") else int(ad.twin_hit(tokens))
+    except Exception:  # noqa: BLE001 - informational only (a core without Python nodes)
+        return None
+
+
+def _known(ad: Any, check: str) -> str | None:
+    """The release's known SGLang defect behind a broken check (layouts.KNOWN_FINDINGS)."""
+    from .install import sglang_version
+    if known_finding(ad.lay, sglang_version()) != check:
+        return None
+    return KNOWN_FINDINGS[(ad.lay.cls, ad.lay.components)][2]
+
+
+def _workload(layout: str, w: dict[str, Any], fault: str | None = None) -> list[dict[str, Any]]:
+    from .drivers import make_adapter
+    ad = make_adapter(get_layout(layout), fault, capacity(layout))
+    seen: dict[str, Any] = {}
+    real_check = ad.check_hit
+
+    def spy(req: Any, hit: int, path: Any) -> Any:      # every class's match passes its hit here
+        seen.update(hit=int(hit), usable=_usable(ad, req.tokens))
+        return real_check(req, hit, path)
+    ad.check_hit = spy                                   # (this adapter only)
+    records: list[dict[str, Any]] = []
+
+    def act(action: str, params: dict[str, Any], rec: dict[str, Any] | None) -> dict[str, Any] | None:
+        """One action; None when SGLang refused it (a shrunk workload's step may not apply);
+        a broken check is recorded on `rec` and ends the workload."""
+        try:
+            obs = ad.apply(action, params)
+        except ActionRejected:
+            return None
+        broken = ad.extra_checks(action, params)
+        if broken is not None:
+            if rec is not None:
+                rec["violation"] = {"kind": broken[0], "check": broken[1], "message": broken[2][:300],
+                                    "known": _known(ad, broken[1])}
+                if "hit" in seen and rec["decision"] == "refused":
+                    rec.update(hit=seen["hit"], usable=seen["usable"], decision="violation")
+            raise _Stop
+        return obs
+
+    try:
+        for i, st in enumerate(w["steps"]):
+            r = st["r"]
+            if st["op"] == "finish":
+                act("finish", {"r": r}, records[-1] if records else None)
+                continue
+            toks = list(st["tokens"])
+            rec = _record(w, i, r, toks)
+            records.append(rec)
+            if act("submit", {"r": r, "tokens": toks}, rec) is None:
+                rec["decision"] = "rejected"
+                continue
+            seen.clear()
+            obs = act("chunk", {"r": r, "n": st.get("chunk") or len(toks)}, rec)
+            rec.update(hit=seen.get("hit", 0), usable=seen.get("usable"))
+            if obs is None or not obs.get("admitted", True):
+                continue
+            rec["decision"] = "hit" if rec["hit"] else "miss"
+            _compute(ad, r, st, rec, act)
+    except _Stop:
+        pass
+    return records
+
+
+def _compute(ad: Any, r: str, st: dict[str, Any], rec: dict[str, Any], act: Any) -> None:
+    """The rest of the prompt in the step's chunks, then one decode per output token."""
+    s = ad.sched[r]
+    while s.computed < s.prompt:
+        got = act("chunk", {"r": r, "n": st.get("chunk") or s.prompt}, rec)
+        if got is None or got.get("allocated") is False:
+            rec["completed"] = False
+            return
+    for tok in st.get("output") or []:
+        if len(ad.reqs[r].tokens) >= MAX_TOKENS:
+            break
+        if not (act("decode", {"r": r, "tok": tok}, rec) or {}).get("allocated"):
+            break
+
+
+def _record(w: dict[str, Any], step: int, r: str, toks: list[int]) -> dict[str, Any]:
+    return {"trace": w["name"], "step": step, "request": r, "prompt_tokens": len(toks), "hit": 0,
+            "usable": None, "decision": "refused", "served": None, "violation": None}
