@@ -52,10 +52,13 @@ class _Stop(Exception):
 
 
 def _usable(ad: Any, tokens: list[int]) -> int | None:
-    """kvcheck's oracle before the match changes anything: the longest prefix with a live window
-    behind it (sliding-window classes), else the no-eviction twin's."""
+    """kvcheck's oracle (what its lost_reuse check holds the match to), read before the match
+    changes anything: the longest prefix with a live window behind it (sliding-window classes),
+    else the no-eviction twin's (with Mamba: ending at a kept state)."""
     try:
-        return int(ad.usable_hit(tokens)[0]) if hasattr(ad, "usable_hit") else int(ad.twin_hit(tokens))
+        if "swa" in ad.lay.components and hasattr(ad, "usable_hit"):
+            return int(ad.usable_hit(tokens)[0])
+        return int(ad.twin_hit(tokens))             # (Mamba: the states the twin kept)
     except Exception:  # noqa: BLE001 - informational only (a core without Python nodes)
         return None
 
@@ -71,13 +74,14 @@ def _known(ad: Any, check: str) -> str | None:
 def _workload(layout: str, w: dict[str, Any], fault: str | None = None) -> list[dict[str, Any]]:
     from .drivers import make_adapter
     ad = make_adapter(get_layout(layout), fault, capacity(layout))
+    one = getattr(ad, "py", ad)          # a lockstep layout: its Python core's (the cores must agree)
     seen: dict[str, Any] = {}
-    real_check = ad.check_hit
+    real_check = one.check_hit
 
     def spy(req: Any, hit: int, path: Any) -> Any:      # every class's match passes its hit here
-        seen.update(hit=int(hit), usable=_usable(ad, req.tokens))
+        seen.update(hit=int(hit), usable=_usable(one, req.tokens))
         return real_check(req, hit, path)
-    ad.check_hit = spy                                   # (this adapter only)
+    one.check_hit = spy                                  # (this adapter only)
     records: list[dict[str, Any]] = []
 
     def act(action: str, params: dict[str, Any], rec: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -115,7 +119,7 @@ def _workload(layout: str, w: dict[str, Any], fault: str | None = None) -> list[
             if obs is None or not obs.get("admitted", True):
                 continue
             rec["decision"] = "hit" if rec["hit"] else "miss"
-            _compute(ad, r, st, rec, act)
+            _compute(one, r, st, rec, act)
     except _Stop:
         pass
     return records
