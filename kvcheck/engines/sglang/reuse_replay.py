@@ -11,13 +11,14 @@ the longest length (release-independent), so a lookup's hit is the cache's match
 eviction under pressure. The record keeps SGLang's match length, kvcheck's usable hit (the
 adapter's oracle: the no-eviction twin, or for a sliding window the longest prefix with a live
 window behind it), and the check a step broke, naming the release's known defect behind it
-(layouts.KNOWN_FINDINGS); the replay of that workload stops there.
+(layouts.KNOWN_FINDINGS); the replay of that workload stops there (fuzz/reuse_replay.py: the
+step loop and the records, shared with vLLM's).
 """
 from __future__ import annotations
 
 from typing import Any
 
-from kvcheck.spec.sut import ActionRejected
+from kvcheck.fuzz.reuse_replay import Acts, replay
 
 from .layouts import KNOWN_FINDINGS, MAX_TOKENS, VOCAB, get_layout, known_finding
 
@@ -45,10 +46,6 @@ def replay_reuse(layout: str, workloads: list[dict[str, Any]], fault: str | None
     for w in workloads:
         out += _workload(layout, w, fault)
     return out
-
-
-class _Stop(Exception):
-    """A step broke one of the adapter's checks: this workload's replay ends there."""
 
 
 def _usable(ad: Any, tokens: list[int]) -> int | None:
@@ -82,47 +79,22 @@ def _workload(layout: str, w: dict[str, Any], fault: str | None = None) -> list[
         seen.update(hit=int(hit), usable=_usable(one, req.tokens))
         return real_check(req, hit, path)
     one.check_hit = spy                                  # (this adapter only)
-    records: list[dict[str, Any]] = []
 
-    def act(action: str, params: dict[str, Any], rec: dict[str, Any] | None) -> dict[str, Any] | None:
-        """One action; None when SGLang refused it (a shrunk workload's step may not apply);
-        a broken check is recorded on `rec` and ends the workload."""
-        try:
-            obs = ad.apply(action, params)
-        except ActionRejected:
-            return None
-        broken = ad.extra_checks(action, params)
-        if broken is not None:
-            if rec is not None:
-                rec["violation"] = {"kind": broken[0], "check": broken[1], "message": broken[2][:300],
-                                    "known": _known(ad, broken[1])}
-                if "hit" in seen and rec["decision"] == "refused":
-                    rec.update(hit=seen["hit"], usable=seen["usable"], decision="violation")
-            raise _Stop
-        return obs
+    def on_broken(rec: dict[str, Any], action: str) -> None:
+        if "hit" in seen and rec["decision"] == "refused":     # the lookup itself broke a check
+            rec.update(hit=seen["hit"], usable=seen["usable"], decision="violation")
+    act = Acts(ad, lambda broken, action, params: _known(ad, broken[1]), on_broken)
 
-    try:
-        for i, st in enumerate(w["steps"]):
-            r = st["r"]
-            if st["op"] == "finish":
-                act("finish", {"r": r}, records[-1] if records else None)
-                continue
-            toks = list(st["tokens"])
-            rec = _record(w, i, r, toks)
-            records.append(rec)
-            if act("submit", {"r": r, "tokens": toks}, rec) is None:
-                rec["decision"] = "rejected"
-                continue
-            seen.clear()
-            obs = act("chunk", {"r": r, "n": st.get("chunk") or len(toks)}, rec)
-            rec.update(hit=seen.get("hit", 0), usable=seen.get("usable"))
-            if obs is None or not obs.get("admitted", True):
-                continue
-            rec["decision"] = "hit" if rec["hit"] else "miss"
-            _compute(one, r, st, rec, act)
-    except _Stop:
-        pass
-    return records
+    def send(rec: dict[str, Any], st: dict[str, Any]) -> None:
+        r = st["r"]
+        seen.clear()
+        obs = act("chunk", {"r": r, "n": st.get("chunk") or len(st["tokens"])}, rec)
+        rec.update(hit=seen.get("hit", 0), usable=seen.get("usable"))
+        if obs is None or not obs.get("admitted", True):
+            return
+        rec["decision"] = "hit" if rec["hit"] else "miss"
+        _compute(one, r, st, rec, act)
+    return replay(w, act, send)
 
 
 def _compute(ad: Any, r: str, st: dict[str, Any], rec: dict[str, Any], act: Any) -> None:
@@ -139,7 +111,3 @@ def _compute(ad: Any, r: str, st: dict[str, Any], rec: dict[str, Any], act: Any)
         if not (act("decode", {"r": r, "tok": tok}, rec) or {}).get("allocated"):
             break
 
-
-def _record(w: dict[str, Any], step: int, r: str, toks: list[int]) -> dict[str, Any]:
-    return {"trace": w["name"], "step": step, "request": r, "prompt_tokens": len(toks), "hit": 0,
-            "usable": None, "decision": "refused", "served": None, "violation": None}
