@@ -40,12 +40,9 @@ def capacity(layout: str) -> int:
 
 
 def replay_reuse(layout: str, workloads: list[dict[str, Any]], fault: str | None = None) -> list[dict[str, Any]]:
-    """Every workload's records; `fault`: a planted SGLang fault (tests: a release that serves
-    what it must not)."""
-    out: list[dict[str, Any]] = []
-    for w in workloads:
-        out += _workload(layout, w, fault)
-    return out
+    """Every workload's records, each workload on a fresh cache; `fault`: a planted SGLang fault
+    (tests: a release that serves what it must not)."""
+    return [rec for w in workloads for rec in _workload(layout, w, fault)]
 
 
 def _usable(ad: Any, tokens: list[int]) -> int | None:
