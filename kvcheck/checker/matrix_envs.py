@@ -95,7 +95,8 @@ def select_releases(selector: str, distribution: str, claimed: tuple[str, str],
                 v = Version(raw)
             except InvalidVersion:
                 continue                           # the index's odd entries are not releases
-            if not v.is_prerelease and in_range(v, a, b):
+            # (a range from a post release, 0.5.15.post1..B, starts there: in_range compares base versions)
+            if not v.is_prerelease and a <= v and in_range(v, Version(a.base_version), b):
                 out.setdefault(v, v)
         return sorted(out)
 

@@ -43,6 +43,8 @@ def test_minors_is_the_newest_patch_or_post_release_of_each_minor() -> None:
 
 def test_a_range_and_an_explicit_list() -> None:
     assert select("0.27.0..0.32.0") == ["0.27.0", "0.27.1", "0.32.0"]
+    assert select("0.33.0.post1..0.33.0.post1") == ["0.33.0.post1"]       # a range from a post release
+    assert select("0.32.0..0.33.0") == ["0.32.0", "0.33.0", "0.33.0.post1"]
     assert select(" 0.33.0, 0.14.1,0.33 ", listing=lambda: pytest.fail("explicit releases need no index")) \
         == ["0.14.1", "0.33.0"]
 

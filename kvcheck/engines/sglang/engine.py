@@ -76,6 +76,17 @@ class SglangEngine(Engine):
                 + f" (exit {res['exit_code']})")
         return res["exit_code"], res, text
 
+    def reuse_sizes(self, layout: str) -> dict[str, int]:
+        from .reuse_replay import sizes
+        return sizes(layout)
+
+    def replay_reuse(self, layout: str, workloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        from .reuse_replay import replay_reuse
+        try:
+            return replay_reuse(layout, workloads)
+        except (SglangUnavailable, LayoutError) as e:
+            raise EngineUnavailable(str(e)) from None
+
     def fuzz_command(self, args: argparse.Namespace) -> int:
         from .cli import fuzz_command
         return fuzz_command(args)

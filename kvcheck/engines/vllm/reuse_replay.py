@@ -17,7 +17,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from kvcheck.fuzz.lockstep import Act
-from kvcheck.spec.sut import ActionRejected
+from kvcheck.fuzz.reuse_replay import Acts, replay
 
 from . import known
 from .adapter import VllmAdapter
@@ -39,12 +39,9 @@ def pool_blocks(layout: str) -> int:
 
 
 def replay_reuse(layout: str, workloads: list[dict[str, Any]], fault: str | None = None) -> list[dict[str, Any]]:
-    """Every workload's records; `fault`: a planted vLLM fault (tests: a release that serves
-    what it must not)."""
-    out: list[dict[str, Any]] = []
-    for w in workloads:
-        out += _workload(layout, w, fault)
-    return out
+    """Every workload's records, each workload on a fresh cache; `fault`: a planted vLLM fault
+    (tests: a release that serves what it must not)."""
+    return [rec for w in workloads for rec in _workload(layout, w, fault)]
 
 
 def _served(res: Any) -> list[int] | None:
@@ -73,58 +70,29 @@ def _workload(layout: str, w: dict[str, Any], fault: str | None = None) -> list[
         seen["served"] = _served(res)
         return res
     ad.mgr.get_computed_blocks = spy            # (this adapter's manager only)
-    records: list[dict[str, Any]] = []
 
-    def act(action: str, params: dict[str, Any], rec: dict[str, Any] | None) -> dict[str, Any] | None:
-        """One action; None when vLLM refused it (a shrunk workload's step may not apply) or it
-        broke a check (then recorded on `rec`)."""
-        try:
-            obs = ad.apply(action, params)
-        except ActionRejected:
-            return None
-        broken = ad.extra_checks(action, params)
-        if broken is not None:
-            if rec is not None:
-                rec["violation"] = {"kind": broken[0], "check": broken[1], "message": broken[2][:300],
-                                    "known": _known(ad, broken, action, params)}
-                if action == "lookup":
-                    rec.update(hit=int(ad.last_hit or 0), served=seen.get("served"), decision="violation")
-            raise _Stop
-        return obs
+    def on_broken(rec: dict[str, Any], action: str) -> None:
+        if action == "lookup":
+            rec.update(hit=int(ad.last_hit or 0), served=seen.get("served"), decision="violation")
+    act = Acts(ad, lambda broken, action, params: _known(ad, broken, action, params), on_broken)
 
-    try:
-        for i, st in enumerate(w["steps"]):
-            r = st["r"]
-            if st["op"] == "finish":
-                act("finish", {"r": r}, records[-1] if records else None)
-                continue
-            toks = list(st["tokens"])
-            if act("submit", {"r": r, "tokens": toks}, None) is None:
-                records.append(_record(w, i, r, toks, 0, None, "rejected", None))
-                continue
-            rec = _record(w, i, r, toks, 0, None, "refused", None)
-            records.append(rec)
-            seen.clear()
-            ad.last_hit = None
-            obs = act("lookup", {"r": r, "chunk": st.get("chunk") or len(toks)}, rec)
-            if obs is not None and not obs.get("admitted") and st.get("chunk"):
-                rec["chunk_refused"] = True          # no aligned chunk fits the budget: a larger one
-                obs = act("lookup", {"r": r, "chunk": len(toks)}, rec)
-            rec.update(hit=int(ad.last_hit or 0), served=seen.get("served"))
-            if obs is None:
-                continue
-            rec["usable"] = obs.get("usable")
-            if not obs.get("admitted"):
-                continue
-            rec["decision"] = "hit" if rec["hit"] else "miss"
-            _compute(ad, r, st, rec, act)
-    except _Stop:
-        pass
-    return records
-
-
-class _Stop(Exception):
-    """A step broke one of the adapter's checks: this workload's replay ends there."""
+    def send(rec: dict[str, Any], st: dict[str, Any]) -> None:
+        r, toks = st["r"], st["tokens"]
+        seen.clear()
+        ad.last_hit = None
+        obs = act("lookup", {"r": r, "chunk": st.get("chunk") or len(toks)}, rec)
+        if obs is not None and not obs.get("admitted") and st.get("chunk"):
+            rec["chunk_refused"] = True          # no aligned chunk fits the budget: a larger one
+            obs = act("lookup", {"r": r, "chunk": len(toks)}, rec)
+        rec.update(hit=int(ad.last_hit or 0), served=seen.get("served"))
+        if obs is None:
+            return
+        rec["usable"] = obs.get("usable")
+        if not obs.get("admitted"):
+            return
+        rec["decision"] = "hit" if rec["hit"] else "miss"
+        _compute(ad, r, st, rec, act)
+    return replay(w, act, send)
 
 
 def _compute(ad: VllmAdapter, r: str, st: dict[str, Any], rec: dict[str, Any], act: Any) -> None:
@@ -144,8 +112,3 @@ def _compute(ad: VllmAdapter, r: str, st: dict[str, Any], rec: dict[str, Any], a
             break
         act("decode", {"r": r, "tok": tok}, rec)
 
-
-def _record(w: dict[str, Any], step: int, r: str, toks: list[int], hit: int, usable: int | None,
-            decision: str, served: list[int] | None) -> dict[str, Any]:
-    return {"trace": w["name"], "step": step, "request": r, "prompt_tokens": len(toks), "hit": hit,
-            "usable": usable, "decision": decision, "served": served, "violation": None}
