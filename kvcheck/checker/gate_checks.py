@@ -62,6 +62,15 @@ def default_checks(rep: dict[str, Any]) -> list[dict[str, Any]]:
                                    + list(failed)))
         out += [check(sut, "fuzz", n, "failed" if n in failed else "passed", z["seconds"], counts, failed.get(n))
                 for n in names]
+    x = eng.get("exhaustive_reference")
+    if x:
+        e = x["exhaustive"]
+        counts = {k: e[k] for k in ("depth", "programs", "states", "steps", "complete")}
+        f = x["findings"][0] if x["findings"] else None
+        verdict = "failed" if f else "passed" if x["exit_code"] == 0 else "undecided"
+        out.append(check("reference", "exhaustive", f"depth_{e['depth']}", verdict, x["seconds"], counts,
+                         finding(f["kind"], f["message"], f["replay"], f["trace_steps"]) if f else None,
+                         note=None if verdict == "passed" else x["verdict"]))
     d = eng.get("diff_reference")
     if d:
         failed = {c: finding(m["kind"], m["message"], m.get("replay"), []) for m in d["mismatches"] for c in m["checks"]}

@@ -33,6 +33,8 @@ def _run_engine(sys: System, engine: str, cfg: Config, seed: int, variant: str |
         return pe.run_prove(sys, cfg, out)
     if engine == "explore":
         return pe.run_explore(sys, out)
+    if engine == "exhaustive":
+        return pe.run_exhaustive(sys, cfg, seed, out)
     if variant is not None:                      # a registered engine's layout / model type
         return pe.run_engine_variant(sys, variant, seed, out)
     if engine == "fuzz":
@@ -226,11 +228,11 @@ def render_project_md(rep: dict[str, Any]) -> str:
                   + (", ".join(f"{k} {n}" for k, n in e["metrics"]["degradations"].items()) or "none") + " |"
                   for e in rates]
     cov = [(e, run, c) for e in rep["engines"].values() for run, c in (e.get("engine_coverage") or {}).items()]
-    if cov:                         # `cover = true`: the engine's own cache code each campaign reached
-        lines += ["", "## Engine-code coverage", "", "| system | campaign | lines | branches | annotated |",
-                  "|---|---|---|---|---|"]
+    if cov:                         # `cover` (default on): the engine's own cache code each campaign reached
+        lines += ["", "## Engine-code coverage", "",
+                  "| system | campaign | lines | run-time lines | branches | annotated |", "|---|---|---|---|---|---|"]
         lines += [f"| {e['system']} | {run} | {c['lines_pct']}% ({c['lines']}/{c['statements']}) | "
-                  f"{c['branches_pct']}% | {c.get('annotated') or ''} |" for e, run, c in cov]
+                  f"{c.get('runtime_pct')}% | {c['branches_pct']}% | {c.get('annotated') or ''} |" for e, run, c in cov]
     if rep["findings"]:
         lines += ["", "## Findings", ""]
         for f in rep["findings"]:

@@ -24,10 +24,10 @@ from .common import UsageError
 # The engines that make sense for each kind of system under test.
 ENGINES: dict[str, tuple[str, ...]] = {
     "spec": ("walk", "fuzz", "prove", "explore", "replay-corpus"),
-    "reference": ("fuzz", "diff", "replay-corpus"),
+    "reference": ("fuzz", "diff", "exhaustive", "replay-corpus"),
     "vllm": ("fuzz", "replay-corpus"),
     "transformers": ("diff",),
-    "user": ("fuzz", "replay-corpus"),
+    "user": ("fuzz", "exhaustive", "replay-corpus"),
 }
 DEFAULT_ENGINES: dict[str, tuple[str, ...]] = {
     "spec": ("walk", "fuzz", "replay-corpus"), "reference": ("fuzz", "diff", "replay-corpus"),
@@ -36,7 +36,8 @@ DEFAULT_ENGINES: dict[str, tuple[str, ...]] = {
 DEFAULT_BUDGETS: dict[tuple[str, str], str] = {
     ("spec", "walk"): "10000", ("spec", "fuzz"): "3000", ("reference", "fuzz"): "600",
     ("reference", "diff"): "30", ("vllm", "fuzz"): "2000", ("transformers", "diff"): "10",
-    ("user", "fuzz"): "2000"}
+    ("user", "fuzz"): "2000", ("reference", "exhaustive"): "40000", ("user", "exhaustive"): "40000"}
+DEFAULT_DEPTH = 4                                              # `depth` of the exhaustive engine
 COUNT_ONLY = {"walk": "steps", "diff": "scenarios"}           # engines whose budget is a count
 NO_BUDGET = ("prove", "explore", "replay-corpus")              # run at CI bounds / whole corpus
 # The engines that can run an expected fault, per kind (the mutants engines of its layer).
@@ -59,9 +60,11 @@ SYSTEM_KEYS = {"engines": "a list of engine names", "budget": "a budget: steps (
                "model_types": "a list of transformers model types",
                "sched_policy": "fcfs or priority: vLLM's scheduler policy in the scheduler-driven episodes",
                "known": "a table NAME = { reason = \"...\", upstream = \"...\" } (adds to the top-level [known])",
-               "cover": "true or false: measure the engine's cache-code coverage over each campaign"}
+               "depth": "a positive integer: the exhaustive engine's depth (steps per program, default 4)",
+               "cover": "true (default) or false: measure the engine's cache-code coverage over each campaign "
+                        "and hold it to the engine's floor"}
 KIND_ONLY = {"layouts": ("vllm",), "model_types": ("transformers",), "sched_policy": ("vllm",), "known": ("vllm",),
-             "cover": ("vllm",),
+             "cover": ("vllm", "transformers"),
              "config": ("spec", "reference", "user")}
 # Kinds that are registered engines checked through their own project hooks (fuzz/engine.py).
 ENGINE_KINDS = ("vllm", "transformers")
@@ -293,9 +296,21 @@ class _Validator:
         fb = self.budget(tab, "fault_budget", body.get("fault_budget", DEFAULT_FAULT_BUDGET), None)
         config = self.config(tab, body["config"]) if "config" in body else None
         variants, options = self.engine_system(tab, kind, body) if kind in ENGINE_KINDS else ((), {})
+        if kind in ENGINE_KINDS:
+            cover = body.get("cover", True)
+            if not isinstance(cover, bool):
+                raise self.fail(tab, "cover", f"must be true or false (got {cover!r})")
+            options = dict(options, cover=cover)
         if kind in ENGINE_KINDS:          # known defects the team accepts: the file's, then the system's
             options = dict(options, acknowledged={**self.known, **self.acknowledgements(tab, "known", body.get("known", {}))},
                            strict_known=self.known_strict)
+        if "depth" in body:
+            d = body["depth"]
+            if "exhaustive" not in engines:
+                raise self.fail(tab, "depth", "applies to the exhaustive engine only (add it to engines)")
+            if isinstance(d, bool) or not isinstance(d, int) or not 1 <= d <= 12:
+                raise self.fail(tab, "depth", f"must be an integer from 1 to 12 (got {d!r})")
+            options = dict(options, depth=d)
         faults = self.strings(tab, "expected_faults", body.get("expected_faults", []), "fault names")
         if faults and not set(engines) & set(FAULT_ENGINES[kind]):
             raise self.fail(tab, "expected_faults", f"need an engine that plants faults "

@@ -12,10 +12,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..spec.config import Config
-from ..spec.objects import DECISION_KINDS
 from ..spec.outputs import kvcheck_command
 from ..spec.system import Spec
 from ..spec.trace import Trace
@@ -158,6 +157,26 @@ def run_explore(sys: System, out: Path) -> EngineRun:
                                                               counts, und))
 
 
+def run_exhaustive(sys: System, cfg: Config, seed: int, out: Path) -> EngineRun:
+    """Every program of the system up to its `depth` (fuzz/exhaustive.py): one check,
+    `depth_K`, passed when complete, failed with a shortest trace, undecided when the budget
+    ran out first."""
+    from .gate_profiles import run_exhaustive_pass
+    from .project import DEFAULT_DEPTH
+    depth, b = int(sys.options.get("depth", DEFAULT_DEPTH)), sys.budgets["exhaustive"]
+    x = run_exhaustive_pass(cfg, out, seed, depth, b.steps, sut=sys.name, seconds=b.seconds)
+    e = x["exhaustive"]
+    counts = {k: e[k] for k in ("depth", "reached", "programs", "states", "steps", "complete")}
+    failed, und, traces = {}, {}, []
+    for f in x["findings"]:
+        failed[f"depth_{depth}"] = finding(f["kind"], f["message"], f["replay"], f["trace_steps"])
+        traces.append(f["trace"])
+    if not failed and x["exit_code"] != ExitCode.OK:
+        und[f"depth_{depth}"] = x["verdict"]
+    return EngineRun(x["exit_code"], x["seconds"], counts,
+                     per_check(sys.name, "exhaustive", [f"depth_{depth}"], failed, x["seconds"], counts, und), traces)
+
+
 # ---- the Hypothesis campaign (spec, reference, MODULE:CLASS) ----------------------------
 
 def run_fuzz(sys: System, cfg: Config, seed: int, out: Path, fault: str | None = None) -> EngineRun:
@@ -235,6 +254,37 @@ def run_engine_variant(sys: System, variant: str, seed: int, out: Path, fault: s
         return registry.get(sys.kind).project_run(sys, variant, seed, out, fault)
     except (registry.UnknownEngine, EngineUnavailable) as e:
         return skipped(label, "fuzz", str(e))
+
+
+def covered(sys: System, label: str, engine: str, key: str, html_dir: Path, fault: str | None,
+            run: Callable[[], EngineRun]) -> EngineRun:
+    """`run` (one campaign of a registered engine) under a measurement of the engine's cache code
+    when the system's `cover` is on (the default; not for an expected fault's run): the result
+    in report.json (`engine_coverage[key]`) and an `engine_coverage` check held to the engine's
+    floor (`Engine.coverage_floor`), undecided below it. A run that was skipped stays skipped."""
+    if not sys.options.get("cover") or fault:
+        return run()
+    from ..fuzz import engine_coverage as ec, registry
+    eng = registry.get(sys.kind)
+    try:
+        meas = ec.measure(sys.kind, eng.cache_code, html_dir)
+    except ec.CoverageUnavailable:       # the engine is not importable here: the run says so itself
+        return run()
+    try:
+        r = run()
+    finally:
+        cov = meas.stop()
+    if all(c["verdict"] == "skipped" for c in r.checks):
+        return r
+    r.extra["engine_coverage"] = {key: cov}
+    why = ec.below_floor(cov, eng.coverage_floor)
+    counts = {"runtime_pct": cov["runtime_pct"], "lines_pct": cov["lines_pct"],
+              "branches_pct": cov["branches_pct"]}
+    r.checks.append(check(label, engine, "engine_coverage", "undecided" if why else "passed", r.seconds, counts,
+                          note=(why + " (raise the budget, or add a layout that exercises it)") if why else None))
+    if why and r.code == ExitCode.OK:
+        r.code = ExitCode.UNDECIDED
+    return r
 
 
 def skipped(label: str, engine: str, why: str) -> EngineRun:

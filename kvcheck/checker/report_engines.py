@@ -20,7 +20,8 @@ from .report_findings import ShapeError, lst, obj
 ORDER = ("walk", "fuzz_spec", "fuzz_reference", "diff_reference", "mutants_smoke", "prove", "explore")
 TITLES = {"walk": "Random walks of the spec", "fuzz_spec": "Fuzz --sut spec", "fuzz_reference": "Fuzz --sut reference",
           "diff_reference": "Diff: reuse vs full recompute (reference engine)", "mutants_smoke": "Mutants (gate smoke)",
-          "mutants": "Mutants matrix", "prove": "Z3 proofs", "explore": "Explicit-state exploration"}
+          "mutants": "Mutants matrix", "prove": "Z3 proofs", "explore": "Explicit-state exploration",
+          "exhaustive_reference": "Exhaustive small scope (reference engine)"}
 
 
 def num(x: Any, where: str) -> float:
@@ -230,11 +231,12 @@ def _coverage(runs: dict[str, Any]) -> str:
         for mod, f in obj(c.get("files", {}), f"report.json: engine_coverage.{run}.files").items():
             f = obj(f, f"report.json: engine_coverage.{run}.files.{mod}")
             miss = lst(f.get("missing_lines", []), f"report.json: engine_coverage.{run}.files.{mod}.missing_lines")
-            rows.append([run, mod, f.get("lines_pct"), f.get("branches_pct"),
+            rows.append([run, mod, f.get("lines_pct"), f.get("runtime_pct"), f.get("branches_pct"),
                          ", ".join(map(str, miss[:12])) + (" ..." if len(miss) > 12 else "")])
         if c.get("annotated"):
-            rows.append([run, "annotated listing", "", "", str(c["annotated"])])
-    return "<h3>Engine-code coverage</h3>" + table(["campaign", "module", "lines %", "branches %", "never reached"], rows)
+            rows.append([run, "annotated listing", "", "", "", str(c["annotated"])])
+    return "<h3>Engine-code coverage</h3>" + table(["campaign", "module", "lines %", "run-time lines %", "branches %",
+                                                    "never reached"], rows)
 
 
 def sections(data: dict[str, Any], d: Path) -> list[tuple[str, str, str]]:

@@ -53,6 +53,11 @@ class Engine:
     # The engine's cache code: the modules `kvcheck fuzz --cover` measures line and branch
     # coverage of (fuzz/engine_coverage.py); those a release lacks are reported as absent.
     cache_code: ClassVar[tuple[str, ...]] = ()
+    # The gate's coverage floor: module of `cache_code` -> the percent of its run-time lines
+    # (function bodies) a gate campaign must reach; below it the campaign's `engine_coverage`
+    # check is undecided (exit 3). Set between what building the engine alone reaches and what
+    # a working campaign at the gate's default budget reaches (docs/search.md, "The gate").
+    coverage_floor: ClassVar[Mapping[str, float]] = {}
     # The package-index distribution of the engine and the releases kvcheck claims to drive,
     # (oldest, newest) inclusive; None: no release matrix (`kvcheck matrix`).
     distribution: ClassVar[str | None] = None

@@ -13,16 +13,54 @@ campaign's steps run in this interpreter (not with --ray or worker processes).
 """
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import tempfile
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 
 class CoverageUnavailable(RuntimeError):
     """coverage.py is not importable, or the engine declares no cache code: one line."""
+
+
+def body_lines(path: str) -> set[int]:
+    """The lines of `path` inside function bodies: what runs when the code is *called*, not when
+    its module is imported (module and class bodies, `def` and decorator lines). Whether the
+    cache modules were imported before or during a measurement then changes nothing: the floor
+    (`below_floor`) is judged on these lines."""
+    try:
+        tree = ast.parse(Path(path).read_bytes())
+    except (OSError, SyntaxError, ValueError):
+        return set()
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            body = node.body if isinstance(node.body, list) else [node.body]
+            for stmt in body:
+                for sub in ast.walk(stmt):
+                    if isinstance(sub, (ast.stmt, ast.expr)) and hasattr(sub, "lineno"):
+                        out.add(sub.lineno)
+    return out
+
+
+def below_floor(res: dict[str, Any], floor: Mapping[str, float]) -> str | None:
+    """Why a measurement is below an engine's coverage floor (`Engine.coverage_floor`: module ->
+    percent of its run-time lines), or None. A campaign under it drove too little of the engine
+    to vouch for it (a driver that stops after setup, a layout whose lookups never hit): its gate
+    check is undecided, never passed. A module this release lacks is not judged."""
+    short = []
+    for mod, pct in floor.items():
+        f = res.get("files", {}).get(mod)
+        if not f or not f.get("runtime_statements"):
+            continue
+        if (f.get("runtime_pct") or 0.0) < pct:
+            short.append(f"{mod} {f.get('runtime_pct') or 0.0}% < {pct}% "
+                         f"({f['runtime_lines']}/{f['runtime_statements']} run-time lines)")
+    return "below the engine-code coverage floor: " + "; ".join(short) if short else None
 
 
 def resolve(modules: Sequence[str]) -> tuple[dict[str, str], list[str]]:
@@ -84,7 +122,8 @@ class Measure:
         if self.result is not None:
             return self.result
         self.cov.stop()
-        with tempfile.TemporaryDirectory() as d:
+        with tempfile.TemporaryDirectory() as d, warnings.catch_warnings():
+            warnings.simplefilter("ignore")      # "No data was collected": reported as 0 lines below
             report = Path(d) / "coverage.json"
             try:
                 self.cov.json_report(outfile=str(report))
@@ -92,21 +131,28 @@ class Measure:
             except Exception:    # noqa: BLE001 - coverage.py raises its NoDataError when nothing ran
                 data = {}
         by_path = {str(Path(k).resolve()): v for k, v in data.items()}
-        files, tl, tc, bl, bc = {}, 0, 0, 0, 0
+        files, tl, tc, bl, bc, rl, rc = {}, 0, 0, 0, 0, 0, 0
         for mod, path in self.modules.items():
             f = by_path.get(path)
+            body = body_lines(path)
             if f is None:                  # imported before measuring and never run since, or never imported
-                statements = len(self._statements(path))
-                s = {"num_statements": statements, "covered_lines": 0, "num_branches": 0, "covered_branches": 0}
-                missing = ["all"] if statements else []
+                stmts = self._statements(path)
+                s = {"num_statements": len(stmts), "covered_lines": 0, "num_branches": 0, "covered_branches": 0}
+                missing = ["all"] if stmts else []
+                run_stmts, run_hit = body & set(stmts), set()
             else:
                 s, missing = f["summary"], _ranges(f["missing_lines"])
+                run_hit = body & set(f["executed_lines"])
+                run_stmts = run_hit | (body & set(f["missing_lines"]))
             files[mod] = {"path": path, "lines": s["covered_lines"], "statements": s["num_statements"],
                           "lines_pct": _pct(s["covered_lines"], s["num_statements"]),
                           "branches": s.get("covered_branches", 0), "branch_count": s.get("num_branches", 0),
                           "branches_pct": _pct(s.get("covered_branches", 0), s.get("num_branches", 0)),
+                          "runtime_lines": len(run_hit), "runtime_statements": len(run_stmts),
+                          "runtime_pct": _pct(len(run_hit), len(run_stmts)),
                           "missing_lines": missing}
             tl, tc = tl + s["num_statements"], tc + s["covered_lines"]
+            rl, rc = rl + len(run_stmts), rc + len(run_hit)
             bl, bc = bl + s.get("num_branches", 0), bc + s.get("covered_branches", 0)
         html = None
         if self.html_dir is not None and data:
@@ -116,7 +162,8 @@ class Measure:
             except OSError:
                 html = None
         self.result = {"engine": self.engine, "lines_pct": _pct(tc, tl), "branches_pct": _pct(bc, bl),
-                       "lines": tc, "statements": tl, "files": files, "absent_modules": self.absent,
+                       "lines": tc, "statements": tl, "runtime_pct": _pct(rc, rl), "runtime_lines": rc,
+                       "runtime_statements": rl, "files": files, "absent_modules": self.absent,
                        "annotated": html}
         return self.result
 
@@ -147,7 +194,8 @@ def text_lines(res: dict[str, Any]) -> list[str]:
     def pct(x: float | None) -> str:
         return "n/a" if x is None else f"{x}%"
     lines = [f"  engine coverage ({res['engine']} cache code): lines {pct(res['lines_pct'])} "
-             f"({res['lines']}/{res['statements']}), branches {pct(res['branches_pct'])}"
+             f"({res['lines']}/{res['statements']}), branches {pct(res['branches_pct'])}, "
+             f"run-time lines {pct(res.get('runtime_pct'))}"
              + (f"; annotated: {res['annotated']}" if res.get("annotated") else "")]
     for mod, f in res["files"].items():
         lines.append(f"    {mod}: lines {pct(f['lines_pct'])}, branches {pct(f['branches_pct'])}")

@@ -58,6 +58,11 @@ def test_gate_clean_writes_reports(capsys, tmp_path) -> None:
     assert json.loads((tmp_path / "report.json").read_text())["exit_code"] == 0
     md = (tmp_path / "report.md").read_text()
     assert "# kvcheck gate: holds" in md and "| REUSE |" in md
+    x = rep["engines"]["exhaustive_reference"]          # every reference program up to 4 steps
+    assert x["exit_code"] == 0 and x["exhaustive"]["complete"] and x["exhaustive"]["depth"] == 4, x
+    assert "## Exhaustive small scope of the reference engine" in md and "holds: exhaustive to depth 4" in md
+    (c,) = [c for c in rep["checks"] if c["engine"] == "exhaustive"]
+    assert c["check"] == "depth_4" and c["verdict"] == "passed" and c["counts"]["programs"] > 1000, c
 
 
 def test_gate_below_minimum_coverage_is_undecided(capsys, tmp_path, monkeypatch) -> None:

@@ -23,6 +23,22 @@ def test_ranges_and_resolve() -> None:
     assert absent == ["no_such_pkg.cache", "sys"]           # not installed; built in (no Python source)
 
 
+def test_run_time_lines_are_function_bodies_and_the_floor_judges_them(tmp_path) -> None:
+    """What runs at import (module and class bodies, def and decorator lines) is not a run-time
+    line; a floor is judged per module on run-time lines, a module the release lacks is not."""
+    src = tmp_path / "m.py"
+    src.write_text('import os\n\nX = 1\n\n\nclass A:\n    y = 2\n\n    @staticmethod\n    def f(a):\n'
+                   '        b = a + 1\n        return [c for c in\n                range(b)]\n\n\n'
+                   'def g():\n    return lambda z: z * 2\n')
+    assert ec.body_lines(str(src)) == {11, 12, 13, 17}
+    assert ec.body_lines(str(tmp_path / "missing.py")) == set()
+    res = {"engine": "e", "files": {"a": {"runtime_pct": 40.0, "runtime_lines": 4, "runtime_statements": 10},
+                                    "b": {"runtime_pct": None, "runtime_lines": 0, "runtime_statements": 0}}}
+    assert ec.below_floor(res, {"a": 40.0, "b": 50.0, "absent": 10.0}) is None
+    why = ec.below_floor(res, {"a": 40.1})
+    assert why == "below the engine-code coverage floor: a 40.0% < 40.1% (4/10 run-time lines)"
+
+
 def test_cover_is_refused_where_no_cache_code_is_declared(capsys, tmp_path) -> None:
     assert_bad_input(*run(capsys, "fuzz", "--sut", "spec", "--cover", "--budget", "10",
                           "--out", str(tmp_path))[::2], "--cover applies to --sut")
@@ -117,16 +133,20 @@ def test_transformers_diff_coverage_and_refusals(capsys, tmp_path) -> None:
 
 
 def test_a_project_system_with_cover_reports_it_in_md_json_and_html(capsys, tmp_path) -> None:
-    """`cover = true` in a project's vLLM system: each campaign's coverage in report.json (the
-    engine block), report.md (a table) and report.html (per module); bad values are one line."""
+    """`cover` (on by default) in a project's vLLM system: each campaign's coverage in report.json
+    (the engine block), report.md (a table) and report.html (per module), held to the engine's
+    floor (an `engine_coverage` check); bad values are one line."""
     pytest.importorskip("vllm")
     proj = tmp_path / "kvcheck.toml"
-    proj.write_text('[systems.vllm]\nlayouts = ["full+swa"]\nengines = ["fuzz"]\nbudget = 400\ncover = true\n')
+    proj.write_text('[systems.vllm]\nlayouts = ["full+swa"]\nengines = ["fuzz"]\nbudget = 400\n')
     code, out, err = run(capsys, "gate", "--project", str(proj), "--out", str(tmp_path / "rep"))
     assert code == 0, out + err
     rep = json.loads((tmp_path / "rep" / "report.json").read_text())
     cov = rep["engines"]["vllm[full+swa] fuzz"]["engine_coverage"]["full+swa seed 0"]
     assert 0 < cov["lines_pct"] < 100 and Path(cov["annotated"]).is_file()
+    assert 0 < cov["runtime_pct"] < cov["lines_pct"] or cov["runtime_statements"] < cov["statements"]
+    (c,) = [c for c in rep["checks"] if c["check"] == "engine_coverage"]
+    assert c["verdict"] == "passed" and c["counts"]["runtime_pct"] == cov["runtime_pct"], c
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "## Engine-code coverage" in md and "| vllm[full+swa] | full+swa seed 0 |" in md
     html = (tmp_path / "rep" / "report.html").read_text()
@@ -136,4 +156,37 @@ def test_a_project_system_with_cover_reports_it_in_md_json_and_html(capsys, tmp_
                      "[systems.vllm] cover: must be true or false")
     proj.write_text('[systems.spec]\ncover = true\n')
     assert_bad_input(*run(capsys, "gate", "--project", str(proj), "--out", str(tmp_path / "c"))[::2],
-                     "[systems.spec] cover: applies to vllm only")
+                     "[systems.spec] cover: applies to vllm and transformers only")
+
+
+def test_a_campaign_below_the_engine_floor_is_undecided_not_passed(capsys, tmp_path) -> None:
+    """One step builds vLLM's scheduler and KV cache manager and little else: its block_pool
+    run-time lines stay under the engine's floor, so the gate says undecided (exit 3) and names
+    the module, where it passes the same layout at 400 steps (above). `cover = false` measures
+    nothing and judges nothing."""
+    pytest.importorskip("vllm")
+    proj = tmp_path / "kvcheck.toml"
+    proj.write_text('[systems.vllm]\nlayouts = ["full"]\nengines = ["fuzz"]\nbudget = 1\n')
+    code, out, err = run(capsys, "gate", "--project", str(proj), "--out", str(tmp_path / "rep"))
+    rep = json.loads((tmp_path / "rep" / "report.json").read_text())
+    (c,) = [c for c in rep["checks"] if c["check"] == "engine_coverage"]
+    assert code == 3 and c["verdict"] == "undecided", out + err
+    assert "below the engine-code coverage floor: vllm.v1.core.block_pool" in c["note"], c
+    proj.write_text('[systems.vllm]\nlayouts = ["full"]\nengines = ["fuzz"]\nbudget = 1\ncover = false\n')
+    code, out, err = run(capsys, "gate", "--project", str(proj), "--out", str(tmp_path / "off"))
+    rep = json.loads((tmp_path / "off" / "report.json").read_text())
+    assert not [c for c in rep["checks"] if c["check"] == "engine_coverage"]
+    assert "engine_coverage" not in rep["engines"]["vllm[full] fuzz"]
+
+
+def test_a_transformers_project_system_is_held_to_its_floor(capsys, tmp_path) -> None:
+    """The transformers engine's runs are measured by default too (cache_utils), and judged."""
+    pytest.importorskip("transformers")
+    proj = tmp_path / "kvcheck.toml"
+    proj.write_text('[systems.transformers]\nmodel_types = ["mistral"]\nbudget = 2\n')
+    code, out, err = run(capsys, "gate", "--project", str(proj), "--out", str(tmp_path / "rep"))
+    assert code == 0, out + err
+    rep = json.loads((tmp_path / "rep" / "report.json").read_text())
+    cov = rep["engines"]["transformers[mistral] diff"]["engine_coverage"]["mistral seed 0"]
+    (c,) = [c for c in rep["checks"] if c["check"] == "engine_coverage"]
+    assert c["verdict"] == "passed" and cov["files"]["transformers.cache_utils"]["runtime_lines"] > 0, c

@@ -31,7 +31,7 @@ def test_the_gate_budgets_exercise_every_action(capsys, tmp_path, sut, steps) ->
     """The default gate's fuzz profiles (CiProfiles) at their budgets, on the gate's seed: every
     action the SUT declares is drawn (before the steering, 2,000-step campaigns missed verify_ok
     and use_stale on most seeds; seeds 0-9 measured in docs/adapters.md)."""
-    from kvcheck.checker.gate import CiProfiles
+    from kvcheck.checker.gate_profiles import CiProfiles
     assert steps == {"spec": CiProfiles.fuzz_spec_steps, "reference": CiProfiles.fuzz_reference_steps}[sut]
     code, out, _ = run(capsys, "fuzz", "--sut", sut, "--budget", str(steps), "--seed", "0", "--json",
                        "--out", str(tmp_path))

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from kvcheck.checker.project import System
-from kvcheck.checker.project_engines import EngineRun, finding, per_check, skipped
-from kvcheck.spec.outputs import kvcheck_command
+from kvcheck.checker.project_engines import EngineRun, covered, finding, per_check, skipped
+from kvcheck.spec.outputs import file_stem, kvcheck_command
 from kvcheck.fuzz.boundary import CannotDrive
 from kvcheck.fuzz.engine import ProjectKeyError
 from kvcheck.spec.verdict import ExitCode
@@ -35,6 +35,12 @@ def project_system(names: list[str] | None, body: Mapping[str, Any],
 
 
 def run_transformers(sys: System, model_type: str, seed: int, out: Path, fault: str | None = None) -> EngineRun:
+    return covered(sys, f"transformers[{model_type}]", "diff", f"{model_type} seed {seed}",
+                   out / f"engine-coverage-transformers-{file_stem(model_type)}-seed{seed}", fault,
+                   lambda: _diff(sys, model_type, seed, out, fault))
+
+
+def _diff(sys: System, model_type: str, seed: int, out: Path, fault: str | None) -> EngineRun:
     label = f"transformers[{model_type}]"
     n = sys.budgets["diff"].steps or 10
     t0 = time.perf_counter()

@@ -28,6 +28,10 @@ class VllmEngine(Engine):
     cache_code = ("vllm.v1.core.kv_cache_manager", "vllm.v1.core.kv_cache_coordinator",
                   "vllm.v1.core.single_type_kv_cache_manager", "vllm.v1.core.block_pool",
                   "vllm.v1.core.kv_cache_utils", "vllm.v1.core.sched.scheduler")
+    # block_pool is the one cache module every drive works through: building the engine and one
+    # step reach 28.7-32.3 % of its run-time lines, 400 steps 42.6-47.5 % (vLLM 0.34.0; full,
+    # full+swa, gemma3, deepseek-v3, qwen3-next; scheduler and manager drives)
+    coverage_floor = {"vllm.v1.core.block_pool": 38.0}
     distribution = "vllm"
     release_range = ("0.14.1", "0.34.0")           # runtime.OLDEST, NEWEST (tests check they agree)
     install_script = "scripts/install-vllm.sh"

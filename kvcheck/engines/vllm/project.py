@@ -6,7 +6,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from kvcheck.checker.project import System
-from kvcheck.checker.project_engines import EngineRun, check, coverage_check, finding, labels, per_check, skipped
+from kvcheck.checker.project_engines import (EngineRun, check, covered, coverage_check, finding, labels, per_check,
+                                             skipped)
 from kvcheck.fuzz.engine import ProjectKeyError
 from kvcheck.spec.outputs import file_stem
 from kvcheck.spec.verdict import ExitCode
@@ -36,10 +37,7 @@ def project_system(layouts: list[str] | None, body: Mapping[str, Any],
     policy = body.get("sched_policy", "fcfs")
     if not isinstance(policy, str) or policy not in POLICIES:
         raise ProjectKeyError("sched_policy", f"must be one of {', '.join(POLICIES)} (got {policy!r})")
-    cover = body.get("cover", False)
-    if not isinstance(cover, bool):
-        raise ProjectKeyError("cover", f"must be true or false (got {cover!r})")
-    return names, {"sched_policy": policy, "cover": cover}
+    return names, {"sched_policy": policy}
 
 
 def known_checks(label: str, r: dict[str, Any], strict: bool) -> list[dict[str, Any]]:
@@ -71,15 +69,13 @@ def run_vllm(sys: System, layout: str, seed: int, out: Path, fault: str | None =
             layout = v.load_layout_file(layout)      # the project file resolved its path
         except ValueError as e:
             return skipped(label, "fuzz", str(e))
+    return covered(sys, label, "fuzz", f"{layout} seed {seed}", out / f"engine-coverage-vllm-"
+                   f"{file_stem(Path(layout).stem)}-seed{seed}", fault, lambda: _campaign(sys, layout, seed, out, fault))
+
+
+def _campaign(sys: System, layout: str, seed: int, out: Path, fault: str | None) -> EngineRun:
+    label = f"vllm[{layout}]"
     b = sys.fault_budget if fault else sys.budgets["fuzz"]
-    meas = None
-    if sys.options.get("cover") and not fault:      # the cache code this campaign reached
-        from kvcheck.fuzz import engine_coverage as ec, registry
-        try:
-            meas = ec.measure("vllm", registry.get("vllm").cache_code,
-                              out / f"engine-coverage-vllm-{file_stem(Path(layout).stem)}-seed{seed}")
-        except ec.CoverageUnavailable as e:
-            return skipped(label, "fuzz", str(e))
     try:                                # drive: auto (vLLM's own scheduler where it runs the layout)
         r = v.run_campaign(layout, budget_s=b.seconds, steps=b.steps, seed=seed, fault=fault, out_dir=str(out),
                            sched_policy=sys.sched_policy, acknowledged=sys.options.get("acknowledged"),
@@ -88,8 +84,6 @@ def run_vllm(sys: System, layout: str, seed: int, out: Path, fault: str | None =
         return skipped(label, "fuzz", str(e))
     except ValueError as e:             # a fault this layout cannot plant (no sliding window)
         return skipped(label, "fuzz", str(e))
-    finally:
-        cover = meas.stop() if meas is not None else None
     counts = {"steps": r["steps"], "episodes": r["episodes"], "lookups_with_hit": r["lookups_with_hit"],
               "lost_reuse_lookups": r["lost_reuse_lookups"]}
     failed, traces, lost = {}, [], 0
@@ -108,10 +102,7 @@ def run_vllm(sys: System, layout: str, seed: int, out: Path, fault: str | None =
                             note=f"{lost} kinds of lost reuse saved as findings (not failing without strict reuse)"))
     profile = r.get("reuse_profile") or _reuse_profile(v, layout)
     drives = {layout: {"drive": r["drive"], "reason": r.get("drive_reason")}} if r.get("drive") else {}
-    extra = {"reuse_profile": profile, "drives": drives}
-    if cover is not None:
-        extra["engine_coverage"] = {f"{layout} seed {seed}": cover}
-    return EngineRun(code, r["elapsed_s"], counts, checks, traces, extra)
+    return EngineRun(code, r["elapsed_s"], counts, checks, traces, {"reuse_profile": profile, "drives": drives})
 
 
 def _reuse_profile(v: Any, layout: str) -> dict:
