@@ -74,7 +74,7 @@ def run(args: argparse.Namespace, eng: Any, sources: list[Any], envs: Path | Non
         command: str) -> int:
     from . import differential as df
     from .differential_report import layout_data, render_text, write_outputs
-    from .differential_shrink import breaks, less_than, shrink_trace, write_difference
+    from .differential_shrink import breaks, less_than, shrink_trace, shrunk_hits, write_difference
     from .matrix import progress_line as say
 
     given = check_args(args, eng)
@@ -111,6 +111,7 @@ def run(args: argparse.Namespace, eng: Any, sources: list[Any], envs: Path | Non
                     procs[k] = opener(ran[k].python)
                 holds = breaks(d["less"], d["check"]) if d.get("check") else less_than(d["less"], d["more"])
                 d["trace"] = shrink_trace(d["trace"], lay, procs, holds, args.shrink_seconds)
+                d["shrunk_hits"] = shrunk_hits(d["trace"], lay, procs)
             except df.DriverError as e:              # kept whole: the difference stands unshrunk
                 d["shrink_error"] = str(e)
             finally:

@@ -43,7 +43,7 @@ Docs: docs/matrix.md
 sizes, or --traces FILE) replayed on every release, lookup by lookup: a release x release table per
 layout (reuse ratio, lookups where one release hits less than another), each difference shrunk
 with a two-release reproducer. exit 3 if a release could not replay, 10 if a lookup broke a
-check, 13 if reuse differs between releases, else 0; outputs differential-ENGINE.json and .md,
+check, 13 if reuse differs between releases, else 0; outputs differential-ENGINE.json, .md, .html,
 differences/ (docs/differential.md)."""
 
 
