@@ -55,7 +55,7 @@ def test_a_vllm_manager_drive_trace_sends_each_prompt_where_it_is_first_looked_u
                        ("decode", {"r": "r1", "tok": 11}), ("preempt", {"r": "r1"}),
                        ("lookup", {"r": "r1", "chunk": 5}),               # its resumption: dropped
                        ("decode", {"r": "r1", "tok": 12}), ("evict_blocks", {"block_ids": [1]}),
-                       ("finish", {"r": "r1"}), ("finish", {"r": "r0"})], drive="manager")
+                       ("finish", {"r": "r1"}), ("finish", {"r": "r0"})], drive="single")
     w = VLLM.trace_workload(t)
     check_workloads([w], "w")
     assert w["steps"] == [{"op": "send", "r": "r1", "tokens": b, "output": [11, 12], "chunk": None},
@@ -63,7 +63,7 @@ def test_a_vllm_manager_drive_trace_sends_each_prompt_where_it_is_first_looked_u
                           {"op": "finish", "r": "r1"}, {"op": "finish", "r": "r0"}]
 
 
-def test_a_vllm_scheduler_drive_trace_sends_at_the_step_in_submission_order() -> None:
+def test_a_vllm_engine_drive_trace_sends_at_the_step_in_submission_order() -> None:
     t = trace("vllm", [("submit", {"r": "r0", "tokens": [1, 2, 3], "prio": 3, "max_tokens": 2}),
                        ("submit", {"r": "r1", "tokens": [1, 2, 4]}), ("abort", {"r": "r1"}),   # before any step
                        ("submit", {"r": "r2", "tokens": [5, 6]}), ("step", {}),
@@ -141,7 +141,7 @@ traces = st.fixed_dictionaries({
     "format": st.sampled_from([FORMAT, FORMAT, "kvcheck-trace/0", 3]), "sut": st.sampled_from(["vllm", "sglang",
                                                                                               "toy-releases", "spec"]),
     "config": st.one_of(st.just({}), st.dictionaries(st.sampled_from(["block_size", "x"]), values, max_size=1)),
-    "meta": st.one_of(st.just({}), st.fixed_dictionaries({"drive": st.sampled_from(["engine", "manager", 1])}), values),
+    "meta": st.one_of(st.just({}), st.fixed_dictionaries({"drive": st.sampled_from(["engine", "single", 1])}), values),
     "steps": steps})
 json_values = st.recursive(values, lambda c: st.lists(c, max_size=3) | st.dictionaries(
     st.sampled_from(["name", "steps", "op", "r", "tokens", "trace", "format"]), c, max_size=4), max_leaves=12)
@@ -173,7 +173,7 @@ def test_any_traces_file_or_directory_is_workloads_or_one_line(files, as_dir, en
 @given(raw=st.lists(st.fixed_dictionaries({"action": st.sampled_from(
     ["submit", "submit", "lookup", "decode", "finish", "step", "abort", "match", "chunk", "preempt"]),
     "params": st.dictionaries(st.sampled_from(["r", "r", "tokens", "chunk", "tok", "n"]), values, max_size=4)}),
-    max_size=8), drive=st.sampled_from(["engine", "manager"]), eng=st.sampled_from([VLLM, SGLANG]))
+    max_size=8), drive=st.sampled_from(["engine", "single"]), eng=st.sampled_from([VLLM, SGLANG]))
 def test_an_engine_converts_any_steps_to_a_workload_none_or_one_line(raw, drive, eng) -> None:
     t = trace(eng.name, [(x["action"], x["params"]) for x in raw], drive=drive)
     try:

@@ -1,17 +1,17 @@
 """A vLLM campaign trace as a workload of the cross-release differential (`VllmEngine.trace_workload`).
 
-Both of the campaigns' drives are read (no vLLM import: the trace only):
-- the manager drive (one request per step): `submit` gives a request its prompt, its first
-  `lookup` schedules it (the lookup's `chunk`, the token budget kvcheck gave that step, becomes
-  the send's chunk), its `decode` tokens are its output, `finish` ends it. `prefill` chunks after
-  the first, `preempt` and the lookup that resumes it, `begin_step`/`forward` (several requests
-  in one step), `reset_prefix_cache`, `evict_blocks`, lookahead and Mamba-prefix knobs, and cache
-  salts are dropped.
-- the scheduler drive (vLLM's own Scheduler decides): the trace does not record which requests a
-  `step` scheduled, so every request submitted before a `step` is sent at that step, in
-  submission order (FCFS admission; PRIORITY's order and the chunk sizes the scheduler chose
-  are dropped: the send computes the whole prompt at once). Its output is the fake model's, not
-  in the trace: no output. A request the trace `abort`s is finished there; one the scheduler
+Both kinds of drive are read (no vLLM import: the trace only):
+- the manager drives (`--drive single|mixed|scheduler`, kvcheck schedules): `submit` gives a
+  request its prompt, its first `lookup` schedules it (the lookup's `chunk`, the token budget
+  kvcheck gave that step, becomes the send's chunk), its `decode` tokens are its output, `finish`
+  ends it. `prefill` chunks after the first, `preempt` and the lookup that resumes it,
+  `begin_step`/`forward` (several requests in one step), `reset_prefix_cache`, `evict_blocks`,
+  lookahead and Mamba-prefix knobs, and cache salts are dropped.
+- the engine drive (`--drive engine`: vLLM's own Scheduler decides): the trace does not record
+  which requests a `step` scheduled, so every request submitted before a `step` is sent at that
+  step, in submission order (FCFS admission; PRIORITY's order and the chunk sizes the scheduler
+  chose are dropped: the send computes the whole prompt at once). Its output is the fake model's,
+  not in the trace: no output. A request the trace `abort`s is finished there; one the scheduler
   ended by itself (max_tokens, not recorded in the trace) is finished right after its send.
   Drafts (EAGLE/MTP), preemption, `reset_prefix_cache`, `evict_blocks`, salts and priorities are
   dropped.
@@ -22,7 +22,7 @@ from typing import Any
 
 from kvcheck.fuzz.reuse_workloads import FromTrace
 
-ENGINE_DRIVE = frozenset({"step", "abort"})     # actions only the scheduler drive has
+ENGINE_DRIVE = frozenset({"step", "abort"})     # actions only the engine drive has
 
 
 def trace_workload(trace: Any) -> dict[str, Any] | None:
