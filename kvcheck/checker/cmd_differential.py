@@ -2,7 +2,7 @@
 
 cmd_matrix parses and checks the matrix's common arguments (engine, releases or --python, layouts,
 --out, --envs) and hands over here; this module refuses what the differential does not take,
-reads --traces, builds the releases' environments (matrix_envs, one at a time), then runs
+reads --traces (differential_traces.py), builds the releases' environments (matrix_envs, one at a time), then runs
 differential.py, shrinks each difference (differential_shrink.py) and writes the outputs.
 """
 from __future__ import annotations
@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..fuzz.reuse_workloads import check_workloads
 from ..spec.outputs import file_stem
 from .common import UsageError, emit
 
@@ -34,21 +33,8 @@ def check_args(args: argparse.Namespace, eng: Any) -> list[dict[str, Any]] | Non
         raise UsageError(f"--differential: engine {eng.name} has no replay_reuse (no cross-release differential)")
     if args.traces is None:
         return None
-    path = Path(args.traces)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UsageError(f"--traces {args.traces}: no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"--traces {args.traces}: cannot read it ({getattr(e, 'strerror', None) or type(e).__name__})") from None
-    try:
-        data = json.loads(text)
-    except ValueError as e:
-        raise UsageError(f"--traces {args.traces}: not JSON ({str(e)[:80]})") from None
-    try:
-        return check_workloads(data, f"--traces {args.traces}")
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    from .differential_traces import read_traces
+    return read_traces(args.traces, eng)
 
 
 def pythons_of(sources: list[Any], eng: Any, envs: Path | None, say: Any) -> tuple[list[str], list[dict[str, str]]]:
@@ -74,7 +60,7 @@ def run(args: argparse.Namespace, eng: Any, sources: list[Any], envs: Path | Non
         command: str) -> int:
     from . import differential as df
     from .differential_report import layout_data, render_text, write_outputs
-    from .differential_shrink import breaks, less_than, shrink_trace, write_difference
+    from .differential_shrink import breaks, less_than, shrink_trace, shrunk_hits, write_difference
     from .matrix import progress_line as say
 
     given = check_args(args, eng)
@@ -111,6 +97,7 @@ def run(args: argparse.Namespace, eng: Any, sources: list[Any], envs: Path | Non
                     procs[k] = opener(ran[k].python)
                 holds = breaks(d["less"], d["check"]) if d.get("check") else less_than(d["less"], d["more"])
                 d["trace"] = shrink_trace(d["trace"], lay, procs, holds, args.shrink_seconds)
+                d["shrunk_hits"] = shrunk_hits(d["trace"], lay, procs)
             except df.DriverError as e:              # kept whole: the difference stands unshrunk
                 d["shrink_error"] = str(e)
             finally:

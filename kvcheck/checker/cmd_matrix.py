@@ -40,11 +40,12 @@ each release's traces under OUT/ENGINE-RELEASE/, the drivers' logs under OUT/dri
 Docs: docs/matrix.md
 
 --differential: instead of campaigns, the same workloads (generated from --seed at each layout's
-sizes, or --traces FILE) replayed on every release, lookup by lookup: a release x release table per
-layout (reuse ratio, lookups where one release hits less than another), each difference shrunk
-with a two-release reproducer. exit 3 if a release could not replay, 10 if a lookup broke a
-check, 13 if reuse differs between releases, else 0; outputs differential-ENGINE.json and .md,
-differences/ (docs/differential.md)."""
+sizes, or --traces FILE|DIR: workloads, saved differences or the engine's campaign traces)
+replayed on every release, lookup by lookup: a release x release table per layout (reuse ratio,
+lookups where one release hits less than another), each difference shrunk with a two-release
+reproducer. exit 3 if a release could not replay, 10 if a lookup broke a check, 13 if reuse
+differs between releases, else 0; outputs differential-ENGINE.json, .md, .html, differences/
+(docs/differential.md)."""
 
 
 def add_matrix_arguments(p: argparse.ArgumentParser) -> None:
@@ -86,8 +87,10 @@ def add_matrix_arguments(p: argparse.ArgumentParser) -> None:
     d.add_argument("--workloads", type=positive_int, default=8, metavar="N",
                    help="generated workloads per layout (chats, resends, shared system prompts, long "
                         "prompts, in turn) (default: %(default)s)")
-    d.add_argument("--traces", metavar="FILE", default=None,
-                   help="replay these workloads instead (a JSON list, or a saved difference)")
+    d.add_argument("--traces", metavar="PATH", default=None,
+                   help="replay these workloads instead: a file or a directory (every *.json in it, sorted) of "
+                        "workload lists, saved differences, or kvcheck campaign traces of the engine (each "
+                        "trace's requests become one workload; docs/differential.md)")
     d.add_argument("--shrink-seconds", type=float, default=30.0, metavar="S",
                    help="CPU seconds to shrink each difference (default: %(default)s)")
     d.add_argument("--max-differences", type=positive_int, default=6, metavar="N",

@@ -87,6 +87,13 @@ def shrink_trace(trace: dict[str, Any], layout: str, procs: dict[str, ReleasePro
     return {**trace, "name": name, "steps": steps}
 
 
+def shrunk_hits(trace: dict[str, Any], layout: str, procs: dict[str, ReleaseProc]) -> dict[str, list[dict[str, Any]]]:
+    """Each release's lookups on the (shrunk) workload, {release: [{step, hit, usable}]}: the page
+    shows the hits the reproducer prints, not only the unshrunk lookup's."""
+    return {label: [{"step": r["step"], "hit": r["hit"], "usable": r.get("usable")} for r in p.replay(layout, [trace])]
+            for label, p in procs.items()}
+
+
 REPRO = '''#!/usr/bin/env python3
 """kvcheck cross-release differential reproducer ({engine}, layout {layout}): {what}.
 

@@ -247,15 +247,13 @@ td.v a{color:inherit}ol.notes li{margin:6px 0}ol.notes code{background:#f6f8fa;p
 
 
 def render_html(data: dict[str, Any]) -> str:
-    from .report_html import CSS
+    from .report_html import page
     refs, cols, code = _refs(data), data["layouts"], data["exit_code"]
     tone = "ok" if code == 0 else "bad" if code in (10, 11, 12, 13) else "warn"
-    H = ["<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
-         f"<title>kvcheck matrix: {esc(data['engine'])}</title><style>{CSS}{MATRIX_CSS}</style></head><body>",
-         f"<header class='verdict {tone}'><h1>{esc(data['engine'])}: {esc(data['verdict'])}</h1>",
-         f"<p>exit {code} · seed {data['seed']} · budget {esc(str(data['budget_per_cell']))} per cell · "
-         f"{esc(data['date'])}</p><p><code>{esc(data['command'])}</code></p></header><main>",
-         f"<h2>Release × {esc(_col(data))}</h2><table class='matrix'><tr><th>release</th>"
+    head = (f"<header class='verdict {tone}'><h1>{esc(data['engine'])}: {esc(data['verdict'])}</h1>"
+            f"<p>exit {code} · seed {data['seed']} · budget {esc(str(data['budget_per_cell']))} per cell · "
+            f"{esc(data['date'])}</p><p><code>{esc(data['command'])}</code></p></header>")
+    H = [f"<h2>Release × {esc(_col(data))}</h2><table class='matrix'><tr><th>release</th>"
          + "".join(f"<th>{esc(c)}</th>" for c in cols) + "</tr>"]
     for r in data["rows"]:
         tds = []
@@ -285,8 +283,7 @@ def render_html(data: dict[str, Any]) -> str:
     if gaps:
         H.append("<h2>Cannot express (not run)</h2><ul>" + "".join(
             f"<li>{esc(rel)} <code>{esc(lay)}</code>: {esc(why)}</li>" for rel, lay, why in gaps) + "</ul>")
-    H.append("</main></body></html>")
-    return "\n".join(H) + "\n"
+    return page(f"kvcheck matrix: {data['engine']}", head, H, css=MATRIX_CSS)
 
 
 def write_outputs(data: dict[str, Any], out: Path) -> list[Path]:

@@ -176,18 +176,26 @@ def _plots(data: dict[str, Any]) -> str:
     return "\n".join(H)
 
 
+def page(title: str, header: str, body: list[str], links: list[tuple[str, str]] | None = None, css: str = "") -> str:
+    """The one page shell every kvcheck HTML page is written in (the gate's report, the
+    differential's page): doctype, the inline styles (`css` added to the report's), the verdict
+    `header` (already HTML), a nav of (id, title) links, then `body` inside <main>. `title` is
+    escaped here; the header and body are the caller's HTML, their data escaped by the caller."""
+    nav = "<nav>" + "".join(f"<a href='#{e(sid)}'>{e(t)}</a>" for sid, t in links) + "</nav>" if links else ""
+    H = ["<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+         f"<title>{e(title)}</title>", f"<style>{CSS}{css}</style></head><body>", header, "<main>" + nav,
+         *body, "</main></body></html>"]
+    return "\n".join(H) + "\n"
+
+
 def render_html(data: dict[str, Any], d: Path) -> str:
     findings = collect(data, d)
     sections = eng.sections(data, d)
     plots = _plots(data)
     links = [("findings", "findings"), ("engines", "engines")] + ([("plots", "plots")] if plots else []) \
         + [(sid, title) for sid, title, _ in sections]
-    nav = [f"<a href='#{e(sid)}'>{e(title)}</a>" for sid, title in links]
     head, tone = _header(data, findings)
-    H = ["<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>kvcheck report</title>",
-         f"<style>{CSS}</style></head><body>", head,
-         "<main><nav>" + "".join(nav) + "</nav>"]
-    H.append(f"<section id='findings'><h2>Findings ({len(findings)})</h2>")
+    H = [f"<section id='findings'><h2>Findings ({len(findings)})</h2>"]
     if findings:
         H += [_finding(i, f) for i, f in enumerate(findings)]
     else:
@@ -199,5 +207,4 @@ def render_html(data: dict[str, Any], d: Path) -> str:
         H.append(plots)
     for sid, title, body in sections:
         H.append(f"<section class='engine' id='{e(sid)}'><h2>{e(title)}</h2>{body}</section>")
-    H.append("</main></body></html>")
-    return "\n".join(H) + "\n"
+    return page("kvcheck report", head, H, links)

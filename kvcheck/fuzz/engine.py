@@ -166,6 +166,18 @@ class Engine:
     def has_replay_reuse(self) -> bool:
         return type(self).replay_reuse is not Engine.replay_reuse
 
+    def trace_workload(self, trace: Trace) -> dict[str, Any] | None:
+        """One of its campaign traces (`trace.sut` is this engine) as a workload for replay_reuse
+        (`kvcheck matrix --differential --traces`): its requests' prompts as sends in the order the
+        trace first schedules them, their finishes and aborts as finishes (fuzz/reuse_workloads.py
+        FromTrace says what is dropped). None: this engine's traces cannot be replayed as a
+        workload, or this one schedules no request. ValueError (one line) for malformed steps.
+        Must not import the engine's package (it reads the trace only)."""
+        return None
+
+    def has_trace_workload(self) -> bool:
+        return type(self).trace_workload is not Engine.trace_workload
+
     # ---- command-line hooks (the engine's own driver behind `kvcheck fuzz/diff --sut NAME`) -
     def fuzz_command(self, args: argparse.Namespace) -> int | None:
         """`kvcheck fuzz --sut NAME` when the engine has its own driver; None: the core's

@@ -10,6 +10,7 @@ Four kinds, cycled: multi-turn chats (each turn the previous prompt, its output 
 turn), identical resends (after the first finished and while it runs, and one with its last
 token edited), a shared system prompt with diverging suffixes (several users at once), and long
 prompts crossing several blocks with siblings diverging inside a block and on its edge.
+A campaign's trace becomes a workload through its engine (`Engine.trace_workload`, with FromTrace).
 """
 from __future__ import annotations
 
@@ -129,6 +130,67 @@ def generate(seed: int, count: int, sizes: dict[str, int]) -> list[dict[str, Any
         _KINDS[kind](s)
         out.append({"name": f"{kind}-s{seed}-{i}", "kind": kind, "seed": seed, "steps": s.steps})
     return out
+
+
+class FromTrace:
+    """A campaign trace's requests turned into one workload, written once for every engine's
+    `Engine.trace_workload` (the engine maps its own action vocabulary onto these four calls).
+
+    A request becomes a "send" where the trace first schedules it (`schedule`: its prompt as
+    submitted, the token budget of its first chunk when smaller than the prompt), with the
+    tokens the trace decodes for it as its output, and a "finish" where the trace finishes or
+    aborts it; one never scheduled is left out. Everything else of the trace is dropped by
+    construction: later chunk sizes, preemption and resumption, drafts, evictions and resets,
+    salts and priorities, several requests in one step. Malformed parameters (the trace's steps
+    are the engine's, unchecked on load) are a ValueError naming the step."""
+
+    def __init__(self) -> None:
+        self.prompts: dict[str, list[int]] = {}
+        self.sends: dict[str, dict[str, Any]] = {}     # the live sends, by request
+        self.steps: list[dict[str, Any]] = []
+        self.at = ""
+
+    def step(self, i: int, action: str) -> None:
+        self.at = f"steps[{i}] ({action})"
+
+    def rid(self, r: Any) -> str:
+        if not isinstance(r, str) or not r:
+            raise ValueError(f"{self.at}: the request id must be text, not {r!r}")
+        return r
+
+    def submit(self, r: Any, tokens: Any) -> None:
+        if not isinstance(tokens, list) or not tokens or not all(type(t) is int and t >= 0 for t in tokens):
+            raise ValueError(f"{self.at}: tokens must be a non-empty list of token ids (non-negative integers)")
+        self.prompts[self.rid(r)] = list(tokens)
+
+    def schedule(self, r: Any, chunk: Any = None) -> None:
+        r = self.rid(r)
+        if chunk is not None and (type(chunk) is not int or chunk < 1):
+            raise ValueError(f"{self.at}: the chunk must be a positive integer, not {chunk!r}")
+        if r in self.sends or r not in self.prompts:      # running already, or never submitted
+            return
+        toks = self.prompts.pop(r)
+        self.sends[r] = {"op": "send", "r": r, "tokens": toks, "output": [],
+                         "chunk": chunk if chunk is not None and chunk < len(toks) else None}
+        self.steps.append(self.sends[r])
+
+    def output(self, r: Any, tok: Any) -> None:
+        if type(tok) is not int or tok < 0:
+            raise ValueError(f"{self.at}: the token must be a token id (a non-negative integer), not {tok!r}")
+        if self.rid(r) in self.sends:
+            self.sends[r]["output"].append(tok)
+
+    def finish(self, r: Any) -> None:
+        r = self.rid(r)
+        self.prompts.pop(r, None)
+        if self.sends.pop(r, None) is not None:
+            self.steps.append({"op": "finish", "r": r})
+
+    def workload(self, name: str, seed: Any = None) -> dict[str, Any] | None:
+        """The workload (None: the trace scheduled no request)."""
+        if not any(st["op"] == "send" for st in self.steps):
+            return None
+        return {"name": name, "kind": "trace", "seed": seed if type(seed) is int else None, "steps": self.steps}
 
 
 def check_workloads(data: Any, where: str) -> list[dict[str, Any]]:

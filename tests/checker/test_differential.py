@@ -5,8 +5,11 @@ refusals, and bad --traces files. No real engine: each release's driver imports 
 from __future__ import annotations
 
 import argparse
+import html
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -74,8 +77,8 @@ def toy(monkeypatch, tmp_path):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
 
     def python(release: str) -> str:
-        p = tmp_path / f"py-{release}"
-        p.write_text(f'#!/bin/sh\nTOY_RELEASE={release} exec {sys.executable} "$@"\n')
+        p = tmp_path / f"py-{re.sub(r'[^A-Za-z0-9.]', '_', release)}"
+        p.write_text(f'#!/bin/sh\nTOY_RELEASE={shlex.quote(release)} exec {sys.executable} "$@"\n')
         p.chmod(0o755)
         return str(p)
     return python
@@ -110,6 +113,33 @@ def test_a_planted_reuse_loss_is_reported_shrunk_with_a_two_release_reproducer(c
     assert "--traces" in d["replay"]
     saved = json.loads(Path(d["path"]).read_text())
     assert check_workloads(saved, "saved") == [d["trace"]]
+
+
+def test_the_html_page_has_the_tables_and_the_shrunk_difference_and_escapes_release_names(capsys, tmp_path, toy):
+    evil = "<script>alert(1)</script>"            # a release name is data: it must never become markup
+    code, data, _, out = differential(capsys, tmp_path, toy, evil, "2.0")
+    assert code == 13, data
+    page_path = out / "differential-toy-releases.html"
+    assert str(page_path) in data["outputs"]
+    page = page_path.read_text()
+    assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    lay = data["layouts"]["toy"]
+    (less,) = [s for s in lay["sides"] if s["release"] == "2.0"]
+    e_evil = html.escape(evil)
+    # the table: the row of 2.0 with its ratio and lookups, and its count of lookups below the other release
+    assert (f"<td class=''>2.0</td><td class=''>{less['ratio']}</td><td class=''>{less['lookups']}</td>"
+            in page), page
+    assert f"<th>{e_evil}</th>" in page and f"<td class=''>{lay['less']['2.0'][evil]}</td>" in page
+    (d,) = data["differences"]
+    assert "reuse available elsewhere" in page and html.escape(d["reproduce"], quote=True) in page
+    steps = d["trace"]["steps"]
+    assert len(steps) == 2 and f"<td class=''>{len(steps[1]['tokens'])}: " in page
+    hits = {rel: [r["hit"] for r in rs] for rel, rs in d["shrunk_hits"].items()}
+    assert hits["2.0"][1] < hits[evil][1]       # the shrunk lookup, on both releases, in the page
+    assert f"<th>hit on {e_evil}</th>" in page and f"<td class=''>{hits[evil][1]}</td>" in page
+    text = run(capsys, "matrix", "--sut", "toy-releases", "--differential", "--python", toy("1.0"), "--python",
+               toy("1.0"), "--layouts", "toy", "--workloads", "2", "--out", str(tmp_path / "o2"))[1]
+    assert "differential-toy-releases.html" in text.splitlines()[-1]     # the console line names the page
 
 
 def test_the_same_release_twice_differs_nowhere(capsys, tmp_path, toy) -> None:

@@ -97,6 +97,10 @@ class VllmEngine(Engine):
         except VllmUnavailable as e:
             raise EngineUnavailable(str(e)) from None
 
+    def trace_workload(self, trace: Any) -> dict[str, Any] | None:
+        from .trace_workload import trace_workload
+        return trace_workload(trace)
+
     def fuzz_command(self, args: argparse.Namespace) -> int:
         from .cli import fuzz_command
         return fuzz_command(args)
