@@ -40,11 +40,12 @@ def _steered(strategy: str, seed: int) -> Any:
     return Steer("random" if strategy == "swarm_off" else strategy, seed, VllmEngine.cache_code)
 
 
-def _vllm_run(target: str, layout: str, strategy: str, seed: int, cap: float, d: str, known: bool) -> float | None:
+def _vllm_run(target: str, layout: str, strategy: str, seed: int, cap: float, d: str, known: bool,
+              drive: str | None = None) -> float | None:
     """Seconds to the target (a planted fault's expected check, or a known defect's first sighting)."""
     from kvcheck.engines.vllm import drivers as V
     lost = not known and V.FAULTS[target][0].startswith("lost_reuse")
-    drive = "auto" if known else "mixed"
+    drive = drive or ("auto" if known else "mixed")
     try:
         r = V.run_campaign(layout, budget_s=cap, seed=seed, out_dir=d, drive=drive, steer=_steered(strategy, seed),
                            fault=None if known else target, strict_reuse=lost)
@@ -66,11 +67,13 @@ def _row(times: list[float | None], cap: float) -> dict[str, Any]:
 def _table(targets: list[str], strategies: list[str], a: argparse.Namespace, d: str, known: bool) -> dict:
     out: dict = {}
     for t in targets:
-        name, layout = t.split("@")
+        name, rest = t.split("@", 1)              # FAULT@LAYOUT[#DRIVE]: a fault the worker's
+        layout, *drive = rest.split("#")          # model catches needs --drive engine
         cap = a.defect_cap_s if known else a.cap_s
         seeds = range(a.first_seed, a.first_seed + a.seeds)
-        out[t] = {s: _row([_vllm_run(name, layout, s, seed, cap, d, known) for seed in seeds], cap)
-                  for s in strategies}
+        out[t] = {s: _row([_vllm_run(name, layout, s, seed, cap, d, known, drive[0] if drive else None)
+                           for seed in seeds], cap)
+                  for s in strategies if not (s == "swarm_off" and drive and drive[0] == "engine")}
         print(json.dumps({t: out[t]}), file=sys.stderr, flush=True)     # progress
     return out
 
@@ -162,7 +165,7 @@ def main() -> int:
     ap.add_argument("--first-seed", type=int, default=0, help="the fault and defect rows' seeds start here")
     ap.add_argument("--cap-s", type=float, default=5.0, help="per-run cap (seconds)")
     ap.add_argument("--faults", default="swa_overstrict@gpt-oss,early_reader_forward@gemma3",
-                    help="planted vLLM faults as FAULT@LAYOUT (the manager drive)")
+                    help="planted vLLM faults as FAULT@LAYOUT[#DRIVE] (default: the manager drive)")
     ap.add_argument("--defects", default="", help="known vLLM defects as NAME@LAYOUT (the auto drive)")
     ap.add_argument("--defect-cap-s", type=float, default=10.0, help="per-run cap of the known-defect rows "
                     "(those runs go on to the cap: a known defect does not stop a campaign)")
