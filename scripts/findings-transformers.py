@@ -109,7 +109,10 @@ def render(rows: list[dict], listed: list[dict], meta: dict) -> str:
                        f"{_cell(r.get('first_divergent_operation'))} | {_cell(how)} | {_cell(rec)} |")
     out.append("")
     out.append("The operation is traced in the divergent scenario whose first divergent layer is the earliest.")
-    out += ["", "## Divergent and failing model types, grouped by mechanism", ""]
+    out += ["", "Every layer pattern of each model type (its default, its checkpoints', every ordering of its layer "
+            "kinds) against every reuse path, each divergent run classified: "
+            "[findings-transformers-patterns.md](findings-transformers-patterns.md) (`--patterns all --patterns-doc`).",
+            "", "## Divergent and failing model types, grouped by mechanism", ""]
     groups: dict[str, list[str]] = {}
     for r in rows:
         if r["verdict"] not in ("divergent", "error"):
@@ -251,7 +254,7 @@ def main(argv=None) -> int:
             kept = old[old.index(KEPT):] if KEPT in old else ""
         with open(args.out + ".tmp", "w", encoding="utf-8") as fh:
             if args.patterns_doc:
-                fh.write("\n".join(patterns_page(rows, meta)) + "\n")
+                fh.write("\n".join(patterns_page(rows, meta)) + "\n" + ("\n" + kept if kept else ""))
             else:
                 fh.write("\n".join([render(rows, listed, meta), *render_patterns(rows, meta)])
                          + ("\n" + kept if kept else ""))

@@ -158,3 +158,35 @@ def test_positions_and_the_multitoken_defect_together_are_both_named() -> None:
                                            dict(sc("token_by_token", "divergent", 1), positions_probe=agree),
                                            dict(sc("chunks", "divergent", 0), positions_probe=differ)]}
     assert known.recognise(res) == ({f"known:{known.POSITIONS}": 1, f"known:{NAME}": 2}, True)
+
+
+def test_a_generate_continue_equal_to_the_prefix_fed_twice_is_its_own_known_defect() -> None:
+    """`generate_refeeds_cached_prefix`: only a divergent generate_continue whose probe found the
+    whole prompt fed onto the prefix's cache again; anything else stays a finding."""
+    twice, other = {"agrees": True, "max_abs_diff": 4.8e-07}, {"agrees": False, "max_abs_diff": 0.4}
+    res = {"layer_types": ["mamba"] * 2, "scenarios": [sc("token_by_token", "exact"),
+                                                     dict(sc("generate_continue", "divergent"), refeed_probe=twice)]}
+    assert known.recognise(res) == ({f"known:{known.REFEED}": 1}, True)
+    for s in (dict(sc("generate_continue", "divergent"), refeed_probe=other), sc("generate_continue", "divergent"),
+              dict(sc("shared_prefix", "divergent"), refeed_probe=twice)):
+        assert known.recognise({"layer_types": ["mamba"] * 2, "scenarios": [sc("token_by_token", "exact"), s]}) \
+            == ({}, False)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="transformers is not installed")
+def test_mamba2_generate_from_its_cache_is_probed_on_the_installed_release(capsys, tmp_path) -> None:
+    """On a release with the defect (5.4.0-5.24.0), mamba2's generate_continue scenario is named by
+    the probe's evidence and acknowledging it passes; on others nothing is named."""
+    import transformers
+    args = ["diff", "--sut", "transformers", "--model-type", "mamba2", "--scenarios", "13", "--out", str(tmp_path),
+            "--json"]
+    code, out, _ = run(capsys, *args)
+    res = json.loads(out)
+    cont = [s for s in res["scenarios"] if s["suffix_mode"] == "generate_continue"]
+    if not known.KNOWN[known.REFEED].in_release(transformers.__version__):
+        assert all(s["verdict"] != "divergent" for s in cont), cont
+        return
+    (s,) = [s for s in cont if s["verdict"] == "divergent"]
+    assert s["refeed_probe"]["agrees"] and code == 11 and [k["name"] for k in res["known"]] == [known.REFEED], res
+    code, out, _ = run(capsys, *args, "--acknowledge", f"{known.REFEED}=fixed in 5.25.0")
+    assert code == 0 and json.loads(out)["known"][0]["status"] == "acknowledged"

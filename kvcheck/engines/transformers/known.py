@@ -29,6 +29,15 @@ key wrongly while the cache itself is right (Bamba from 5.4.0, when `cache_posit
 passes positions and is unaffected; a caller continuing a returned cache, as transformers' docs
 teach, is not. Signature: a divergent scenario that agrees with the recompute when its extend is
 replayed with explicit `position_ids` (positions.py); never read from the model type's name.
+
+`generate_refeeds_cached_prefix`: `generate()` handed the cache of a prefix of its `input_ids`
+feeds the whole `input_ids` through the model again instead of the tokens the cache does not
+hold, so the prefix goes through every layer twice. Seen on the models whose cache has no
+attention layer (mamba, mamba2, falcon_mamba; Mamba2 from 5.4.0 to 5.24.0, fixed in 5.25.0): generate
+reads how many tokens the cache holds from `Cache.get_seq_length()`, which asks the attention
+layers only. Signature: a divergent
+`generate_continue` scenario whose first generated logits equal a forward of the whole prompt onto
+a fresh copy of the prefix's cache (paths.py `refeed_probe`); never read from the model type's name.
 """
 from __future__ import annotations
 
@@ -57,6 +66,13 @@ KNOWN[POSITIONS] = KnownDefect(
     upstream="none found (BambaModel.forward: position_ids = torch.arange(seq_len) without the cache's length, "
              "since 5.4.0; Jamba, FalconH1, GraniteMoeHybrid add cache.get_seq_length())",
     repro="docs/repro/transformers_positions_from_zero.py")
+
+REFEED = "generate_refeeds_cached_prefix"
+KNOWN[REFEED] = KnownDefect(      # the reproducer on mamba2: 5.3.0 ok, 5.4.0-5.24.0 the defect, 5.25.0 ok
+    name=REFEED, check="reuse_equals_recompute", kind="differential", first="5.4.0", last="5.24.0",
+    upstream="none found, fixed in 5.25.0 (closest: transformers#38134, closed unmerged; #44950: get_seq_length "
+             "asks attention layers only)",
+    repro="docs/repro/transformers_generate_refeeds_recurrent_cache.py")
 
 STATE_TYPES = ("linear_attention", "mamba", "mamba2", "conv", "recurrent", "ssm", "hybrid")
 STATE_CLASSES = re.compile(r"Linear|Mamba|Conv|Recurrent|SSM", re.I)
@@ -112,13 +128,20 @@ def recognise(res: dict[str, Any]) -> tuple[dict[str, int], bool]:
     scen = [s for s in res.get("scenarios") or [] if isinstance(s, dict)]
     counts: dict[str, int] = {}
     moved = positions(scen)     # right once given their positions: evidence for the decode path too
-    for name, found in ((POSITIONS, moved), (UNCROPPED, uncropped(scen, res))):
+    for name, found in ((POSITIONS, moved), (UNCROPPED, uncropped(scen, res)), (REFEED, refeeds(scen))):
         if found:
             counts[f"known:{name}"] = len(found)
             scen = [s for s in scen if s not in found]
     more, explained = _multitoken(scen, res, moved)
     counts.update(more)
     return counts, bool(counts) and (explained or not any(s.get("verdict") in BAD for s in scen))
+
+
+def refeeds(scen: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`generate_refeeds_cached_prefix`: divergent generate_continue scenarios whose first logits are
+    the whole prompt fed onto the prefix's cache again."""
+    return [s for s in scen if s.get("verdict") == "divergent" and s.get("suffix_mode") == "generate_continue"
+            and (s.get("refeed_probe") or {}).get("agrees")]
 
 
 def positions(scen: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -225,8 +225,25 @@ class Paths:
         scratch = planlib.generation_verdict(s_diff, s_first is None and len(s_tokens) == n, s_tie, tol)
         verdict = max(verdict, scratch, key=order)
         first = None if g["first_mismatch_step"] is None else P + S + g["first_mismatch_step"]
-        return dict(generation=g, verdict=verdict, max_abs_diff=max(g["max_abs_diff"], s_diff or 0.0),
-                    argmax_flips=0 if g["first_mismatch_step"] is None else 1, first_divergent_position=first)
+        out_res = dict(generation=g, verdict=verdict, max_abs_diff=max(g["max_abs_diff"], s_diff or 0.0),
+                       argmax_flips=0 if g["first_mismatch_step"] is None else 1, first_divergent_position=first)
+        if verdict == "divergent" and logits is not None:
+            out_res["refeed_probe"] = self._refeed_probe(ids, P, logits[0][0].double(), tol)
+        return out_res
+
+    def _refeed_probe(self, ids, P: int, got, tol: float) -> dict[str, Any]:
+        """Whether generate()'s first logits from the prefix's cache equal a forward of the WHOLE
+        prompt onto a fresh copy of that cache (the prefix fed twice), not of the suffix only:
+        known.py's `generate_refeeds_cached_prefix` reads it (a cache whose length generate
+        cannot read is treated as empty)."""
+        r = self.r
+        try:
+            _, cache = r.prefill(ids[:, :P])
+            twice, _ = r.step(ids, cache, past=P)
+        except Exception as e:  # noqa: BLE001 - the probe is evidence only: a model that refuses it says so
+            return {"agrees": False, "error": f"{type(e).__name__}: {one_line(e)}"}
+        d = float((twice[-1] - got).abs().max())
+        return {"agrees": d <= tol, "max_abs_diff": d}
 
     # -- a left-padded batch -----------------------------------------------------------
     def _swap_rows_after_prefill(self):
