@@ -41,14 +41,14 @@ def _steered(strategy: str, seed: int) -> Any:
 
 
 def _vllm_run(target: str, layout: str, strategy: str, seed: int, cap: float, d: str, known: bool,
-              drive: str | None = None) -> float | None:
+              drive: str | None = None, policy: str = "fcfs") -> float | None:
     """Seconds to the target (a planted fault's expected check, or a known defect's first sighting)."""
     from kvcheck.engines.vllm import drivers as V
     lost = not known and V.FAULTS[target][0].startswith("lost_reuse")
     drive = drive or ("auto" if known else "mixed")
     try:
         r = V.run_campaign(layout, budget_s=cap, seed=seed, out_dir=d, drive=drive, steer=_steered(strategy, seed),
-                           fault=None if known else target, strict_reuse=lost)
+                           fault=None if known else target, strict_reuse=lost, sched_policy=policy)
     finally:
         from kvcheck.fuzz.prompts import PromptGen
         PromptGen.swarm = True
@@ -67,13 +67,14 @@ def _row(times: list[float | None], cap: float) -> dict[str, Any]:
 def _table(targets: list[str], strategies: list[str], a: argparse.Namespace, d: str, known: bool) -> dict:
     out: dict = {}
     for t in targets:
-        name, rest = t.split("@", 1)              # FAULT@LAYOUT[#DRIVE]: a fault the worker's
-        layout, *drive = rest.split("#")          # model catches needs --drive engine
+        name, rest = t.split("@", 1)              # NAME@LAYOUT[#engine][#priority]: a fault the worker's
+        layout, *extra = rest.split("#")          # model catches needs the engine drive; a PRIORITY defect
+        drive = next((x for x in extra if x != "priority"), None)       # the priority policy
+        policy = "priority" if "priority" in extra else "fcfs"
         cap = a.defect_cap_s if known else a.cap_s
         seeds = range(a.first_seed, a.first_seed + a.seeds)
-        out[t] = {s: _row([_vllm_run(name, layout, s, seed, cap, d, known, drive[0] if drive else None)
-                           for seed in seeds], cap)
-                  for s in strategies if not (s == "swarm_off" and drive and drive[0] == "engine")}
+        out[t] = {s: _row([_vllm_run(name, layout, s, seed, cap, d, known, drive, policy) for seed in seeds], cap)
+                  for s in strategies if not (s == "swarm_off" and drive == "engine")}
         print(json.dumps({t: out[t]}), file=sys.stderr, flush=True)     # progress
     return out
 

@@ -65,6 +65,14 @@ def _search(o: dict) -> None:
     assert o["reference_exhaustive"]["engine_tail_check_skipped"]["exhaustive"]["programs"] > 0
 
 
+def _coverage_reach(o: dict) -> None:
+    mods = o["per_module"]
+    assert o["layouts_drives"] == 2 and 0 < o["union_runtime_lines"] <= o["runtime_statements"], o
+    assert all(0 <= m["union"] <= m["statements"] for m in mods.values()), mods
+    (g,) = o["generated"]
+    assert g["lines"] > 0 and 0 < g["of_union_pct"] <= 100, g
+
+
 def _kernels_gpu(o: dict) -> None:
     # without CUDA it times nothing and says so; with CUDA --tiny runs every kernel on small shapes
     if o["cuda"] is False:
@@ -154,6 +162,8 @@ class Case:
 CASES: dict[str, Case] = {
     "search": Case(("--cap-s", "3", "--faults", "swa_hit_unchecked@full+swa", "--cover-s", "1", "--depth", "2",
                     "--tracer-steps", "100"), _search, _module("vllm", "search.py needs vLLM")),
+    "coverage_reach": Case(("--layouts", "full", "--per-layout-s", "1", "--after", "1"), _coverage_reach,
+                           _module("vllm", "coverage_reach.py needs vLLM")),
     "spec_walk": Case(("--steps", "200", "--runs", "1"), _spec_walk),
     "checker": Case(("--smoke", "--reps", "1", "--blocks", "2"), _checker),
     "compare": Case(("--base-tree", ".", "--runs", "1", "--metrics", "walk", "--smoke"), _compare),
