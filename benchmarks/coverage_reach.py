@@ -100,6 +100,7 @@ def main() -> int:
             for m, lines in saved["union"].items():
                 union.setdefault(m, set()).update(lines)
             per.update(saved["per_layout"])
+            a.per_layout_s = saved.get("per_layout_s", a.per_layout_s)
     d = tempfile.mkdtemp(prefix="kvcheck-reach-")
     if not a.merge:
         for name in layouts_part(a.layouts, a.part):
@@ -112,7 +113,8 @@ def main() -> int:
                 print(json.dumps({"layout": name, "drive": drive, "lines": per[f"{name}@{drive}"]}),
                       file=sys.stderr, flush=True)
         if a.save:
-            json.dump({"union": {m: sorted(v) for m, v in union.items()}, "per_layout": per}, open(a.save, "w"))
+            json.dump({"union": {m: sorted(v) for m, v in union.items()}, "per_layout": per,
+                       "per_layout_s": a.per_layout_s}, open(a.save, "w"))
     total = sum(len(v) for v in union.values())
     out = {"vllm": V.vllm_version(), "per_layout_s": a.per_layout_s, "layouts_drives": len(per),
            "union_runtime_lines": total, "runtime_statements": sum(stmts.values()),
