@@ -256,18 +256,18 @@ def run_engine_variant(sys: System, variant: str, seed: int, out: Path, fault: s
         return skipped(label, "fuzz", str(e))
 
 
-def covered(sys: System, label: str, engine: str, key: str, html_dir: Path, fault: str | None,
+def covered(sys: System, kind: str, label: str, engine: str, key: str, html_dir: Path, fault: str | None,
             run: Callable[[], EngineRun]) -> EngineRun:
-    """`run` (one campaign of a registered engine) under a measurement of the engine's cache code
+    """`run` (one campaign of the registered engine `kind`) under a measurement of its cache code
     when the system's `cover` is on (the default; not for an expected fault's run): the result
     in report.json (`engine_coverage[key]`) and an `engine_coverage` check held to the engine's
     floor (`Engine.coverage_floor`), undecided below it. A run that was skipped stays skipped."""
     if not sys.options.get("cover") or fault:
         return run()
     from ..fuzz import engine_coverage as ec, registry
-    eng = registry.get(sys.kind)
+    eng = registry.get(kind)
     try:
-        meas = ec.measure(sys.kind, eng.cache_code, html_dir)
+        meas = ec.measure(kind, eng.cache_code, html_dir)
     except ec.CoverageUnavailable:       # the engine is not importable here: the run says so itself
         return run()
     try:

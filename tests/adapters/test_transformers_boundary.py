@@ -173,11 +173,17 @@ def test_kvchecks_own_failure_during_a_run_is_cannot_drive(tf, monkeypatch, caps
 def test_project_run_is_undecided_not_a_finding(tf, monkeypatch, tmp_path):
     from kvcheck.engines.transformers.project import run_transformers
     _plant_swallowed_cache(monkeypatch, tf)
-    sys_ = SimpleNamespace(budgets={"diff": SimpleNamespace(steps=1)})
+    sys_ = SimpleNamespace(budgets={"diff": SimpleNamespace(steps=1)}, options={"cover": False})
     run = run_transformers(sys_, "mistral", 0, tmp_path)
     assert run.code == 3
     [check] = run.checks
     assert check["verdict"] == "undecided" and check["note"].startswith("kvcheck cannot drive transformers")
+    # measured (a project's default): still undecided, never a finding; the coverage check rides along
+    sys_.options["cover"] = True
+    run = run_transformers(sys_, "mistral", 0, tmp_path)
+    by = {c["check"]: c for c in run.checks}
+    assert run.code == 3 and set(by) == {"reuse_equals_recompute", "engine_coverage"}, by
+    assert by["reuse_equals_recompute"]["verdict"] == "undecided" and all(c["verdict"] != "failed" for c in by.values())
 
 
 def test_the_installed_release_is_driven_through_its_own_keyword(tf, capsys, tmp_path):

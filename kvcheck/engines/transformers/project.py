@@ -35,7 +35,7 @@ def project_system(names: list[str] | None, body: Mapping[str, Any],
 
 
 def run_transformers(sys: System, model_type: str, seed: int, out: Path, fault: str | None = None) -> EngineRun:
-    return covered(sys, f"transformers[{model_type}]", "diff", f"{model_type} seed {seed}",
+    return covered(sys, "transformers", f"transformers[{model_type}]", "diff", f"{model_type} seed {seed}",
                    out / f"engine-coverage-transformers-{file_stem(model_type)}-seed{seed}", fault,
                    lambda: _diff(sys, model_type, seed, out, fault))
 

@@ -69,7 +69,7 @@ def run_vllm(sys: System, layout: str, seed: int, out: Path, fault: str | None =
             layout = v.load_layout_file(layout)      # the project file resolved its path
         except ValueError as e:
             return skipped(label, "fuzz", str(e))
-    return covered(sys, label, "fuzz", f"{layout} seed {seed}", out / f"engine-coverage-vllm-"
+    return covered(sys, "vllm", label, "fuzz", f"{layout} seed {seed}", out / f"engine-coverage-vllm-"
                    f"{file_stem(Path(layout).stem)}-seed{seed}", fault, lambda: _campaign(sys, layout, seed, out, fault))
 
 
