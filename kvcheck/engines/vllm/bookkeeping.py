@@ -238,7 +238,7 @@ class Bookkeeping:
         for rid, g, i in hs:
             req = self.reqs.get(rid)
             bs = self.groups[g][1]
-            if req is None or (i + 1) * bs > req.obj.num_computed_tokens \
+            if req is None or (i + 1) * bs > max(req.obj.num_computed_tokens, req.awaiting) \
                     or self.written.get(bid) != self._content(req, (i + 1) * bs):
                 raise Violation("bookkeeping", "no_alias",
                                 f"block #{bid} is in several tables {hs} but is not a complete "

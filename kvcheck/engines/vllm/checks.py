@@ -48,6 +48,7 @@ class Req:
     state_block: int | None = None   # engine drive, Mamba: its running state's table index this step
     prefixes: dict = field(default_factory=dict, repr=False)   # end -> _content (a memo)
     chain: Any = field(default=None, repr=False)               # its tokens' prefix hashes (content.py)
+    awaiting: int = 0         # a connector load in flight: the tokens its blocks hold then (connector.py)
 
 
 class ShadowChecks(Bookkeeping):

@@ -29,7 +29,10 @@ class EngineGen:
         if live and x < 0.28:
             return "abort", {"r": rng.choice(list(ad.reqs))}
         if x < 0.285:
-            return "reset_prefix_cache", {"running": rng.random() < 0.5}
+            # (not preempting while a connector transfer holds blocks: vLLM raises "Failed to reset
+            # KV cache ... requests waiting for remote KV transfer, which is not supported yet")
+            loading = ad.store is not None and ad.store.busy()
+            return "reset_prefix_cache", {"running": rng.random() < 0.5 and not loading}
         if x < 0.295:
             return "evict_blocks", {"block_ids": [rng.randrange(1, ad.num_blocks) for _ in range(rng.randint(1, 3))]}
         return "step", {}
@@ -67,7 +70,8 @@ def draw_knobs(rng: Any, layout: str, policy: str | None = None) -> SchedKnobs:
                       long_prefill_token_threshold=_floor(rng.choice([0, 0, 4, 12]) * scale,
                                                           max(bs for _, bs, _ in groups)),
                       num_blocks=1 + rng.choice([1, 2, 3, 5]) * per_req * len(groups) // 2 + per_req,
-                      spec_tokens=_spec_tokens(layout, rng.choice([1, 2])), eagle_drop=rng.random() < 0.5)
+                      spec_tokens=_spec_tokens(layout, rng.choice([1, 2])), eagle_drop=rng.random() < 0.5,
+                      connector=len(groups) == 1 and rng.random() < 0.5)
 
 
 def _spec_tokens(layout: str, drawn: int) -> int:
@@ -83,6 +87,9 @@ def _floor(threshold: int, block: int) -> int:
     return threshold and max(threshold, block)
 
 
+LATER_KNOBS = {"connector"}      # knobs added after traces were kept: absent means their default
+
+
 def knobs_of(meta: dict) -> SchedKnobs | None:
     """A trace's scheduler knobs (None: a manager-drive trace); ValueError names a bad field. A
     trace names the drive that ran it: engine, or a manager drive (or none); never auto."""
@@ -94,6 +101,8 @@ def knobs_of(meta: dict) -> SchedKnobs | None:
                          f"not {str(drive)[:40]!r} (a campaign resolves auto before it runs)")
     got = meta.get("scheduler")
     fields = SchedKnobs().as_dict()
+    if isinstance(got, dict) and set(fields) - set(got) <= LATER_KNOBS:
+        got = dict({k: fields[k] for k in LATER_KNOBS}, **got)     # (a trace from before they existed)
     if not isinstance(got, dict) or set(got) != set(fields) or any(
             type(got[k]) is not type(v) for k, v in fields.items()):
         raise ValueError(f"trace meta.scheduler: expected {{{', '.join(f'{k}: {type(v).__name__}' for k, v in fields.items())}}}")

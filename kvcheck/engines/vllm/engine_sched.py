@@ -80,6 +80,10 @@ class EngineAdapter(VllmAdapter):
             # boundary token instead): the spec's ground truth follows what the scheduler built
             self.eagle_groups = set()
         self.arrivals, self.worker = 0, Worker()     # the GPU worker's block tables (worker.py)
+        self.store = None                           # the KV connector's external store (connector.py)
+        if self.knobs.connector:
+            from .connector import Store
+            self.store = self.sched.connector.store = Store(self)
         self.done: list[list[int]] = []          # finished requests' whole token lists (multi-turn)
         self.stepped: set[str] = set()           # requests allocated in the open step
         self.noted: set[tuple[int, int]] = set()  # copies checked when their allocation queued them
@@ -136,6 +140,13 @@ class EngineAdapter(VllmAdapter):
             return new
         self._own(req, new)
         hit = int(args.get("num_new_computed_tokens", 0) or 0)
+        ext = int(args.get("num_external_computed_tokens", 0) or 0)     # (a connector's load)
+        if ext:           # (its blocks: allocate_new_computed_blocks, not among the new ones returned)
+            req.awaiting = lo + hit + ext     # (0.14-0.2x count no computed token until the load ends)
+            for g, (_, bs, _) in enumerate(self.groups):
+                table = self._table(g, req.rid)
+                req.owned[g].update(b.block_id for b in table[(lo + hit) // bs: cdiv(lo + hit + ext, bs)]
+                                    if not b.is_null)
         if self.has_mamba:          # the worker's running state block this step (drafts counted)
             req.state_block = cdiv(lo + hit + int(args["num_new_tokens"]), mamba.mamba_block(self.groups)) - 1
         copies = self._new_copies(queued)
@@ -150,7 +161,7 @@ class EngineAdapter(VllmAdapter):
             mamba.check_state_copy(self, req, lo)
         else:
             mamba.note_copies(self, copies)
-        self._stamp(req, min(lo + hit + int(args["num_new_tokens"]), request.num_tokens))   # (not drafts)
+        self._stamp(req, min(lo + hit + ext + int(args["num_new_tokens"]), request.num_tokens))   # (not drafts)
         self.stepped.add(req.rid)
         return new
 
@@ -203,7 +214,7 @@ class EngineAdapter(VllmAdapter):
 
     # ---- the protocol ------------------------------------------------------------------------
     def enabled(self) -> dict[str, list[str]]:
-        live = list(self.reqs)
+        live = [r for r, q in self.reqs.items() if q.state != "finished"]
         return {"submit": [], "step": [], "abort": live, "reset_prefix_cache": [], "evict_blocks": []}
 
     def apply(self, action: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -220,7 +231,9 @@ class EngineAdapter(VllmAdapter):
                 self.done.append(list(self.reqs.pop(rid).obj.all_token_ids))
                 self.timeline.forget(rid)
                 continue
-            self.reqs[rid].state = ("running" if o.status == st.RUNNING else
+            self.reqs[rid].awaiting *= o.status == st.WAITING_FOR_REMOTE_KVS
+            self.reqs[rid].state = ("finished" if o.is_finished() else      # (its blocks held for a KV store)
+                                    "running" if o.status == st.RUNNING else
                                     "preempted" if o.status == st.PREEMPTED else "waiting")
 
     # ---- actions -----------------------------------------------------------------------------
@@ -241,6 +254,11 @@ class EngineAdapter(VllmAdapter):
     def _a_reset_prefix_cache(self, running: bool = False) -> dict:
         """The scheduler's reset; `running`: it first preempts every running request (they resume,
         with new block tables, in a later step: vLLM's forced preemption)."""
+        if running and self.store is not None and self.store.busy():
+            # vLLM: "Failed to reset KV cache even when all the running requests are preempted ...
+            # requests waiting for remote KV transfer, which is not supported yet" (a RuntimeError)
+            raise ActionRejected("reset_prefix_cache(running) while a KV connector transfer holds blocks: "
+                                 "vLLM does not support it yet (it raises)")
         ok = self.sched.reset_prefix_cache(reset_running_requests=bool(running))
         self._sync()
         self.coverage["state:reset_ok" if ok else "state:reset_refused"] += 1
@@ -248,7 +266,7 @@ class EngineAdapter(VllmAdapter):
         return {"reset": ok}
 
     def _a_abort(self, r: str) -> dict:
-        if r not in self.reqs:
+        if r not in self.reqs or self.reqs[r].state == "finished":
             raise ActionRejected(f"request {r} is not live")
         self.sched.finish_requests([r], vllm_modules()["RequestStatus"].FINISHED_ABORTED)
         self._sync()
@@ -266,6 +284,8 @@ class EngineAdapter(VllmAdapter):
             self.coverage["state:fault_planted"] += plant_stale(so)
         self.worker.update(so)
         self.worker.check(self, so)           # the forward's slots are the worker's: they must be the manager's
+        if self.store is not None:            # the connector's synchronous loads, before the forward
+            self.store.before_forward(so)
         new = {x.req_id for x in so.scheduled_new_reqs}
         new |= set(getattr(so.scheduled_cached_reqs, "resumed_req_ids", ()) or ())
         spec = getattr(so, "scheduled_spec_decode_tokens", None) or {}
@@ -284,7 +304,9 @@ class EngineAdapter(VllmAdapter):
         ids = list(so.num_scheduled_tokens)
         toks = [self._sampled(self.sched.requests[rid], list(spec.get(rid, ()))) for rid in ids]
         index = {"req_id_to_index": {r: i for i, r in enumerate(ids)}} if self._indexed else {}   # (gone in 0.34)
-        out = vllm_modules()["ModelRunnerOutput"](req_ids=ids, sampled_token_ids=toks, **index, **self._out_args)
+        xfer = {"kv_connector_output": self._connector_output()} if self.store is not None else {}
+        out = vllm_modules()["ModelRunnerOutput"](req_ids=ids, sampled_token_ids=toks, **index,
+                                                  **dict(self._out_args, **xfer))
         # accepted drafts: their KV, written by the forward, is right (a request that finishes in
         # update_from_output has them written when it is freed: _on_free)
         self.accepted = {rid: (real[rid], real[rid] + len(t) - 1) for rid, t in zip(ids, toks) if len(t) > 1}
@@ -326,6 +348,16 @@ class EngineAdapter(VllmAdapter):
             from vllm.v1.outputs import DraftTokenIds
             self.sched.update_draft_token_ids(DraftTokenIds(rids, drafts))
             self.coverage["state:drafts_proposed"] += sum(map(len, drafts))
+
+    def _connector_output(self) -> Any:
+        """The worker's transfers finished in this step (connector.py), as the release's type."""
+        from vllm.v1.outputs import KVConnectorOutput
+        got = self.store.output()
+        self.coverage["state:connector_recv"] += len(got["finished_recving"] or ())
+        self.coverage["state:connector_send"] += len(got["finished_sending"] or ())
+        self.coverage["state:connector_load_failed"] += len(got["invalid_block_ids"])
+        fields = set(inspect.signature(KVConnectorOutput).parameters)
+        return KVConnectorOutput(**{k: v for k, v in got.items() if k in fields})
 
     def _model_output_defaults(self) -> dict[str, Any]:
         """The release's required ModelRunnerOutput fields besides the three kvcheck fills."""

@@ -41,6 +41,7 @@ class SchedKnobs:
     spec_tokens: int = 0                 # EAGLE draft tokens per step (layouts with a drafter)
     eagle_drop: bool = False             # legacy block hashes + the EAGLE block drop, where the release
     #                                      has lookahead block hashes (disable_lookahead_block_hashes)
+    connector: bool = False              # an external prefix store behind vLLM's KV connector (connector.py)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -149,9 +150,16 @@ def build(layout: str, knobs: SchedKnobs) -> Built:
     cc.num_gpu_blocks = knobs.num_blocks
     drafter = EAGLE.get(layout)
     spec = _spec_config(max(1, knobs.spec_tokens), knobs.eagle_drop) if drafter is not None else None
+    extra_cfg: dict[str, Any] = {"speculative_config": spec} if spec else {}
+    if knobs.connector:
+        from .connector import supported, transfer_config
+        why = supported(groups)
+        if why is not None:
+            raise CannotExpress(f"layout {layout!r} with a KV connector: {why}")
+        extra_cfg["kv_transfer_config"] = transfer_config()
     with kernels_not_needed():
         vc = VllmConfig(model_config=mc, cache_config=cc, scheduler_config=sc,
-                        device_config=DeviceConfig(device="cpu"), **({"speculative_config": spec} if spec else {}))
+                        device_config=DeviceConfig(device="cpu"), **extra_cfg)
     feats = V["features"]
     flag = drafter is not None and "is_eagle_group" in feats
     extra = {"prefix_cache_retention_interval": RETENTION[layout]} \
