@@ -60,7 +60,8 @@ def test_planted_fault_is_caught_with_expected_check(fault, tmp_path):
     layout = ("full+swa-sparse" if expected == "lost_reuse_retention"       # needs retention
               else "qwen3-next+mtp" if fault == "mamba_accept_ignored"        # Mamba drafts
               else "full+mamba-fine" if fault.startswith("mamba_partial")     # hits inside a Mamba block
-              else "full+mamba" if fault.startswith("mamba_") else "full+swa")  # needs a mamba group
+              else "full+mamba" if fault.startswith("mamba_")                   # needs a mamba group
+              else "full" if fault.startswith("connector_") else "full+swa")     # one group (a connector)
     from kvcheck.engines.vllm.layouts import ENGINE_FAULTS   # (planted in what only the engine drive runs)
     drive = "engine" if fault in {f.name for f in ENGINE_FAULTS} else "mixed"
     r = V.run_campaign(layout, budget_s=60, steps=(5000 if expected.startswith("lost_reuse") else 100_000),

@@ -22,7 +22,8 @@ from . import mamba
 from . import mamba_faults as mfaults
 from .timeline import Timeline
 from .checks import ShadowChecks, Violation, Req
-from .layouts import (EAGLE, LAYOUT_DATA, MAMBA_FAULTS, RETENTION, SWA_FAULTS, ACTIONS, DROP_REF_ON_FREE,
+from .connector import supported as supported_by_connector
+from .layouts import (CONNECTOR_CACHE_EARLY, EAGLE, LAYOUT_DATA, MAMBA_FAULTS, RETENTION, SWA_FAULTS, ACTIONS, DROP_REF_ON_FREE,
                       EARLY_READER_FORWARD, EVICT_KEEPS_HASH, LAYOUTS, MAMBA_ACCEPT_IGNORED, RETENTION_DROPS_TAIL,
                       SWA_OVERSTRICT, VOCAB, make_specs, vllm_modules, layout_config, layout_scale,
                       planted, release_gap, vllm_version)
@@ -33,6 +34,7 @@ class VllmAdapter(ShadowChecks):
     extra_checks. `strict`: a lost reuse is a finding too (else it is only recorded in `lost`)."""
 
     name = "vllm"
+    store: Any = None          # the KV connector's external store (the scheduler drive: connector.py)
     actions = frozenset(ACTIONS)
     twin_oracle = False          # TwinAdapter: plants and catches the retention fault
     sched_policy = "fcfs"        # "priority": a request scheduled in the open step may be preempted
@@ -52,6 +54,9 @@ class VllmAdapter(ShadowChecks):
             raise ValueError(f"fault {fault!r} needs a layout with a sliding-window group")
         if mfaults.needs(groups, layout_scale(layout)[0], fault):
             raise ValueError(mfaults.needs(groups, layout_scale(layout)[0], fault))
+        if fault == CONNECTOR_CACHE_EARLY.name and supported_by_connector(groups) is not None:
+            raise ValueError(f"fault {fault!r} needs a layout with one KV cache group (e.g. full, deepseek-v3): "
+                             + str(supported_by_connector(groups)))
         if fault == MAMBA_ACCEPT_IGNORED.name and (layout not in EAGLE or not any(k == mamba.MAMBA for k, _, _ in groups)):
             raise ValueError(f"fault {fault!r} needs a layout with Mamba groups and a drafter (e.g. qwen3-next+mtp)")
         if fault == RETENTION_DROPS_TAIL.name and not self.twin_oracle:

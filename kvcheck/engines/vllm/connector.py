@@ -133,6 +133,7 @@ class Store:
         self.offer: dict[str, tuple[int, bool]] = {}   # rid -> (its local hit, load async) offered
         self.loads: dict[str, Load] = {}
         self.sends: dict[str, Send] = {}
+        self.failed: set[int] = set()          # blocks a failed load left unwritten (until written)
         self.step = 0
         self.stats = {"offered": 0, "loads_sync": 0, "loads_async": 0, "load_failures": 0, "stores": 0,
                       "stores_delayed": 0, "stored_torn": 0}
@@ -248,11 +249,22 @@ class Store:
                 continue
             if i == load.failed:
                 bad = b.block_id
+                self.failed.add(bad)
                 continue
+            self.failed.discard(b.block_id)
             sound = self.held.get(self._key(req, (i + 1) * bs))
             ad.timeline.ready[b.block_id] = ad._content(req, (i + 1) * bs) if sound else _torn()
             ad.timeline.cancelled.pop(b.block_id, None)
         return bad
+
+    def loading(self) -> set[int]:
+        """Blocks an asynchronous load in flight is still to fill."""
+        out: set[int] = set()
+        for load in self.loads.values():
+            if not load.sync:
+                table = self.ad._table(0, load.rid)
+                out.update(b.block_id for b in table[load.lo // self.bs: load.hi // self.bs] if not b.is_null)
+        return out
 
     def busy(self) -> bool:
         """A transfer holds blocks outside the running requests (an async load, loaded blocks of a

@@ -11,6 +11,7 @@ Entry points: :data:`LAYOUTS`, :data:`FAULTS`, :func:`run_campaign`, :func:`repl
 """
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from collections import Counter
@@ -39,7 +40,7 @@ from .twin import TwinAdapter, twin_summary, wants_twin
 from .workloads import WORKLOADS, reuse_profile
 from .sched import SchedGen
 from . import drive_plan, engine_gen, engine_sched
-from .layouts import (LAYOUT_DATA, ACTIONS, FAULTS, SINGLE_ACTIONS, STEP_ACTIONS, GENERATED,
+from .layouts import (CONNECTOR_CACHE_EARLY, LAYOUT_DATA, ACTIONS, FAULTS, SINGLE_ACTIONS, STEP_ACTIONS, GENERATED,
                       INSTALL_HINT, LAYOUTS, VOCAB, VllmUnavailable, layout_config, layout_scale,
                       supported_layouts, vllm_version, FILE_LAYOUTS, load_layout_file, register_layout)
 
@@ -248,6 +249,8 @@ def _campaign(layout: str, budget_s: float | None = 60, steps: int | None = None
         policy: "str | engine_gen.SchedKnobs" = sched_policy     # (engine: the episode's knobs)
         if engine:
             policy = engine_gen.draw_knobs(rng, layout, sched_policy)
+            if fault == CONNECTOR_CACHE_EARLY.name:        # (planted in the connector's path: on)
+                policy = dataclasses.replace(policy, connector=True)
             gen = engine_gen.EngineGen(gen)
         stepped = drive == "scheduler" or (drive == "mixed" and episodes % 2 == 1)   # mixed: alternate
         scheduler_episodes += engine

@@ -162,6 +162,17 @@ def record_engine(trace: Any) -> dict | None:
             "drafter": layout in EAGLE, "expect": {**expect, "promised": None}}
 
 
+def without_connector(trace: Any) -> Any:
+    """The trace as its script replays it: an episode with the KV connector on replays with it off
+    when the finding needs none of its transfers (it reproduces so); None when it needs them."""
+    import copy
+    if not ((trace.meta or {}).get("scheduler") or {}).get("connector"):
+        return trace
+    plain = copy.deepcopy(trace)
+    plain.meta["scheduler"]["connector"] = False
+    return plain if record_engine(plain) is not None else None
+
+
 def why_not(trace: Any) -> str | None:
     """Why this engine finding gets no standalone script (None: it gets one, if it replays)."""
     from .build import resolve_layout
@@ -221,7 +232,12 @@ def write_engine_reproducer(trace: Any, trace_path: str) -> dict:
     check = (trace.violation or {}).get("check")
     replay = f"replay with `kvcheck replay {trace_path} --sut vllm`"
     try:
-        src = engine_reproducer_source(trace, trace_path)
+        plain = trace if why_not(trace) is not None else without_connector(trace)
+        if plain is None:
+            return {"reproducer": None, "reproducer_note": "no standalone reproducer (the finding needs the KV "
+                    "connector's transfers, and the script has no model of its external store yet: connector.py)"
+                    f": {replay}"}
+        src = engine_reproducer_source(plain, trace_path)
     except Exception as e:    # (a finding is saved even when its script cannot be made: said, not raised)
         return {"reproducer": None, "reproducer_note": f"no standalone reproducer ({type(e).__name__}: {e}): {replay}"}
     if src is None:

@@ -29,7 +29,7 @@ from kvcheck.spec.sut import ActionRejected
 from . import mamba, mamba_worker
 from .adapter import VllmAdapter
 from .checks import Req
-from .layouts import DROP_REF_ON_FREE, VOCAB, WORKER_TABLE_STALE, cdiv, vllm_modules
+from .layouts import CONNECTOR_CACHE_EARLY, DROP_REF_ON_FREE, VOCAB, WORKER_TABLE_STALE, cdiv, vllm_modules
 from .sched_build import Built, SchedKnobs, build
 from .worker import Worker, plant_stale
 
@@ -143,6 +143,9 @@ class EngineAdapter(VllmAdapter):
         ext = int(args.get("num_external_computed_tokens", 0) or 0)     # (a connector's load)
         if ext:           # (its blocks: allocate_new_computed_blocks, not among the new ones returned)
             req.awaiting = lo + hit + ext     # (0.14-0.2x count no computed token until the load ends)
+            if args.get("delay_cache_blocks") and self.planted(CONNECTOR_CACHE_EARLY):
+                self.mgr.cache_blocks(request, lo + hit + ext)     # (published before the load)
+                self.coverage["state:fault_planted"] += 1
             for g, (_, bs, _) in enumerate(self.groups):
                 table = self._table(g, req.rid)
                 req.owned[g].update(b.block_id for b in table[(lo + hit) // bs: cdiv(lo + hit + ext, bs)]
@@ -382,4 +385,9 @@ def describe(seen: dict) -> dict[str, Any]:
                             "copies run first, then the forward writes each scheduled token's KV and Mamba state "
                             "(timeline.py); one greedy token per request whose prompt is done, drafts accepted "
                             "while they match it (their KV kept, the rest recomputed)",
-            "not_yet": ["the dense retention twin", "KV connector loads/stores", "async scheduling"]}
+            "kv_connector": "an external prefix store behind vLLM's KV connector interface on one-group layouts "
+                            "(knob `connector`): sync loads written before the forward, async loads reported in "
+                            "finished_recving steps later (one in four with a failed block in invalid_block_ids), "
+                            "stores immediate or held until finished_sending (connector.py)",
+            "not_yet": ["the dense retention twin", "async scheduling", "a KV connector on multi-group layouts "
+                        "(SupportsHMA)", "failed synchronous connector loads"]}

@@ -166,10 +166,16 @@ MAMBA_ACCEPT_IGNORED = _fault(
     "state_copy_sound", "the worker forgets how many draft tokens the sampler accepted and resumes the "
     "next step from the state after the step's known tokens (column 0 of its state block), not the one "
     "after the accepted drafts (mamba_worker.py; needs --drive engine and a Mamba layout with a drafter)")
+CONNECTOR_CACHE_EARLY = _fault(
+    "connector_cache_early", "vllm:KVCacheManager.allocate_slots (delay_cache_blocks)", "read before write",
+    "read_before_write", "an asynchronous KV connector load's blocks are published in the prefix cache at "
+    "allocation, before the worker has loaded them: another request hits them and its forward reads bytes "
+    "the load has not delivered (connector.py; needs --drive engine and a one-group layout)")
 VLLM_FAULTS: tuple[Fault, ...] = (DROP_REF_ON_FREE, SWA_HIT_UNCHECKED, EVICT_KEEPS_HASH, SWA_OVERSTRICT,
                                   RETENTION_DROPS_TAIL, EARLY_READER_FORWARD, WORKER_TABLE_STALE, MAMBA_OLDER_STATE, MAMBA_STATE_FREED,
-                                  MAMBA_SAME_STEP, MAMBA_MOVE_UNCOPIED, MAMBA_PARTIAL_OFF_BY_ONE, MAMBA_ACCEPT_IGNORED)
-ENGINE_FAULTS = (WORKER_TABLE_STALE, MAMBA_ACCEPT_IGNORED)   # planted in what only the engine drive runs
+                                  MAMBA_SAME_STEP, MAMBA_MOVE_UNCOPIED, MAMBA_PARTIAL_OFF_BY_ONE, MAMBA_ACCEPT_IGNORED,
+                                  CONNECTOR_CACHE_EARLY)
+ENGINE_FAULTS = (WORKER_TABLE_STALE, MAMBA_ACCEPT_IGNORED, CONNECTOR_CACHE_EARLY)   # planted in what only the engine drive runs
 FAULTS: dict[str, tuple[str, str]] = {f.name: (f.expected, f.doc) for f in VLLM_FAULTS}  # name -> (check, doc)
 SWA_FAULTS = (SWA_HIT_UNCHECKED, SWA_OVERSTRICT)      # need a layout with a sliding-window group
 MAMBA_FAULTS = (MAMBA_OLDER_STATE, MAMBA_STATE_FREED, MAMBA_SAME_STEP,   # need a layout with a mamba

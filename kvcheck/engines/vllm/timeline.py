@@ -86,6 +86,11 @@ class Timeline:
 
     def cause(self, bid: int) -> str:
         """Why block `bid` lacks its bytes, when the timeline knows (else "")."""
+        store = self.ad.store
+        if store is not None and bid in store.loading():
+            return " (a KV connector load into it is still in flight: its bytes have not arrived)"
+        if store is not None and bid in store.failed:
+            return " (a KV connector load into it failed, reported in invalid_block_ids, and nothing wrote it since)"
         rid = self.cancelled.get(bid)
         return "" if rid is None else (f" (its writer {rid} was preempted in the step whose allocation "
                                        "published it: that write never ran)")
@@ -170,6 +175,8 @@ class Timeline:
                     ok = i * bs >= lo or self.holds(b.block_id, ad._content(req, lo))
                     self.ready[b.block_id] = ad._content(req, min((i + 1) * bs, hi)) if ok else TORN
                     self.cancelled.pop(b.block_id, None)
+                    if ad.store is not None:
+                        ad.store.failed.discard(b.block_id)
 
     def holds(self, bid: int, want: tuple) -> bool:
         """Do block `bid`'s bytes hold the prefix `want` (salt, tokens)?"""

@@ -1,0 +1,63 @@
+"""The external prefix store behind vLLM's KV connector interface (connector.py), on vLLM's own
+scheduler: loads (sync, async, failing) and stores (immediate, delayed) run through the release's
+scheduler code, and their bytes are checked on the timeline."""
+from __future__ import annotations
+
+import pytest
+
+from kvcheck.engines.vllm.connector import stable, supported
+from kvcheck.engines.vllm.engine_gen import knobs_of
+from kvcheck.engines.vllm.sched_build import SchedKnobs
+
+vllm = pytest.importorskip("vllm")
+from kvcheck.engines.vllm import drivers as V  # noqa: E402
+from kvcheck.fuzz.boundary import CannotExpress  # noqa: E402
+
+
+def test_decisions_are_stable_functions_of_the_request():
+    assert stable("r1", 0, "async") == stable("r1", 0, "async")
+    assert len({stable(f"r{i}", 0, "async") % 2 for i in range(20)}) == 2
+
+
+def test_one_group_only_and_a_hybrid_with_a_connector_cannot_be_expressed():
+    assert supported([("full", 4, None)]) is None
+    assert "one KV cache group" in supported([("full", 4, None), ("swa", 4, 6)])
+    from kvcheck.engines.vllm.sched_build import build
+    with pytest.raises(CannotExpress, match="KV connector"):
+        build("full+swa", SchedKnobs(connector=True))
+
+
+def test_a_trace_from_before_the_connector_knob_reads_as_connector_off():
+    old = {k: v for k, v in SchedKnobs().as_dict().items() if k != "connector"}
+    assert knobs_of({"drive": "engine", "scheduler": old}).connector is False
+    with pytest.raises(ValueError, match="meta.scheduler"):
+        knobs_of({"drive": "engine", "scheduler": dict(old, connector="yes")})
+
+
+def test_a_campaign_runs_every_transfer_through_the_scheduler_and_holds(tmp_path):
+    res = V.run_campaign("full", budget_s=None, steps=4000, seed=3, drive="engine", out_dir=str(tmp_path))
+    cov = res["coverage"]
+    assert res["scheduler"]["knobs"]["connector"].get("True", 0) > 0
+    # async loads finished, some failing, and stores (immediate and delayed) completed
+    assert cov["state:connector_recv"] > 0 and cov["state:connector_load_failed"] > 0
+    assert cov["state:connector_send"] > 0
+    unknown = [f for f in res["findings"] if not f.get("known")]
+    assert not unknown, unknown
+
+
+def test_the_planted_early_publication_is_caught_replayed_and_named(tmp_path):
+    res = V.run_campaign("full", budget_s=None, steps=3000, seed=1, drive="engine",
+                         fault="connector_cache_early", out_dir=str(tmp_path))
+    assert res["caught"]
+    f = res["findings"][-1]
+    assert f["check"] == "read_before_write" and "KV connector load into it" in f["message"]
+    assert V.replay(f["trace"])["reproduced"]
+    assert f.get("reproducer") is None and "kvcheck replay" in f["reproducer_note"]
+    # a finding that needs the connector's transfers gets no script, and says why (here: the trace
+    # without its planted fault, which the script could not otherwise plant, stands for one)
+    from kvcheck.engines.vllm.engine_repro import write_engine_reproducer
+    from kvcheck.spec.trace import Trace
+    t = Trace.load(f["trace"])
+    t.fault = None
+    got = write_engine_reproducer(t, str(tmp_path / "x.json"))
+    assert got["reproducer"] is None and "needs the KV connector's transfers" in got["reproducer_note"]
