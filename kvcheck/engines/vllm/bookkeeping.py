@@ -24,7 +24,7 @@ from typing import Any
 
 from .runtime import map_blocks, map_entries, vllm_modules
 from .violation import Violation
-from .mamba import MAMBA, prev_index, retained_counts
+from .mamba import MAMBA, holds, prev_index, retained_counts
 
 # the manager's methods that change a request's blocks (those a release lacks are skipped)
 _REQUEST_METHODS = ("allocate_slots", "free", "remove_skipped_blocks", "pop_blocks_for_free",
@@ -229,7 +229,11 @@ class Bookkeeping:
                     b = table[i] if i < len(table) else None
                     if i < start and b is not None and b.block_id not in dirty:
                         continue
-                    if b is None or b.is_null or self.written.get(b.block_id) != self._content(req, min((i + 1) * bs, L)):
+                    # (the block holds the prefix its next token reads: a request cut back by a failed
+                    # connector load keeps the longer promise of its first allocation)
+                    w, want = (None, None) if b is None else (self.written.get(b.block_id),
+                                                              self._content(req, min((i + 1) * bs, L)))
+                    if b is None or b.is_null or (w != want if kind == MAMBA else not holds(w, want, False)):
                         raise Violation("bookkeeping", "toctou_bound_stable",
                                         f"running {req.rid} at {L} tokens: group {g} ({kind}) block {i} that "
                                         "its next token reads is missing or overwritten")
@@ -238,7 +242,9 @@ class Bookkeeping:
         for rid, g, i in hs:
             req = self.reqs.get(rid)
             bs = self.groups[g][1]
-            if req is None or (i + 1) * bs > max(req.obj.num_computed_tokens, req.awaiting) \
+            # (its extent: what vLLM computed, or promised at allocation -- a connector load in flight
+            # on 0.14-0.2x, which count no computed token until it ends; a request a failed load cut back)
+            if req is None or (i + 1) * bs > max(req.obj.num_computed_tokens, req.stamped) \
                     or self.written.get(bid) != self._content(req, (i + 1) * bs):
                 raise Violation("bookkeeping", "no_alias",
                                 f"block #{bid} is in several tables {hs} but is not a complete "

@@ -48,7 +48,6 @@ class Req:
     state_block: int | None = None   # engine drive, Mamba: its running state's table index this step
     prefixes: dict = field(default_factory=dict, repr=False)   # end -> _content (a memo)
     chain: Any = field(default=None, repr=False)               # its tokens' prefix hashes (content.py)
-    awaiting: int = 0         # a connector load in flight: the tokens its blocks hold then (connector.py)
 
 
 class ShadowChecks(Bookkeeping):
@@ -117,7 +116,9 @@ class ShadowChecks(Bookkeeping):
                     end = min((i + 1) * bs, n)
                     if end > i * bs:
                         self.written[b.block_id] = self._content(req, end)
-        req.stamped = n
+        # (never lowered: a request cut back -- a failed connector load's truncation -- keeps what its
+        # published blocks are promised to hold; preemption forgets its blocks and restarts at 0)
+        req.stamped = max(lo, n)
 
     def _check_table_starts(self, req: Req, blocks: Any, hit: int) -> None:
         """An admitted request's block table starts with exactly its hit blocks."""

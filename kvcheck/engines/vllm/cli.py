@@ -125,6 +125,9 @@ def fuzz_command(args: argparse.Namespace) -> int:
         + (["--ray", *([args.ray] if args.ray else []), "--workers", str(len(res["ray"]["shards"]) // len(layouts))]
            if args.ray is not None else [])
     res["command"] = kvcheck_command(*cmd)
+    from .connector import SYNC_FAILURES_ENV, sync_failures_on
+    if sync_failures_on():           # (an opt-in of the environment: the rerun names it)
+        res["command"] = f"{SYNC_FAILURES_ENV}=1 {res['command']}"
 
     def text() -> str:
         if "cannot_drive" in res:

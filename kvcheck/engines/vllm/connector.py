@@ -21,8 +21,10 @@ model runner (engine_sched.py), which fills ``ModelRunnerOutput.kv_connector_out
 Scope: layouts with one KV cache group. A connector without ``SupportsHMA`` makes vLLM turn the
 hybrid manager off (0.14-0.2x) or refuse (later releases), so a hybrid layout is not what it says
 with this connector; a stub with ``SupportsHMA`` (``request_finished_all_groups``, per-group
-loads) is the extension. Synchronous loads do not fail here: on a sync failure vLLM discards the
-forward's output, and the model of what that forward wrote is not built yet.
+loads) is the extension. Synchronous loads fail too with the knob ``sync_fail`` (opt-in:
+SYNC_FAILURES_ENV; one in four, one block): the
+forward runs on the garbage, vLLM discards that request's output and recomputes from the failed
+block, and what the forward wrote for it is torn until then (timeline.discarded).
 """
 from __future__ import annotations
 
@@ -31,6 +33,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 NAME = "KvcheckPrefixStore"
+# Failed synchronous loads are opt-in: with them, campaigns meet a safety defect of vLLM's recovery
+# (docs/findings-vllm.md, "KV connector: a failed sync load's block stays cached") that kvcheck does
+# not recognise as a known defect yet, so every one-group campaign would end on it.
+SYNC_FAILURES_ENV = "KVCHECK_VLLM_SYNC_LOAD_FAILURES"
+
+
+def sync_failures_on() -> bool:
+    """Do this process's episodes draw failed synchronous connector loads (SYNC_FAILURES_ENV=1)?"""
+    import os
+    return os.environ.get(SYNC_FAILURES_ENV, "") not in ("", "0")
 _CLASS: dict[str, Any] = {}
 
 
@@ -134,8 +146,9 @@ class Store:
         self.loads: dict[str, Load] = {}
         self.sends: dict[str, Send] = {}
         self.failed: set[int] = set()          # blocks a failed load left unwritten (until written)
+        self.sync_failed: set[int] = set()     # this step's failed sync-load blocks (to report)
         self.step = 0
-        self.stats = {"offered": 0, "loads_sync": 0, "loads_async": 0, "load_failures": 0, "stores": 0,
+        self.stats = {"offered": 0, "loads_sync": 0, "loads_async": 0, "load_failures": 0, "load_failures_sync": 0, "stores": 0,
                       "stores_delayed": 0, "stored_torn": 0}
 
     def _key(self, req: Any, end: int) -> tuple:
@@ -205,18 +218,34 @@ class Store:
 
     # ---- the worker side ---------------------------------------------------------------------
     def before_forward(self, so: Any) -> None:
-        """Synchronous loads of the requests this step runs: written before the forward reads."""
+        """Synchronous loads of the requests this step runs: written before the forward reads. One
+        in four fails one block: reported in this step's ``invalid_block_ids``; the forward runs
+        anyway on the garbage (vLLM then discards the request's output and recomputes from the
+        failed block), so what the request writes in it is torn."""
         for rid in so.num_scheduled_tokens:
             load = self.loads.get(rid)
             if load is not None and load.sync:
                 del self.loads[rid]
-                self._write(load)
+                h = stable(rid, load.lo, load.hi, "sync-fail")
+                if self.ad.knobs.sync_fail and h % 4 == 0:
+                    first, last = load.lo // self.bs, load.hi // self.bs
+                    load.failed = first + (h >> 4) % max(1, last - first)
+                bad = self._write(load)
+                if bad is not None:
+                    self.sync_failed.add(bad)
+                    self.stats["load_failures_sync"] += 1
+        # vLLM discards the output of every running request holding a failed block (the loader, and
+        # any that hit it in the step: _update_requests_with_invalid_blocks); their forward ran on it
+        for rid in so.num_scheduled_tokens if self.sync_failed else ():
+            if any(b.block_id in self.sync_failed for b in self.ad._table(0, rid)):
+                self.ad.timeline.discarded.add(rid)
 
     def output(self) -> dict[str, Any]:
         """The worker's ``kv_connector_output`` for this step: finished async loads (their bytes
         written now, a failed block's never) and finished stores."""
         self.step += 1
-        recving, sending, invalid = set(), set(), set()
+        recving, sending, invalid = set(), set(), set(self.sync_failed)
+        self.sync_failed = set()
         for rid, load in list(self.loads.items()):
             if load.sync or load.due > self.step:
                 continue

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .connector import sync_failures_on
 from .sched_build import SchedKnobs
 
 
@@ -71,7 +72,8 @@ def draw_knobs(rng: Any, layout: str, policy: str | None = None) -> SchedKnobs:
                                                           max(bs for _, bs, _ in groups)),
                       num_blocks=1 + rng.choice([1, 2, 3, 5]) * per_req * len(groups) // 2 + per_req,
                       spec_tokens=_spec_tokens(layout, rng.choice([1, 2])), eagle_drop=rng.random() < 0.5,
-                      connector=len(groups) == 1 and rng.random() < 0.5)
+                      connector=len(groups) == 1 and rng.random() < 0.5,
+                      sync_fail=sync_failures_on())
 
 
 def _spec_tokens(layout: str, drawn: int) -> int:
@@ -87,7 +89,7 @@ def _floor(threshold: int, block: int) -> int:
     return threshold and max(threshold, block)
 
 
-LATER_KNOBS = {"connector"}      # knobs added after traces were kept: absent means their default
+LATER_KNOBS = {"connector", "sync_fail"}      # knobs added after traces were kept: absent means their default
 
 
 def knobs_of(meta: dict) -> SchedKnobs | None:

@@ -142,7 +142,6 @@ class EngineAdapter(VllmAdapter):
         hit = int(args.get("num_new_computed_tokens", 0) or 0)
         ext = int(args.get("num_external_computed_tokens", 0) or 0)     # (a connector's load)
         if ext:           # (its blocks: allocate_new_computed_blocks, not among the new ones returned)
-            req.awaiting = lo + hit + ext     # (0.14-0.2x count no computed token until the load ends)
             if args.get("delay_cache_blocks") and self.planted(CONNECTOR_CACHE_EARLY):
                 self.mgr.cache_blocks(request, lo + hit + ext)     # (published before the load)
                 self.coverage["state:fault_planted"] += 1
@@ -234,7 +233,6 @@ class EngineAdapter(VllmAdapter):
                 self.done.append(list(self.reqs.pop(rid).obj.all_token_ids))
                 self.timeline.forget(rid)
                 continue
-            self.reqs[rid].awaiting *= o.status == st.WAITING_FOR_REMOTE_KVS
             self.reqs[rid].state = ("finished" if o.is_finished() else      # (its blocks held for a KV store)
                                     "running" if o.status == st.RUNNING else
                                     "preempted" if o.status == st.PREEMPTED else "waiting")
@@ -303,6 +301,7 @@ class EngineAdapter(VllmAdapter):
         self.coverage["state:preempt_scheduled"] += len(gone & self.stepped)   # PRIORITY: after its allocation
         # (the content model and bookkeeping are checked after the step, by apply: num_computed_tokens
         # counts the scheduled drafts until update_from_output takes the rejected ones back)
+        discarded = set(tl.discarded)     # (requests whose failed sync load voids their output)
         tl.forward()                      # the forward writes, then every read is checked
         ids = list(so.num_scheduled_tokens)
         toks = [self._sampled(self.sched.requests[rid], list(spec.get(rid, ()))) for rid in ids]
@@ -312,7 +311,8 @@ class EngineAdapter(VllmAdapter):
                                                   **dict(self._out_args, **xfer))
         # accepted drafts: their KV, written by the forward, is right (a request that finishes in
         # update_from_output has them written when it is freed: _on_free)
-        self.accepted = {rid: (real[rid], real[rid] + len(t) - 1) for rid, t in zip(ids, toks) if len(t) > 1}
+        self.accepted = {rid: (real[rid], real[rid] + len(t) - 1) for rid, t in zip(ids, toks)
+                         if len(t) > 1 and rid not in discarded}     # (a failed sync load: output discarded)
         self.coverage["state:drafts_accepted"] += sum(hi - lo for lo, hi in self.accepted.values())
         self.settling = {rid: len(t) for rid, t in zip(ids, toks)} if self.has_mamba else {}
         self.sched.update_from_output(so, out)
@@ -387,7 +387,8 @@ def describe(seen: dict) -> dict[str, Any]:
                             "while they match it (their KV kept, the rest recomputed)",
             "kv_connector": "an external prefix store behind vLLM's KV connector interface on one-group layouts "
                             "(knob `connector`): sync loads written before the forward, async loads reported in "
-                            "finished_recving steps later (one in four with a failed block in invalid_block_ids), "
+                            "finished_recving steps later; one load in four fails a block (invalid_block_ids; a failed sync load's "
+                            "forward output is discarded and what it wrote is torn), "
                             "stores immediate or held until finished_sending (connector.py)",
             "not_yet": ["the dense retention twin", "async scheduling", "a KV connector on multi-group layouts "
-                        "(SupportsHMA)", "failed synchronous connector loads"]}
+                        "(SupportsHMA)"]}

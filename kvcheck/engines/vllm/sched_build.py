@@ -42,6 +42,7 @@ class SchedKnobs:
     eagle_drop: bool = False             # legacy block hashes + the EAGLE block drop, where the release
     #                                      has lookahead block hashes (disable_lookahead_block_hashes)
     connector: bool = False              # an external prefix store behind vLLM's KV connector (connector.py)
+    sync_fail: bool = False              # its synchronous loads fail too (opt-in: connector.py, SYNC_FAILURES_ENV)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)

@@ -50,6 +50,7 @@ class Timeline:
         self.mamba_acc: dict[str, int] = {}     # rid -> tokens its last step accepted (1: no drafts)
         self.mamba_spec: dict[str, tuple] = {}  # rid -> (known end, drafts) of the open step, to settle
         self.stats: Counter = Counter()
+        self.discarded: set[str] = set()        # requests whose forward output vLLM discards (a failed sync load)
 
     # ---- the step ----------------------------------------------------------------------
     def begin(self) -> None:
@@ -136,11 +137,13 @@ class Timeline:
             self.cancelled.pop(dst, None)
         if self.ad.has_mamba:        # preprocess_mamba: the state copies, then the forward's states
             mamba_worker.run_states(self.ad, self, items)
+        lost, self.discarded = self.discarded, set()
         for phase in phases:
             for rid, (lo, hi, *_) in phase:
-                self._write(rid, lo, hi)
+                self._write(rid, lo, hi, rid in lost)
             for rid, (lo, *_) in phase:
-                self._check_reads(rid, lo)
+                if rid not in lost:       # (a failed sync load: the request attends to garbage, and vLLM
+                    self._check_reads(rid, lo)   # discards its output; what it wrote is torn)
         self.stats["forwards"] += 1
         return [(rid, x[2]) for rid, x in items]
 
@@ -158,7 +161,7 @@ class Timeline:
         return None
 
     # ---- bytes -------------------------------------------------------------------------
-    def _write(self, rid: str, lo: int, hi: int) -> None:
+    def _write(self, rid: str, lo: int, hi: int, garbage: bool = False) -> None:
         ad = self.ad
         req = ad.reqs.get(rid)
         if req is None:
@@ -172,7 +175,7 @@ class Timeline:
                 if not b.is_null and b.block_id in req.owned[g]:
                     # tokens [lo, hi) go in; what the block holds before lo must be this request's
                     # own prefix (a copy-on-write block: the copy's), else the block is torn
-                    ok = i * bs >= lo or self.holds(b.block_id, ad._content(req, lo))
+                    ok = not garbage and (i * bs >= lo or self.holds(b.block_id, ad._content(req, lo)))
                     self.ready[b.block_id] = ad._content(req, min((i + 1) * bs, hi)) if ok else TORN
                     self.cancelled.pop(b.block_id, None)
                     if ad.store is not None:
