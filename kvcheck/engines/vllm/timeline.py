@@ -176,7 +176,11 @@ class Timeline:
                     # tokens [lo, hi) go in; what the block holds before lo must be this request's
                     # own prefix (a copy-on-write block: the copy's), else the block is torn
                     ok = not garbage and (i * bs >= lo or self.holds(b.block_id, ad._content(req, lo)))
-                    self.ready[b.block_id] = ad._content(req, min((i + 1) * bs, hi)) if ok else TORN
+                    new = ad._content(req, min((i + 1) * bs, hi)) if ok else TORN
+                    # (slots past hi keep their bytes: a block that held a longer prefix extending the
+                    # one written -- a request recomputing what a load already filled -- still holds it)
+                    if not ok or not self.holds(b.block_id, new):
+                        self.ready[b.block_id] = new
                     self.cancelled.pop(b.block_id, None)
                     if ad.store is not None:
                         ad.store.failed.discard(b.block_id)
