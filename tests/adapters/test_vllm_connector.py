@@ -61,3 +61,34 @@ def test_the_planted_early_publication_is_caught_replayed_and_named(tmp_path):
     t.fault = None
     got = write_engine_reproducer(t, str(tmp_path / "x.json"))
     assert got["reproducer"] is None and "needs the KV connector's transfers" in got["reproducer_note"]
+
+
+TRACES = {"0.34.0": "docs/repro/traces/vllm_connector_recompute_abort.trace.json",
+          "0.14.1": "docs/repro/traces/vllm_connector_recompute_preempt.trace.json"}
+
+
+def test_failed_sync_loads_are_opt_in(monkeypatch):
+    import random
+    from kvcheck.engines.vllm.connector import SYNC_FAILURES_ENV
+    from kvcheck.engines.vllm.engine_gen import draw_knobs
+    monkeypatch.delenv(SYNC_FAILURES_ENV, raising=False)
+    assert not any(draw_knobs(random.Random(i), "full").sync_fail for i in range(20))
+    monkeypatch.setenv(SYNC_FAILURES_ENV, "1")
+    assert all(draw_knobs(random.Random(i), "full").sync_fail for i in range(5))
+
+
+def test_the_recompute_policy_defect_replays_and_needs_the_failed_sync_load(tmp_path):
+    """vLLM keeps the blocks at and after a failed synchronous load cached under
+    kv_load_failure_policy=recompute; a request that hits them before their owner recomputes them
+    (the owner aborted: 0.34.0; preempted: 0.14.1) reads bytes the failed load or the discarded
+    forward left (docs/findings-vllm.md)."""
+    from kvcheck.engines.vllm.layouts import vllm_version
+    from kvcheck.spec.trace import Trace
+    path = TRACES.get(vllm_version())
+    if path is None:
+        pytest.skip(f"no trace of this defect shrunk on vLLM {vllm_version()}")
+    got = V.replay(path)
+    assert got["reproduced"] and got["violation"]["check"] == "read_before_write", got
+    t = Trace.load(path)
+    t.meta["scheduler"]["sync_fail"] = False          # the same steps, no load failing
+    assert not V.replay(t)["reproduced"]

@@ -170,7 +170,9 @@ def without_connector(trace: Any) -> Any:
         return trace
     plain = copy.deepcopy(trace)
     plain.meta["scheduler"]["connector"] = False
-    return plain if record_engine(plain) is not None else None
+    if record_engine(plain) is not None:
+        return plain
+    return None if record_engine(trace) is not None else trace     # (not at all: said as such later)
 
 
 def why_not(trace: Any) -> str | None:
