@@ -53,14 +53,6 @@ def test_the_planted_early_publication_is_caught_replayed_and_named(tmp_path):
     assert f["check"] == "read_before_write" and "KV connector load into it" in f["message"]
     assert V.replay(f["trace"])["reproduced"]
     assert f.get("reproducer") is None and "kvcheck replay" in f["reproducer_note"]
-    # a finding that needs the connector's transfers gets no script, and says why (here: the trace
-    # without its planted fault, which the script could not otherwise plant, stands for one)
-    from kvcheck.engines.vllm.engine_repro import write_engine_reproducer
-    from kvcheck.spec.trace import Trace
-    t = Trace.load(f["trace"])
-    t.fault = None
-    got = write_engine_reproducer(t, str(tmp_path / "x.json"))
-    assert got["reproducer"] is None and "needs the KV connector's transfers" in got["reproducer_note"]
 
 
 TRACES = {"0.34.0": "docs/repro/traces/vllm_connector_recompute_abort.trace.json",
@@ -89,6 +81,10 @@ def test_the_recompute_policy_defect_replays_and_needs_the_failed_sync_load(tmp_
         pytest.skip(f"no trace of this defect shrunk on vLLM {vllm_version()}")
     got = V.replay(path)
     assert got["reproduced"] and got["violation"]["check"] == "read_before_write", got
+    # a finding that needs the connector's transfers gets no standalone script, and says why
+    from kvcheck.engines.vllm.engine_repro import write_engine_reproducer
+    note = write_engine_reproducer(Trace.load(path), str(tmp_path / "x.json"))
+    assert note["reproducer"] is None and "needs the KV connector's transfers" in note["reproducer_note"]
     t = Trace.load(path)
     t.meta["scheduler"]["sync_fail"] = False          # the same steps, no load failing
     assert not V.replay(t)["reproduced"]
