@@ -88,3 +88,13 @@ def test_the_recompute_policy_defect_replays_and_needs_the_failed_sync_load(tmp_
     t = Trace.load(path)
     t.meta["scheduler"]["sync_fail"] = False          # the same steps, no load failing
     assert not V.replay(t)["reproduced"]
+
+
+def test_the_standalone_reproducer_shows_the_defect_and_the_fail_policy_contrast():
+    import subprocess
+    import sys
+    script = "docs/repro/vllm_connector_recompute_stale_block.py"
+    bug = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=600)
+    assert bug.returncode == 1 and "BUG: C's hit includes block" in bug.stdout, bug.stdout + bug.stderr[-2000:]
+    ok = subprocess.run([sys.executable, script, "--policy", "fail"], capture_output=True, text=True, timeout=600)
+    assert ok.returncode == 0 and "OK: the failed block is not served" in ok.stdout, ok.stdout + ok.stderr[-2000:]
