@@ -98,3 +98,11 @@ def test_the_standalone_reproducer_shows_the_defect_and_the_fail_policy_contrast
     assert bug.returncode == 1 and "BUG: C's hit includes block" in bug.stdout, bug.stdout + bug.stderr[-2000:]
     ok = subprocess.run([sys.executable, script, "--policy", "fail"], capture_output=True, text=True, timeout=600)
     assert ok.returncode == 0 and "OK: the failed block is not served" in ok.stdout, ok.stdout + ok.stderr[-2000:]
+
+
+def test_with_sync_failures_on_campaigns_name_the_known_defect(tmp_path, monkeypatch):
+    from kvcheck.engines.vllm.connector import SYNC_FAILURES_ENV
+    monkeypatch.setenv(SYNC_FAILURES_ENV, "1")
+    res = V.run_campaign("full", budget_s=None, steps=20000, seed=5, drive="engine", out_dir=str(tmp_path))
+    assert res["coverage"].get("known:connector_recompute_stale_block", 0) > 0, res["findings"]
+    assert res["exit_code"] == 10                  # a known safety defect, not acknowledged: never a pass

@@ -284,6 +284,7 @@ class Store:
             sound = self.held.get(self._key(req, (i + 1) * bs))
             ad.timeline.ready[b.block_id] = ad._content(req, (i + 1) * bs) if sound else _torn()
             ad.timeline.cancelled.pop(b.block_id, None)
+            ad.timeline.garbled.pop(b.block_id, None)
         return bad
 
     def loading(self) -> set[int]:

@@ -127,6 +127,15 @@ KNOWN: tuple[Known, ...] = (
           "vllm-project/vllm PR #43569 (open)", "docs/repro/vllm_priority_preempt_unwritten.py",
           lambda ad: getattr(ad, "sched_policy", "fcfs") == "priority",
           message=r"was preempted in the step whose allocation published it", also=("state_copy_sound",)),
+    # (a KV connector's failed synchronous load under kv_load_failure_policy="recompute": the failed block
+    # and what the discarded forward wrote stay cached; met by a hit before the owner recomputes them.
+    # Reproducer: 1 on 0.14.1, 0.16.0, 0.19.1, 0.34.0, and 0 with --policy fail; only with sync failures on)
+    Known("connector_recompute_stale_block", "read_before_write", "0.14.1", "0.34.0",
+          "vllm-project/vllm#49250 (open: the sharer path), the design in PR #26813",
+          "docs/repro/vllm_connector_recompute_stale_block.py",
+          lambda ad: bool(getattr(getattr(ad, "knobs", None), "sync_fail", False)),
+          message=r"a KV connector load into it failed|a forward whose output vLLM discarded after a failed "
+                  r"KV connector load"),
 )
 
 

@@ -51,6 +51,7 @@ class Timeline:
         self.mamba_spec: dict[str, tuple] = {}  # rid -> (known end, drafts) of the open step, to settle
         self.stats: Counter = Counter()
         self.discarded: set[str] = set()        # requests whose forward output vLLM discards (a failed sync load)
+        self.garbled: dict[int, str] = {}       # block id -> the discarded request whose forward wrote it
 
     # ---- the step ----------------------------------------------------------------------
     def begin(self) -> None:
@@ -92,6 +93,9 @@ class Timeline:
             return " (a KV connector load into it is still in flight: its bytes have not arrived)"
         if store is not None and bid in store.failed:
             return " (a KV connector load into it failed, reported in invalid_block_ids, and nothing wrote it since)"
+        if bid in self.garbled:
+            return (f" (written by a forward whose output vLLM discarded after a failed KV connector load: "
+                    f"{self.garbled[bid]} attended to the failed block, so what it wrote is not that KV)")
         rid = self.cancelled.get(bid)
         return "" if rid is None else (f" (its writer {rid} was preempted in the step whose allocation "
                                        "published it: that write never ran)")
@@ -135,6 +139,7 @@ class Timeline:
                                 + self.cause(src))
             self.ready[dst] = claim
             self.cancelled.pop(dst, None)
+            self.garbled.pop(dst, None)
         if self.ad.has_mamba:        # preprocess_mamba: the state copies, then the forward's states
             mamba_worker.run_states(self.ad, self, items)
         lost, self.discarded = self.discarded, set()
@@ -181,6 +186,10 @@ class Timeline:
                     # one written -- a request recomputing what a load already filled -- still holds it)
                     if not ok or not self.holds(b.block_id, new):
                         self.ready[b.block_id] = new
+                    if garbage:
+                        self.garbled[b.block_id] = rid
+                    elif hi >= (i + 1) * bs:          # (a partial rewrite leaves the garbage past hi)
+                        self.garbled.pop(b.block_id, None)
                     self.cancelled.pop(b.block_id, None)
                     if ad.store is not None:
                         ad.store.failed.discard(b.block_id)
