@@ -33,17 +33,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 NAME = "KvcheckPrefixStore"
-# Failed synchronous loads are opt-in: with them, campaigns meet a safety defect of vLLM's recovery
-# (docs/findings-vllm.md, "KV connector: a failed sync load's block stays cached") that kvcheck does
-# not recognise as a known defect yet, so every one-group campaign would end on it.
+# Failed synchronous loads are opt-in: with them, every one-group campaign meets vLLM's known defect
+# connector_recompute_stale_block within seconds (docs/findings-vllm.md), so default verdicts would
+# all be that one defect until teams acknowledge it.
 SYNC_FAILURES_ENV = "KVCHECK_VLLM_SYNC_LOAD_FAILURES"
+_CLASS: dict[str, Any] = {}
 
 
 def sync_failures_on() -> bool:
     """Do this process's episodes draw failed synchronous connector loads (SYNC_FAILURES_ENV=1)?"""
     import os
     return os.environ.get(SYNC_FAILURES_ENV, "") not in ("", "0")
-_CLASS: dict[str, Any] = {}
 
 
 def stable(*parts: Any) -> int:
@@ -123,7 +123,7 @@ class Load:
     hi: int
     sync: bool
     due: int                   # async: the step whose output reports it finished
-    failed: int | None = None  # async: the table index of the block whose load fails
+    failed: int | None = None  # the table index of the block whose load fails
 
 
 @dataclass
@@ -148,12 +148,10 @@ class Store:
         self.failed: set[int] = set()          # blocks a failed load left unwritten (until written)
         self.sync_failed: set[int] = set()     # this step's failed sync-load blocks (to report)
         self.step = 0
-        self.stats = {"offered": 0, "loads_sync": 0, "loads_async": 0, "load_failures": 0, "load_failures_sync": 0, "stores": 0,
-                      "stores_delayed": 0, "stored_torn": 0}
 
     def _key(self, req: Any, end: int) -> tuple:
-        salt, p = self.ad._content(req, end)
-        return salt, p.key if hasattr(p, "key") else tuple(p)
+        salt, p = self.ad._content(req, end)           # (a content.Prefix: compared by its key)
+        return salt, p.key
 
     # ---- the scheduler side ------------------------------------------------------------------
     def matched(self, request: Any, local: int) -> tuple[int, bool]:
@@ -166,7 +164,6 @@ class Store:
             n += bs
         if n == local:
             return 0, False
-        self.stats["offered"] += 1
         self.offer[rid] = (local, stable(rid, request.num_preemptions, "async") % 2 == 0)
         return n - local, self.offer[rid][1]
 
@@ -179,10 +176,13 @@ class Store:
         h = stable(rid, request.num_preemptions, "load")
         load = Load(rid, lo, lo + ext, sync, self.step + 1 + h % 3)
         if not sync and h % 4 == 0:
-            first, last = lo // self.bs, (lo + ext) // self.bs
-            load.failed = first + (h >> 4) % max(1, last - first)
+            self._fail_one(load, h)
         self.loads[rid] = load
-        self.stats["loads_sync" if sync else "loads_async"] += 1
+
+    def _fail_one(self, load: Load, h: int) -> None:
+        """The load fails one of its blocks (which one: a stable function `h` of the request)."""
+        first, last = load.lo // self.bs, load.hi // self.bs
+        load.failed = first + (h >> 4) % max(1, last - first)
 
     def finished(self, request: Any, block_ids: list[int]) -> bool:
         """Store the request's full blocks; True: hold them until the worker reports the copy done
@@ -201,11 +201,9 @@ class Store:
         delayed = loading or stable(rid, "send") % 2 == 0
         send = Send(rid, ends, [block_ids[e // bs - 1] for e in ends], self.step + 1 + stable(rid, "due") % 2,
                     [self._key(req, e) for e in ends])
-        self.stats["stores"] += 1
         if not delayed:
             self._copy(send, req)
             return False
-        self.stats["stores_delayed"] += 1
         self.sends[rid] = send
         return True
 
@@ -213,7 +211,6 @@ class Store:
         tl = self.ad.timeline
         for end, bid, key in zip(send.ends, send.bids, send.keys):
             sound = req is not None and tl.holds(bid, self.ad._content(req, end))
-            self.stats["stored_torn"] += not sound
             self.held.setdefault(key, sound)
 
     # ---- the worker side ---------------------------------------------------------------------
@@ -228,12 +225,10 @@ class Store:
                 del self.loads[rid]
                 h = stable(rid, load.lo, load.hi, "sync-fail")
                 if self.ad.knobs.sync_fail and h % 4 == 0:
-                    first, last = load.lo // self.bs, load.hi // self.bs
-                    load.failed = first + (h >> 4) % max(1, last - first)
+                    self._fail_one(load, h)
                 bad = self._write(load)
                 if bad is not None:
                     self.sync_failed.add(bad)
-                    self.stats["load_failures_sync"] += 1
         # vLLM discards the output of every running request holding a failed block (the loader, and
         # any that hit it in the step: _update_requests_with_invalid_blocks); their forward ran on it
         for rid in so.num_scheduled_tokens if self.sync_failed else ():
@@ -255,7 +250,6 @@ class Store:
             bad = self._write(load)
             if bad is not None:
                 invalid.add(bad)
-                self.stats["load_failures"] += 1
             recving.add(rid)
         for rid, send in list(self.sends.items()):
             if send.due > self.step or rid in self.loads:
@@ -302,8 +296,6 @@ class Store:
         return bool(self.sends) or any(not x.sync for x in self.loads.values()) or any(
             r.state != "running" and self.ad._table(0, rid) for rid, r in self.ad.reqs.items())
 
-    def describe(self) -> dict[str, Any]:
-        return dict(self.stats, in_flight={"loads": len(self.loads), "sends": len(self.sends)})
 
 
 def _torn() -> tuple:

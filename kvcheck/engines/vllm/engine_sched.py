@@ -355,11 +355,13 @@ class EngineAdapter(VllmAdapter):
     def _connector_output(self) -> Any:
         """The worker's transfers finished in this step (connector.py), as the release's type."""
         from vllm.v1.outputs import KVConnectorOutput
+        fields = self.__dict__.get("_xfer_fields")
+        if fields is None:              # (the release's fields, read once: this runs every step)
+            fields = self._xfer_fields = set(inspect.signature(KVConnectorOutput).parameters)
         got = self.store.output()
         self.coverage["state:connector_recv"] += len(got["finished_recving"] or ())
         self.coverage["state:connector_send"] += len(got["finished_sending"] or ())
         self.coverage["state:connector_load_failed"] += len(got["invalid_block_ids"])
-        fields = set(inspect.signature(KVConnectorOutput).parameters)
         return KVConnectorOutput(**{k: v for k, v in got.items() if k in fields})
 
     def _model_output_defaults(self) -> dict[str, Any]:
