@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .connector import sync_failures_on
+from .connector import supported, sync_failures_on
 from .sched_build import SchedKnobs
 
 
@@ -72,7 +72,7 @@ def draw_knobs(rng: Any, layout: str, policy: str | None = None) -> SchedKnobs:
                                                           max(bs for _, bs, _ in groups)),
                       num_blocks=1 + rng.choice([1, 2, 3, 5]) * per_req * len(groups) // 2 + per_req,
                       spec_tokens=_spec_tokens(layout, rng.choice([1, 2])), eagle_drop=rng.random() < 0.5,
-                      connector=len(groups) == 1 and rng.random() < 0.5,
+                      connector=supported(groups) is None and rng.random() < 0.5,
                       sync_fail=sync_failures_on())
 
 

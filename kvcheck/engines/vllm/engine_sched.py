@@ -82,7 +82,7 @@ class EngineAdapter(VllmAdapter):
         self.arrivals, self.worker = 0, Worker()     # the GPU worker's block tables (worker.py)
         self.store = None                           # the KV connector's external store (connector.py)
         if self.knobs.connector:
-            from .connector import Store
+            from .connector_store import Store
             self.store = self.sched.connector.store = Store(self)
         self.done: list[list[int]] = []          # finished requests' whole token lists (multi-turn)
         self.stepped: set[str] = set()           # requests allocated in the open step
@@ -361,7 +361,7 @@ class EngineAdapter(VllmAdapter):
         got = self.store.output()
         self.coverage["state:connector_recv"] += len(got["finished_recving"] or ())
         self.coverage["state:connector_send"] += len(got["finished_sending"] or ())
-        self.coverage["state:connector_load_failed"] += len(got["invalid_block_ids"])
+        self.coverage["state:connector_load_failed"] += len(got["invalid_block_ids"]) + len(got["failed_recving"])
         return KVConnectorOutput(**{k: v for k, v in got.items() if k in fields})
 
     def _model_output_defaults(self) -> dict[str, Any]:

@@ -92,7 +92,7 @@ class Timeline:
         if store is not None and bid in store.loading():
             return " (a KV connector load into it is still in flight: its bytes have not arrived)"
         if store is not None and bid in store.failed:
-            return " (a KV connector load into it failed, reported in invalid_block_ids, and nothing wrote it since)"
+            return f" (a KV connector load into it failed, reported in {store.failed[bid]}, and nothing wrote it since)"
         if bid in self.garbled:
             return (f" (written by a forward whose output vLLM discarded after a failed KV connector load: "
                     f"{self.garbled[bid]} attended to the failed block, so what it wrote is not that KV)")
@@ -192,7 +192,7 @@ class Timeline:
                         self.garbled.pop(b.block_id, None)
                     self.cancelled.pop(b.block_id, None)
                     if ad.store is not None:
-                        ad.store.failed.discard(b.block_id)
+                        ad.store.failed.pop(b.block_id, None)
 
     def holds(self, bid: int, want: tuple) -> bool:
         """Do block `bid`'s bytes hold the prefix `want` (salt, tokens)?"""
