@@ -19,12 +19,60 @@ def test_decisions_are_stable_functions_of_the_request():
     assert len({stable(f"r{i}", 0, "async") % 2 for i in range(20)}) == 2
 
 
-def test_one_group_only_and_a_hybrid_with_a_connector_cannot_be_expressed():
+def test_attention_hybrids_are_served_and_state_groups_cannot_be_expressed():
+    from kvcheck.engines.vllm.connector import has_hma
     assert supported([("full", 4, None)]) is None
-    assert "one KV cache group" in supported([("full", 4, None), ("swa", 4, 6)])
+    assert has_hma()               # (0.18+: a connector of the release's own implements SupportsHMA)
+    assert supported([("full", 4, None), ("swa", 4, 6)]) is None
+    assert "mamba" in supported([("full", 4, None), ("mamba", 4, None)])
     from kvcheck.engines.vllm.sched_build import build
     with pytest.raises(CannotExpress, match="KV connector"):
-        build("full+swa", SchedKnobs(connector=True))
+        build("full+mamba", SchedKnobs(connector=True))
+    built = build("full+swa", SchedKnobs(connector=True))
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import SupportsHMA
+    assert isinstance(built.scheduler.connector, SupportsHMA)
+    assert len(built.scheduler.kv_cache_config.kv_cache_groups) == 2      # (the hybrid manager stays on)
+
+
+def test_a_hybrid_campaign_loads_every_group_and_fails_whole_loads(tmp_path):
+    """On full + sliding window, loads fill each group's non-null external blocks; a failed hybrid
+    load is reported whole (failed_recving: vLLM raises on invalid_block_ids with several groups)."""
+    res = V.run_campaign("full+swa", budget_s=None, steps=3000, seed=1, drive="engine", out_dir=str(tmp_path))
+    cov = res["coverage"]
+    assert res["scheduler"]["knobs"]["connector"].get("True", 0) > 0
+    assert cov["state:connector_recv"] > 0 and cov["state:connector_send"] > 0
+    assert cov["state:connector_load_failed"] > 0
+    unknown = [f for f in res["findings"] if not f.get("known")]
+    assert not unknown, unknown
+
+
+def test_the_planted_early_publication_is_caught_on_a_hybrid(tmp_path):
+    res = V.run_campaign("full+swa", budget_s=None, steps=3000, seed=1, drive="engine",
+                         fault="connector_cache_early", out_dir=str(tmp_path))
+    assert res["caught"]
+    f = res["findings"][-1]
+    assert f["check"] == "read_before_write" and "KV connector load into it" in f["message"], f
+    assert V.replay(f["trace"])["reproduced"]
+
+
+HYBRID_TRACE = "docs/repro/traces/vllm_connector_hybrid_evicts_hit.trace.json"
+HYBRID_SCRIPT = "docs/repro/vllm_connector_hybrid_external_evicts_hit.py"
+
+
+def test_the_cross_group_eviction_replays_where_vllm_has_it_and_not_after_the_fix():
+    """Found by the hybrid connector on 0.18.1 (vllm PR #33775, fixed by #44409 in 0.24.0): a
+    group's external blocks evict a later group's cache hit. Its trace and standalone script give
+    the defect on 0.18-0.23 and hold on a fixed release (this environment's, whichever it is)."""
+    import subprocess
+    import sys
+    from kvcheck.engines.vllm.known import _ver
+    from kvcheck.engines.vllm.layouts import vllm_version
+    buggy = _ver("0.18.0") <= _ver(vllm_version()) <= _ver("0.23.0")
+    got = V.replay(HYBRID_TRACE)
+    assert got["reproduced"] == buggy, got
+    run = subprocess.run([sys.executable, HYBRID_SCRIPT], capture_output=True, text=True, timeout=600)
+    assert run.returncode == (1 if buggy else 0), run.stdout + run.stderr[-2000:]
+    assert ("BUG: block(s)" if buggy else "OK: no block is in both groups' tables") in run.stdout
 
 
 def test_a_trace_from_before_the_connector_knob_reads_as_connector_off():

@@ -127,6 +127,15 @@ KNOWN: tuple[Known, ...] = (
           "vllm-project/vllm PR #43569 (open)", "docs/repro/vllm_priority_preempt_unwritten.py",
           lambda ad: getattr(ad, "sched_policy", "fcfs") == "priority",
           message=r"was preempted in the step whose allocation published it", also=("state_copy_sound",)),
+    # (a KV connector on a hybrid layout, found by kvcheck's SupportsHMA connector on 0.18.1: each group's
+    # hit blocks touched and its external blocks allocated group by group, so group 0's allocation pops
+    # a hit block of a later group, still free: one block in two groups' tables. Reproducer: 1 on 0.18.1,
+    # 0.23.0; 0 on 0.24.0, 0.26.0, 0.28.0, 0.32.0, 0.34.0)
+    Known("hybrid_external_evicts_hit", "no_alias", "0.18.0", "0.23.0",
+          "vllm-project/vllm PR #33775 (the report), fixed by PR #44409 (two-phase allocation, in 0.24.0)",
+          "docs/repro/vllm_connector_hybrid_external_evicts_hit.py",
+          lambda ad: bool(getattr(getattr(ad, "knobs", None), "connector", False)) and len(ad.groups) > 1,
+          message=r"is in several tables \[\('([^']+)', (\d+), \d+\), \('\1', (?!\2,)\d+, \d+\)"),
     # (a KV connector's failed synchronous load under kv_load_failure_policy="recompute": the failed block
     # and what the discarded forward wrote stay cached; met by a hit before the owner recomputes them.
     # Reproducer: 1 on 0.14.1, 0.16.0, 0.19.1, 0.34.0, and 0 with --policy fail; only with sync failures on)
