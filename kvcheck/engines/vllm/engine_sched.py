@@ -387,10 +387,13 @@ def describe(seen: dict) -> dict[str, Any]:
                             "copies run first, then the forward writes each scheduled token's KV and Mamba state "
                             "(timeline.py); one greedy token per request whose prompt is done, drafts accepted "
                             "while they match it (their KV kept, the rest recomputed)",
-            "kv_connector": "an external prefix store behind vLLM's KV connector interface on one-group layouts "
-                            "(knob `connector`): sync loads written before the forward, async loads reported in "
-                            "finished_recving steps later; one load in four fails a block (invalid_block_ids; a failed sync load's "
-                            "forward output is discarded and what it wrote is torn), "
-                            "stores immediate or held until finished_sending (connector.py)",
-            "not_yet": ["the dense retention twin", "async scheduling", "a KV connector on multi-group layouts "
-                        "(SupportsHMA)"]}
+            "kv_connector": "an external prefix store behind vLLM's KV connector interface (knob `connector`) on "
+                            "one-group layouts and, where the release serves them (SupportsHMA, 0.18+), on hybrids "
+                            "of full and sliding-window groups (per-group loads into the non-null external blocks): "
+                            "sync loads written before the forward, async loads reported in finished_recving steps "
+                            "later; one async load in four fails (one block in invalid_block_ids; a hybrid's whole "
+                            "load in failed_recving, 0.32+); stores immediate or held until finished_sending "
+                            "(connector.py, connector_store.py)",
+            "not_yet": ["the dense retention twin", "async scheduling", "a KV connector on layouts with Mamba or "
+                        "compressed groups (state transfers)", "failed sync loads by default (opt-in: "
+                        "KVCHECK_VLLM_SYNC_LOAD_FAILURES=1)"]}

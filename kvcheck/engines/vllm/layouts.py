@@ -170,7 +170,7 @@ CONNECTOR_CACHE_EARLY = _fault(
     "connector_cache_early", "vllm:KVCacheManager.allocate_slots (delay_cache_blocks)", "read before write",
     "read_before_write", "an asynchronous KV connector load's blocks are published in the prefix cache at "
     "allocation, before the worker has loaded them: another request hits them and its forward reads bytes "
-    "the load has not delivered (connector.py; needs --drive engine and a one-group layout)")
+    "the load has not delivered (connector.py; needs --drive engine and a layout the connector serves)")
 VLLM_FAULTS: tuple[Fault, ...] = (DROP_REF_ON_FREE, SWA_HIT_UNCHECKED, EVICT_KEEPS_HASH, SWA_OVERSTRICT,
                                   RETENTION_DROPS_TAIL, EARLY_READER_FORWARD, WORKER_TABLE_STALE, MAMBA_OLDER_STATE, MAMBA_STATE_FREED,
                                   MAMBA_SAME_STEP, MAMBA_MOVE_UNCOPIED, MAMBA_PARTIAL_OFF_BY_ONE, MAMBA_ACCEPT_IGNORED,
