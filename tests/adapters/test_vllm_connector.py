@@ -34,27 +34,6 @@ def test_attention_hybrids_are_served_and_state_groups_cannot_be_expressed():
     assert len(built.scheduler.kv_cache_config.kv_cache_groups) == 2      # (the hybrid manager stays on)
 
 
-def test_a_hybrid_campaign_loads_every_group_and_fails_whole_loads(tmp_path):
-    """On full + sliding window, loads fill each group's non-null external blocks; a failed hybrid
-    load is reported whole (failed_recving: vLLM raises on invalid_block_ids with several groups)."""
-    res = V.run_campaign("full+swa", budget_s=None, steps=3000, seed=1, drive="engine", out_dir=str(tmp_path))
-    cov = res["coverage"]
-    assert res["scheduler"]["knobs"]["connector"].get("True", 0) > 0
-    assert cov["state:connector_recv"] > 0 and cov["state:connector_send"] > 0
-    assert cov["state:connector_load_failed"] > 0
-    unknown = [f for f in res["findings"] if not f.get("known")]
-    assert not unknown, unknown
-
-
-def test_the_planted_early_publication_is_caught_on_a_hybrid(tmp_path):
-    res = V.run_campaign("full+swa", budget_s=None, steps=3000, seed=1, drive="engine",
-                         fault="connector_cache_early", out_dir=str(tmp_path))
-    assert res["caught"]
-    f = res["findings"][-1]
-    assert f["check"] == "read_before_write" and "KV connector load into it" in f["message"], f
-    assert V.replay(f["trace"])["reproduced"]
-
-
 HYBRID_TRACE = "docs/repro/traces/vllm_connector_hybrid_evicts_hit.trace.json"
 HYBRID_SCRIPT = "docs/repro/vllm_connector_hybrid_external_evicts_hit.py"
 
@@ -82,23 +61,27 @@ def test_a_trace_from_before_the_connector_knob_reads_as_connector_off():
         knobs_of({"drive": "engine", "scheduler": dict(old, connector="yes")})
 
 
-def test_a_campaign_runs_every_transfer_through_the_scheduler_and_holds(tmp_path):
-    res = V.run_campaign("full", budget_s=None, steps=4000, seed=3, drive="engine", out_dir=str(tmp_path))
+@pytest.mark.parametrize("layout,steps,seed", [("full", 4000, 3), ("full+swa", 3000, 1)])
+def test_a_campaign_runs_every_transfer_through_the_scheduler_and_holds(tmp_path, layout, steps, seed):
+    """Async loads finish, some failing (one block in invalid_block_ids on one group; on full + sliding
+    window the whole load in failed_recving: vLLM raises on invalid_block_ids with several groups),
+    and stores (immediate and delayed) complete; each group's non-null external blocks are loaded."""
+    res = V.run_campaign(layout, budget_s=None, steps=steps, seed=seed, drive="engine", out_dir=str(tmp_path))
     cov = res["coverage"]
     assert res["scheduler"]["knobs"]["connector"].get("True", 0) > 0
-    # async loads finished, some failing, and stores (immediate and delayed) completed
     assert cov["state:connector_recv"] > 0 and cov["state:connector_load_failed"] > 0
     assert cov["state:connector_send"] > 0
     unknown = [f for f in res["findings"] if not f.get("known")]
     assert not unknown, unknown
 
 
-def test_the_planted_early_publication_is_caught_replayed_and_named(tmp_path):
-    res = V.run_campaign("full", budget_s=None, steps=3000, seed=1, drive="engine",
+@pytest.mark.parametrize("layout", ["full", "full+swa"])
+def test_the_planted_early_publication_is_caught_replayed_and_named(tmp_path, layout):
+    res = V.run_campaign(layout, budget_s=None, steps=3000, seed=1, drive="engine",
                          fault="connector_cache_early", out_dir=str(tmp_path))
     assert res["caught"]
     f = res["findings"][-1]
-    assert f["check"] == "read_before_write" and "KV connector load into it" in f["message"]
+    assert f["check"] == "read_before_write" and "KV connector load into it" in f["message"], f
     assert V.replay(f["trace"])["reproduced"]
     assert f.get("reproducer") is None and "kvcheck replay" in f["reproducer_note"]
 
