@@ -18,15 +18,11 @@ from kvcheck.spec.config import Config
 from kvcheck.fuzz.boundary import check_exception
 from kvcheck.spec.sut import ActionRejected
 
-from . import mamba
-from . import mamba_faults as mfaults
+from . import faults, mamba
 from .timeline import Timeline
 from .checks import ShadowChecks, Violation, Req
-from .connector import supported as supported_by_connector
-from .layouts import (CONNECTOR_CACHE_EARLY, EAGLE, LAYOUT_DATA, MAMBA_FAULTS, RETENTION, SWA_FAULTS, ACTIONS, DROP_REF_ON_FREE,
-                      EARLY_READER_FORWARD, EVICT_KEEPS_HASH, LAYOUTS, MAMBA_ACCEPT_IGNORED, RETENTION_DROPS_TAIL,
-                      SWA_OVERSTRICT, VOCAB, make_specs, vllm_modules, layout_config, layout_scale,
-                      planted, release_gap, vllm_version)
+from .layouts import (EAGLE, LAYOUT_DATA, RETENTION, ACTIONS, DROP_REF_ON_FREE, EARLY_READER_FORWARD, LAYOUTS, VOCAB,
+                      make_specs, vllm_modules, layout_config, layout_scale, planted, vllm_version)
 
 
 class VllmAdapter(ShadowChecks):
@@ -50,21 +46,9 @@ class VllmAdapter(ShadowChecks):
         except KeyError as e:                      # UnknownFault: one line naming the SUT
             raise ValueError(str(e)) from None
         groups = LAYOUT_DATA[layout][1]
-        if any(f.name == fault for f in SWA_FAULTS) and not any(k in ("swa", "swa_mla") for k, _, _ in groups):
-            raise ValueError(f"fault {fault!r} needs a layout with a sliding-window group")
-        if mfaults.needs(groups, layout_scale(layout)[0], fault):
-            raise ValueError(mfaults.needs(groups, layout_scale(layout)[0], fault))
-        if fault == CONNECTOR_CACHE_EARLY.name and supported_by_connector(groups) is not None:
-            raise ValueError(f"fault {fault!r} needs a layout with one KV cache group (e.g. full, deepseek-v3): "
-                             + str(supported_by_connector(groups)))
-        if fault == MAMBA_ACCEPT_IGNORED.name and (layout not in EAGLE or not any(k == mamba.MAMBA for k, _, _ in groups)):
-            raise ValueError(f"fault {fault!r} needs a layout with Mamba groups and a drafter (e.g. qwen3-next+mtp)")
-        if fault == RETENTION_DROPS_TAIL.name and not self.twin_oracle:
-            raise ValueError("fault 'retention_drops_tail' is planted and caught by the dense-twin adapter "
-                             "(vllm_twin.TwinAdapter) only")
-        gap = release_gap(layout, fault)
-        if gap:
-            raise ValueError(gap)
+        why = faults.refusal(layout, groups, fault, self.twin_oracle)
+        if why:
+            raise ValueError(why)
         self.layout, self.num_blocks, self.fault, self.strict = layout, num_blocks, fault, strict
         self.groups = groups
         self.has_mamba = any(k == mamba.MAMBA for k, _, _ in groups)
@@ -133,35 +117,7 @@ class VllmAdapter(ShadowChecks):
         return RETENTION.get(self.layout)
 
     def _plant(self) -> None:
-        f = self.fault
-        if any(self.planted(x) for x in MAMBA_FAULTS):
-            mfaults.plant(self, vllm_modules()["stm"])
-        if any(self.planted(x) for x in SWA_FAULTS):
-            SWM = vllm_modules()["stm"].SlidingWindowManager
-            extra = 1 if self.planted(SWA_OVERSTRICT) else None
-
-            class FaultySWA(SWM):  # type: ignore[misc, valid-type]
-                @classmethod
-                def _contiguous_blocks_for_hit(cls, window_size, block_size, use_eagle):
-                    if extra is None:
-                        return 1
-                    return super()._contiguous_blocks_for_hit(window_size, block_size, use_eagle) + extra
-
-            groups = getattr(self.coord, "attention_groups", None)
-            if groups is None:
-                raise ValueError(f"fault {f!r} needs a hybrid layout")
-            self.coord.attention_groups = [
-                g._replace(manager_cls=FaultySWA) if issubclass(g.manager_cls, SWM) else g
-                for g in groups]
-        elif self.planted(EVICT_KEEPS_HASH):
-            pool = self.pool
-
-            def keep_map_entry(block) -> bool:   # forget the block's hash, keep the map entry
-                getattr(pool, "cached_block_hashes_by_block", {}).pop(block.block_id, None)
-                block.reset_hash()
-                return False
-
-            pool._maybe_evict_cached_block = keep_map_entry
+        faults.plant(self)
 
     # ---- the protocol ------------------------------------------------------------------
     def observe(self) -> None:
