@@ -27,8 +27,10 @@ class EngineGen:
         x = rng.random()
         if live < ad.knobs.max_num_seqs + 2 and x < (0.6 if live == 0 else 0.25):
             return "submit", self._arrival(ad)
-        if live and x < 0.28:
-            return "abort", {"r": rng.choice(list(ad.reqs))}
+        # (a finished request whose blocks a KV store still holds is not abortable: the action is refused)
+        alive = [r for r, q in ad.reqs.items() if q.state != "finished"]
+        if alive and x < 0.28:
+            return "abort", {"r": rng.choice(alive)}
         if x < 0.285:
             # (not preempting while a connector transfer holds blocks: vLLM raises "Failed to reset
             # KV cache ... requests waiting for remote KV transfer, which is not supported yet")
