@@ -71,6 +71,9 @@ def test_a_campaign_runs_every_transfer_through_the_scheduler_and_holds(tmp_path
     assert res["scheduler"]["knobs"]["connector"].get("True", 0) > 0
     assert cov["state:connector_recv"] > 0 and cov["state:connector_load_failed"] > 0
     assert cov["state:connector_send"] > 0
+    # whole loads failed (failed_recving): a hybrid's always, a one-group load's sometimes; block ones on one group
+    assert cov["state:connector_failed_recving"] > 0
+    assert (cov["state:connector_load_failed"] > cov["state:connector_failed_recving"]) == (layout == "full")
     unknown = [f for f in res["findings"] if not f.get("known")]
     assert not unknown, unknown
 

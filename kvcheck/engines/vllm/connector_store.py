@@ -49,8 +49,8 @@ class Store:
         self.single = len(self.bs) == 1
         from vllm.v1.outputs import KVConnectorOutput
         import inspect
-        # a hybrid load fails whole, where the release lets a connector say so
-        self.whole_fail = not self.single and "failed_recving" in inspect.signature(KVConnectorOutput).parameters
+        # a load may fail whole where the release lets a connector say so (failed_recving, 0.32+)
+        self.whole_ok = "failed_recving" in inspect.signature(KVConnectorOutput).parameters
         self.held: dict[tuple, bool] = {}
         self.offer: dict[str, tuple[int, bool]] = {}   # rid -> (its local hit, load async) offered
         self.loads: dict[str, Load] = {}
@@ -103,10 +103,14 @@ class Store:
         self.loads[rid] = load
 
     def _fail_one(self, load: Load, h: int) -> None:
-        """The load fails one of its blocks (which one: a stable function `h` of the request); a
-        hybrid load fails whole where the release can hear it (else it does not fail)."""
+        """The load fails one of its blocks (which one: a stable function `h` of the request), or,
+        async and where the release can hear it, whole (a hybrid's always: vLLM cannot map a block
+        id to a group; a one-group load's in half the cases); a hybrid's sync load never fails."""
+        if not load.sync and self.whole_ok and (not self.single or (h >> 8) % 2):
+            load.failed = WHOLE
+            return
         if not self.single:
-            load.failed = WHOLE if self.whole_fail and not load.sync else None
+            load.failed = None
             return
         first, last = load.lo // self.bs[0], load.hi // self.bs[0]
         load.failed = first + (h >> 4) % max(1, last - first)

@@ -362,6 +362,7 @@ class EngineAdapter(VllmAdapter):
         self.coverage["state:connector_recv"] += len(got["finished_recving"] or ())
         self.coverage["state:connector_send"] += len(got["finished_sending"] or ())
         self.coverage["state:connector_load_failed"] += len(got["invalid_block_ids"]) + len(got["failed_recving"])
+        self.coverage["state:connector_failed_recving"] += len(got["failed_recving"])      # (whole loads)
         return KVConnectorOutput(**{k: v for k, v in got.items() if k in fields})
 
     def _model_output_defaults(self) -> dict[str, Any]:
