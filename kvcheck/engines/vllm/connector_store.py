@@ -65,9 +65,12 @@ class Store:
         return g, salt, p.key
 
     def _need(self, g: int, lo: int, n: int) -> list[int]:
-        """Group g's blocks a load of tokens [lo, n) must fill: those a token at n reads (a
-        window's blocks before it are skipped: vLLM gives them the null block)."""
-        return [i for i in self.ad.needed_running(g, n) if i >= lo // self.bs[g]]
+        """Group g's blocks a load of tokens [lo, n) must fill: every block vLLM allocates for them,
+        by the group manager's own rule (``get_num_skipped_tokens``: a window's older blocks are
+        skipped, given the null block)."""
+        bs = self.bs[g]
+        skipped = self.ad.coord.single_type_managers[g].get_num_skipped_tokens(n)
+        return list(range(max(lo, skipped) // bs, n // bs))
 
     # ---- the scheduler side ------------------------------------------------------------------
     def matched(self, request: Any, local: int) -> tuple[int, bool]:
