@@ -128,6 +128,9 @@ def fuzz_command(args: argparse.Namespace) -> int:
     from .connector import SYNC_FAILURES_ENV, sync_failures_on
     if sync_failures_on():           # (an opt-in of the environment: the rerun names it)
         res["command"] = f"{SYNC_FAILURES_ENV}=1 {res['command']}"
+    from .engine_async import ASYNC_ENV, async_on
+    if async_on():
+        res["command"] = f"{ASYNC_ENV}=1 {res['command']}"
 
     def text() -> str:
         if "cannot_drive" in res:

@@ -347,7 +347,7 @@ def _campaign(layout: str, budget_s: float | None = 60, steps: int | None = None
         "strict_reuse": strict_reuse, "steps": total, "episodes": episodes,
         "drive": drive, "drive_reason": p.reason,          # (the drive that ran: never auto)
         "sched_policy": sched_policy or "drawn per episode", "scheduler_episodes": scheduler_episodes,
-        **({"scheduler": engine_sched.describe(knobs_seen)} if engine else {}),
+        **({"scheduler": engine_gen.describe(knobs_seen)} if engine else {}),
         "elapsed_s": round(time.monotonic() - t0, 2), "time_to_failure_s": first_fail_s,
         "time_to_first_lost_reuse_s": first_lost_s, "time_to_first_known_s": first_known,
         "coverage": {k: coverage[k] for k in sorted(coverage)}, "missing_actions": missing,

@@ -3,9 +3,11 @@ scheduler decides the rest) and the knobs each episode's Scheduler is built with
 kept in a trace's meta and read back for its replay."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from .connector import supported, sync_failures_on
+from .engine_async import async_on
 from .sched_build import SchedKnobs
 
 
@@ -64,7 +66,7 @@ def draw_knobs(rng: Any, layout: str, policy: str | None = None) -> SchedKnobs:
     scale = max(1, max_len // 64)
     per_req = max(4, max_len // min(bs for _, bs, _ in groups))
     mamba_block = max((bs for k, bs, _ in groups if k == "mamba"), default=0)
-    return SchedKnobs(policy=policy or rng.choice(["fcfs", "priority"]),
+    knobs = SchedKnobs(policy=policy or rng.choice(["fcfs", "priority"]),
                       # (not below the Mamba block: VllmConfig asserts it in align mode, 0.16-0.17;
                       # the release matrix met it on 0.17.1's real-size Qwen3-Next / Nemotron-H)
                       max_num_batched_tokens=max(rng.choice([8, 16, 32, 1 << 12]) * scale, mamba_block),
@@ -76,6 +78,12 @@ def draw_knobs(rng: Any, layout: str, policy: str | None = None) -> SchedKnobs:
                       spec_tokens=_spec_tokens(layout, rng.choice([1, 2])), eagle_drop=rng.random() < 0.5,
                       connector=supported(groups) is None and rng.random() < 0.5,
                       sync_fail=sync_failures_on())
+    # async scheduling (opt-in: engine_async.ASYNC_ENV; drawn last, so episodes without it are unchanged):
+    # half the episodes of a layout without a drafter, never with the connector (not modelled together)
+    from .layouts import EAGLE
+    if async_on() and EAGLE.get(layout) is None and rng.random() < 0.5:
+        knobs = dataclasses.replace(knobs, async_sched=True, connector=False, sync_fail=False)
+    return knobs
 
 
 def _spec_tokens(layout: str, drawn: int) -> int:
@@ -91,7 +99,7 @@ def _floor(threshold: int, block: int) -> int:
     return threshold and max(threshold, block)
 
 
-LATER_KNOBS = {"connector", "sync_fail"}      # knobs added after traces were kept: absent means their default
+LATER_KNOBS = {"connector", "sync_fail", "async_sched"}      # knobs added after traces were kept: absent means their default
 
 
 def knobs_of(meta: dict) -> SchedKnobs | None:
@@ -111,3 +119,27 @@ def knobs_of(meta: dict) -> SchedKnobs | None:
             type(got[k]) is not type(v) for k, v in fields.items()):
         raise ValueError(f"trace meta.scheduler: expected {{{', '.join(f'{k}: {type(v).__name__}' for k, v in fields.items())}}}")
     return SchedKnobs(**got)
+
+
+def describe(seen: dict) -> dict[str, Any]:
+    """What ran, for the campaign's JSON: vLLM's scheduler, the knobs drawn, the worker model."""
+    return {"driver": "vllm.v1.core.sched.scheduler.Scheduler (the release's own: schedule, update_from_output)",
+            "knobs": {k: dict(sorted(c.items())) for k, c in seen.items()},
+            "worker_model": "vLLM's model runner rebuilt: per-request block tables from each SchedulerOutput "
+                            "alone (worker.py; checked against the manager's before each forward), the queued "
+                            "copies run first, then the forward writes each scheduled token's KV and Mamba state "
+                            "(timeline.py); one greedy token per request whose prompt is done, drafts accepted "
+                            "while they match it (their KV kept, the rest recomputed)",
+            "kv_connector": "an external prefix store behind vLLM's KV connector interface (knob `connector`) on "
+                            "one-group layouts and, where the release serves them (SupportsHMA, 0.18+), on hybrids "
+                            "of full and sliding-window groups (per-group loads into the non-null external blocks): "
+                            "sync loads written before the forward, async loads reported in finished_recving steps "
+                            "later; one async load in four fails (one block in invalid_block_ids; a hybrid's whole "
+                            "load in failed_recving, 0.32+); stores immediate or held until finished_sending "
+                            "(connector.py, connector_store.py)",
+            "async_scheduling": "opt-in (knob `async_sched`, KVCHECK_VLLM_ASYNC_SCHEDULING=1): the release's "
+                                "AsyncScheduler under the engine core's two-deep batch queue: step N+1 scheduled "
+                                "before step N's output is taken (engine_async.py); not with a drafter or the connector",
+            "not_yet": ["the dense retention twin", "async scheduling by default, with drafts or the KV connector",
+                        "a KV connector on layouts with Mamba or compressed groups (state transfers)",
+                        "failed sync loads by default (opt-in: KVCHECK_VLLM_SYNC_LOAD_FAILURES=1)"]}

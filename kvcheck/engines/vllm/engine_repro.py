@@ -180,6 +180,8 @@ def why_not(trace: Any) -> str | None:
     from .build import resolve_layout
     from .layouts import LAYOUT_DATA
     check = (trace.violation or {}).get("check")
+    if ((trace.meta or {}).get("scheduler") or {}).get("async_sched"):
+        return "async scheduling: the script does not rebuild vLLM's batch queue yet (engine_async.py)"
     if check in NOT_STANDALONE:
         return f"check {check!r}: {NOT_STANDALONE[check]}"
     if check not in ENGINE_CONDITIONS:

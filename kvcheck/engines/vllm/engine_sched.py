@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 from kvcheck.spec.sut import ActionRejected
 
-from . import mamba, mamba_worker
+from . import engine_async, mamba, mamba_worker
 from .adapter import VllmAdapter
 from .checks import Req
 from .layouts import CONNECTOR_CACHE_EARLY, DROP_REF_ON_FREE, VOCAB, WORKER_TABLE_STALE, cdiv, vllm_modules
@@ -79,7 +79,7 @@ class EngineAdapter(VllmAdapter):
             # the release's config chose no EAGLE block drop (0.33: lookahead block hashes prove the
             # boundary token instead): the spec's ground truth follows what the scheduler built
             self.eagle_groups = set()
-        self.arrivals, self.worker = 0, Worker()     # the GPU worker's block tables (worker.py)
+        self.arrivals, self.worker, self.inflight = 0, Worker(), None   # (inflight: engine_async.py)
         self.store = None                           # the KV connector's external store (connector.py)
         if self.knobs.connector:
             from .connector_store import Store
@@ -274,6 +274,8 @@ class EngineAdapter(VllmAdapter):
         return {}
 
     def _a_step(self) -> dict:
+        if self.knobs.async_sched:             # (vLLM's batch queue: engine_async.py)
+            return engine_async.step(self)
         self._outermost_lookup_hook()
         tl = self.timeline
         tl.begin()
@@ -377,24 +379,3 @@ class EngineAdapter(VllmAdapter):
             if p.default is inspect.Parameter.empty and k not in ("req_ids", "req_id_to_index", "sampled_token_ids"):
                 out[k] = [] if "list" in str(p.annotation) else {} if "dict" in str(p.annotation) else None
         return out
-
-
-def describe(seen: dict) -> dict[str, Any]:
-    """What ran, for the campaign's JSON: vLLM's scheduler, the knobs drawn, the worker model."""
-    return {"driver": "vllm.v1.core.sched.scheduler.Scheduler (the release's own: schedule, update_from_output)",
-            "knobs": {k: dict(sorted(c.items())) for k, c in seen.items()},
-            "worker_model": "vLLM's model runner rebuilt: per-request block tables from each SchedulerOutput "
-                            "alone (worker.py; checked against the manager's before each forward), the queued "
-                            "copies run first, then the forward writes each scheduled token's KV and Mamba state "
-                            "(timeline.py); one greedy token per request whose prompt is done, drafts accepted "
-                            "while they match it (their KV kept, the rest recomputed)",
-            "kv_connector": "an external prefix store behind vLLM's KV connector interface (knob `connector`) on "
-                            "one-group layouts and, where the release serves them (SupportsHMA, 0.18+), on hybrids "
-                            "of full and sliding-window groups (per-group loads into the non-null external blocks): "
-                            "sync loads written before the forward, async loads reported in finished_recving steps "
-                            "later; one async load in four fails (one block in invalid_block_ids; a hybrid's whole "
-                            "load in failed_recving, 0.32+); stores immediate or held until finished_sending "
-                            "(connector.py, connector_store.py)",
-            "not_yet": ["the dense retention twin", "async scheduling", "a KV connector on layouts with Mamba or "
-                        "compressed groups (state transfers)", "failed sync loads by default (opt-in: "
-                        "KVCHECK_VLLM_SYNC_LOAD_FAILURES=1)"]}

@@ -43,6 +43,7 @@ class SchedKnobs:
     #                                      has lookahead block hashes (disable_lookahead_block_hashes)
     connector: bool = False              # an external prefix store behind vLLM's KV connector (connector.py)
     sync_fail: bool = False              # its synchronous loads fail too (opt-in: connector.py, SYNC_FAILURES_ENV)
+    async_sched: bool = False            # AsyncScheduler under the batch queue (opt-in: engine_async.py, ASYNC_ENV)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -138,6 +139,10 @@ def build(layout: str, knobs: SchedKnobs) -> Built:
         max_model_len=max_len, enable_chunked_prefill=True, policy=knobs.policy,
         long_prefill_token_threshold=knobs.long_prefill_token_threshold,
         is_encoder_decoder=False).items() if k in sc_args})
+    if knobs.async_sched:
+        if "async_scheduling" not in sc_args:
+            raise CannotExpress(f"vLLM {V['version']} has no async scheduling")
+        sc.async_scheduling = True
     attn_bs = [bs for k, bs, _ in groups]
     cc_args = _sig(CacheConfig)
     mb = next((bs for k, bs, _ in groups if k == "mamba"), None)
@@ -178,7 +183,8 @@ def build(layout: str, knobs: SchedKnobs) -> Built:
                               structured_output_manager=StructuredOutputManager(vc))
     if "hash_block_size" in _sig(Scheduler):
         kw["hash_block_size"] = hbs
-    sched = Scheduler(**kw)
+    from .engine_async import scheduler_class
+    sched = scheduler_class(knobs)(**kw)
     la = getattr(vc, "num_hash_lookahead_tokens", 0) or 0
     ku = V["ku"]
     hasher = (ku.get_request_block_hasher(hbs, V["sha256"], la)

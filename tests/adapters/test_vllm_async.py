@@ -1,0 +1,65 @@
+"""Async scheduling on the scheduler drive (engine_async.py): vLLM's AsyncScheduler under the
+engine core's two-deep batch queue, opt-in (KVCHECK_VLLM_ASYNC_SCHEDULING=1)."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from kvcheck.engines.vllm.engine_async import ASYNC_ENV
+from kvcheck.engines.vllm.engine_gen import draw_knobs, knobs_of
+from kvcheck.engines.vllm.sched_build import SchedKnobs
+
+vllm = pytest.importorskip("vllm")
+from kvcheck.engines.vllm import drivers as V  # noqa: E402
+
+TRACE = "docs/repro/traces/vllm_async_reset_drops_token.trace.json"
+
+
+def test_async_scheduling_is_opt_in_and_never_with_a_drafter_or_the_connector(monkeypatch):
+    monkeypatch.delenv(ASYNC_ENV, raising=False)
+    plain = [draw_knobs(random.Random(i), "full") for i in range(20)]
+    assert not any(k.async_sched for k in plain)
+    monkeypatch.setenv(ASYNC_ENV, "1")
+    drawn = [draw_knobs(random.Random(i), "full") for i in range(20)]
+    assert any(k.async_sched for k in drawn) and not all(k.async_sched for k in drawn)
+    assert not any(k.async_sched and k.connector for k in drawn)
+    # an episode without it is the episode it was before the knob existed (drawn last)
+    assert [k for k in drawn if not k.async_sched] == [k for k, d in zip(plain, drawn) if not d.async_sched]
+    assert not any(draw_knobs(random.Random(i), "gemma3+eagle").async_sched for i in range(20))
+    old = {k: v for k, v in SchedKnobs().as_dict().items() if k != "async_sched"}
+    assert knobs_of({"drive": "engine", "scheduler": old}).async_sched is False
+
+
+def test_a_campaign_overlaps_steps_and_holds(tmp_path, monkeypatch):
+    monkeypatch.setenv(ASYNC_ENV, "1")
+    res = V.run_campaign("full+swa", budget_s=None, steps=3000, seed=1, drive="engine", out_dir=str(tmp_path))
+    assert res["scheduler"]["knobs"]["async_sched"].get("True", 0) > 0
+    assert res["coverage"]["state:async_overlap"] > 100       # N's output taken after N+1 was scheduled
+    assert not [f for f in res["findings"] if not f.get("known")], res["findings"]
+
+
+def test_a_planted_fault_is_caught_under_async_scheduling(tmp_path, monkeypatch):
+    monkeypatch.setenv(ASYNC_ENV, "1")
+    res = V.run_campaign("full", budget_s=None, steps=3000, seed=1, drive="engine",
+                         fault="early_reader_forward", out_dir=str(tmp_path))
+    assert res["caught"]
+    f = res["findings"][-1]
+    import json
+    assert json.load(open(f["trace"]))["meta"]["scheduler"]["async_sched"] is True
+    assert f["check"] == "read_before_write" and V.replay(f["trace"])["reproduced"]
+    assert f.get("reproducer") is None and "async scheduling" in f["reproducer_note"]
+
+
+def test_the_dropped_token_after_a_forced_reset_replays_where_vllm_has_it():
+    """vLLM 0.14-0.21: reset_prefix_cache(reset_running_requests=True) marks every running request
+    to drop its next async output frame; when the frame in flight was a prefill chunk (no token),
+    the request's first real token is dropped instead while the next forward already wrote its KV
+    (vllm#42043, fixed by PR #42117): the request computes a position whose token it lost."""
+    from kvcheck.engines.vllm.known import _ver
+    from kvcheck.engines.vllm.layouts import vllm_version
+    got = V.replay(TRACE)
+    buggy = _ver(vllm_version()) <= _ver("0.21.0")
+    assert got["reproduced"] == buggy, got
+    if buggy:
+        assert got["violation"]["check"] == "toctou_bound_stable"
