@@ -16,7 +16,6 @@ from typing import Any
 
 from .checks import Req
 from .connector import stable
-from .layouts import cdiv
 
 WHOLE = -1      # Load.failed: the whole load failed (failed_recving), not one block
 
