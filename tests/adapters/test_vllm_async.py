@@ -36,6 +36,8 @@ def test_a_campaign_overlaps_steps_and_holds(tmp_path, monkeypatch):
     res = V.run_campaign("full+swa", budget_s=None, steps=3000, seed=1, drive="engine", out_dir=str(tmp_path))
     assert res["scheduler"]["knobs"]["async_sched"].get("True", 0) > 0
     assert res["coverage"]["state:async_overlap"] > 100       # N's output taken after N+1 was scheduled
+    # forced resets drop the stale outputs in flight (vLLM's rule), checked frame by frame
+    assert res["coverage"]["state:async_token_discarded"] > 0
     assert not [f for f in res["findings"] if not f.get("known")], res["findings"]
 
 
@@ -63,3 +65,9 @@ def test_the_dropped_token_after_a_forced_reset_replays_where_vllm_has_it():
     assert got["reproduced"] == buggy, got
     if buggy:
         assert got["violation"]["check"] == "toctou_bound_stable"
+        # caught where vLLM drops the token, and named as the known defect by its signature
+        assert "sampled by a forward scheduled after its forced preemption" in got["violation"]["message"]
+        from kvcheck.engines.vllm.known import KNOWN
+        import re
+        k = next(k for k in KNOWN if k.name == "async_reset_drops_token")
+        assert re.search(k.message, got["violation"]["message"]) and k.first == "0.14.1"

@@ -124,3 +124,19 @@ def test_the_scheduler_drive_on_that_release(py, tmp_path):
     assert r.returncode == 10 and res["caught"], res
     rep = _kvcheck(py, "replay", res["findings"][0]["trace"], "--sut", "vllm", "--json")
     assert json.loads(rep.stdout)["reproduced"], rep.stdout
+
+
+@pytest.mark.parametrize("py", PYTHONS)
+def test_the_async_reset_defect_where_that_release_has_it(py):
+    """vllm#42043 (0.14.1-0.21.0; PR #42117's fix from 0.22): the async drive's trace replays there,
+    caught where vLLM drops the token, and its message is the known defect's signature."""
+    import re
+
+    from kvcheck.engines.vllm.known import KNOWN, _ver
+    r = _kvcheck(py, "replay", "docs/repro/traces/vllm_async_reset_drops_token.trace.json", "--sut", "vllm", "--json")
+    res = json.loads(r.stdout[r.stdout.index("\n{") + 1:] if not r.stdout.startswith("{") else r.stdout)
+    k = next(k for k in KNOWN if k.name == "async_reset_drops_token")
+    buggy = _ver(k.first) <= _ver(res["vllm_version"]) <= _ver(k.last)
+    assert res["reproduced"] == buggy, (res, r.stderr[-500:])
+    if buggy:
+        assert re.search(k.message, res["violation"]["message"]), res["violation"]

@@ -21,6 +21,7 @@ import os
 from typing import Any
 
 from .layouts import vllm_modules
+from .violation import Violation
 
 ASYNC_ENV = "KVCHECK_VLLM_ASYNC_SCHEDULING"
 
@@ -37,6 +38,37 @@ def scheduler_class(knobs: Any) -> Any:
         return AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
     return Scheduler
+
+
+def note_reset(ad: Any) -> None:
+    """A forced reset (reset_prefix_cache(reset_running_requests=True)) preempts every running
+    request: the outputs of the frames scheduled before it are stale for them, no later one is."""
+    for o in ad.sched.running:
+        ad.reset_frame[o.request_id] = ad.frame_no
+
+
+def _discarding(o: Any) -> bool:
+    """Will vLLM drop this request's next output frame? (0.14-0.21: a flag; 0.22-0.3x: a count;
+    0.34: a count of stale tokens it drops or delivers, `drop_stale_output`.)"""
+    return bool(getattr(o, "discard_latest_async_tokens", False) or getattr(o, "async_tokens_to_discard", 0)
+                or (getattr(o, "drop_stale_output", False) and getattr(o, "num_stale_output_tokens", 0)))
+
+
+def _check_discards(ad: Any, frame: int, out: Any, before: dict[str, tuple[bool, int]]) -> None:
+    """After frame `frame`'s output: a token vLLM dropped is stale only if its frame was scheduled
+    before the request's forced preemption; one sampled by a later forward is a real token lost
+    (its KV already computed by the forward after it, fed the token on the GPU)."""
+    for rid, toks in zip(out.req_ids, out.sampled_token_ids):
+        o, (flag, n) = ad.sched.requests.get(rid), before.get(rid, (False, 0))
+        if not (flag and len(toks) and o is not None) or len(o.output_token_ids) != n:
+            continue
+        ad.coverage["state:async_token_discarded"] += 1
+        if frame > ad.reset_frame.get(rid, frame):
+            raise Violation("bookkeeping", "toctou_bound_stable",
+                            f"vLLM dropped {rid}'s token at position {o.num_tokens}, sampled by a forward "
+                            "scheduled after its forced preemption (the reset's discard of a stale output "
+                            "outlived the frames in flight): the KV the next forward computed from it is of "
+                            "a token the request no longer has")
 
 
 def step(ad: Any) -> dict:
@@ -59,10 +91,14 @@ def step(ad: Any) -> dict:
     ad.coverage["state:preempt_scheduled"] += len(gone & ad.stepped)
     ad.coverage["state:multi_request_step"] += len(spans) > 1
     prev, ad.inflight = getattr(ad, "inflight", None), None
+    ad.frame_no += 1
     if prev is not None:                       # N's output arrives after N+1 was scheduled
         ad.coverage["state:async_overlap"] += bool(set(prev[0].num_scheduled_tokens) & set(spans))
-        ad.sched.update_from_output(*prev)
+        before = {rid: (_discarding(o), len(o.output_token_ids)) for rid in prev[1].req_ids
+                  if (o := ad.sched.requests.get(rid)) is not None}
+        ad.sched.update_from_output(*prev[:2])
         ad._sync()
+        _check_discards(ad, prev[2], prev[1], before)
     for rid, (lo, hi) in spans.items():
         if rid in ad.reqs and rid in ad.sched.requests:
             tl.scheduled(rid, lo, hi, None, admitted=rid in new)
@@ -71,5 +107,5 @@ def step(ad: Any) -> dict:
     toks = [ad._sampled(ad.sched.requests[rid], []) if rid in ad.sched.requests else [1] for rid in ids]
     index = {"req_id_to_index": {r: i for i, r in enumerate(ids)}} if ad._indexed else {}
     ad.inflight = (so, vllm_modules()["ModelRunnerOutput"](req_ids=ids, sampled_token_ids=toks, **index,
-                                                           **ad._out_args))
+                                                           **ad._out_args), ad.frame_no)
     return {"ran": len(ids)}

@@ -80,6 +80,7 @@ class EngineAdapter(VllmAdapter):
             # boundary token instead): the spec's ground truth follows what the scheduler built
             self.eagle_groups = set()
         self.arrivals, self.worker, self.inflight = 0, Worker(), None   # (inflight: engine_async.py)
+        self.frame_no, self.reset_frame = 0, {}                         # (engine_async.note_reset)
         self.store = None                           # the KV connector's external store (connector.py)
         if self.knobs.connector:
             from .connector_store import Store
@@ -260,6 +261,8 @@ class EngineAdapter(VllmAdapter):
             # requests waiting for remote KV transfer, which is not supported yet" (a RuntimeError)
             raise ActionRejected("reset_prefix_cache(running) while a KV connector transfer holds blocks: "
                                  "vLLM does not support it yet (it raises)")
+        if running and self.knobs.async_sched:
+            engine_async.note_reset(self)
         ok = self.sched.reset_prefix_cache(reset_running_requests=bool(running))
         self._sync()
         self.coverage["state:reset_ok" if ok else "state:reset_refused"] += 1

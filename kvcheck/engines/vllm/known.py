@@ -145,6 +145,14 @@ KNOWN: tuple[Known, ...] = (
           lambda ad: bool(getattr(getattr(ad, "knobs", None), "sync_fail", False)),
           message=r"a KV connector load into it failed|a forward whose output vLLM discarded after a failed "
                   r"KV connector load"),
+    # (async scheduling, found by kvcheck's AsyncScheduler drive on 0.14.1: a forced reset marks each running
+    # request to drop its next output frame; when the frame in flight was a prefill chunk, the flag outlives
+    # it and drops a real token whose KV the next forward computed. The trace replays on 0.14.1-0.21.0, not on
+    # 0.22.1+, whose reset counts the placeholders in flight instead: async_tokens_to_discard)
+    Known("async_reset_drops_token", "toctou_bound_stable", "0.14.1", "0.21.0",
+          "vllm-project/vllm#42043, fixed by PR #42117", "docs/repro/traces/vllm_async_reset_drops_token.trace.json",
+          lambda ad: bool(getattr(getattr(ad, "knobs", None), "async_sched", False)),
+          message=r"sampled by a forward scheduled after its forced preemption"),
 )
 
 
