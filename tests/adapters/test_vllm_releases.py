@@ -140,3 +140,30 @@ def test_the_async_reset_defect_where_that_release_has_it(py):
     assert res["reproduced"] == buggy, (res, r.stderr[-500:])
     if buggy:
         assert re.search(k.message, res["violation"]["message"]), res["violation"]
+
+
+_EXPLAIN = r"""
+import json, sys
+from kvcheck.engines.vllm.known import explain_trace
+print(json.dumps(explain_trace(sys.argv[1])))
+"""
+
+
+@pytest.mark.parametrize("py", PYTHONS)
+def test_a_scheduler_drive_lost_reuse_is_named_by_its_counterfactual_fix(py):
+    """The release matrix's qwen3-next+mtp lost reuse (0.15.1, 8 steps: a 256-token resend hits 128
+    of 192): the EAGLE margin capped at the candidate (eagle_margin_capped, fixed by 0.32), recognised
+    by rerunning the lookup with the fix on that release (its Mamba manager does not pop the EAGLE
+    block: no margin for it); not a finding where vLLM has the fix."""
+    from kvcheck.engines.vllm.known import KNOWN, _ver
+    if "qwen3-next+mtp" in _layouts(py)["unsupported"]:
+        pytest.skip("this release cannot express qwen3-next+mtp")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), VLLM_TARGET_DEVICE="cpu")
+    r = subprocess.run([py, "-c", _EXPLAIN, "docs/repro/traces/vllm_eagle_margin_capped_mamba.trace.json"],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    k = next(k for k in KNOWN if k.name == "eagle_margin_capped")
+    if _ver(got["vllm_version"]) <= _ver(k.last):
+        assert got["reproduced"] and got["known"] == k.name, got
+    else:
+        assert not got["reproduced"], got

@@ -138,6 +138,12 @@ def drop_once(ad: Any, find: Callable, hashes: Any, m: int, to_hashed: bool = Fa
                 kv_cache_group_ids=gids, block_pool=coord.block_pool, kv_cache_spec=spec,
                 use_eagle=drop, alignment_tokens=coord.lcm_block_size)
             new = len(got[0]) * spec.block_size
+            if drop and new > curr:     # a manager that does not pop the EAGLE block (0.15's Mamba): no margin
+                got = mcls.find_longest_cache_hit(
+                    block_hashes=hashes_of(spec), max_length=curr, kv_cache_group_ids=gids,
+                    block_pool=coord.block_pool, kv_cache_spec=spec, use_eagle=drop,
+                    alignment_tokens=coord.lcm_block_size)
+                new = len(got[0]) * spec.block_size
             if drop:
                 verified.add(idx)
             elif new < curr:

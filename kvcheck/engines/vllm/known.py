@@ -268,8 +268,9 @@ def explain_trace(path: str) -> dict:
         layout = register_layout(t.meta["layout_file"], where, prefix=kind)
     strict, STRICT = STRICT, False
     try:
+        from .engine_gen import knobs_of         # (a scheduler-drive trace: its scheduler's knobs)
         ad = make_adapter(layout, int(t.meta.get("num_blocks", 24)), t.fault, False, bool(t.meta.get("dense_twin")),
-                        t.meta.get("sched_policy", "fcfs"))
+                          knobs_of(t.meta) or t.meta.get("sched_policy", "fcfs"))
         install(ad, vllm_version())
         check, at = t.violation["check"], t.violation["step"]
         found, name = None, None
