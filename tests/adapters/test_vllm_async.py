@@ -2,6 +2,7 @@
 engine core's two-deep batch queue, opt-in (KVCHECK_VLLM_ASYNC_SCHEDULING=1)."""
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -16,23 +17,39 @@ from kvcheck.engines.vllm import drivers as V  # noqa: E402
 TRACE = "docs/repro/traces/vllm_async_reset_drops_token.trace.json"
 
 
-def test_async_scheduling_is_opt_in_and_never_with_a_drafter_or_the_connector(monkeypatch):
-    monkeypatch.delenv(ASYNC_ENV, raising=False)
-    plain = [draw_knobs(random.Random(i), "full") for i in range(20)]
+def test_async_scheduling_is_drawn_by_default_never_with_a_drafter_or_the_connector(monkeypatch):
+    """vLLM enables async scheduling by default (VllmConfig: async_scheduling None -> True): so do
+    kvcheck's episodes, in half of those without a drafter or the connector; =0 turns it off."""
+    monkeypatch.setenv(ASYNC_ENV, "0")
+    plain = [draw_knobs(random.Random(i), "full") for i in range(40)]
+    plain_rngs = [random.Random(i) for i in range(40)]
+    for r in plain_rngs:
+        draw_knobs(r, "full")
     assert not any(k.async_sched for k in plain)
-    monkeypatch.setenv(ASYNC_ENV, "1")
-    drawn = [draw_knobs(random.Random(i), "full") for i in range(20)]
+    monkeypatch.delenv(ASYNC_ENV, raising=False)
+    rngs = [random.Random(i) for i in range(40)]
+    drawn = [draw_knobs(r, "full") for r in rngs]
     assert any(k.async_sched for k in drawn) and not all(k.async_sched for k in drawn)
     assert not any(k.async_sched and k.connector for k in drawn)
-    # an episode without it is the episode it was before the knob existed (drawn last)
-    assert [k for k in drawn if not k.async_sched] == [k for k, d in zip(plain, drawn) if not d.async_sched]
+    assert any(k.connector for k in drawn)
+    # its own stream: every other knob, and the episode's later draws, are what they were without it
+    assert [dataclasses.replace(k, async_sched=False) for k in drawn] == plain
+    assert [r.random() for r in rngs] == [r.random() for r in plain_rngs]
     assert not any(draw_knobs(random.Random(i), "gemma3+eagle").async_sched for i in range(20))
     old = {k: v for k, v in SchedKnobs().as_dict().items() if k != "async_sched"}
     assert knobs_of({"drive": "engine", "scheduler": old}).async_sched is False
 
 
-def test_a_campaign_overlaps_steps_and_holds(tmp_path, monkeypatch):
-    monkeypatch.setenv(ASYNC_ENV, "1")
+@pytest.fixture
+def all_async(monkeypatch):
+    """Every episode async (layouts without a drafter), the connector off."""
+    from kvcheck.engines.vllm import engine_gen
+    draw = engine_gen.draw_knobs
+    monkeypatch.setattr(engine_gen, "draw_knobs", lambda rng, layout, policy=None: dataclasses.replace(
+        draw(rng, layout, policy), async_sched=True, connector=False, sync_fail=False))
+
+
+def test_a_campaign_overlaps_steps_and_holds(tmp_path, all_async):
     res = V.run_campaign("full+swa", budget_s=None, steps=3000, seed=1, drive="engine", out_dir=str(tmp_path))
     assert res["scheduler"]["knobs"]["async_sched"].get("True", 0) > 0
     assert res["coverage"]["state:async_overlap"] > 100       # N's output taken after N+1 was scheduled
@@ -41,8 +58,7 @@ def test_a_campaign_overlaps_steps_and_holds(tmp_path, monkeypatch):
     assert not [f for f in res["findings"] if not f.get("known")], res["findings"]
 
 
-def test_a_planted_fault_is_caught_under_async_scheduling(tmp_path, monkeypatch):
-    monkeypatch.setenv(ASYNC_ENV, "1")
+def test_a_planted_fault_is_caught_under_async_scheduling(tmp_path, all_async):
     res = V.run_campaign("full", budget_s=None, steps=3000, seed=1, drive="engine",
                          fault="early_reader_forward", out_dir=str(tmp_path))
     assert res["caught"]

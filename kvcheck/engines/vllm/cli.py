@@ -129,8 +129,8 @@ def fuzz_command(args: argparse.Namespace) -> int:
     if sync_failures_on():           # (an opt-in of the environment: the rerun names it)
         res["command"] = f"{SYNC_FAILURES_ENV}=1 {res['command']}"
     from .engine_async import ASYNC_ENV, async_on
-    if async_on():
-        res["command"] = f"{ASYNC_ENV}=1 {res['command']}"
+    if not async_on():               # (vLLM's default is on: the rerun names only the opt-out)
+        res["command"] = f"{ASYNC_ENV}=0 {res['command']}"
 
     def text() -> str:
         if "cannot_drive" in res:

@@ -12,8 +12,11 @@ output kept for the next step. A request finished or aborted by N's output still
 forward (vLLM discards that output); kvcheck skips its writes there (they land past its tokens,
 in blocks freed at N's output and reallocated only by a later schedule, so overwritten later).
 
-Opt-in (knob ``async_sched``, env ASYNC_ENV=1: recorded in traces and in the rerun command), on
-layouts without a drafter and without the KV connector (their async paths: not modelled yet).
+Drawn by default (knob ``async_sched``, recorded in traces), as vLLM enables it by default
+(``VllmConfig``: ``async_scheduling=None`` becomes True unless the executor, pipeline parallelism
+or a non-EAGLE drafter rules it out; 0.14.1 ``config/vllm.py:588-627``, 0.34.0 ``:1610-1637``), in
+half the episodes of a layout without a drafter that did not draw the KV connector (their async
+paths: not modelled yet). ASYNC_ENV=0 turns it off (and the rerun command says so).
 """
 from __future__ import annotations
 
@@ -27,8 +30,8 @@ ASYNC_ENV = "KVCHECK_VLLM_ASYNC_SCHEDULING"
 
 
 def async_on() -> bool:
-    """Do this process's episodes draw async scheduling (ASYNC_ENV=1)?"""
-    return os.environ.get(ASYNC_ENV, "") not in ("", "0")
+    """Do this process's episodes draw async scheduling (the default; ASYNC_ENV=0: no)?"""
+    return os.environ.get(ASYNC_ENV, "").strip() != "0"
 
 
 def scheduler_class(knobs: Any) -> Any:

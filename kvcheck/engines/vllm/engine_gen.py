@@ -4,6 +4,7 @@ kept in a trace's meta and read back for its replay."""
 from __future__ import annotations
 
 import dataclasses
+import random
 from typing import Any
 
 from .connector import supported, sync_failures_on
@@ -78,11 +79,13 @@ def draw_knobs(rng: Any, layout: str, policy: str | None = None) -> SchedKnobs:
                       spec_tokens=_spec_tokens(layout, rng.choice([1, 2])), eagle_drop=rng.random() < 0.5,
                       connector=supported(groups) is None and rng.random() < 0.5,
                       sync_fail=sync_failures_on())
-    # async scheduling (opt-in: engine_async.ASYNC_ENV; drawn last, so episodes without it are unchanged):
-    # half the episodes of a layout without a drafter, never with the connector (not modelled together)
+    # async scheduling (vLLM's default; off with engine_async.ASYNC_ENV=0): half the episodes of a layout
+    # without a drafter that did not draw the connector (not modelled together). Drawn from a stream of
+    # its own (a stable function of the episode's state), so the episode's own draws are unchanged.
     from .layouts import EAGLE
-    if async_on() and EAGLE.get(layout) is None and rng.random() < 0.5:
-        knobs = dataclasses.replace(knobs, async_sched=True, connector=False, sync_fail=False)
+    if async_on() and EAGLE.get(layout) is None and not knobs.connector \
+            and random.Random(hash(rng.getstate())).random() < 0.5:
+        knobs = dataclasses.replace(knobs, async_sched=True, sync_fail=False)
     return knobs
 
 
@@ -137,9 +140,10 @@ def describe(seen: dict) -> dict[str, Any]:
                             "later; one async load in four fails (one block in invalid_block_ids; a hybrid's whole "
                             "load in failed_recving, 0.32+); stores immediate or held until finished_sending "
                             "(connector.py, connector_store.py)",
-            "async_scheduling": "opt-in (knob `async_sched`, KVCHECK_VLLM_ASYNC_SCHEDULING=1): the release's "
+            "async_scheduling": "vLLM's default, drawn in half the episodes without a drafter or the connector "
+                                "(knob `async_sched`; KVCHECK_VLLM_ASYNC_SCHEDULING=0: off): the release's "
                                 "AsyncScheduler under the engine core's two-deep batch queue: step N+1 scheduled "
-                                "before step N's output is taken (engine_async.py); not with a drafter or the connector",
-            "not_yet": ["the dense retention twin", "async scheduling by default, with drafts or the KV connector",
+                                "before step N's output is taken (engine_async.py)",
+            "not_yet": ["the dense retention twin", "async scheduling with drafts or the KV connector",
                         "a KV connector on layouts with Mamba or compressed groups (state transfers)",
                         "failed sync loads by default (opt-in: KVCHECK_VLLM_SYNC_LOAD_FAILURES=1)"]}
