@@ -66,7 +66,13 @@ def test_a_planted_fault_is_caught_under_async_scheduling(tmp_path, all_async):
     import json
     assert json.load(open(f["trace"]))["meta"]["scheduler"]["async_sched"] is True
     assert f["check"] == "read_before_write" and V.replay(f["trace"])["reproduced"]
-    assert f.get("reproducer") is None and "async scheduling" in f["reproducer_note"]
+    # its standalone script steps vLLM's AsyncScheduler as the batch queue does: 1, and 0 without the plant
+    import subprocess
+    import sys
+    script = f["reproducer"]
+    assert script and "ASYNC = True" in open(script).read()
+    assert subprocess.run([sys.executable, script], capture_output=True, timeout=600).returncode == 1
+    assert subprocess.run([sys.executable, script, "--clean"], capture_output=True, timeout=600).returncode == 0
 
 
 def test_the_dropped_token_after_a_forced_reset_replays_where_vllm_has_it():
@@ -79,6 +85,12 @@ def test_the_dropped_token_after_a_forced_reset_replays_where_vllm_has_it():
     got = V.replay(TRACE)
     buggy = _ver(vllm_version()) <= _ver("0.21.0")
     assert got["reproduced"] == buggy, got
+    import subprocess
+    import sys
+    # the standalone script (vLLM's AsyncScheduler under a batch queue of its own): 1 where vLLM has it
+    code = subprocess.run([sys.executable, "docs/repro/vllm_async_reset_drops_token.py"], capture_output=True,
+                          timeout=600).returncode
+    assert code == (1 if buggy else 0)
     if buggy:
         assert got["violation"]["check"] == "toctou_bound_stable"
         # caught where vLLM drops the token, and named as the known defect by its signature

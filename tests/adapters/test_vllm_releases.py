@@ -140,6 +140,9 @@ def test_the_async_reset_defect_where_that_release_has_it(py):
     assert res["reproduced"] == buggy, (res, r.stderr[-500:])
     if buggy:
         assert re.search(k.message, res["violation"]["message"]), res["violation"]
+    env = dict(os.environ, VLLM_TARGET_DEVICE="cpu")
+    script = subprocess.run([py, k.repro], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert script.returncode == (1 if buggy else 0), script.stdout[-1500:]
 
 
 _EXPLAIN = r"""

@@ -43,6 +43,9 @@ ENGINE_CONDITIONS = {
     "state_copy_sound": "every block copy a step queues (take_kv_cache_block_copies) reads a source that holds, "
                         "when the copy runs (before the step's forward), what the destination needs",
     "lost_reuse": CONDITIONS["lost_reuse"] + " (at the finding's lookup, inside the last step's schedule())",
+    "toctou_bound_stable": "under async scheduling, every output vLLM drops is stale: its frame was scheduled "
+                           "before the request's forced preemption (reset_prefix_cache(reset_running_requests=True)); "
+                           "a token of a later frame is real, and the next forward already computed its KV",
     "worker_table_sound": "before each step's forward, every scheduled request's block table as the worker builds "
                           "it from the SchedulerOutputs alone (finished_req_ids dropped, a new request's block_ids, "
                           "a running one's new_block_ids appended per group, a resumed one's replacing its table: "
@@ -180,8 +183,9 @@ def why_not(trace: Any) -> str | None:
     from .build import resolve_layout
     from .layouts import LAYOUT_DATA
     check = (trace.violation or {}).get("check")
-    if ((trace.meta or {}).get("scheduler") or {}).get("async_sched"):
-        return "async scheduling: the script does not rebuild vLLM's batch queue yet (engine_async.py)"
+    if check == "toctou_bound_stable" and "scheduled after its forced preemption" not in \
+            (trace.violation or {}).get("message", ""):
+        return "check 'toctou_bound_stable': the script checks only the async-scheduling drop condition"
     if check in NOT_STANDALONE:
         return f"check {check!r}: {NOT_STANDALONE[check]}"
     if check not in ENGINE_CONDITIONS:
@@ -221,6 +225,8 @@ def engine_reproducer_source(trace: Any, trace_path: str) -> str | None:
             f"NUM_BLOCKS, HASH_BLOCK, SCHED_BLOCK = {rec['knobs']['num_blocks']}, {rec['hb']}, {rec['sched']}\n"
             f"MAX_MODEL_LEN, MAX_TOKENS, VOCAB = {rec['max_len']}, {rec['max_tokens']}, {VOCAB}\n"
             f"DRAFTER = {rec['drafter']}   # an EAGLE drafter (SpeculativeConfig; no draft is proposed)\n"
+            f"ASYNC = {bool(rec['knobs'].get('async_sched'))}   # async scheduling: AsyncScheduler under the "
+            "engine core's two-deep batch queue\n"
             f"MODEL = {_model_kw()!r}   # a tiny Llama: the scheduler reads only lengths and flags\n"
             f"CHECK = {check!r}\n"
             f"EXPECT = {rec['expect']!r}   # the spec's numbers at the finding's lookup (checked in vLLM's state)\n"

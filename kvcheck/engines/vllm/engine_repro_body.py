@@ -38,6 +38,8 @@ def vllm_config():
         max_num_batched_tokens=KNOBS["max_num_batched_tokens"], max_num_seqs=KNOBS["max_num_seqs"],
         max_model_len=MAX_MODEL_LEN, enable_chunked_prefill=True, policy=KNOBS["policy"],
         long_prefill_token_threshold=KNOBS["long_prefill_token_threshold"], is_encoder_decoder=False)))
+    if ASYNC:
+        sc.async_scheduling = True
     attn = [bs for _, bs, _ in GROUPS]
     multi = len(GROUPS) > 1
     cc = CacheConfig(block_size=min(attn) if multi else attn[0], enable_prefix_caching=True,
@@ -87,7 +89,10 @@ def build():
               f"(the finding needs {SCHED_BLOCK} and {HASH_BLOCK})")
         sys.exit(2)
     hbs_arg = {"hash_block_size": hbs} if "hash_block_size" in inspect.signature(Scheduler).parameters else {}
-    sched = Scheduler(**fit(Scheduler, dict(vllm_config=vc, kv_cache_config=kcfg, block_size=sbs, log_stats=True,
+    cls = Scheduler
+    if ASYNC:                  # (async scheduling: the engine core's batch queue steps it, below)
+        from vllm.v1.core.sched.async_scheduler import AsyncScheduler as cls
+    sched = cls(**fit(cls, dict(vllm_config=vc, kv_cache_config=kcfg, block_size=sbs, log_stats=True,
                                             structured_output_manager=StructuredOutputManager(vc), **hbs_arg)))
     la = getattr(vc, "num_hash_lookahead_tokens", 0) or 0
     hasher = (ku.get_request_block_hasher(hbs, sha256, la)
@@ -111,6 +116,8 @@ RETAINED = []                       # blocks the scheduler holds for copies not 
 ACCEPTED = {}                       # rid -> draft positions [lo, hi) of the step the sampler accepted
 WT = {}                             # rid -> the worker's block table, one list of block ids per group
 LAST = False                        # in the trace's last step (the finding's)
+INFLIGHT = None                     # async: (SchedulerOutput, its model output, frame number) on its way
+FRAMES, RESET_AT = [0], {}          # async: frames scheduled; rid -> frames scheduled before its forced reset
 bugs = []
 
 
@@ -255,6 +262,8 @@ def forward():
         READY[dst] = want
     items = list(step["sched"].items())
     for phase in ([[x for x in items if x[1][2]], [x for x in items if not x[1][2]]] if SPLIT_FORWARD else [items]):
+        # (async: a request finished by the previous frame's output still runs here; vLLM drops it)
+        phase = [x for x in phase if x[0] in sched.requests]
         for rid, (lo, hi, _) in phase:
             write(ALL[rid], lo, hi)
         for rid, (lo, hi, _) in phase:
@@ -302,7 +311,7 @@ def propose():
 def model_output(so, spec, real):
     """update_from_output's input: each scheduled request's sampled tokens."""
     ids_ = list(so.num_scheduled_tokens)
-    toks = [sampled(sched.requests[r], list(spec.get(r, ()))) for r in ids_]
+    toks = [sampled(sched.requests[r], list(spec.get(r, ()))) if r in sched.requests else [1] for r in ids_]
     ACCEPTED.update({r: (real[r], real[r] + len(t) - 1) for r, t in zip(ids_, toks) if len(t) > 1})
     extra = {}
     for k, p in inspect.signature(ModelRunnerOutput).parameters.items():   # the release's other fields
@@ -320,7 +329,7 @@ def sync():
 
 
 def step():
-    global STEP
+    global STEP, INFLIGHT
     STEP = {"sched": {}, "copies": []}
     so = sched.schedule()
     if STALE_OUTPUT:                      # (a planted fault: the output the worker gets is changed)
@@ -341,12 +350,47 @@ def step():
     for r in STEP["sched"]:
         print(f"      {r}: {tables(r)}" + (f"; the worker's: {WT.get(r)}" if CHECK == "worker_table_sound" else ""))
     sync()
+    if ASYNC:                             # the batch queue: frame N's output arrives after N+1 was scheduled
+        FRAMES[0] += 1
+        take_inflight()
+        forward()
+        INFLIGHT = (so, model_output(so, spec, real), FRAMES[0])
+        return
     forward()
     sched.update_from_output(so, model_output(so, spec, real))
     for rid in list(ACCEPTED):
         accept(rid)
     sync()
     propose()
+
+
+def discarding(o):
+    """Will vLLM drop this request's next output? (a flag to 0.21, a count from 0.22, stale tokens in 0.34)"""
+    return bool(getattr(o, "discard_latest_async_tokens", False) or getattr(o, "async_tokens_to_discard", 0)
+                or (getattr(o, "drop_stale_output", False) and getattr(o, "num_stale_output_tokens", 0)))
+
+
+def take_inflight():
+    """The output of the frame in flight through update_from_output. A token vLLM drops is stale only
+    if its frame was scheduled before the request's forced reset; a later frame's is a real token lost."""
+    global INFLIGHT
+    if INFLIGHT is None:
+        return
+    (so, out, frame), INFLIGHT = INFLIGHT, None
+    before = {r: (discarding(sched.requests[r]), len(sched.requests[r].output_token_ids))
+              for r in out.req_ids if r in sched.requests}
+    sched.update_from_output(so, out)
+    for r, toks in zip(out.req_ids, out.sampled_token_ids):
+        o, (flag, n) = sched.requests.get(r), before.get(r, (False, 0))
+        if flag and len(toks) and o is not None and len(o.output_token_ids) == n:
+            late = frame > RESET_AT.get(r, frame)
+            print(f"    vLLM dropped {r}'s output of frame {frame} (the frames before its reset: "
+                  f"{RESET_AT.get(r)}){': a real token' if late else ''}")
+            if late and CHECK == "toctou_bound_stable":
+                bugs.append(f"vLLM dropped {r}'s token at position {o.num_tokens}, sampled by a forward scheduled "
+                            "after its forced preemption: the KV the next forward computed from it is of a token "
+                            "the request no longer has")
+    sync()
 
 
 def state():
@@ -390,6 +434,8 @@ for n, (action, p) in enumerate(STEPS):
             if kw and "reset_running_requests" not in inspect.signature(sched.reset_prefix_cache).parameters:
                 print("CANNOT PLAY: this vLLM's Scheduler.reset_prefix_cache has no reset_running_requests")
                 sys.exit(2)
+            if ASYNC and kw:              # (its in-flight outputs are stale for the requests it preempts)
+                RESET_AT.update({o.request_id: FRAMES[0] for o in sched.running})
             print(f"    reset: {sched.reset_prefix_cache(**kw)}")
         elif action == "evict_blocks":
             mgr.evict_blocks({i for i in p["block_ids"] if 0 < i < NUM_BLOCKS})

@@ -150,7 +150,7 @@ KNOWN: tuple[Known, ...] = (
     # it and drops a real token whose KV the next forward computed. The trace replays on 0.14.1-0.21.0, not on
     # 0.22.1+, whose reset counts the placeholders in flight instead: async_tokens_to_discard)
     Known("async_reset_drops_token", "toctou_bound_stable", "0.14.1", "0.21.0",
-          "vllm-project/vllm#42043, fixed by PR #42117", "docs/repro/traces/vllm_async_reset_drops_token.trace.json",
+          "vllm-project/vllm#42043, fixed by PR #42117", "docs/repro/vllm_async_reset_drops_token.py",
           lambda ad: bool(getattr(getattr(ad, "knobs", None), "async_sched", False)),
           message=r"sampled by a forward scheduled after its forced preemption"),
 )
