@@ -50,7 +50,7 @@ def note_reset(ad: Any) -> None:
         ad.reset_frame[o.request_id] = ad.frame_no
 
 
-def _discarding(o: Any) -> bool:
+def _discarding(o: object) -> bool:
     """Will vLLM drop this request's next output frame? (0.14-0.21: a flag; 0.22-0.3x: a count;
     0.34: a count of stale tokens it drops or delivers, `drop_stale_output`.)"""
     return bool(getattr(o, "discard_latest_async_tokens", False) or getattr(o, "async_tokens_to_discard", 0)

@@ -364,12 +364,6 @@ def step():
     propose()
 
 
-def discarding(o):
-    """Will vLLM drop this request's next output? (a flag to 0.21, a count from 0.22, stale tokens in 0.34)"""
-    return bool(getattr(o, "discard_latest_async_tokens", False) or getattr(o, "async_tokens_to_discard", 0)
-                or (getattr(o, "drop_stale_output", False) and getattr(o, "num_stale_output_tokens", 0)))
-
-
 def take_inflight():
     """The output of the frame in flight through update_from_output. A token vLLM drops is stale only
     if its frame was scheduled before the request's forced reset; a later frame's is a real token lost."""
@@ -377,7 +371,7 @@ def take_inflight():
     if INFLIGHT is None:
         return
     (so, out, frame), INFLIGHT = INFLIGHT, None
-    before = {r: (discarding(sched.requests[r]), len(sched.requests[r].output_token_ids))
+    before = {r: (_discarding(sched.requests[r]), len(sched.requests[r].output_token_ids))
               for r in out.req_ids if r in sched.requests}
     sched.update_from_output(so, out)
     for r, toks in zip(out.req_ids, out.sampled_token_ids):
