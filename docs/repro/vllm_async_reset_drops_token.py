@@ -102,7 +102,7 @@ def draft_tokens(ctx: list[int], k: int) -> list[int]:
     return d
 
 
-def _discarding(o: object) -> bool:
+def discarding(o: object) -> bool:
     """Will vLLM drop this request's next output frame? (0.14-0.21: a flag; 0.22-0.3x: a count;
     0.34: a count of stale tokens it drops or delivers, `drop_stale_output`.)"""
     return bool(getattr(o, "discard_latest_async_tokens", False) or getattr(o, "async_tokens_to_discard", 0)
@@ -622,7 +622,7 @@ def take_inflight():
     if INFLIGHT is None:
         return
     (so, out, frame), INFLIGHT = INFLIGHT, None
-    before = {r: (_discarding(sched.requests[r]), len(sched.requests[r].output_token_ids))
+    before = {r: (discarding(sched.requests[r]), len(sched.requests[r].output_token_ids))
               for r in out.req_ids if r in sched.requests}
     sched.update_from_output(so, out)
     for r, toks in zip(out.req_ids, out.sampled_token_ids):

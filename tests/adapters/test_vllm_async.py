@@ -17,9 +17,9 @@ from kvcheck.engines.vllm import drivers as V  # noqa: E402
 TRACE = "docs/repro/traces/vllm_async_reset_drops_token.trace.json"
 
 
-def test_async_scheduling_is_drawn_by_default_never_with_a_drafter_or_the_connector(monkeypatch):
+def test_async_scheduling_is_drawn_by_default_never_with_a_drafter(monkeypatch):
     """vLLM enables async scheduling by default (VllmConfig: async_scheduling None -> True): so do
-    kvcheck's episodes, in half of those without a drafter or the connector; =0 turns it off."""
+    kvcheck's episodes, in half of those without a drafter or the KV connector; =0 turns it off."""
     monkeypatch.setenv(ASYNC_ENV, "0")
     plain = [draw_knobs(random.Random(i), "full") for i in range(40)]
     plain_rngs = [random.Random(i) for i in range(40)]
@@ -30,12 +30,16 @@ def test_async_scheduling_is_drawn_by_default_never_with_a_drafter_or_the_connec
     rngs = [random.Random(i) for i in range(40)]
     drawn = [draw_knobs(r, "full") for r in rngs]
     assert any(k.async_sched for k in drawn) and not all(k.async_sched for k in drawn)
-    assert not any(k.async_sched and k.connector for k in drawn)
-    assert any(k.connector for k in drawn)
+    assert not any(k.async_sched and k.connector for k in drawn) and any(k.connector for k in drawn)
     # its own stream: every other knob, and the episode's later draws, are what they were without it
     assert [dataclasses.replace(k, async_sched=False) for k in drawn] == plain
     assert [r.random() for r in rngs] == [r.random() for r in plain_rngs]
     assert not any(draw_knobs(random.Random(i), "gemma3+eagle").async_sched for i in range(20))
+    from kvcheck.engines.vllm.connector import SYNC_FAILURES_ENV
+    monkeypatch.setenv(SYNC_FAILURES_ENV, "1")
+    failing = [draw_knobs(random.Random(i), "full") for i in range(40)]
+    assert not any(k.async_sched and k.connector for k in failing) and any(k.async_sched for k in failing)
+    assert [k.async_sched for k in failing] == [k.async_sched for k in drawn]
     old = {k: v for k, v in SchedKnobs().as_dict().items() if k != "async_sched"}
     assert knobs_of({"drive": "engine", "scheduler": old}).async_sched is False
 

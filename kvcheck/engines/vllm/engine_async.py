@@ -15,8 +15,10 @@ in blocks freed at N's output and reallocated only by a later schedule, so overw
 Drawn by default (knob ``async_sched``, recorded in traces), as vLLM enables it by default
 (``VllmConfig``: ``async_scheduling=None`` becomes True unless the executor, pipeline parallelism
 or a non-EAGLE drafter rules it out; 0.14.1 ``config/vllm.py:588-627``, 0.34.0 ``:1610-1637``), in
-half the episodes of a layout without a drafter that did not draw the KV connector (their async
-paths: not modelled yet). ASYNC_ENV=0 turns it off (and the rerun command says so).
+half the episodes of a layout without a drafter (its async path: not modelled yet) that did not
+draw the KV connector (the pair runs here -- N+1's sync loads before its forward, the finished
+transfers on its output -- but is not drawn until two open findings on 0.34 are classified:
+docs/adapters-vllm.md). ASYNC_ENV=0 turns it off (and the rerun command says so).
 """
 from __future__ import annotations
 
@@ -50,7 +52,7 @@ def note_reset(ad: Any) -> None:
         ad.reset_frame[o.request_id] = ad.frame_no
 
 
-def _discarding(o: object) -> bool:
+def discarding(o: object) -> bool:
     """Will vLLM drop this request's next output frame? (0.14-0.21: a flag; 0.22-0.3x: a count;
     0.34: a count of stale tokens it drops or delivers, `drop_stale_output`.)"""
     return bool(getattr(o, "discard_latest_async_tokens", False) or getattr(o, "async_tokens_to_discard", 0)
@@ -85,6 +87,8 @@ def step(ad: Any) -> dict:
     ad._sync()
     ad.worker.update(so)
     ad.worker.check(ad, so)
+    if ad.store is not None:                   # the connector's synchronous loads, before N+1's forward
+        ad.store.before_forward(so)
     new = {x.req_id for x in so.scheduled_new_reqs}
     new |= set(getattr(so.scheduled_cached_reqs, "resumed_req_ids", ()) or ())
     spans = {rid: (ad.sched.requests[rid].num_computed_tokens - n, ad.sched.requests[rid].num_computed_tokens)
@@ -97,7 +101,7 @@ def step(ad: Any) -> dict:
     ad.frame_no += 1
     if prev is not None:                       # N's output arrives after N+1 was scheduled
         ad.coverage["state:async_overlap"] += bool(set(prev[0].num_scheduled_tokens) & set(spans))
-        before = {rid: (_discarding(o), len(o.output_token_ids)) for rid in prev[1].req_ids
+        before = {rid: (discarding(o), len(o.output_token_ids)) for rid in prev[1].req_ids
                   if (o := ad.sched.requests.get(rid)) is not None}
         ad.sched.update_from_output(*prev[:2])
         ad._sync()
@@ -109,6 +113,8 @@ def step(ad: Any) -> dict:
     ids = list(so.num_scheduled_tokens)
     toks = [ad._sampled(ad.sched.requests[rid], []) if rid in ad.sched.requests else [1] for rid in ids]
     index = {"req_id_to_index": {r: i for i, r in enumerate(ids)}} if ad._indexed else {}
+    # (the transfers the worker finished by N+1's forward ride on its output, delivered a step later)
+    xfer = {"kv_connector_output": ad._connector_output()} if ad.store is not None else {}
     ad.inflight = (so, vllm_modules()["ModelRunnerOutput"](req_ids=ids, sampled_token_ids=toks, **index,
-                                                           **ad._out_args), ad.frame_no)
+                                                           **dict(ad._out_args, **xfer)), ad.frame_no)
     return {"ran": len(ids)}

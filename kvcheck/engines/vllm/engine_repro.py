@@ -231,8 +231,8 @@ def engine_reproducer_source(trace: Any, trace_path: str) -> str | None:
             f"CHECK = {check!r}\n"
             f"EXPECT = {rec['expect']!r}   # the spec's numbers at the finding's lookup (checked in vLLM's state)\n"
             f"STEPS = {rec['steps']!r}\n")
-    from .engine_async import _discarding
-    token = "\n\nimport zlib\n\n\n" + "\n\n".join(inspect.getsource(f) for f in (next_token, draft_tokens, _discarding))
+    from .engine_async import discarding
+    token = "\n\nimport zlib\n\n\n" + "\n\n".join(inspect.getsource(f) for f in (next_token, draft_tokens, discarding))
     return (header + IMPORTS + data + token + "\n\nSPLIT_FORWARD = STALE_OUTPUT = False\n" + fault_block + "\n\n"
             + helpers_source() + ENGINE_BODY)
 

@@ -371,7 +371,7 @@ def take_inflight():
     if INFLIGHT is None:
         return
     (so, out, frame), INFLIGHT = INFLIGHT, None
-    before = {r: (_discarding(sched.requests[r]), len(sched.requests[r].output_token_ids))
+    before = {r: (discarding(sched.requests[r]), len(sched.requests[r].output_token_ids))
               for r in out.req_ids if r in sched.requests}
     sched.update_from_output(so, out)
     for r, toks in zip(out.req_ids, out.sampled_token_ids):

@@ -256,11 +256,12 @@ class EngineAdapter(VllmAdapter):
     def _a_reset_prefix_cache(self, running: bool = False) -> dict:
         """The scheduler's reset; `running`: it first preempts every running request (they resume,
         with new block tables, in a later step: vLLM's forced preemption)."""
-        if running and self.store is not None and self.store.busy():
+        if running and ((self.store is not None and self.store.busy()) or self._frees_deferred()):
             # vLLM: "Failed to reset KV cache even when all the running requests are preempted ...
-            # requests waiting for remote KV transfer, which is not supported yet" (a RuntimeError)
-            raise ActionRejected("reset_prefix_cache(running) while a KV connector transfer holds blocks: "
-                                 "vLLM does not support it yet (it raises)")
+            # requests waiting for remote KV transfer, which is not supported yet" (a RuntimeError); the
+            # same when freed blocks wait for in-flight steps (0.34: async + a consumer connector)
+            raise ActionRejected("reset_prefix_cache(running) while a KV connector transfer or an in-flight "
+                                 "step holds blocks: vLLM does not support it yet (it raises)")
         if running and self.knobs.async_sched:
             engine_async.note_reset(self)
         ok = self.sched.reset_prefix_cache(reset_running_requests=bool(running))
@@ -268,6 +269,16 @@ class EngineAdapter(VllmAdapter):
         self.coverage["state:reset_ok" if ok else "state:reset_refused"] += 1
         self.coverage["state:reset_preempting"] += bool(running)
         return {"reset": ok}
+
+    def _frees_deferred(self) -> bool:
+        """Would vLLM keep blocks past a forced reset's preemptions? (0.34, async scheduling with a
+        consumer connector: blocks freed while a step that may write them is in flight wait in
+        deferred_frees: those already waiting, and those of every running request such a step ran.)"""
+        s = self.sched
+        if not getattr(s, "defer_block_free", False):
+            return False
+        done = getattr(s, "processed_step_seq", 0)
+        return bool(s.deferred_frees) or any(getattr(o, "last_sched_seq", 0) > done for o in s.running)
 
     def _a_abort(self, r: str) -> dict:
         if r not in self.reqs or self.reqs[r].state == "finished":

@@ -214,9 +214,13 @@ def release_retained(ad: Any) -> None:
 
 
 def retained_counts(ad: Any) -> dict[int, int]:
-    """Block id -> references the step's queued copies hold (for the bookkeeping check)."""
+    """Block id -> references held outside the requests' tables (for the bookkeeping check): the
+    step's queued copies', and the scheduler's deferred frees (0.34: with overlapping batches and
+    a consumer KV connector, a freed request's blocks wait in ``Scheduler.deferred_frees`` until
+    the in-flight steps that may still write them are processed: ``_free_request_blocks``)."""
     out: dict[int, int] = {}
-    for b in getattr(ad, "retained", ()):
+    deferred = getattr(getattr(ad, "sched", None), "deferred_frees", None) or ()
+    for b in [*getattr(ad, "retained", ()), *(b for _, blocks in deferred for b in blocks)]:
         out[b.block_id] = out.get(b.block_id, 0) + 1
     return out
 

@@ -43,7 +43,7 @@ class SchedKnobs:
     #                                      has lookahead block hashes (disable_lookahead_block_hashes)
     connector: bool = False              # an external prefix store behind vLLM's KV connector (connector.py)
     sync_fail: bool = False              # its synchronous loads fail too (opt-in: connector.py, SYNC_FAILURES_ENV)
-    async_sched: bool = False            # AsyncScheduler under the batch queue (opt-in: engine_async.py, ASYNC_ENV)
+    async_sched: bool = False            # AsyncScheduler under the batch queue (engine_async.py; vLLM's default)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
