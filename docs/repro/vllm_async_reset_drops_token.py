@@ -3,7 +3,7 @@
 # layout 'full': groups (kind, block size, window/chunk) [('full', 4, None)], hash block 4
 # scheduler knobs: {'policy': 'fcfs', 'max_num_batched_tokens': 32, 'max_num_seqs': 8, 'long_prefill_token_threshold': 4, 'num_blocks': 41, 'spec_tokens': 1, 'eagle_drop': False, 'connector': False, 'sync_fail': False, 'async_sched': True}
 # check toctou_bound_stable: under async scheduling, every output vLLM drops is stale: its frame was scheduled before the request's forced preemption (reset_prefix_cache(reset_running_requests=True)); a token of a later frame is real, and the next forward already computed its KV
-# finding: vLLM dropped r19's token at position 12, sampled by a forward scheduled after its forced preemption (the reset's discard of a stale output outlived the frames in flight): the KV the next forward computed from it is of a token the request no longer has
+# finding: vLLM dropped r19's token at position 12, sampled by a forward scheduled after its forced preemption (the discard of a stale output outlived the frames in flight): the KV the next forward computed from it is of a token the request no longer has
 # trace: docs/repro/traces/vllm_async_reset_drops_token.trace.json (kvcheck replay docs/repro/traces/vllm_async_reset_drops_token.trace.json --sut vllm)
 # Needs only vLLM (and transformers, to write a tiny model's config.json: nothing is
 # downloaded). Exit 1: the bug is present; exit 0: fixed (or not this release); 2: a step
@@ -595,6 +595,8 @@ def step():
         real[rid] = hi - len(spec.get(rid, ()))
         STEP["sched"][rid] = (hi - n, real[rid], rid in new)
     gone = sorted(getattr(so, "preempted_req_ids", ()) or ())
+    if ASYNC:
+        RESET_AT.update({r: FRAMES[0] for r in gone})
     print("    scheduled " + ", ".join(f"{r} [{lo}, {hi}){' (admitted)' if a else ''}"
                                       for r, (lo, hi, a) in STEP["sched"].items())
           + (f"; preempted {gone}" if gone else ""))
@@ -628,7 +630,7 @@ def take_inflight():
     for r, toks in zip(out.req_ids, out.sampled_token_ids):
         o, (flag, n) = sched.requests.get(r), before.get(r, (False, 0))
         if flag and len(toks) and o is not None and len(o.output_token_ids) == n:
-            late = frame > RESET_AT.get(r, frame)
+            late = frame > RESET_AT.get(r, frame)      # (the frames before its latest preemption are stale)
             print(f"    vLLM dropped {r}'s output of frame {frame} (the frames before its reset: "
                   f"{RESET_AT.get(r)}){': a real token' if late else ''}")
             if late and CHECK == "toctou_bound_stable":

@@ -54,6 +54,7 @@ class Store:
         self.offer: dict[str, tuple[int, bool]] = {}   # rid -> (its local hit, load async) offered
         self.loads: dict[str, Load] = {}
         self.sends: dict[str, Send] = {}
+        self.reported: set[str] = set()        # loads reported done in an output vLLM has not taken yet
         self.tries: Counter = Counter()        # rid -> loads allocated (a failed whole load is retried)
         self.failed: dict[int, str] = {}       # block -> how its failed load was reported (until written)
         self.sync_failed: set[int] = set()     # this step's failed sync-load blocks (to report)
@@ -123,6 +124,8 @@ class Store:
         rid = request.request_id
         req = self.ad.reqs.get(rid)
         self.ad._accept(rid)       # (drafts the step's sampler accepted: written by its forward, already)
+        if rid in self.reported:   # (async scheduling: the load's report is on its way; vLLM frees the
+            return True            # aborted request's blocks when it arrives: nothing to store)
         loading = rid in self.loads and not self.loads[rid].sync
         if req is None:
             return loading
@@ -193,6 +196,7 @@ class Store:
             elif bad is not None:
                 invalid.add(bad)
             recving.add(rid)
+        self.reported |= recving
         for rid, send in list(self.sends.items()):
             if send.due > self.step or rid in self.loads:
                 continue
@@ -201,6 +205,10 @@ class Store:
             sending.add(rid)
         return {"finished_recving": recving or None, "finished_sending": sending or None,
                 "invalid_block_ids": invalid, "failed_recving": failed}
+
+    def delivered(self) -> None:
+        """vLLM took the outputs built so far (update_from_output): their load reports are its own."""
+        self.reported.clear()
 
     def _blocks(self, load: Load) -> list[tuple[int, int, Any]]:
         """(group, table index, block) a load fills: each group's non-null blocks of [lo, hi)."""

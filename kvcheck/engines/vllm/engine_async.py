@@ -15,10 +15,10 @@ in blocks freed at N's output and reallocated only by a later schedule, so overw
 Drawn by default (knob ``async_sched``, recorded in traces), as vLLM enables it by default
 (``VllmConfig``: ``async_scheduling=None`` becomes True unless the executor, pipeline parallelism
 or a non-EAGLE drafter rules it out; 0.14.1 ``config/vllm.py:588-627``, 0.34.0 ``:1610-1637``), in
-half the episodes of a layout without a drafter (its async path: not modelled yet) that did not
-draw the KV connector (the pair runs here -- N+1's sync loads before its forward, the finished
-transfers on its output -- but is not drawn until two open findings on 0.34 are classified:
-docs/adapters-vllm.md). ASYNC_ENV=0 turns it off (and the rerun command says so).
+half the episodes of a layout without a drafter (its async path: not modelled yet), with the KV
+connector too (N+1's sync loads before its forward, the finished transfers on its output), not
+with failed sync loads (opt-in; their async timing: not modelled). ASYNC_ENV=0 turns it off (and
+the rerun command says so).
 """
 from __future__ import annotations
 
@@ -47,9 +47,11 @@ def scheduler_class(knobs: Any) -> Any:
 
 def note_reset(ad: Any) -> None:
     """A forced reset (reset_prefix_cache(reset_running_requests=True)) preempts every running
-    request: the outputs of the frames scheduled before it are stale for them, no later one is."""
+    request: the outputs of the frames scheduled before it are stale for them, no later one is.
+    (The scheduler's own preemptions mark the same: `step`; 0.34 drops their stale outputs when a
+    connector needs the KV delivered, `drop_stale_output=self.requires_kv_delivery`.)"""
     for o in ad.sched.running:
-        ad.reset_frame[o.request_id] = ad.frame_no
+        ad.reset_frame[o.request_id] = (ad.frame_no, True)
 
 
 def discarding(o: object) -> bool:
@@ -61,19 +63,20 @@ def discarding(o: object) -> bool:
 
 def _check_discards(ad: Any, frame: int, out: Any, before: dict[str, tuple[bool, int]]) -> None:
     """After frame `frame`'s output: a token vLLM dropped is stale only if its frame was scheduled
-    before the request's forced preemption; one sampled by a later forward is a real token lost
+    before the request's latest preemption; one sampled by a later forward is a real token lost
     (its KV already computed by the forward after it, fed the token on the GPU)."""
     for rid, toks in zip(out.req_ids, out.sampled_token_ids):
         o, (flag, n) = ad.sched.requests.get(rid), before.get(rid, (False, 0))
         if not (flag and len(toks) and o is not None) or len(o.output_token_ids) != n:
             continue
         ad.coverage["state:async_token_discarded"] += 1
-        if frame > ad.reset_frame.get(rid, frame):
+        mark, forced = ad.reset_frame.get(rid, (frame, False))
+        if frame > mark:
             raise Violation("bookkeeping", "toctou_bound_stable",
                             f"vLLM dropped {rid}'s token at position {o.num_tokens}, sampled by a forward "
-                            "scheduled after its forced preemption (the reset's discard of a stale output "
-                            "outlived the frames in flight): the KV the next forward computed from it is of "
-                            "a token the request no longer has")
+                            f"scheduled after its {'forced ' if forced else ''}preemption (the discard of a stale "
+                            "output outlived the frames in flight): the KV the next forward computed from it is "
+                            "of a token the request no longer has")
 
 
 def step(ad: Any) -> dict:
@@ -96,6 +99,8 @@ def step(ad: Any) -> dict:
     gone = set(getattr(so, "preempted_req_ids", ()) or ()) - earlier
     ad.coverage["state:preempted"] += len(gone)
     ad.coverage["state:preempt_scheduled"] += len(gone & ad.stepped)
+    for rid in gone:                           # (the frames scheduled before this one are stale for them)
+        ad.reset_frame[rid] = (ad.frame_no, False)
     ad.coverage["state:multi_request_step"] += len(spans) > 1
     prev, ad.inflight = getattr(ad, "inflight", None), None
     ad.frame_no += 1
@@ -104,6 +109,8 @@ def step(ad: Any) -> dict:
         before = {rid: (discarding(o), len(o.output_token_ids)) for rid in prev[1].req_ids
                   if (o := ad.sched.requests.get(rid)) is not None}
         ad.sched.update_from_output(*prev[:2])
+        if ad.store is not None:
+            ad.store.delivered()
         ad._sync()
         _check_discards(ad, prev[2], prev[1], before)
     for rid, (lo, hi) in spans.items():

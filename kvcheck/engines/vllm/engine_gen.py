@@ -80,11 +80,11 @@ def draw_knobs(rng: Any, layout: str, policy: str | None = None) -> SchedKnobs:
                       connector=supported(groups) is None and rng.random() < 0.5,
                       sync_fail=sync_failures_on())
     # async scheduling (vLLM's default; off with engine_async.ASYNC_ENV=0): half the episodes of a layout
-    # without a drafter (not modelled together) that did not draw the connector (the pair runs, but its
-    # first campaigns left two findings on 0.34 unclassified: docs/adapters-vllm.md). Drawn from a stream
-    # of its own (a stable function of the episode's state), so the episode's own draws are unchanged.
+    # without a drafter (not modelled together), the connector's too unless its sync loads fail (opt-in;
+    # their async timing: not modelled). Drawn from a stream of its own (a stable function of the
+    # episode's state), so the episode's own draws are unchanged.
     from .layouts import EAGLE
-    if async_on() and EAGLE.get(layout) is None and not knobs.connector \
+    if async_on() and EAGLE.get(layout) is None and not (knobs.connector and knobs.sync_fail) \
             and random.Random(hash(rng.getstate())).random() < 0.5:
         knobs = dataclasses.replace(knobs, async_sched=True)
     return knobs

@@ -344,6 +344,8 @@ def step():
         real[rid] = hi - len(spec.get(rid, ()))
         STEP["sched"][rid] = (hi - n, real[rid], rid in new)
     gone = sorted(getattr(so, "preempted_req_ids", ()) or ())
+    if ASYNC:
+        RESET_AT.update({r: FRAMES[0] for r in gone})
     print("    scheduled " + ", ".join(f"{r} [{lo}, {hi}){' (admitted)' if a else ''}"
                                       for r, (lo, hi, a) in STEP["sched"].items())
           + (f"; preempted {gone}" if gone else ""))
@@ -377,7 +379,7 @@ def take_inflight():
     for r, toks in zip(out.req_ids, out.sampled_token_ids):
         o, (flag, n) = sched.requests.get(r), before.get(r, (False, 0))
         if flag and len(toks) and o is not None and len(o.output_token_ids) == n:
-            late = frame > RESET_AT.get(r, frame)
+            late = frame > RESET_AT.get(r, frame)      # (the frames before its latest preemption are stale)
             print(f"    vLLM dropped {r}'s output of frame {frame} (the frames before its reset: "
                   f"{RESET_AT.get(r)}){': a real token' if late else ''}")
             if late and CHECK == "toctou_bound_stable":

@@ -332,6 +332,8 @@ class EngineAdapter(VllmAdapter):
         self.coverage["state:drafts_accepted"] += sum(hi - lo for lo, hi in self.accepted.values())
         self.settling = {rid: len(t) for rid, t in zip(ids, toks)} if self.has_mamba else {}
         self.sched.update_from_output(so, out)
+        if self.store is not None:
+            self.store.delivered()
         for rid in list(self.accepted) + list(self.settling):
             self._accept(rid)
         self._sync()

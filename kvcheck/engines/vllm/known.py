@@ -152,7 +152,7 @@ KNOWN: tuple[Known, ...] = (
     Known("async_reset_drops_token", "toctou_bound_stable", "0.14.1", "0.21.0",
           "vllm-project/vllm#42043, fixed by PR #42117", "docs/repro/vllm_async_reset_drops_token.py",
           lambda ad: bool(getattr(getattr(ad, "knobs", None), "async_sched", False)),
-          message=r"sampled by a forward scheduled after its forced preemption"),
+          message=r"sampled by a forward scheduled after its (forced )?preemption"),
 )
 
 
