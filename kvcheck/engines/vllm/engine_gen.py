@@ -141,7 +141,8 @@ def describe(seen: dict) -> dict[str, Any]:
                             "later; one async load in four fails (one block in invalid_block_ids; a hybrid's whole "
                             "load in failed_recving, 0.32+); stores immediate or held until finished_sending "
                             "(connector.py, connector_store.py)",
-            "async_scheduling": "vLLM's default, drawn in half the episodes without a drafter or the connector "
+            "async_scheduling": "vLLM's default, drawn in half the episodes without a drafter (with the connector too, not "
+                                "with failed sync loads) "
                                 "(knob `async_sched`; KVCHECK_VLLM_ASYNC_SCHEDULING=0: off): the release's "
                                 "AsyncScheduler under the engine core's two-deep batch queue: step N+1 scheduled "
                                 "before step N's output is taken (engine_async.py)",
