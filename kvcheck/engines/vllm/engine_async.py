@@ -51,7 +51,7 @@ def note_reset(ad: Any) -> None:
     (The scheduler's own preemptions mark the same: `step`; 0.34 drops their stale outputs when a
     connector needs the KV delivered, `drop_stale_output=self.requires_kv_delivery`.)"""
     for o in ad.sched.running:
-        ad.reset_frame[o.request_id] = (ad.frame_no, True)
+        ad.preempted_at[o.request_id] = (ad.frame_no, True)
 
 
 def discarding(o: object) -> bool:
@@ -70,7 +70,7 @@ def _check_discards(ad: Any, frame: int, out: Any, before: dict[str, tuple[bool,
         if not (flag and len(toks) and o is not None) or len(o.output_token_ids) != n:
             continue
         ad.coverage["state:async_token_discarded"] += 1
-        mark, forced = ad.reset_frame.get(rid, (frame, False))
+        mark, forced = ad.preempted_at.get(rid, (frame, False))
         if frame > mark:
             raise Violation("bookkeeping", "toctou_bound_stable",
                             f"vLLM dropped {rid}'s token at position {o.num_tokens}, sampled by a forward "
@@ -100,9 +100,9 @@ def step(ad: Any) -> dict:
     ad.coverage["state:preempted"] += len(gone)
     ad.coverage["state:preempt_scheduled"] += len(gone & ad.stepped)
     for rid in gone:                           # (the frames scheduled before this one are stale for them)
-        ad.reset_frame[rid] = (ad.frame_no, False)
+        ad.preempted_at[rid] = (ad.frame_no, False)
     ad.coverage["state:multi_request_step"] += len(spans) > 1
-    prev, ad.inflight = getattr(ad, "inflight", None), None
+    prev, ad.inflight = ad.inflight, None
     ad.frame_no += 1
     if prev is not None:                       # N's output arrives after N+1 was scheduled
         ad.coverage["state:async_overlap"] += bool(set(prev[0].num_scheduled_tokens) & set(spans))

@@ -127,7 +127,8 @@ def knobs_of(meta: dict) -> SchedKnobs | None:
 
 def describe(seen: dict) -> dict[str, Any]:
     """What ran, for the campaign's JSON: vLLM's scheduler, the knobs drawn, the worker model."""
-    return {"driver": "vllm.v1.core.sched.scheduler.Scheduler (the release's own: schedule, update_from_output)",
+    return {"driver": "vllm.v1.core.sched.scheduler.Scheduler, or its AsyncScheduler under async scheduling (the "
+                      "release's own: schedule, update_from_output)",
             "knobs": {k: dict(sorted(c.items())) for k, c in seen.items()},
             "worker_model": "vLLM's model runner rebuilt: per-request block tables from each SchedulerOutput "
                             "alone (worker.py; checked against the manager's before each forward), the queued "
@@ -146,6 +147,6 @@ def describe(seen: dict) -> dict[str, Any]:
                                 "(knob `async_sched`; KVCHECK_VLLM_ASYNC_SCHEDULING=0: off): the release's "
                                 "AsyncScheduler under the engine core's two-deep batch queue: step N+1 scheduled "
                                 "before step N's output is taken (engine_async.py)",
-            "not_yet": ["the dense retention twin", "async scheduling with drafts or the KV connector",
+            "not_yet": ["the dense retention twin", "async scheduling with a drafter, or with failed sync loads",
                         "a KV connector on layouts with Mamba or compressed groups (state transfers)",
                         "failed sync loads by default (opt-in: KVCHECK_VLLM_SYNC_LOAD_FAILURES=1)"]}

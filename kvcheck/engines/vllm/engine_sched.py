@@ -80,7 +80,7 @@ class EngineAdapter(VllmAdapter):
             # boundary token instead): the spec's ground truth follows what the scheduler built
             self.eagle_groups = set()
         self.arrivals, self.worker, self.inflight = 0, Worker(), None   # (inflight: engine_async.py)
-        self.frame_no, self.reset_frame = 0, {}                         # (engine_async.note_reset)
+        self.frame_no, self.preempted_at = 0, {}                         # (engine_async.note_reset)
         self.store = None                           # the KV connector's external store (connector.py)
         if self.knobs.connector:
             from .connector_store import Store

@@ -133,16 +133,15 @@ def drop_once(ad: Any, find: Callable, hashes: Any, m: int, to_hashed: bool = Fa
                 curr = curr // spec.block_size * spec.block_size
                 continue
             drop = eagle(idx) and idx not in verified
-            got = mcls.find_longest_cache_hit(
-                block_hashes=hashes_of(spec), max_length=min(curr + spec.block_size, bound) if drop else curr,
-                kv_cache_group_ids=gids, block_pool=coord.block_pool, kv_cache_spec=spec,
-                use_eagle=drop, alignment_tokens=coord.lcm_block_size)
+
+            def look(n: int) -> Any:
+                return mcls.find_longest_cache_hit(
+                    block_hashes=hashes_of(spec), max_length=n, kv_cache_group_ids=gids, block_pool=coord.block_pool,
+                    kv_cache_spec=spec, use_eagle=drop, alignment_tokens=coord.lcm_block_size)
+            got = look(min(curr + spec.block_size, bound) if drop else curr)
             new = len(got[0]) * spec.block_size
             if drop and new > curr:     # a manager that does not pop the EAGLE block (0.15's Mamba): no margin
-                got = mcls.find_longest_cache_hit(
-                    block_hashes=hashes_of(spec), max_length=curr, kv_cache_group_ids=gids,
-                    block_pool=coord.block_pool, kv_cache_spec=spec, use_eagle=drop,
-                    alignment_tokens=coord.lcm_block_size)
+                got = look(curr)
                 new = len(got[0]) * spec.block_size
             if drop:
                 verified.add(idx)
