@@ -54,6 +54,31 @@ def all_async(monkeypatch):
         draw(rng, layout, policy), async_sched=True, connector=False, sync_fail=False))
 
 
+def test_async_is_drawn_only_where_the_releases_own_config_turns_it_on(monkeypatch):
+    """vLLM 0.16.0's VllmConfig turns async scheduling off for Mamba prefix caching (and refuses it
+    when asked for): the draw asks the release's own VllmConfig (async_scheduling=None), so an
+    episode never runs a configuration vLLM would not; a planted "off" decision draws none."""
+    from kvcheck.engines.vllm import sched_build
+    assert sched_build.async_by_default("full", SchedKnobs()) is True      # (0.34: on for every layout)
+    assert sched_build.async_by_default("full+mamba", SchedKnobs()) is True
+    monkeypatch.setitem(sched_build._CACHE, ("async", "full+mamba", False), False)
+    monkeypatch.setitem(sched_build._CACHE, ("async", "full+mamba", True), False)
+    assert not any(draw_knobs(random.Random(i), "full+mamba").async_sched for i in range(40))
+    assert any(draw_knobs(random.Random(i), "full").async_sched for i in range(40))
+
+
+def test_the_scheduler_config_says_what_the_episode_runs():
+    """The CPU platform turns async scheduling off after VllmConfig decided ("not required on CPU"),
+    and 0.34's scheduler reads the flag (it publishes Mamba states at output time only without it):
+    an async episode's config says async, a synchronous one's says not, as on a GPU engine."""
+    from kvcheck.engines.vllm.sched_build import build
+    for layout in ("full", "full+mamba"):
+        for on in (False, True):
+            sched = build(layout, SchedKnobs(num_blocks=64, async_sched=on)).scheduler
+            assert sched.vllm_config.scheduler_config.async_scheduling is on
+            assert (type(sched).__name__ == "AsyncScheduler") is on
+
+
 def test_a_campaign_overlaps_steps_and_holds(tmp_path, all_async):
     res = V.run_campaign("full+swa", budget_s=None, steps=3000, seed=1, drive="engine", out_dir=str(tmp_path))
     assert res["scheduler"]["knobs"]["async_sched"].get("True", 0) > 0

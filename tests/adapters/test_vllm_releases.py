@@ -170,3 +170,57 @@ def test_a_scheduler_drive_lost_reuse_is_named_by_its_counterfactual_fix(py):
         assert got["reproduced"] and got["known"] == k.name, got
     else:
         assert not got["reproduced"], got
+
+
+_DRAWN = r"""
+import json, random, sys
+from kvcheck.engines.vllm.engine_gen import draw_knobs
+from kvcheck.engines.vllm.sched_build import build
+out = {}
+for layout in sys.argv[1:]:
+    knobs = [draw_knobs(random.Random(i), layout) for i in range(12)]
+    for k in knobs:
+        s = build(layout, k).scheduler
+        assert s.vllm_config.scheduler_config.async_scheduling is k.async_sched, (layout, k)
+    out[layout] = sum(k.async_sched for k in knobs)
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("py", PYTHONS)
+def test_every_drawn_scheduler_configuration_is_one_that_release_accepts(py):
+    """Async scheduling is drawn only where the release's own VllmConfig turns it on by default
+    (0.16.0: not with Mamba prefix caching, whose explicit request it refuses): every drawn episode
+    builds, and its config says what the episode runs."""
+    unsupported = _layouts(py)["unsupported"]
+    layouts = [x for x in ("full", "full+mamba", "qwen3-next", "full+mamba-fine") if x not in unsupported]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), VLLM_TARGET_DEVICE="cpu")
+    r = subprocess.run([py, "-c", _DRAWN, *layouts], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    drawn = json.loads(r.stdout.strip().splitlines()[-1])
+    assert drawn["full"] > 0, drawn
+
+
+@pytest.mark.parametrize("py", PYTHONS)
+def test_the_async_fine_tail_defect_where_that_release_has_it(py):
+    """async_fine_tail_republish (0.26.0-0.31.0): the scheduler drive's trace replays there under
+    its signature, and the standalone script exits 1 there (0 with --sync), 0 on a release without
+    it, 2 on one without fine-grained hits."""
+    import re
+
+    from kvcheck.engines.vllm.known import KNOWN, _ver
+    k = next(k for k in KNOWN if k.name == "async_fine_tail_republish")
+    env = dict(os.environ, VLLM_TARGET_DEVICE="cpu")
+    script = subprocess.run([py, k.repro], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    if "full+mamba-fine" in _layouts(py)["unsupported"]:
+        assert script.returncode in (0, 2), script.stdout[-1500:]
+        return
+    r = _kvcheck(py, "replay", "docs/repro/traces/vllm_async_fine_tail_republish.trace.json", "--sut", "vllm", "--json")
+    res = json.loads(r.stdout[r.stdout.index("\n{") + 1:] if not r.stdout.startswith("{") else r.stdout)
+    buggy = _ver(k.first) <= _ver(res["vllm_version"]) <= _ver(k.last)
+    assert res["reproduced"] == buggy, (res, r.stderr[-500:])
+    if buggy:
+        assert re.search(k.message, res["violation"]["message"]), res["violation"]
+    assert script.returncode == (1 if buggy else 0), script.stdout[-1500:]
+    sync = subprocess.run([py, k.repro, "--sync"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert sync.returncode == 0, sync.stdout[-1500:]

@@ -9,7 +9,7 @@ from typing import Any
 
 from .connector import supported, sync_failures_on
 from .engine_async import async_on
-from .sched_build import SchedKnobs
+from .sched_build import SchedKnobs, async_by_default
 
 
 class EngineGen:
@@ -82,10 +82,11 @@ def draw_knobs(rng: Any, layout: str, policy: str | None = None) -> SchedKnobs:
     # async scheduling (vLLM's default; off with engine_async.ASYNC_ENV=0): half the episodes of a layout
     # without a drafter (not modelled together), the connector's too unless its sync loads fail (opt-in;
     # their async timing: not modelled). Drawn from a stream of its own (a stable function of the
-    # episode's state), so the episode's own draws are unchanged.
+    # episode's state), so the episode's own draws are unchanged; only where the release's own
+    # VllmConfig turns it on by default (sched_build.async_by_default: 0.16.0 not with Mamba groups).
     from .layouts import EAGLE
     if async_on() and EAGLE.get(layout) is None and not (knobs.connector and knobs.sync_fail) \
-            and random.Random(hash(rng.getstate())).random() < 0.5:
+            and random.Random(hash(rng.getstate())).random() < 0.5 and async_by_default(layout, knobs):
         knobs = dataclasses.replace(knobs, async_sched=True)
     return knobs
 

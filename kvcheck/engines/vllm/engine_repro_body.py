@@ -38,8 +38,8 @@ def vllm_config():
         max_num_batched_tokens=KNOBS["max_num_batched_tokens"], max_num_seqs=KNOBS["max_num_seqs"],
         max_model_len=MAX_MODEL_LEN, enable_chunked_prefill=True, policy=KNOBS["policy"],
         long_prefill_token_threshold=KNOBS["long_prefill_token_threshold"], is_encoder_decoder=False)))
-    if ASYNC:
-        sc.async_scheduling = True
+    if "async_scheduling" in inspect.signature(SchedulerConfig).parameters:
+        sc.async_scheduling = ASYNC      # (as --[no-]async-scheduling; kept from the CPU platform's override below)
     attn = [bs for _, bs, _ in GROUPS]
     multi = len(GROUPS) > 1
     cc = CacheConfig(block_size=min(attn) if multi else attn[0], enable_prefix_caching=True,
@@ -57,12 +57,21 @@ def vllm_config():
             sp.disable_lookahead_block_hashes = KNOBS.get("eagle_drop", False)
         spec["speculative_config"] = sp
     import vllm.triton_utils as tu     # (0.34's CPU platform wants triton-cpu for its kernels: none run here)
-    had, tu.HAS_TRITON = getattr(tu, "HAS_TRITON", True), True
+    from vllm import platforms
+    cp = platforms.current_platform
+    orig = cp.check_and_update_config
+
+    def keep(vc):                      # (the CPU platform turns async scheduling off; a GPU engine keeps it)
+        before = vc.scheduler_config.async_scheduling
+        orig(vc)
+        vc.scheduler_config.async_scheduling = before
+    had, tu.HAS_TRITON, cp.check_and_update_config = getattr(tu, "HAS_TRITON", True), True, keep
     try:
         return VllmConfig(model_config=mc, cache_config=cc, scheduler_config=sc, device_config=DeviceConfig(device="cpu"),
                           **spec)
     finally:
         tu.HAS_TRITON = had
+        del cp.check_and_update_config
 
 
 def kv_cache_config():

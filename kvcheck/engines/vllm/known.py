@@ -153,6 +153,17 @@ KNOWN: tuple[Known, ...] = (
           "vllm-project/vllm#42043, fixed by PR #42117", "docs/repro/vllm_async_reset_drops_token.py",
           lambda ad: bool(getattr(getattr(ad, "knobs", None), "async_sched", False)),
           message=r"sampled by a forward scheduled after its (forced )?preemption"),
+    # (async scheduling + fine-grained Mamba hits, found by kvcheck's AsyncScheduler drive on 0.26.0: a
+    # prompt ending on a hash boundary inside a Mamba block gets a partial entry on the running state
+    # block; the next frame's allocate_slots moves it to a copy, then caches min(computed + new,
+    # num_tokens) = the prompt again (the sampled token is not known yet) and re-registers it on the
+    # running block, which that frame's forward advances. Reproducer: 1 on 0.26.0-0.31.0 (0 with
+    # --sync); 0 on 0.32.0, 0.33.0, 0.34.0, whose entry stops at prompt_len - 1)
+    Known("async_fine_tail_republish", "hash_map_sound", "0.26.0", "0.31.0", "none found (new)",
+          "docs/repro/vllm_async_fine_tail_republish.py",
+          lambda ad: bool(getattr(getattr(ad, "knobs", None), "async_sched", False))
+          and any(k == "mamba" and bs > ad.hb for k, bs, _ in ad.groups),
+          message=r"stale prefix-cache entry", also=("hit_sound_recurrent_state",)),
 )
 
 

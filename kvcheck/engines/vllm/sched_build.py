@@ -83,6 +83,29 @@ def kernels_not_needed() -> Any:
         tu.HAS_TRITON = False
 
 
+@contextlib.contextmanager
+def platform_keeps_async() -> Any:
+    """vLLM's CPU platform turns async scheduling off ("not required on CPU": its
+    check_and_update_config, run after VllmConfig decided; 0.29+ resolve the CPU platform here) and
+    0.34's scheduler reads the flag (Mamba states published at output time only without it).
+    kvcheck drives a GPU engine's scheduler: while the config is built, what VllmConfig decided stays."""
+    from vllm import platforms
+    cp = platforms.current_platform
+    orig = cp.check_and_update_config
+
+    def keep(vc: Any) -> Any:
+        before = vc.scheduler_config.async_scheduling
+        try:
+            return orig(vc)
+        finally:
+            vc.scheduler_config.async_scheduling = before
+    cp.check_and_update_config = keep
+    try:
+        yield
+    finally:
+        del cp.check_and_update_config
+
+
 def _model_config() -> Any:
     mc = _CACHE.get("model")
     if mc is None:
@@ -122,13 +145,21 @@ class Built:
     hasher: Any
 
 
-def build(layout: str, knobs: SchedKnobs) -> Built:
-    """vLLM's own Scheduler for `layout` under `knobs` (ValueError: the release cannot express it)."""
+def async_by_default(layout: str, knobs: SchedKnobs) -> bool:
+    """Would the release's own VllmConfig turn async scheduling on for this layout by default
+    (``async_scheduling=None``)? 0.16.0 turns it off for Mamba prefix caching (and refuses it when
+    asked for), other releases keep it; kvcheck draws it only where vLLM would run it. Once per
+    layout and connector setting (a VllmConfig: milliseconds)."""
+    key = ("async", layout, knobs.connector)
+    if key not in _CACHE:
+        _CACHE[key] = bool(_vllm_config(layout, knobs, None).scheduler_config.async_scheduling)
+    return _CACHE[key]
+
+
+def _vllm_config(layout: str, knobs: SchedKnobs, async_scheduling: bool | None) -> Any:
+    """The engine's VllmConfig for `layout` under `knobs` (its scheduler's async_scheduling as given)."""
     V = vllm_modules()
     from vllm.config import CacheConfig, DeviceConfig, SchedulerConfig, VllmConfig
-    from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
-    from vllm.v1.structured_output import StructuredOutputManager
     desc, groups, sched_bs = LAYOUT_DATA[layout]
     hb, max_len = layout_scale(layout)
     mc = _model_config()
@@ -139,10 +170,10 @@ def build(layout: str, knobs: SchedKnobs) -> Built:
         max_model_len=max_len, enable_chunked_prefill=True, policy=knobs.policy,
         long_prefill_token_threshold=knobs.long_prefill_token_threshold,
         is_encoder_decoder=False).items() if k in sc_args})
-    if knobs.async_sched:
-        if "async_scheduling" not in sc_args:
-            raise CannotExpress(f"vLLM {V['version']} has no async scheduling")
-        sc.async_scheduling = True
+    if "async_scheduling" in sc_args:       # (False: as --no-async-scheduling; None: vLLM's default decides)
+        sc.async_scheduling = async_scheduling
+    elif async_scheduling is not False:
+        raise CannotExpress(f"vLLM {V['version']} has no async scheduling")
     attn_bs = [bs for k, bs, _ in groups]
     cc_args = _sig(CacheConfig)
     mb = next((bs for k, bs, _ in groups if k == "mamba"), None)
@@ -163,9 +194,21 @@ def build(layout: str, knobs: SchedKnobs) -> Built:
         if why is not None:
             raise CannotExpress(f"layout {layout!r} with a KV connector: {why}")
         extra_cfg["kv_transfer_config"] = transfer_config()
-    with kernels_not_needed():
-        vc = VllmConfig(model_config=mc, cache_config=cc, scheduler_config=sc,
-                        device_config=DeviceConfig(device="cpu"), **extra_cfg)
+    with kernels_not_needed(), platform_keeps_async():
+        return VllmConfig(model_config=mc, cache_config=cc, scheduler_config=sc,
+                          device_config=DeviceConfig(device="cpu"), **extra_cfg)
+
+
+def build(layout: str, knobs: SchedKnobs) -> Built:
+    """vLLM's own Scheduler for `layout` under `knobs` (ValueError: the release cannot express it)."""
+    V = vllm_modules()
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.structured_output import StructuredOutputManager
+    desc, groups, sched_bs = LAYOUT_DATA[layout]
+    hb, max_len = layout_scale(layout)
+    vc = _vllm_config(layout, knobs, knobs.async_sched)
+    drafter = EAGLE.get(layout)
     feats = V["features"]
     flag = drafter is not None and "is_eagle_group" in feats
     extra = {"prefix_cache_retention_interval": RETENTION[layout]} \
@@ -175,7 +218,7 @@ def build(layout: str, knobs: SchedKnobs) -> Built:
                              {"is_eagle_group": i in drafter} if flag else {}))
                                           for i, s in enumerate(make_specs(layout))])
     resolve = getattr(V["ku"], "resolve_kv_cache_block_sizes", None)
-    sbs, hbs = resolve(kcfg, vc) if resolve is not None else (cc.block_size, cc.block_size)
+    sbs, hbs = resolve(kcfg, vc) if resolve is not None else (vc.cache_config.block_size,) * 2
     if (sbs, hbs) != (sched_bs, hb):
         raise CannotExpress(f"layout {layout!r} needs scheduler block {sched_bs} and hash block {hb}; "
                          f"vLLM {V['version']}'s engine derives {sbs} and {hbs} for its groups")
