@@ -224,3 +224,19 @@ def test_the_async_fine_tail_defect_where_that_release_has_it(py):
     assert script.returncode == (1 if buggy else 0), script.stdout[-1500:]
     sync = subprocess.run([py, k.repro, "--sync"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     assert sync.returncode == 0, sync.stdout[-1500:]
+
+
+@pytest.mark.parametrize("py", PYTHONS)
+def test_the_async_abort_double_finish_where_that_release_has_it(py):
+    """async_abort_double_finish (0.14.1-0.15.1, found by the release matrix): an aborted request's
+    in-flight frame finishes it a second time; the trace replays there, named by its signature
+    (vLLM's assertion, located in the function that raised it), and not from 0.16.0 on."""
+    from kvcheck.engines.vllm.known import KNOWN, _ver
+    k = next(k for k in KNOWN if k.name == "async_abort_double_finish")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), VLLM_TARGET_DEVICE="cpu")
+    r = subprocess.run([py, "-c", _EXPLAIN, k.repro], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    buggy = _ver(k.first) <= _ver(got["vllm_version"]) <= _ver(k.last)
+    assert got["reproduced"] == buggy, got
+    if buggy:
+        assert got["known"] == k.name, got

@@ -168,7 +168,7 @@ class VllmAdapter(ShadowChecks):
             # raised on kvcheck's side of the boundary: CannotDrive (fuzz/boundary.py), no finding
             check_exception(e, "vllm", vllm_version(), ("vllm",))
             self.broken, obs = Violation("bookkeeping", "vllm_internal_error",
-                                         f"vLLM raised {type(e).__name__}: {e}"), {}
+                                         f"vLLM raised {type(e).__name__}{raised_in(e)}: {e}"), {}
         if self.broken is None and self.strict and len(self.lost) > n_lost:
             self.broken = self.lost[-1]
         return obs
@@ -362,3 +362,15 @@ class VllmAdapter(ShadowChecks):
             if req is not None and req.state == "running":
                 self._maybe_sample(req, tok)
         return ran
+
+
+def raised_in(e: BaseException) -> str:
+    """ " in FUNCTION" of the innermost frame of vLLM's own code the exception came from (an empty
+    assertion says nothing else; the known defects' signatures name it)."""
+    tb, name = e.__traceback__, ""
+    while tb is not None:
+        if "/vllm/" in tb.tb_frame.f_code.co_filename.replace("\\", "/"):
+            name = tb.tb_frame.f_code.co_name
+        tb = tb.tb_next
+    return f" in {name}" if name else ""
+

@@ -153,6 +153,19 @@ KNOWN: tuple[Known, ...] = (
           "vllm-project/vllm#42043, fixed by PR #42117", "docs/repro/vllm_async_reset_drops_token.py",
           lambda ad: bool(getattr(getattr(ad, "knobs", None), "async_sched", False)),
           message=r"sampled by a forward scheduled after its (forced )?preemption"),
+    # (async scheduling + a KV connector, found by the release matrix on 0.14.1 and 0.15.1: a request aborted
+    # while its frame is in flight keeps its blocks for the connector's send (delay_free_blocks), so it is
+    # still in vLLM's requests when that frame's output arrives; update_from_output appends the token,
+    # check_stop finishes it again and request_finished is called a second time: a connector that answers
+    # it by releasing the blocks has them freed under its own transfer, and its finished_sending then
+    # trips `assert req_id in self.requests` (the crash of vllm#43226). 0.16.0 skips a finished request's
+    # output: `if request is None or request.is_finished()`, commented for exactly this case)
+    Known("async_abort_double_finish", "vllm_internal_error", "0.14.1", "0.15.1",
+          "fixed in 0.16.0 (update_from_output skips finished requests); the crash's symptom: vllm#43226",
+          "docs/repro/traces/vllm_async_abort_double_finish.trace.json",
+          lambda ad: bool(getattr(getattr(ad, "knobs", None), "async_sched", False))
+          and bool(getattr(getattr(ad, "knobs", None), "connector", False)),
+          message=r"AssertionError in _update_from_kv_xfer_finished"),
     # (async scheduling + fine-grained Mamba hits, found by kvcheck's AsyncScheduler drive on 0.26.0: a
     # prompt ending on a hash boundary inside a Mamba block gets a partial entry on the running state
     # block; the next frame's allocate_slots moves it to a copy, then caches min(computed + new,
