@@ -234,9 +234,12 @@ def test_the_async_abort_double_finish_where_that_release_has_it(py):
     from kvcheck.engines.vllm.known import KNOWN, _ver
     k = next(k for k in KNOWN if k.name == "async_abort_double_finish")
     env = dict(os.environ, PYTHONPATH=str(ROOT), VLLM_TARGET_DEVICE="cpu")
-    r = subprocess.run([py, "-c", _EXPLAIN, k.repro], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    r = subprocess.run([py, "-c", _EXPLAIN, "docs/repro/traces/vllm_async_abort_double_finish.trace.json"],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     got = json.loads(r.stdout.strip().splitlines()[-1])
     buggy = _ver(k.first) <= _ver(got["vllm_version"]) <= _ver(k.last)
     assert got["reproduced"] == buggy, got
     if buggy:
         assert got["known"] == k.name, got
+    script = subprocess.run([py, k.repro], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert script.returncode == (1 if buggy else 0), script.stdout[-1500:]

@@ -162,7 +162,7 @@ KNOWN: tuple[Known, ...] = (
     # output: `if request is None or request.is_finished()`, commented for exactly this case)
     Known("async_abort_double_finish", "vllm_internal_error", "0.14.1", "0.15.1",
           "fixed in 0.16.0 (update_from_output skips finished requests); the crash's symptom: vllm#43226",
-          "docs/repro/traces/vllm_async_abort_double_finish.trace.json",
+          "docs/repro/vllm_async_abort_double_finish.py",       # (1 on 0.14.1, 0.15.1; 0 on 0.16.0, 0.24.0, 0.34.0)
           lambda ad: bool(getattr(getattr(ad, "knobs", None), "async_sched", False))
           and bool(getattr(getattr(ad, "knobs", None), "connector", False)),
           message=r"AssertionError in _update_from_kv_xfer_finished"),
