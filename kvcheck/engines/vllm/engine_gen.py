@@ -86,9 +86,15 @@ def draw_knobs(rng: Any, layout: str, policy: str | None = None) -> SchedKnobs:
     # VllmConfig turns it on by default (sched_build.async_by_default: 0.16.0 not with Mamba groups).
     from .layouts import EAGLE
     if async_on() and EAGLE.get(layout) is None and not (knobs.connector and knobs.sync_fail) \
-            and random.Random(hash(rng.getstate())).random() < 0.5 and async_by_default(layout, knobs):
+            and random.Random(_state_key(rng)).random() < 0.5 and async_by_default(layout, knobs):
         knobs = dataclasses.replace(knobs, async_sched=True)
     return knobs
+
+
+def _state_key(rng: random.Random) -> str:
+    """A stable function of the generator's state (its 625 words as text: Random seeds a str by its
+    SHA-512). Not hash(): Python 3.11 hashes the state's None by address, different every process."""
+    return ",".join(map(str, rng.getstate()[1]))
 
 
 def _spec_tokens(layout: str, drawn: int) -> int:
