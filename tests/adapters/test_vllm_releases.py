@@ -172,6 +172,27 @@ def test_a_scheduler_drive_lost_reuse_is_named_by_its_counterfactual_fix(py):
         assert not got["reproduced"], got
 
 
+@pytest.mark.parametrize("py", PYTHONS)
+def test_a_regrown_eagle_hit_is_named_by_the_mamba_margin_fix(py):
+    """The 30 s matrix's open 0.20.2 `generated` cell (6 steps: vLLM hit 8, spec-usable 0): the
+    Mamba group's EAGLE margin grows the hit back past the candidate an SWA-MLA EAGLE group
+    dropped, and that group, marked verified, is not looked up again. Recognised as
+    eagle_mamba_hit_mismatch by rerunning the lookup with 0.26.0's fix (no margin for Mamba);
+    not a finding where vLLM has the fix."""
+    from kvcheck.engines.vllm.known import KNOWN, _ver
+    env = dict(os.environ, PYTHONPATH=str(ROOT), VLLM_TARGET_DEVICE="cpu")
+    r = subprocess.run([py, "-c", _EXPLAIN, "docs/repro/traces/vllm_eagle_mamba_hit_regrows.trace.json"],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    if r.returncode and "cannot express this layout" in r.stderr:
+        pytest.skip("this release cannot express the trace's layout")
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    k = next(k for k in KNOWN if k.name == "eagle_mamba_hit_mismatch")
+    if _ver(k.first) <= _ver(got["vllm_version"]) <= _ver(k.last):
+        assert got["reproduced"] and got["known"] == k.name, got
+    else:
+        assert not got["reproduced"], got
+
+
 _DRAWN = r"""
 import json, random, sys
 from kvcheck.engines.vllm.engine_gen import draw_knobs

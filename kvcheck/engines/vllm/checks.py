@@ -137,6 +137,7 @@ class ShadowChecks(Bookkeeping):
     def _judge_hit(self, req: Req, usable: int, hit: int) -> dict[str, Any]:
         """A hit shorter than the spec allows is lost reuse (recorded); a longer one, a divergence."""
         r, o = req.rid, req.obj
+        self.last_usable = usable         # (what a known defect's fixed lookup is judged against)
         if hit < usable:
             v = Violation("lost_reuse", "lost_reuse",
                           f"{self.layout}: request {r} ({o.num_tokens} tokens): the spec allows a "

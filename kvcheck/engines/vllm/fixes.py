@@ -34,10 +34,11 @@ def truncate_all(ad: Any, find: Callable, hashes: Any, m: int) -> tuple:
 _PATCHED: dict[tuple, Any] = {}
 
 
-def _patched(cls: type, meth: str, old: str, new: str) -> Any:
+def _patched(cls: type, meth: str, old: str, new: str, extra: dict | None = None) -> Any:
     """`cls.meth` (from the first class of its MRO that defines it) compiled from the
-    release's own source with the regex `old` replaced by `new` (exactly one match); None
-    where the source differs, so nothing is recognised on a release whose code moved."""
+    release's own source with the regex `old` replaced by `new` (exactly one match; `extra`:
+    names the new text uses); None where the source differs, so nothing is recognised on a
+    release whose code moved."""
     key = (cls, meth, old)
     if key not in _PATCHED:
         owner = next(c for c in cls.__mro__ if meth in c.__dict__)
@@ -47,7 +48,7 @@ def _patched(cls: type, meth: str, old: str, new: str) -> Any:
         if n != 1:
             _PATCHED[key] = None
         else:
-            ns = dict(vars(sys.modules[owner.__module__]))
+            ns = {**vars(sys.modules[owner.__module__]), **(extra or {})}
             exec(compile(fixed, f"<{owner.__name__}.{meth}, fixed>", "exec"), ns)
             _PATCHED[key] = ns[meth]
     return _PATCHED[key]
@@ -94,6 +95,24 @@ def margin_to_hashed(ad: Any, find: Callable, hashes: Any, m: int) -> tuple:
     if fn is None:
         return [], -1
     out = fn(coord, hashes, m)
+    return out[0], out[1]
+
+
+def no_mamba_margin(ad: Any, find: Callable, hashes: Any, m: int) -> tuple:
+    """vLLM 0.26.0's EAGLE margin: none for a Mamba group (its comment: "its finder never drops
+    (draft models have no mamba layers), so the hit would grow past the candidate"). In
+    0.20.0-0.25.1 a Mamba EAGLE group is looked up one block past the candidate, so after an
+    earlier EAGLE group dropped the candidate the hit grows back past it, and that group, marked
+    verified, is never looked up with its drop at the grown length. The release's own loop with
+    the margin zero for Mamba."""
+    from vllm.v1.kv_cache_interface import MambaSpec
+    fn = _patched(type(ad.coord), "find_longest_cache_hit",
+                  r"curr_hit_length \+ spec\.block_size,",
+                  "curr_hit_length + (0 if isinstance(spec, _MambaSpec) else spec.block_size),",
+                  {"_MambaSpec": MambaSpec})
+    if fn is None:
+        return [], -1
+    out = fn(ad.coord, hashes, m)
     return out[0], out[1]
 
 

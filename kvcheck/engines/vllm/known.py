@@ -6,8 +6,8 @@ can touch, the coordinator's lookup is run a second time, on the same state, wit
 upstream fix applied (a copy of the release's own code with the fix, or a wrapper doing what
 the fixed release does). A finding of the defect's check at that lookup is the known defect
 when the fixed lookup gives exactly what the checks demand: lost reuse, the spec-usable hit;
-``hit_length_equal``, the same hit with every group holding the right number of blocks, and
-the fixed result passes every hit check. Anything else (another cause of the same check, a
+``hit_length_equal``, the same hit with every group holding the right number of blocks;
+``hit_exceeds_spec``, the spec-usable hit; and the fixed result passes every hit check. Anything else (another cause of the same check, a
 planted fault, a release outside the defect's range) is reported as before. A recognised
 finding is counted under ``known:NAME`` in the campaign's coverage (so that the shrinker never
 trades a finding for a known defect and the campaign goes on looking); what it means for the
@@ -25,8 +25,8 @@ from kvcheck.fuzz.known import KnownDefect
 
 from .build import make_adapter
 from .layouts import register_layout, vllm_version
-from .fixes import (drop_once, full_at_candidate, full_spec, margin_to_hashed, realign, truncate_all,
-                    unitary_margin)
+from .fixes import (drop_once, full_at_candidate, full_spec, margin_to_hashed, no_mamba_margin, realign,
+                    truncate_all, unitary_margin)
 
 STRICT = False        # recognition off: every finding reported under its own check (tests)
 
@@ -116,12 +116,18 @@ KNOWN: tuple[Known, ...] = (
           "docs/repro/vllm_fine_cow_same_step.py", lambda ad: _mamba_drafter(ad, fine=True),
           message=r"source's bytes are not (written yet|what the copy claims) \(published in this step"),
     # found through vLLM's own scheduler on generated layouts (2026-12-05): replays on 0.20.0-0.25.1, not
-    # 0.17.1, 0.19.1, 0.26.0+; the coordinator's hit-length variant of #43559 (PR #46281's analysis)
+    # 0.17.1, 0.19.1, 0.26.0+; the coordinator's hit-length variant of #43559 (PR #46281's analysis).
+    # Its second symptom (the 30 s release matrix, 0.20.2 `generated`): the Mamba group's margin grows
+    # the hit back past a candidate an earlier EAGLE group dropped, and that group, marked verified,
+    # keeps a hit whose peek block is not cached: hit_exceeds_spec, recognised by 0.26.0's fix (no
+    # margin for Mamba) giving the spec-usable hit (trace: docs/repro/traces/
+    # vllm_eagle_mamba_hit_regrows.trace.json, replays on 0.20.2, 0.21.0, 0.22.1, 0.24.0, not 0.26.0)
     Known("eagle_mamba_hit_mismatch", "hit_length_equal", "0.20.0", "0.25.1",
           "vllm-project/vllm#43559 (hit-length variant; PR #46281, regression of PR #40860)",
           "docs/repro/traces/vllm-gen_1000055-hit_length_equal-seed1000055.json",
-          lambda ad: ad.drafter and any(k == "mamba" for k, _, _ in ad.groups),
-          message=r"the EAGLE group dropped its last block while the Mamba groups kept the hit"),
+          lambda ad: ad.drafter and any(k == "mamba" for k, _, _ in ad.groups), no_mamba_margin,
+          message=r"the EAGLE group dropped its last block while the Mamba groups kept the hit",
+          also=("hit_exceeds_spec",)),
     # (the unwritten block met by a read, or by the copy-on-write of a later partial hit on it)
     Known("priority_preempt_unwritten", "read_before_write", "0.14.1", "0.34.0",
           "vllm-project/vllm PR #43569 (open)", "docs/repro/vllm_priority_preempt_unwritten.py",
@@ -253,6 +259,9 @@ def recognise(ad: Any, check: str, act: Any, size: dict | None = None, last: Any
         if check in LOST_CHECKS and k.check == "lost_reuse":
             if hit == size.get("usable", -1) or hit >= size.get("promised", hit + 1):
                 return k.name
+        elif check == "hit_exceeds_spec" and check in k.also:
+            if hit == size.get("usable", getattr(ad, "last_usable", -1)):     # the fix gives what the spec allows
+                return k.name
         elif k.check == check and hit == last[1]:
             return k.name
     return None
@@ -317,7 +326,7 @@ def explain_trace(path: str) -> dict:
 def by_signature(ad: Any, version: str, check: str, message: str) -> str | None:
     """The known defect outside the lookup whose signature a finding of `check` matches."""
     for k in active(ad, version):
-        if k.fixed is None and (k.check == check or check in k.also) and re.search(k.message, message):
+        if k.message and (k.check == check or check in k.also) and re.search(k.message, message):
             return k.name
     return None
 
