@@ -264,3 +264,22 @@ def test_the_async_abort_double_finish_where_that_release_has_it(py):
         assert got["known"] == k.name, got
     script = subprocess.run([py, k.repro], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     assert script.returncode == (1 if buggy else 0), script.stdout[-1500:]
+
+
+@pytest.mark.parametrize("py", PYTHONS)
+def test_a_forced_reset_with_a_frame_in_flight_raises_where_frees_are_deferred(py):
+    """The forced prefix-cache reset kvcheck's async drive refuses (docs/findings-vllm.md): with async
+    scheduling and a consumer connector, vLLM 0.24.0+ defers a preempted request's blocks behind its
+    in-flight frame, and reset_prefix_cache(reset_running_requests=True) raises although no transfer
+    exists; 0.14.1-0.22.1 free at once (no raise); synchronous scheduling never raises."""
+    from kvcheck.engines.vllm.known import _ver
+    script = "docs/repro/vllm_async_reset_deferred_free_raises.py"
+    env = dict(os.environ, VLLM_TARGET_DEVICE="cpu")
+    run = subprocess.run([py, script], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    v = _ver(run.stdout.split("vLLM ", 1)[1].split(":", 1)[0]) if "vLLM " in run.stdout else None
+    assert v is not None, run.stdout[-1500:] + run.stderr[-1500:]
+    if (0, 22, 1) < v < (0, 24, 0):
+        pytest.skip("0.23.x: not checked")
+    assert run.returncode == (1 if v >= (0, 24, 0) else 0), run.stdout[-1500:]
+    sync = subprocess.run([py, script, "--sync"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert sync.returncode == 0, sync.stdout[-1500:]
