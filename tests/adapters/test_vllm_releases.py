@@ -283,3 +283,24 @@ def test_a_forced_reset_with_a_frame_in_flight_raises_where_frees_are_deferred(p
     assert run.returncode == (1 if v >= (0, 24, 0) else 0), run.stdout[-1500:]
     sync = subprocess.run([py, script, "--sync"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     assert sync.returncode == 0, sync.stdout[-1500:]
+
+
+@pytest.mark.parametrize("py", PYTHONS)
+def test_an_in_flight_forward_landing_on_a_reallocated_block_where_frees_are_immediate(py):
+    """async_free_under_inflight_write (PR #45357's race, found by the drive once an in-flight forward
+    may land after the next frame's connector loads): a request finished at frame N's output has its
+    blocks freed while N+1 still writes them, and one reaches a request whose load fills it. The trace
+    replays and is named on 0.14.1-0.22.1; releases that defer the free (0.24.0+) never hand the
+    block on: not reproduced."""
+    from kvcheck.engines.vllm.known import KNOWN, _ver
+    k = next(k for k in KNOWN if k.name == "async_free_under_inflight_write")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), VLLM_TARGET_DEVICE="cpu")
+    r = subprocess.run([py, "-c", _EXPLAIN, k.repro], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    v = _ver(got["vllm_version"])
+    if _ver(k.last) < v < (0, 24, 0):
+        pytest.skip("0.23.x: not checked")
+    if v <= _ver(k.last):
+        assert got["reproduced"] and got["known"] == k.name, got
+    else:
+        assert not got["reproduced"], got

@@ -237,6 +237,7 @@ class Store:
             ad.timeline.ready[b.block_id] = ad._content(req, end) if sound else _torn()
             ad.timeline.cancelled.pop(b.block_id, None)
             ad.timeline.garbled.pop(b.block_id, None)
+            ad.timeline.late.pop(b.block_id, None)
         return bad
 
     def loading(self) -> set[int]:

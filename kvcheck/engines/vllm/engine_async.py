@@ -9,8 +9,11 @@ kvcheck step here is one call of the batch queue: ``schedule()`` (N+1), then N's
 (built when N's forward ran) through ``update_from_output``, then N+1's forward on the timeline
 (the tokens it writes are known by then: same bytes as the GPU's, in the GPU's order) and its
 output kept for the next step. A request finished or aborted by N's output still runs in N+1's
-forward (vLLM discards that output); kvcheck skips its writes there (they land past its tokens,
-in blocks freed at N's output and reallocated only by a later schedule, so overwritten later).
+forward (vLLM discards that output); kvcheck does not write it at once but keeps what N+1's
+forward writes (``_frame_writes``) and lands it after the next frame's connector loads
+(``_land_late``): on the GPU that forward may still be running when those loads (RDMA, not ordered
+with the stream) fill a block the scheduler freed at N's output and handed on -- PR #45357's race,
+which releases that defer such frees behind the in-flight frame cannot reach.
 
 Drawn by default (knob ``async_sched``, recorded in traces), as vLLM enables it by default
 (``VllmConfig``: ``async_scheduling=None`` becomes True unless the executor, pipeline parallelism
@@ -25,7 +28,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .layouts import vllm_modules
+from . import mamba
+from .layouts import cdiv, vllm_modules
 from .violation import Violation
 
 ASYNC_ENV = "KVCHECK_VLLM_ASYNC_SCHEDULING"
@@ -79,6 +83,49 @@ def _check_discards(ad: Any, frame: int, out: Any, before: dict[str, tuple[bool,
                             "of a token the request no longer has")
 
 
+def _frame_writes(ad: Any, spans: dict[str, tuple[int, int]]) -> dict[int, tuple[str, tuple]]:
+    """What the forward of the frame just scheduled writes, block by block (the worker's tables:
+    a request its predecessor's output finishes keeps its row until the next SchedulerOutput):
+    {block id: (request, the prefix its bytes hold after the write)}. Attention blocks only."""
+    out: dict[int, tuple[str, tuple]] = {}
+    null = ad.pool.null_block.block_id
+    for rid, (lo, hi) in spans.items():
+        req, rows = ad.reqs.get(rid), ad.worker.tables.get(rid)
+        if req is None or rows is None or hi <= lo:
+            continue
+        for g, (kind, bs, _) in enumerate(ad.groups):
+            if kind == mamba.MAMBA or g >= len(rows):
+                continue
+            for i in range(lo // bs, min(len(rows[g]), cdiv(hi, bs))):
+                if rows[g][i] != null:
+                    out[rows[g][i]] = (rid, ad._content(req, min((i + 1) * bs, hi)))
+    return out
+
+
+def _land_late(ad: Any) -> None:
+    """The previous frame's forward is still running when this frame's KV connector loads start
+    (an RDMA write, not ordered with the GPU stream), so its writes may land after them. A block
+    it writes that the scheduler has since handed to another request -- freed at that frame's
+    predecessor's output while the frame was in flight, then reallocated -- gets the old
+    request's bytes over what the load put there (PR #45357's race; releases that defer such
+    frees behind the in-flight frame never hand the block on). Where the new owner's own forward
+    writes the block from its start, stream order overwrites it again (no harm)."""
+    pending, ad.in_flight_writes = getattr(ad, "in_flight_writes", None) or {}, {}
+    if not pending:
+        return
+    tl, owner = ad.timeline, {}
+    for rid, rows in ad.worker.tables.items():
+        for row in rows:
+            for b in row:
+                owner[b] = rid
+    for bid, (rid, value) in pending.items():
+        now = owner.get(bid)
+        if now is not None and now != rid and not tl.holds(bid, value):
+            ad.coverage["state:async_late_write"] += 1
+            tl.ready[bid] = value
+            tl.late[bid] = (rid, now)
+
+
 def step(ad: Any) -> dict:
     """One call of vLLM's batch queue: schedule N+1, take N's output, run N+1's forward."""
     ad._outermost_lookup_hook()
@@ -92,6 +139,7 @@ def step(ad: Any) -> dict:
     ad.worker.check(ad, so)
     if ad.store is not None:                   # the connector's synchronous loads, before N+1's forward
         ad.store.before_forward(so)
+    _land_late(ad)                             # N's forward, still running, lands after those loads
     new = {x.req_id for x in so.scheduled_new_reqs}
     new |= set(getattr(so.scheduled_cached_reqs, "resumed_req_ids", ()) or ())
     spans = {rid: (ad.sched.requests[rid].num_computed_tokens - n, ad.sched.requests[rid].num_computed_tokens)
@@ -117,6 +165,7 @@ def step(ad: Any) -> dict:
         if rid in ad.reqs and rid in ad.sched.requests:
             tl.scheduled(rid, lo, hi, None, admitted=rid in new)
     tl.forward()
+    ad.in_flight_writes = _frame_writes(ad, spans)
     ids = list(so.num_scheduled_tokens)
     toks = [ad._sampled(ad.sched.requests[rid], []) if rid in ad.sched.requests else [1] for rid in ids]
     index = {"req_id_to_index": {r: i for i, r in enumerate(ids)}} if ad._indexed else {}

@@ -172,6 +172,18 @@ KNOWN: tuple[Known, ...] = (
           lambda ad: bool(getattr(getattr(ad, "knobs", None), "async_sched", False))
           and bool(getattr(getattr(ad, "knobs", None), "connector", False)),
           message=r"AssertionError in _update_from_kv_xfer_finished"),
+    # (async scheduling + a KV connector, found once the drive let an in-flight forward land after the next
+    # frame's connector loads (engine_async._land_late): a request finished at frame N's output has its
+    # blocks freed at once while frame N+1, still running, writes them; N+2 hands one to a request whose
+    # connector load fills it, and N+1's write lands on top. PR #45357 defers such frees behind the
+    # in-flight frame. Trace: replays on 0.14.1, 0.16.0, 0.18.1, 0.21.0, 0.22.1; not 0.24.0, 0.26.0, 0.30.0,
+    # 0.34.0; 0.23.0 not checked)
+    Known("async_free_under_inflight_write", "read_before_write", "0.14.1", "0.22.1",
+          "vllm-project/vllm PR #45357 (merged; deferred frees from 0.24.0)",
+          "docs/repro/traces/vllm_async_free_under_inflight_write.trace.json",
+          lambda ad: bool(getattr(getattr(ad, "knobs", None), "async_sched", False))
+          and bool(getattr(getattr(ad, "knobs", None), "connector", False)),
+          message=r"the in-flight forward of \S+ wrote it after \S+'s KV connector load"),
     # (async scheduling + fine-grained Mamba hits, found by kvcheck's AsyncScheduler drive on 0.26.0: a
     # prompt ending on a hash boundary inside a Mamba block gets a partial entry on the running state
     # block; the next frame's allocate_slots moves it to a copy, then caches min(computed + new,
@@ -307,9 +319,13 @@ def explain_trace(path: str) -> dict:
         install(ad, vllm_version())
         check, at = t.violation["check"], t.violation["step"]
         found, name = None, None
+        from kvcheck.spec.sut import ActionRejected
         for i, s in enumerate(t.steps):
             n_lost = len(ad.lost)
-            ad.apply(s.action, dict(s.params))
+            try:
+                ad.apply(s.action, dict(s.params))
+            except ActionRejected:        # this release refuses a step: the trace does not replay here
+                break
             got = next((v for v in ([ad.broken] if ad.broken else ad.lost[n_lost:]) if v.check == check), None)
             ad.broken = None
             if got is not None and i == at:
