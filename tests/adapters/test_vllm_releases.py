@@ -295,12 +295,17 @@ def test_an_in_flight_forward_landing_on_a_reallocated_block_where_frees_are_imm
     from kvcheck.engines.vllm.known import KNOWN, _ver
     k = next(k for k in KNOWN if k.name == "async_free_under_inflight_write")
     env = dict(os.environ, PYTHONPATH=str(ROOT), VLLM_TARGET_DEVICE="cpu")
-    r = subprocess.run([py, "-c", _EXPLAIN, k.repro], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    r = subprocess.run([py, "-c", _EXPLAIN, "docs/repro/traces/vllm_async_free_under_inflight_write.trace.json"],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     got = json.loads(r.stdout.strip().splitlines()[-1])
     v = _ver(got["vllm_version"])
     if _ver(k.last) < v < (0, 24, 0):
         pytest.skip("0.23.x: not checked")
-    if v <= _ver(k.last):
+    buggy = v <= _ver(k.last)
+    if buggy:
         assert got["reproduced"] and got["known"] == k.name, got
     else:
         assert not got["reproduced"], got
+    script = subprocess.run([py, k.repro], capture_output=True, text=True, env=dict(os.environ, VLLM_TARGET_DEVICE="cpu"),
+                            cwd=ROOT, timeout=600)
+    assert script.returncode == (1 if buggy else 0), script.stdout[-1500:] + script.stderr[-1500:]

@@ -180,7 +180,7 @@ KNOWN: tuple[Known, ...] = (
     # 0.34.0; 0.23.0 not checked)
     Known("async_free_under_inflight_write", "read_before_write", "0.14.1", "0.22.1",
           "vllm-project/vllm PR #45357 (merged; deferred frees from 0.24.0)",
-          "docs/repro/traces/vllm_async_free_under_inflight_write.trace.json",
+          "docs/repro/vllm_async_free_under_inflight_write.py",      # (1 on 0.14.1-0.22.1, 0 on 0.24.0+)
           lambda ad: bool(getattr(getattr(ad, "knobs", None), "async_sched", False))
           and bool(getattr(getattr(ad, "knobs", None), "connector", False)),
           message=r"the in-flight forward of \S+ wrote it after \S+'s KV connector load"),
