@@ -271,15 +271,13 @@ def test_a_forced_reset_with_a_frame_in_flight_raises_where_frees_are_deferred(p
     """The forced prefix-cache reset kvcheck's async drive refuses (docs/findings-vllm.md): with async
     scheduling and a consumer connector, vLLM 0.24.0+ defers a preempted request's blocks behind its
     in-flight frame, and reset_prefix_cache(reset_running_requests=True) raises although no transfer
-    exists; 0.14.1-0.22.1 free at once (no raise); synchronous scheduling never raises."""
+    exists; 0.14.1-0.23.0 free at once (no raise); synchronous scheduling never raises."""
     from kvcheck.engines.vllm.known import _ver
     script = "docs/repro/vllm_async_reset_deferred_free_raises.py"
     env = dict(os.environ, VLLM_TARGET_DEVICE="cpu")
     run = subprocess.run([py, script], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     v = _ver(run.stdout.split("vLLM ", 1)[1].split(":", 1)[0]) if "vLLM " in run.stdout else None
     assert v is not None, run.stdout[-1500:] + run.stderr[-1500:]
-    if (0, 22, 1) < v < (0, 24, 0):
-        pytest.skip("0.23.x: not checked")
     assert run.returncode == (1 if v >= (0, 24, 0) else 0), run.stdout[-1500:]
     sync = subprocess.run([py, script, "--sync"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     assert sync.returncode == 0, sync.stdout[-1500:]
@@ -290,7 +288,7 @@ def test_an_in_flight_forward_landing_on_a_reallocated_block_where_frees_are_imm
     """async_free_under_inflight_write (PR #45357's race, found by the drive once an in-flight forward
     may land after the next frame's connector loads): a request finished at frame N's output has its
     blocks freed while N+1 still writes them, and one reaches a request whose load fills it. The trace
-    replays and is named on 0.14.1-0.22.1; releases that defer the free (0.24.0+) never hand the
+    replays and is named on 0.14.1-0.23.0; releases that defer the free (0.24.0+) never hand the
     block on: not reproduced."""
     from kvcheck.engines.vllm.known import KNOWN, _ver
     k = next(k for k in KNOWN if k.name == "async_free_under_inflight_write")
@@ -298,10 +296,7 @@ def test_an_in_flight_forward_landing_on_a_reallocated_block_where_frees_are_imm
     r = subprocess.run([py, "-c", _EXPLAIN, "docs/repro/traces/vllm_async_free_under_inflight_write.trace.json"],
                        capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     got = json.loads(r.stdout.strip().splitlines()[-1])
-    v = _ver(got["vllm_version"])
-    if _ver(k.last) < v < (0, 24, 0):
-        pytest.skip("0.23.x: not checked")
-    buggy = v <= _ver(k.last)
+    buggy = _ver(got["vllm_version"]) <= _ver(k.last)
     if buggy:
         assert got["reproduced"] and got["known"] == k.name, got
     else:

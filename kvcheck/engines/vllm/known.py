@@ -176,11 +176,11 @@ KNOWN: tuple[Known, ...] = (
     # frame's connector loads (engine_async._land_late): a request finished at frame N's output has its
     # blocks freed at once while frame N+1, still running, writes them; N+2 hands one to a request whose
     # connector load fills it, and N+1's write lands on top. PR #45357 defers such frees behind the
-    # in-flight frame. Trace: replays on 0.14.1, 0.16.0, 0.18.1, 0.21.0, 0.22.1; not 0.24.0, 0.26.0, 0.30.0,
-    # 0.34.0; 0.23.0 not checked)
-    Known("async_free_under_inflight_write", "read_before_write", "0.14.1", "0.22.1",
+    # in-flight frame. Trace: replays on 0.14.1, 0.16.0, 0.18.1, 0.21.0, 0.22.1, 0.23.0; not 0.24.0, 0.26.0,
+    # 0.30.0, 0.34.0)
+    Known("async_free_under_inflight_write", "read_before_write", "0.14.1", "0.23.0",
           "vllm-project/vllm PR #45357 (merged; deferred frees from 0.24.0)",
-          "docs/repro/vllm_async_free_under_inflight_write.py",      # (1 on 0.14.1-0.22.1, 0 on 0.24.0+)
+          "docs/repro/vllm_async_free_under_inflight_write.py",      # (1 on 0.14.1-0.23.0, 0 on 0.24.0+)
           lambda ad: bool(getattr(getattr(ad, "knobs", None), "async_sched", False))
           and bool(getattr(getattr(ad, "knobs", None), "connector", False)),
           message=r"the in-flight forward of \S+ wrote it after \S+'s KV connector load"),
