@@ -83,11 +83,12 @@ def _check_discards(ad: Any, frame: int, out: Any, before: dict[str, tuple[bool,
                             "of a token the request no longer has")
 
 
-def _frame_writes(ad: Any, spans: dict[str, tuple[int, int]]) -> dict[int, tuple[str, tuple]]:
+def _frame_writes(ad: Any, spans: dict[str, tuple[int, int]]) -> dict[int, tuple[str, tuple, int, int]]:
     """What the forward of the frame just scheduled writes, block by block (the worker's tables:
     a request its predecessor's output finishes keeps its row until the next SchedulerOutput):
-    {block id: (request, the prefix its bytes hold after the write)}. Attention blocks only."""
-    out: dict[int, tuple[str, tuple]] = {}
+    {block id: (request, the prefix its bytes hold after the write, group, block index)}. Attention
+    blocks only."""
+    out: dict[int, tuple[str, tuple, int, int]] = {}
     null = ad.pool.null_block.block_id
     for rid, (lo, hi) in spans.items():
         req, rows = ad.reqs.get(rid), ad.worker.tables.get(rid)
@@ -98,7 +99,7 @@ def _frame_writes(ad: Any, spans: dict[str, tuple[int, int]]) -> dict[int, tuple
                 continue
             for i in range(lo // bs, min(len(rows[g]), cdiv(hi, bs))):
                 if rows[g][i] != null:
-                    out[rows[g][i]] = (rid, ad._content(req, min((i + 1) * bs, hi)))
+                    out[rows[g][i]] = (rid, ad._content(req, min((i + 1) * bs, hi)), g, i)
     return out
 
 
@@ -118,12 +119,27 @@ def _land_late(ad: Any) -> None:
         for row in rows:
             for b in row:
                 owner[b] = rid
-    for bid, (rid, value) in pending.items():
+    for bid, (rid, value, g, i) in pending.items():
         now = owner.get(bid)
         if now is not None and now != rid and not tl.holds(bid, value):
             ad.coverage["state:async_late_write"] += 1
             tl.ready[bid] = value
-            tl.late[bid] = (rid, now)
+            tl.late[bid] = (rid, now, _how_freed(ad, rid, g, i))
+
+
+def _how_freed(ad: Any, rid: str, g: int, i: int) -> str:
+    """How vLLM let go of block i of group g that `rid`'s in-flight forward still writes (for the
+    finding's cause): the request finished or was preempted (PR #45357's race), or it still holds
+    the position nulled: the block left its sliding window at a schedule that counted the in-flight
+    tokens as computed (PR #47728's)."""
+    o = ad.sched.requests.get(rid)
+    if o is None or o.is_finished():
+        return f"freed {rid}'s blocks when it finished"
+    table = ad._table(g, rid)
+    if ad.groups[g][0] in ("swa", "swa_mla") and i < len(table) and table[i].is_null:
+        return (f"freed this block of {rid}'s as out of its sliding window at a schedule that counted that "
+                "forward's tokens as computed")
+    return f"freed {rid}'s blocks when it was preempted (by the scheduler or a forced reset)"
 
 
 def step(ad: Any) -> dict:

@@ -183,7 +183,19 @@ KNOWN: tuple[Known, ...] = (
           "docs/repro/vllm_async_free_under_inflight_write.py",      # (1 on 0.14.1-0.23.0, 0 on 0.24.0+)
           lambda ad: bool(getattr(getattr(ad, "knobs", None), "async_sched", False))
           and bool(getattr(getattr(ad, "knobs", None), "connector", False)),
-          message=r"the in-flight forward of \S+ wrote it after \S+'s KV connector load"),
+          message=r"KV connector load: vLLM freed \S+'s blocks when it (finished|was preempted)"),
+    # (the same drive on 0.25.1's sliding-window layouts, the 30 s matrix: a running request's block leaves
+    # its window at a schedule that counts the in-flight frame's tokens as computed, and is freed while
+    # that frame still writes (and reads) it; a connector load fills it for another request. PR #47728
+    # frees on the processed-token basis from 0.26.0 (`total_computed_tokens - num_in_flight_tokens`);
+    # the P/D report: vllm-project/vllm-ascend#13501)
+    Known("async_swa_free_in_flight", "read_before_write", "0.14.1", "0.25.1",
+          "vllm-project/vllm PR #47728 (merged; fixed in 0.26.0); vllm-project/vllm-ascend#13501",
+          "docs/repro/traces/vllm_async_swa_free_in_flight.trace.json",
+          lambda ad: bool(getattr(getattr(ad, "knobs", None), "async_sched", False))
+          and bool(getattr(getattr(ad, "knobs", None), "connector", False))
+          and any(k in ("swa", "swa_mla") for k, _, _ in ad.groups),
+          message=r"as out of its sliding window at a schedule that counted that forward's tokens as computed"),
     # (async scheduling + fine-grained Mamba hits, found by kvcheck's AsyncScheduler drive on 0.26.0: a
     # prompt ending on a hash boundary inside a Mamba block gets a partial entry on the running state
     # block; the next frame's allocate_slots moves it to a copy, then caches min(computed + new,

@@ -52,7 +52,7 @@ class Timeline:
         self.stats: Counter = Counter()
         self.discarded: set[str] = set()        # requests whose forward output vLLM discards (a failed sync load)
         self.garbled: dict[int, str] = {}       # block id -> the discarded request whose forward wrote it
-        self.late: dict[int, tuple[str, str]] = {}   # block id -> (in-flight writer, new owner): engine_async._land_late
+        self.late: dict[int, tuple[str, str, str]] = {}   # block id -> (in-flight writer, new owner, how freed): engine_async._land_late
 
     # ---- the step ----------------------------------------------------------------------
     def begin(self) -> None:
@@ -98,10 +98,9 @@ class Timeline:
             return (f" (written by a forward whose output vLLM discarded after a failed KV connector load: "
                     f"{self.garbled[bid]} attended to the failed block, so what it wrote is not that KV)")
         if bid in self.late:
-            old, new = self.late[bid]
-            return (f" (the in-flight forward of {old} wrote it after {new}'s KV connector load: vLLM freed "
-                    f"{old}'s blocks at the output before that forward's and handed this one to {new} with the "
-                    "forward still running)")
+            old, new, how = self.late[bid]
+            return (f" (the in-flight forward of {old} wrote it after {new}'s KV connector load: vLLM {how}, "
+                    f"with that forward still running, and handed it to {new})")
         rid = self.cancelled.get(bid)
         return "" if rid is None else (f" (its writer {rid} was preempted in the step whose allocation "
                                        "published it: that write never ran)")
