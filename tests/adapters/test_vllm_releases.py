@@ -311,18 +311,23 @@ def test_a_block_freed_out_of_window_under_an_in_flight_forward_until_0_26(py):
     """async_swa_free_in_flight (PR #47728's race, found by the 30 s matrix on 0.25.1 `full+swa`): a
     running request's block leaves its sliding window at a schedule that counts the in-flight frame's
     tokens as computed, is freed with that frame still writing it, and a connector load fills it for
-    another request. Replays and is named on 0.20.2-0.25.1 (0.18.1: the trace takes another path);
-    0.26.0 frees on the processed-token basis: not reproduced."""
+    another request. The standalone script exits 1 on 0.14.1-0.25.1 and 0 from 0.26.0 (which frees on
+    the processed-token basis); the matrix's trace replays and is named on 0.20.2-0.25.1, not 0.26.0."""
     from kvcheck.engines.vllm.known import KNOWN, _ver
     k = next(k for k in KNOWN if k.name == "async_swa_free_in_flight")
     env = dict(os.environ, PYTHONPATH=str(ROOT), VLLM_TARGET_DEVICE="cpu")
-    r = subprocess.run([py, "-c", _EXPLAIN, k.repro], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    script = subprocess.run([py, k.repro], capture_output=True, text=True, env=dict(os.environ, VLLM_TARGET_DEVICE="cpu"),
+                            cwd=ROOT, timeout=600)
+    assert "vLLM " in script.stdout, script.stdout[-1500:] + script.stderr[-1500:]
+    v = _ver(script.stdout.split("vLLM ", 1)[1].split(":", 1)[0])
+    assert script.returncode == (1 if v <= _ver(k.last) else 0), script.stdout[-1500:]
+    r = subprocess.run([py, "-c", _EXPLAIN, "docs/repro/traces/vllm_async_swa_free_in_flight.trace.json"],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     if r.returncode and "CannotExpress" in r.stderr:
-        pytest.skip("this release cannot express the trace's layout with a KV connector")
+        return                          # (no hybrid layout through a connector on this release)
     got = json.loads(r.stdout.strip().splitlines()[-1])
-    v = _ver(got["vllm_version"])
     if v < (0, 20, 0) and not got["reproduced"]:
-        pytest.skip("before 0.20: the trace takes another path there (not a claim either way)")
+        return                          # (before 0.20 the trace takes another path: not a claim either way)
     if v <= _ver(k.last):
         assert got["reproduced"] and got["known"] == k.name, got
     else:

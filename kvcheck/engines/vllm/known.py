@@ -191,7 +191,7 @@ KNOWN: tuple[Known, ...] = (
     # the P/D report: vllm-project/vllm-ascend#13501)
     Known("async_swa_free_in_flight", "read_before_write", "0.14.1", "0.25.1",
           "vllm-project/vllm PR #47728 (merged; fixed in 0.26.0); vllm-project/vllm-ascend#13501",
-          "docs/repro/traces/vllm_async_swa_free_in_flight.trace.json",
+          "docs/repro/vllm_async_swa_free_in_flight.py",     # (1 on 0.14.1-0.25.1, 0 on 0.26.0+)
           lambda ad: bool(getattr(getattr(ad, "knobs", None), "async_sched", False))
           and bool(getattr(getattr(ad, "knobs", None), "connector", False))
           and any(k in ("swa", "swa_mla") for k, _, _ in ad.groups),
