@@ -17,10 +17,10 @@ from kvcheck.engines.vllm import drivers as V  # noqa: E402
 TRACE = "docs/repro/traces/vllm_async_reset_drops_token.trace.json"
 
 
-def test_async_scheduling_is_drawn_by_default_never_with_a_drafter(monkeypatch):
-    """vLLM enables async scheduling by default (VllmConfig: async_scheduling None -> True): so do
-    kvcheck's episodes, in half of those without a drafter (with the KV connector too, unless its
-    sync loads fail: opt-in); =0 turns it off."""
+def test_async_scheduling_is_drawn_by_default_not_with_a_drafter_on_mamba(monkeypatch):
+    """vLLM enables async scheduling by default (VllmConfig: async_scheduling None -> True, with an
+    EAGLE/MTP drafter too): so do kvcheck's episodes, in half of them (with the KV connector too,
+    unless its sync loads fail: opt-in), not a drafter's on Mamba groups (not modelled); =0 turns it off."""
     monkeypatch.setenv(ASYNC_ENV, "0")
     plain = [draw_knobs(random.Random(i), "full") for i in range(40)]
     plain_rngs = [random.Random(i) for i in range(40)]
@@ -35,7 +35,9 @@ def test_async_scheduling_is_drawn_by_default_never_with_a_drafter(monkeypatch):
     # its own stream: every other knob, and the episode's later draws, are what they were without it
     assert [dataclasses.replace(k, async_sched=False) for k in drawn] == plain
     assert [r.random() for r in rngs] == [r.random() for r in plain_rngs]
-    assert not any(draw_knobs(random.Random(i), "gemma3+eagle").async_sched for i in range(20))
+    eagle = [draw_knobs(random.Random(i), "gemma3+eagle").async_sched for i in range(20)]
+    assert any(eagle) and not all(eagle)
+    assert not any(draw_knobs(random.Random(i), "qwen3-next+mtp").async_sched for i in range(20))
     from kvcheck.engines.vllm.connector import SYNC_FAILURES_ENV
     monkeypatch.setenv(SYNC_FAILURES_ENV, "1")
     failing = [draw_knobs(random.Random(i), "full") for i in range(40)]
@@ -132,13 +134,47 @@ def test_the_dropped_token_after_a_forced_reset_replays_where_vllm_has_it():
 
 
 @pytest.mark.parametrize("trace", ["docs/repro/traces/vllm_async_connector_sched_preempt_stale.trace.json",
-                                   "docs/repro/traces/vllm_async_connector_abort_reported_load.trace.json"])
+                                   "docs/repro/traces/vllm_async_connector_abort_reported_load.trace.json",
+                                   "docs/repro/traces/vllm_async_drafts_connector_stores_inflight.trace.json"])
 def test_async_with_the_connector_no_longer_reports_what_was_kvchecks_own(trace):
     """Two findings of the first async + connector campaigns (0.34.0) were kvcheck's model, not vLLM:
     0.34 drops the stale output of a request the scheduler preempts when a connector needs its KV
     delivered (drop_stale_output=requires_kv_delivery: every preemption marks the frames before it
     stale, not only a forced reset's); and a load's report still on its way when its request is
     aborted frees the blocks on arrival (the store must not also store them: finished_sending for a
-    request vLLM deleted raised AssertionError in _update_from_kv_xfer_finished). Every step replays."""
+    request vLLM deleted raised AssertionError in _update_from_kv_xfer_finished). A third, of the
+    first async + drafter campaign: the store kept a finished request's last block on
+    num_computed_tokens, which counts the frame still in flight (its drafts and the token whose KV
+    that frame computes): a connector stores what the worker has computed, num_computed_tokens -
+    num_output_placeholders (vLLM's own safe frontier). Every step replays."""
     got = V.replay(trace)
     assert got["violation"] is None and got["exit_code"] == 0, got
+
+
+def test_async_with_a_drafter_runs_the_gpus_drafts_and_holds(tmp_path, all_async):
+    """EAGLE under async scheduling (vLLM's default): the scheduler holds placeholders only, the GPU's
+    drafts (proposed after frame N's accepted tokens) are fed to frame N+1, whose positions start where
+    N's rejections put them; accepted drafts are written once N+1's output is taken."""
+    res = V.run_campaign("gemma3+eagle", budget_s=None, steps=3000, seed=1, drive="engine", out_dir=str(tmp_path))
+    assert res["scheduler"]["knobs"]["async_sched"].get("True", 0) > 0
+    cov = res["coverage"]
+    assert cov["state:async_overlap"] > 100 and cov["state:async_drafts_proposed"] > 100
+    assert 0 < cov["state:async_drafts_accepted"] < cov["state:async_drafts_proposed"]   # some rejected
+    assert not [f for f in res["findings"] if not f.get("known")], res["findings"]
+
+
+def test_the_forced_reset_overdiscard_with_drafts_is_named_where_vllm_has_it():
+    """async_reset_spec_overdiscard (0.22.1-0.26.0): the forced reset's discard counter counts draft
+    placeholders, drained by frames, and drops the outputs of forwards scheduled after the reset. The
+    trace of the first async + drafter campaign (0.26.0) and the script: on 0.34, neither."""
+    from kvcheck.engines.vllm.known import KNOWN, _ver
+    from kvcheck.engines.vllm.layouts import vllm_version
+    k = next(k for k in KNOWN if k.name == "async_reset_spec_overdiscard")
+    buggy = _ver(k.first) <= _ver(vllm_version()) <= _ver(k.last)
+    got = V.replay("docs/repro/traces/vllm_async_reset_spec_overdiscard.trace.json")
+    assert got["reproduced"] == buggy, got
+    import subprocess
+    import sys
+    code = subprocess.run([sys.executable, k.repro], capture_output=True, timeout=600).returncode
+    assert code == (1 if buggy else 0)
+    assert subprocess.run([sys.executable, k.repro, "--no-drafts"], capture_output=True, timeout=600).returncode == 0

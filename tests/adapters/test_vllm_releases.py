@@ -350,3 +350,44 @@ def test_fine_grained_hits_with_a_wide_sliding_window_block_crash_until_0_28(py)
         assert got["reproduced"] and got["known"] == k.name, got
     else:
         assert not got["reproduced"], got
+
+
+def _explain(py: str, trace: str) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), VLLM_TARGET_DEVICE="cpu")
+    r = subprocess.run([py, "-c", _EXPLAIN, trace], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stderr[-1500:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("py", PYTHONS)
+def test_a_forced_reset_with_drafts_in_flight_drops_real_tokens_on_0_22_to_0_26(py):
+    """async_reset_spec_overdiscard (found once the async drive ran drafters, 0.26.0 gemma3+eagle): the
+    reset's discard counter counts placeholder tokens (1 + drafts) and drains by frames. The script exits
+    1 on 0.22.1-0.26.0, 0 elsewhere and 0 with --no-drafts; the campaign's trace is named there, and does
+    not reproduce elsewhere."""
+    from kvcheck.engines.vllm.known import KNOWN, _ver
+    k = next(k for k in KNOWN if k.name == "async_reset_spec_overdiscard")
+    env = dict(os.environ, VLLM_TARGET_DEVICE="cpu")
+    script = subprocess.run([py, k.repro], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert "vLLM " in script.stdout, script.stdout[-1500:] + script.stderr[-1500:]
+    v = _ver(script.stdout.split("vLLM ", 1)[1].split(":", 1)[0])
+    buggy = _ver(k.first) <= v <= _ver(k.last)
+    assert script.returncode == (1 if buggy else 0), script.stdout[-1500:]
+    assert subprocess.run([py, k.repro, "--no-drafts"], capture_output=True, env=env, cwd=ROOT,
+                          timeout=600).returncode == 0
+    got = _explain(py, "docs/repro/traces/vllm_async_reset_spec_overdiscard.trace.json")
+    assert got["reproduced"] == buggy and (got["known"] == k.name) == buggy, got
+
+
+@pytest.mark.parametrize("py", PYTHONS)
+def test_a_window_freed_on_in_flight_drafts_is_the_async_swa_race_until_0_26(py):
+    """async_swa_free_in_flight's drafter symptom (no connector): the sliding-window block is freed on a
+    count that includes the in-flight frame's drafts, and the request's own next token needs it
+    (toctou_bound_stable). Named on 0.14.1-0.25.1; not reproduced from 0.26.0 (PR #47728)."""
+    from kvcheck.engines.vllm.known import KNOWN, _ver
+    k = next(k for k in KNOWN if k.name == "async_swa_free_in_flight")
+    got = _explain(py, "docs/repro/traces/vllm_async_swa_free_in_flight_drafts.trace.json")
+    if _ver(got["vllm_version"]) <= _ver(k.last):
+        assert got["reproduced"] and got["known"] == k.name, got
+    else:
+        assert not got["reproduced"], got

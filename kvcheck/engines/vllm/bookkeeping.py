@@ -219,7 +219,9 @@ class Bookkeeping:
             req = self.reqs.get(rid)
             if req is None or req.state != "running":
                 continue
-            L = req.obj.num_computed_tokens
+            # (async scheduling counts the in-flight frame's drafts, placeholders for tokens no one
+            # knows yet: the blocks promise the known tokens)
+            L = min(req.obj.num_computed_tokens, req.obj.num_tokens)
             for g, (kind, bs, _) in enumerate(self.groups):
                 table = self._table(g, req.rid)
                 start = 0 if since is None else since[rid] // bs if rid in since else L
@@ -236,7 +238,21 @@ class Bookkeeping:
                     if b is None or b.is_null or (w != want if kind == MAMBA else not holds(w, want, False)):
                         raise Violation("bookkeeping", "toctou_bound_stable",
                                         f"running {req.rid} at {L} tokens: group {g} ({kind}) block {i} that "
-                                        "its next token reads is missing or overwritten")
+                                        "its next token reads is missing or overwritten" + self._freed_early(req, g, b))
+
+    def _freed_early(self, req: Any, g: int, b: Any) -> str:
+        """Why a running request's block is gone, where the state says: vLLM's count of its computed
+        tokens runs ahead of the tokens known (async scheduling's in-flight frame, drafts included)
+        and the block is out of the window by that count, in it by the known tokens."""
+        o = req.obj
+        if b is None or not b.is_null or self.groups[g][0] not in ("swa", "swa_mla") \
+                or o.num_computed_tokens <= o.num_tokens:
+            return ""
+        return (f" (vLLM freed it as out of its sliding window at a schedule that counted the in-flight frame's "
+                f"tokens as computed: {o.num_computed_tokens} computed, {o.num_tokens} known; its drafts may be "
+                "rejected)" if self.drafter else
+                f" (vLLM freed it as out of its sliding window at a schedule that counted the in-flight frame's "
+                f"tokens as computed: {o.num_computed_tokens} computed, {o.num_tokens} known)")
 
     def _check_alias(self, bid: int, hs: list[tuple[str, int, int]]) -> None:
         for rid, g, i in hs:

@@ -129,7 +129,9 @@ class Store:
         loading = rid in self.loads and not self.loads[rid].sync
         if req is None:
             return loading
-        done = min(request.num_computed_tokens, request.num_tokens)
+        # (what the worker has computed: under async scheduling num_computed_tokens counts the frame
+        # still in flight, placeholders whose KV no forward has finished -- vLLM's own safe frontier)
+        done = min(request.num_computed_tokens - getattr(request, "num_output_placeholders", 0), request.num_tokens)
         items, keys = [], []
         for g, ids in enumerate(block_ids):
             bs = self.bs[g]

@@ -15,18 +15,25 @@ forward writes (``_frame_writes``) and lands it after the next frame's connector
 with the stream) fill a block the scheduler freed at N's output and handed on -- PR #45357's race,
 which releases that defer such frees behind the in-flight frame cannot reach.
 
+With an EAGLE/MTP drafter the scheduler holds placeholders only (``spec_token_ids = [-1] * k``;
+the engine core never sends the GPU's drafts back under async scheduling, ``EngineCore.post_step``):
+N+1's k draft positions are the drafts the GPU proposed after N's accepted tokens (``_gpu_drafts``),
+N+1 computes from where N's rejections put it (``_spans``: vLLM takes them back from
+``num_computed_tokens`` at N's output, the GPU knows them already), and N+1's accepted drafts are
+written once its output is taken, a step later (``Frame.accepted``).
+
 Drawn by default (knob ``async_sched``, recorded in traces), as vLLM enables it by default
 (``VllmConfig``: ``async_scheduling=None`` becomes True unless the executor, pipeline parallelism
 or a non-EAGLE drafter rules it out; 0.14.1 ``config/vllm.py:588-627``, 0.34.0 ``:1610-1637``), in
-half the episodes of a layout without a drafter (its async path: not modelled yet), with the KV
-connector too (N+1's sync loads before its forward, the finished transfers on its output), not
-with failed sync loads (opt-in; their async timing: not modelled). ASYNC_ENV=0 turns it off (and
-the rerun command says so).
+half the episodes, a drafter's too, not a drafter's on Mamba groups (the worker's async correction
+of its per-draft states: not modelled), with the KV connector too (N+1's sync loads before its
+forward, the finished transfers on its output), not with failed sync loads (opt-in; their async
+timing: not modelled). ASYNC_ENV=0 turns it off (and the rerun command says so).
 """
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import mamba
 from .layouts import cdiv, vllm_modules
@@ -158,35 +165,82 @@ def step(ad: Any) -> dict:
     _land_late(ad)                             # N's forward, still running, lands after those loads
     new = {x.req_id for x in so.scheduled_new_reqs}
     new |= set(getattr(so.scheduled_cached_reqs, "resumed_req_ids", ()) or ())
-    spans = {rid: (ad.sched.requests[rid].num_computed_tokens - n, ad.sched.requests[rid].num_computed_tokens)
-             for rid, n in so.num_scheduled_tokens.items()}
+    spec = getattr(so, "scheduled_spec_decode_tokens", None) or {}      # (placeholders: the GPU's drafts)
+    opt = {rid: ad.sched.requests[rid].num_computed_tokens for rid in so.num_scheduled_tokens}
     gone = set(getattr(so, "preempted_req_ids", ()) or ()) - earlier
     ad.coverage["state:preempted"] += len(gone)
     ad.coverage["state:preempt_scheduled"] += len(gone & ad.stepped)
     for rid in gone:                           # (the frames scheduled before this one are stale for them)
         ad.preempted_at[rid] = (ad.frame_no, False)
-    ad.coverage["state:multi_request_step"] += len(spans) > 1
+    ad.coverage["state:multi_request_step"] += len(opt) > 1
     prev, ad.inflight = ad.inflight, None
     ad.frame_no += 1
     if prev is not None:                       # N's output arrives after N+1 was scheduled
-        ad.coverage["state:async_overlap"] += bool(set(prev[0].num_scheduled_tokens) & set(spans))
-        before = {rid: (discarding(o), len(o.output_token_ids)) for rid in prev[1].req_ids
+        ad.coverage["state:async_overlap"] += bool(set(prev.so.num_scheduled_tokens) & set(opt))
+        before = {rid: (discarding(o), len(o.output_token_ids)) for rid in prev.out.req_ids
                   if (o := ad.sched.requests.get(rid)) is not None}
-        ad.sched.update_from_output(*prev[:2])
+        ad.accepted, ad.settling = dict(prev.accepted), {}
+        ad.sched.update_from_output(prev.so, prev.out)
         if ad.store is not None:
             ad.store.delivered()
+        for rid in list(ad.accepted):          # (N's accepted drafts: written by N's forward)
+            ad._accept(rid)
         ad._sync()
-        _check_discards(ad, prev[2], prev[1], before)
+        _check_discards(ad, prev.frame, prev.out, before)
+    spans = _spans(ad, so, opt, prev.rejected if prev is not None else {})
+    drafts: dict[str, list[int]] = {}
     for rid, (lo, hi) in spans.items():
-        if rid in ad.reqs and rid in ad.sched.requests:
-            tl.scheduled(rid, lo, hi, None, admitted=rid in new)
+        d, o = len(spec.get(rid, ())), ad.sched.requests.get(rid)
+        drafts[rid] = _gpu_drafts(o, d)
+        ad.coverage["state:async_drafts_proposed"] += len(drafts[rid])
+        if rid in ad.reqs and o is not None:
+            tl.scheduled(rid, lo, hi - d, None, admitted=rid in new, drafts=d)
     tl.forward()
-    ad.in_flight_writes = _frame_writes(ad, spans)
+    real = {rid: (lo, hi - len(spec.get(rid, ()))) for rid, (lo, hi) in spans.items()}
+    ad.in_flight_writes = _frame_writes(ad, real)
     ids = list(so.num_scheduled_tokens)
-    toks = [ad._sampled(ad.sched.requests[rid], []) if rid in ad.sched.requests else [1] for rid in ids]
+    toks = [ad._sampled(ad.sched.requests[rid], drafts[rid]) if rid in ad.sched.requests else [1] for rid in ids]
     index = {"req_id_to_index": {r: i for i, r in enumerate(ids)}} if ad._indexed else {}
     # (the transfers the worker finished by N+1's forward ride on its output, delivered a step later)
     xfer = {"kv_connector_output": ad._connector_output()} if ad.store is not None else {}
-    ad.inflight = (so, vllm_modules()["ModelRunnerOutput"](req_ids=ids, sampled_token_ids=toks, **index,
-                                                           **dict(ad._out_args, **xfer)), ad.frame_no)
+    out = vllm_modules()["ModelRunnerOutput"](req_ids=ids, sampled_token_ids=toks, **index, **dict(ad._out_args, **xfer))
+    accepted = {rid: (real[rid][1], real[rid][1] + len(t) - 1) for rid, t in zip(ids, toks) if len(t) > 1}
+    ad.coverage["state:async_drafts_accepted"] += sum(hi - lo for lo, hi in accepted.values())
+    rejected = {rid: len(drafts[rid]) + 1 - len(t) for rid, t in zip(ids, toks) if t and drafts[rid]}
+    ad.inflight = Frame(so, out, ad.frame_no, accepted, rejected)
     return {"ran": len(ids)}
+
+
+class Frame(NamedTuple):
+    """A frame in flight: its SchedulerOutput, the model output its forward made (taken a step
+    later), its number, the draft positions its sampler accepted, the drafts it rejected."""
+    so: Any
+    out: Any
+    frame: int
+    accepted: dict[str, tuple[int, int]]
+    rejected: dict[str, int]
+
+
+def _spans(ad: Any, so: Any, opt: dict[str, int], rejected: dict[str, int]) -> dict[str, tuple[int, int]]:
+    """The positions frame N+1's forward computes per request. The scheduler planned them as if
+    every draft of N were accepted; N's output takes the rejected ones back (num_computed_tokens)
+    and the GPU, which knows how many it accepted, computes from there. A request N's output
+    finished still runs, from where N's rejections put it."""
+    out = {}
+    for rid, n in so.num_scheduled_tokens.items():
+        o = ad.sched.requests.get(rid)
+        hi = opt[rid]
+        if ad.drafter:
+            hi = o.num_computed_tokens if o is not None else hi - rejected.get(rid, 0)
+        out[rid] = (hi - n, hi)
+    return out
+
+
+def _gpu_drafts(o: Any, d: int) -> list[int]:
+    """The d drafts the GPU's drafter proposed for `o` at the end of frame N (vLLM's scheduler
+    holds placeholders only: under async scheduling the engine core never sends them back,
+    ``EngineCore.post_step``): the same drafter as the sync drive's, after N's accepted tokens."""
+    if not d or o is None:
+        return []
+    from .engine_sched import draft_tokens
+    return draft_tokens(list(o.all_token_ids), d)

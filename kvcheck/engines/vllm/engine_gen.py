@@ -79,13 +79,16 @@ def draw_knobs(rng: Any, layout: str, policy: str | None = None) -> SchedKnobs:
                       spec_tokens=_spec_tokens(layout, rng.choice([1, 2])), eagle_drop=rng.random() < 0.5,
                       connector=supported(groups) is None and rng.random() < 0.5,
                       sync_fail=sync_failures_on())
-    # async scheduling (vLLM's default; off with engine_async.ASYNC_ENV=0): half the episodes of a layout
-    # without a drafter (not modelled together), the connector's too unless its sync loads fail (opt-in;
-    # their async timing: not modelled). Drawn from a stream of its own (a stable function of the
-    # episode's state), so the episode's own draws are unchanged; only where the release's own
+    # async scheduling (vLLM's default; off with engine_async.ASYNC_ENV=0): half the episodes, a drafter's
+    # too (EAGLE / MTP keep it on: VllmConfig), not a drafter's with Mamba groups (the worker's async
+    # correction of their draft states: not modelled), the connector's too unless its sync loads fail
+    # (opt-in; their async timing: not modelled). Drawn from a stream of its own (a stable function of
+    # the episode's state), so the episode's own draws are unchanged; only where the release's own
     # VllmConfig turns it on by default (sched_build.async_by_default: 0.16.0 not with Mamba groups).
-    from .layouts import EAGLE
-    if async_on() and EAGLE.get(layout) is None and not (knobs.connector and knobs.sync_fail) \
+    from .layouts import EAGLE, LAYOUT_DATA
+    from .mamba import MAMBA
+    mamba_drafts = EAGLE.get(layout) is not None and any(k == MAMBA for k, _, _ in LAYOUT_DATA[layout][1])
+    if async_on() and not mamba_drafts and not (knobs.connector and knobs.sync_fail) \
             and random.Random(_state_key(rng)).random() < 0.5 and async_by_default(layout, knobs):
         knobs = dataclasses.replace(knobs, async_sched=True)
     return knobs
@@ -149,11 +152,13 @@ def describe(seen: dict) -> dict[str, Any]:
                             "later; one async load in four fails (one block in invalid_block_ids; a hybrid's whole "
                             "load in failed_recving, 0.32+); stores immediate or held until finished_sending "
                             "(connector.py, connector_store.py)",
-            "async_scheduling": "vLLM's default, drawn in half the episodes without a drafter (with the connector too, not "
-                                "with failed sync loads) "
+            "async_scheduling": "vLLM's default, drawn in half the episodes (with an EAGLE/MTP drafter too, its "
+                                "drafts kept on the GPU: placeholders in the scheduler; not a drafter with Mamba "
+                                "groups; with the connector too, not with failed sync loads) "
                                 "(knob `async_sched`; KVCHECK_VLLM_ASYNC_SCHEDULING=0: off): the release's "
                                 "AsyncScheduler under the engine core's two-deep batch queue: step N+1 scheduled "
                                 "before step N's output is taken (engine_async.py)",
-            "not_yet": ["the dense retention twin", "async scheduling with a drafter, or with failed sync loads",
+            "not_yet": ["the dense retention twin", "async scheduling with a drafter on Mamba groups, or with failed "
+                        "sync loads",
                         "a KV connector on layouts with Mamba or compressed groups (state transfers)",
                         "failed sync loads by default (opt-in: KVCHECK_VLLM_SYNC_LOAD_FAILURES=1)"]}

@@ -196,8 +196,9 @@ class EngineAdapter(VllmAdapter):
             mamba_worker.settle(self, self.timeline, rid, a)
         if span is not None and req is not None:
             self.timeline.write_accepted(rid, *span)
-            o = req.obj                   # (vLLM caches the accepted tokens' blocks in update_from_output)
-            self._stamp(req, min(o.num_computed_tokens, o.num_tokens))
+            o = req.obj                   # (vLLM caches the accepted tokens' blocks in update_from_output;
+            # under async scheduling the next frame's bonus token is not written yet: span[1])
+            self._stamp(req, min(o.num_computed_tokens, o.num_tokens, span[1]))
 
     def _on_free(self, inner: Any, request: Any, *a: Any, **k: Any) -> Any:
         self._accept(request.request_id)  # (a request finishing in update_from_output: before its blocks go)

@@ -159,6 +159,18 @@ KNOWN: tuple[Known, ...] = (
           "vllm-project/vllm#42043, fixed by PR #42117", "docs/repro/vllm_async_reset_drops_token.py",
           lambda ad: bool(getattr(getattr(ad, "knobs", None), "async_sched", False)),
           message=r"sampled by a forward scheduled after its (forced )?preemption"),
+    # (async scheduling + an EAGLE drafter, found by kvcheck's AsyncScheduler drive once it ran drafters
+    # (2026-12-07, 0.26.0 gemma3+eagle, gpt-oss+eagle, llama4+eagle): the forced reset sets
+    # async_tokens_to_discard = num_output_placeholders, placeholder TOKENS (1 + drafts per frame), which
+    # _update_request_with_output drains by one per FRAME: with k drafts in flight, k real outputs of
+    # post-reset forwards are dropped. 0.22.1 introduced the counter (PR #42117), 0.27 marks each in-flight
+    # frame stale instead (PR #48245); the unit mismatch is the one PR #49620 names. Script: 1 on
+    # 0.22.1-0.26.0, 0 with --no-drafts, 0 on 0.14.1-0.21.0 (a one-frame flag) and 0.27.1+)
+    Known("async_reset_spec_overdiscard", "toctou_bound_stable", "0.22.1", "0.26.0",
+          "none found for the over-discard itself; introduced with PR #42117's counter, gone with PR #48245's "
+          "stale frames (0.27); the unit mismatch: PR #49620", "docs/repro/vllm_async_reset_spec_overdiscard.py",
+          lambda ad: bool(getattr(getattr(ad, "knobs", None), "async_sched", False)) and ad.drafter,
+          message=r"sampled by a forward scheduled after its (forced )?preemption"),
     # (async scheduling + a KV connector, found by the release matrix on 0.14.1 and 0.15.1: a request aborted
     # while its frame is in flight keeps its blocks for the connector's send (delay_free_blocks), so it is
     # still in vLLM's requests when that frame's output arrives; update_from_output appends the token,
@@ -188,14 +200,18 @@ KNOWN: tuple[Known, ...] = (
     # its window at a schedule that counts the in-flight frame's tokens as computed, and is freed while
     # that frame still writes (and reads) it; a connector load fills it for another request. PR #47728
     # frees on the processed-token basis from 0.26.0 (`total_computed_tokens - num_in_flight_tokens`);
-    # the P/D report: vllm-project/vllm-ascend#13501)
+    # the P/D report: vllm-project/vllm-ascend#13501. With an EAGLE drafter (async + drafts, 2026-12-07)
+    # no connector is needed: the count includes the in-flight drafts, the sampler rejects them, and the
+    # request's own next forward reads the freed block -- toctou_bound_stable; the trace replays on
+    # 0.20.2-0.25.1, not on 0.26.0+)
     Known("async_swa_free_in_flight", "read_before_write", "0.14.1", "0.25.1",
           "vllm-project/vllm PR #47728 (merged; fixed in 0.26.0); vllm-project/vllm-ascend#13501",
           "docs/repro/vllm_async_swa_free_in_flight.py",     # (1 on 0.14.1-0.25.1, 0 on 0.26.0+)
           lambda ad: bool(getattr(getattr(ad, "knobs", None), "async_sched", False))
-          and bool(getattr(getattr(ad, "knobs", None), "connector", False))
+          and (bool(getattr(getattr(ad, "knobs", None), "connector", False)) or ad.drafter)
           and any(k in ("swa", "swa_mla") for k, _, _ in ad.groups),
-          message=r"as out of its sliding window at a schedule that counted that forward's tokens as computed"),
+          message=r"as out of its sliding window at a schedule that counted (that forward's|the in-flight frame's) "
+                  r"tokens as computed", also=("toctou_bound_stable",)),
     # (the 30 s matrix, 0.26.0 `generated`: fine-grained hits are enabled by any align-mode Mamba group
     # wider than the hash block, and a sliding-window group whose block is wider too then asserts in its
     # finder on the first lookup -- vLLM's engine dies. 0.28.0 turns fine-grained hits off when a
