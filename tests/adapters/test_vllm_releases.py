@@ -334,15 +334,18 @@ def test_a_block_freed_out_of_window_under_an_in_flight_forward_until_0_26(py):
         assert not got["reproduced"], got
 
 
+@pytest.mark.parametrize("trace", ["docs/repro/traces/vllm_fine_swa_partial_assert.trace.json",
+                                   "docs/repro/traces/vllm_fine_chunked_partial_assert.trace.json"])
 @pytest.mark.parametrize("py", PYTHONS)
-def test_fine_grained_hits_with_a_wide_sliding_window_block_crash_until_0_28(py):
-    """fine_swa_partial_assert (the 30 s matrix, 0.26.0 `generated`, 2 steps): fine-grained hits on,
-    a sliding-window group wider than the hash block, and vLLM's own finder asserts (its engine dies).
-    Named on 0.26.0-0.27.1; 0.28.0 turns fine-grained hits off there: not reproduced."""
+def test_fine_grained_hits_with_a_wide_sliding_window_block_crash_until_0_28(py, trace):
+    """fine_swa_partial_assert (the 30 s matrix, 0.26.0 and 0.27.1 `generated`, 2 steps): fine-grained
+    hits on, a sliding-window (or chunked-local) group wider than the hash block, and vLLM's own finder
+    asserts (its engine dies). Named on 0.26.0-0.27.1; 0.28.0 turns fine-grained hits off there: not
+    reproduced."""
     from kvcheck.engines.vllm.known import KNOWN, _ver
     k = next(k for k in KNOWN if k.name == "fine_swa_partial_assert")
     env = dict(os.environ, PYTHONPATH=str(ROOT), VLLM_TARGET_DEVICE="cpu")
-    r = subprocess.run([py, "-c", _EXPLAIN, k.repro], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    r = subprocess.run([py, "-c", _EXPLAIN, trace], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     if r.returncode and ("CannotExpress" in r.stderr or "cannot express this layout" in r.stderr):
         pytest.skip("this release has no fine-grained hits")
     got = json.loads(r.stdout.strip().splitlines()[-1])

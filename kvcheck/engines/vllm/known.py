@@ -216,13 +216,16 @@ KNOWN: tuple[Known, ...] = (
     # wider than the hash block, and a sliding-window group whose block is wider too then asserts in its
     # finder on the first lookup -- vLLM's engine dies. 0.28.0 turns fine-grained hits off when a
     # manager cannot look up at hash granularity, "Disabling fine-grained prefix-cache hits because these
-    # KV cache managers require block-aligned lookups")
+    # KV cache managers require block-aligned lookups"). The chunked-local manager asserts the same way
+    # (0.27.1 `generated`, the 30 s matrix: gen:1000007, two chunked-local groups and Mamba, block 16,
+    # hash block 8): same gate, same fix)
     Known("fine_swa_partial_assert", "vllm_internal_error", "0.26.0", "0.27.1",
           "the assertion: vllm-project/vllm PR #46384; the gate in 0.28.0 (issue #53786 describes it)",
           "docs/repro/traces/vllm_fine_swa_partial_assert.trace.json",
           lambda ad: any(k == "mamba" and bs > ad.hb for k, bs, _ in ad.groups)
-          and any(k in ("swa", "swa_mla") and bs > ad.hb for k, bs, _ in ad.groups),
-          message=r"AssertionError in find_longest_cache_hit: SlidingWindowManager does not support fine-grained"),
+          and any(k in ("swa", "swa_mla", "chunked_local") and bs > ad.hb for k, bs, _ in ad.groups),
+          message=r"AssertionError in find_longest_cache_hit: (SlidingWindowManager does not support fine-grained"
+                  r"|KV cache groups with different block sizes are not compatible with chunked local attention)"),
     # (async scheduling + fine-grained Mamba hits, found by kvcheck's AsyncScheduler drive on 0.26.0: a
     # prompt ending on a hash boundary inside a Mamba block gets a partial entry on the running state
     # block; the next frame's allocate_slots moves it to a copy, then caches min(computed + new,
