@@ -178,3 +178,20 @@ def test_the_forced_reset_overdiscard_with_drafts_is_named_where_vllm_has_it():
     code = subprocess.run([sys.executable, k.repro], capture_output=True, timeout=600).returncode
     assert code == (1 if buggy else 0)
     assert subprocess.run([sys.executable, k.repro, "--no-drafts"], capture_output=True, timeout=600).returncode == 0
+
+
+def test_the_gpu_places_a_frame_after_the_previous_frames_rejections_not_after_a_resume():
+    """Frame N+1's positions, as the GPU computes them: a continuing request starts where N's rejected
+    drafts put it (the scheduler planned N+1 as if all were accepted); a request new or resumed in
+    N+1 starts where its SchedulerOutput says, whatever N's output did (vLLM 0.22-0.24 applied a
+    stale frame's rejections to the resumed request's count, PR #46066: the GPU does not follow)."""
+    from types import SimpleNamespace
+    from kvcheck.engines.vllm.engine_async import _gpu_sampled, _spans
+    so = SimpleNamespace(num_scheduled_tokens={"a": 3, "b": 41, "c": 1})
+    opt = {"a": 46, "b": 41, "c": 10}               # num_computed_tokens right after N+1's schedule
+    got = _spans(so, opt, new={"b"}, rejected={"a": 2, "b": 2})
+    assert got == {"a": (41, 44), "b": (0, 41), "c": (9, 10)}
+    o = SimpleNamespace(num_tokens=41, all_token_ids=list(range(41)))
+    assert _gpu_sampled(o, 40, []) == []                    # short of the known tokens: no sample
+    assert len(_gpu_sampled(o, 41, [])) == 1 and 1 <= len(_gpu_sampled(o, 41, [5, 6])) <= 3
+    assert _gpu_sampled(None, 3, []) == [1]                 # finished by N's output: vLLM drops it

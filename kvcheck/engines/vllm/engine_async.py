@@ -187,7 +187,7 @@ def step(ad: Any) -> dict:
             ad._accept(rid)
         ad._sync()
         _check_discards(ad, prev.frame, prev.out, before)
-    spans = _spans(ad, so, opt, prev.rejected if prev is not None else {})
+    spans = _spans(so, opt, new, prev.rejected if prev is not None else {})
     drafts: dict[str, list[int]] = {}
     for rid, (lo, hi) in spans.items():
         d, o = len(spec.get(rid, ())), ad.sched.requests.get(rid)
@@ -199,7 +199,7 @@ def step(ad: Any) -> dict:
     real = {rid: (lo, hi - len(spec.get(rid, ()))) for rid, (lo, hi) in spans.items()}
     ad.in_flight_writes = _frame_writes(ad, real)
     ids = list(so.num_scheduled_tokens)
-    toks = [ad._sampled(ad.sched.requests[rid], drafts[rid]) if rid in ad.sched.requests else [1] for rid in ids]
+    toks = [_gpu_sampled(ad.sched.requests.get(rid), real[rid][1], drafts[rid]) for rid in ids]
     index = {"req_id_to_index": {r: i for i, r in enumerate(ids)}} if ad._indexed else {}
     # (the transfers the worker finished by N+1's forward ride on its output, delivered a step later)
     xfer = {"kv_connector_output": ad._connector_output()} if ad.store is not None else {}
@@ -221,19 +221,27 @@ class Frame(NamedTuple):
     rejected: dict[str, int]
 
 
-def _spans(ad: Any, so: Any, opt: dict[str, int], rejected: dict[str, int]) -> dict[str, tuple[int, int]]:
-    """The positions frame N+1's forward computes per request. The scheduler planned them as if
-    every draft of N were accepted; N's output takes the rejected ones back (num_computed_tokens)
-    and the GPU, which knows how many it accepted, computes from there. A request N's output
-    finished still runs, from where N's rejections put it."""
-    out = {}
-    for rid, n in so.num_scheduled_tokens.items():
-        o = ad.sched.requests.get(rid)
-        hi = opt[rid]
-        if ad.drafter:
-            hi = o.num_computed_tokens if o is not None else hi - rejected.get(rid, 0)
-        out[rid] = (hi - n, hi)
-    return out
+def _spans(so: Any, opt: dict[str, int], new: set[str], rejected: dict[str, int]) -> dict[str, tuple[int, int]]:
+    """The positions frame N+1's forward computes per request, as the GPU computes them. The
+    scheduler planned them as if every draft of N were accepted; the GPU, which knows how many N
+    accepted, computes from where N's rejections put a continuing request (vLLM takes them back
+    from num_computed_tokens at N's output). A request new or resumed in N+1 starts where its
+    SchedulerOutput says: N's frame was another incarnation's. (Not vLLM's state after N's output:
+    a release that applies a stale frame's rejections there, PR #46066's bug, does not move the GPU.)"""
+    return {rid: (opt[rid] - n - back, opt[rid] - back) for rid, n in so.num_scheduled_tokens.items()
+            for back in [0 if rid in new else rejected.get(rid, 0)]}
+
+
+def _gpu_sampled(o: Any, hi: int, drafts: list[int]) -> list[int]:
+    """The tokens frame N+1's sampler returns for a request whose known tokens it computed up to
+    `hi`: none short of the request's tokens (a prompt chunk, a recompute), else the greedy token
+    and the drafts that match it (a request N's output finished: vLLM drops whatever comes)."""
+    if o is None:
+        return [1]
+    if hi < o.num_tokens:
+        return []
+    from .engine_sched import greedy
+    return greedy(list(o.all_token_ids), drafts)
 
 
 def _gpu_drafts(o: Any, d: int) -> list[int]:

@@ -57,6 +57,18 @@ def draft_tokens(ctx: list[int], k: int) -> list[int]:
     return d
 
 
+def greedy(ctx: list[int], drafts: list[int]) -> list[int]:
+    """The sampler's tokens after `ctx`: the greedy token, and after each draft while the drafts
+    match it (the rejection sampler)."""
+    ctx, out = list(ctx), []
+    while True:
+        t = next_token(ctx)
+        out.append(t)
+        if len(out) > len(drafts) or drafts[len(out) - 1] != t:
+            return out
+        ctx.append(t)
+
+
 class EngineAdapter(VllmAdapter):
     """vLLM's Scheduler behind the adapter protocol (the manager is the scheduler's own)."""
 
@@ -342,17 +354,10 @@ class EngineAdapter(VllmAdapter):
         return {"ran": len(ids)}
 
     def _sampled(self, o: Any, drafts: list[int]) -> list[int]:
-        """The greedy model's tokens for a scheduled request: none mid-prompt; else the token after
-        its context, and after each of its scheduled drafts while they match (the rejection sampler)."""
+        """The greedy model's tokens for a scheduled request: none mid-prompt; else greedy()."""
         if o.num_computed_tokens - len(drafts) < o.num_tokens:
             return []
-        ctx, out = list(o.all_token_ids), []
-        while True:
-            t = next_token(ctx)
-            out.append(t)
-            if len(out) > len(drafts) or drafts[len(out) - 1] != t:
-                return out
-            ctx.append(t)
+        return greedy(list(o.all_token_ids), drafts)
 
     def _propose(self) -> None:
         """EAGLE / MTP: drafts for every decoding request, each right with probability ~0.7 (a
