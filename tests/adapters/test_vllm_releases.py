@@ -382,15 +382,39 @@ def test_a_forced_reset_with_drafts_in_flight_drops_real_tokens_on_0_22_to_0_26(
     assert got["reproduced"] == buggy and (got["known"] == k.name) == buggy, got
 
 
+@pytest.mark.parametrize("trace", ["docs/repro/traces/vllm_async_swa_free_in_flight_drafts.trace.json",
+                                   "docs/repro/traces/vllm_async_chunked_free_in_flight_drafts.trace.json"])
 @pytest.mark.parametrize("py", PYTHONS)
-def test_a_window_freed_on_in_flight_drafts_is_the_async_swa_race_until_0_26(py):
-    """async_swa_free_in_flight's drafter symptom (no connector): the sliding-window block is freed on a
-    count that includes the in-flight frame's drafts, and the request's own next token needs it
-    (toctou_bound_stable). Named on 0.14.1-0.25.1; not reproduced from 0.26.0 (PR #47728)."""
+def test_a_window_freed_on_in_flight_drafts_is_the_async_swa_race_until_0_26(py, trace):
+    """async_swa_free_in_flight's drafter symptom (no connector): the sliding-window (gemma3+eagle) or
+    chunked-local (llama4+eagle) block is freed on a count that includes the in-flight frame's drafts,
+    and the request's own next token needs it (toctou_bound_stable). Named up to 0.25.1; not reproduced
+    from 0.26.0 (PR #47728: the coordinator frees on the processed tokens)."""
     from kvcheck.engines.vllm.known import KNOWN, _ver
     k = next(k for k in KNOWN if k.name == "async_swa_free_in_flight")
-    got = _explain(py, "docs/repro/traces/vllm_async_swa_free_in_flight_drafts.trace.json")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), VLLM_TARGET_DEVICE="cpu")
+    r = subprocess.run([py, "-c", _EXPLAIN, trace], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    if r.returncode and "cannot express this layout" in r.stderr:
+        pytest.skip("this release cannot build the layout")
+    got = json.loads(r.stdout.strip().splitlines()[-1])
     if _ver(got["vllm_version"]) <= _ver(k.last):
         assert got["reproduced"] and got["known"] == k.name, got
     else:
         assert not got["reproduced"], got
+
+
+@pytest.mark.parametrize("py", PYTHONS)
+def test_a_stale_frames_rejected_drafts_rewind_the_resumed_request_until_0_25(py):
+    """async_stale_rejection_rollback (PR #46066): a frame with drafts in flight at a forced reset returns
+    after its request was rescheduled; 0.14-0.24 take its rejected drafts back from the resumed count.
+    The script exits 1 on 0.14.1-0.24.0, 0 from 0.25; the campaign's trace is named there only."""
+    from kvcheck.engines.vllm.known import KNOWN, _ver
+    k = next(k for k in KNOWN if k.name == "async_stale_rejection_rollback")
+    env = dict(os.environ, VLLM_TARGET_DEVICE="cpu")
+    script = subprocess.run([py, k.repro], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert "vLLM " in script.stdout, script.stdout[-1500:] + script.stderr[-1500:]
+    v = _ver(script.stdout.split("vLLM ", 1)[1].split(":", 1)[0])
+    buggy = v <= _ver(k.last)
+    assert script.returncode == (1 if buggy else 0), script.stdout[-1500:]
+    got = _explain(py, "docs/repro/traces/vllm_async_stale_rejection_rollback.trace.json")
+    assert got["reproduced"] == buggy and (got["known"] == k.name) == buggy, got

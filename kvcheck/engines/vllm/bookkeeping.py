@@ -26,6 +26,9 @@ from .runtime import map_blocks, map_entries, vllm_modules
 from .violation import Violation
 from .mamba import MAMBA, holds, prev_index, retained_counts
 
+# groups whose blocks vLLM frees while a request runs (remove_skipped_blocks), and what they leave
+WINDOWED = {"swa": "sliding window", "swa_mla": "sliding window", "chunked_local": "local-attention chunk"}
+
 # the manager's methods that change a request's blocks (those a release lacks are skipped)
 _REQUEST_METHODS = ("allocate_slots", "free", "remove_skipped_blocks", "pop_blocks_for_free",
                     "cache_blocks", "truncate_computed_blocks")
@@ -245,14 +248,12 @@ class Bookkeeping:
         tokens runs ahead of the tokens known (async scheduling's in-flight frame, drafts included)
         and the block is out of the window by that count, in it by the known tokens."""
         o = req.obj
-        if b is None or not b.is_null or self.groups[g][0] not in ("swa", "swa_mla") \
-                or o.num_computed_tokens <= o.num_tokens:
+        kind = self.groups[g][0]
+        if b is None or not b.is_null or kind not in WINDOWED or o.num_computed_tokens <= o.num_tokens:
             return ""
-        return (f" (vLLM freed it as out of its sliding window at a schedule that counted the in-flight frame's "
-                f"tokens as computed: {o.num_computed_tokens} computed, {o.num_tokens} known; its drafts may be "
-                "rejected)" if self.drafter else
-                f" (vLLM freed it as out of its sliding window at a schedule that counted the in-flight frame's "
-                f"tokens as computed: {o.num_computed_tokens} computed, {o.num_tokens} known)")
+        return (f" (vLLM freed it as out of its {WINDOWED[kind]} at a schedule that counted the in-flight frame's "
+                f"tokens as computed: {o.num_computed_tokens} computed, {o.num_tokens} known"
+                + ("; its drafts may be rejected)" if self.drafter else ")"))
 
     def _check_alias(self, bid: int, hs: list[tuple[str, int, int]]) -> None:
         for rid, g, i in hs:

@@ -152,6 +152,16 @@ KNOWN: tuple[Known, ...] = (
           "stale frames (0.27); the unit mismatch: PR #49620", "docs/repro/vllm_async_reset_spec_overdiscard.py",
           lambda ad: bool(getattr(getattr(ad, "knobs", None), "async_sched", False)) and ad.drafter,
           message=r"sampled by a forward scheduled after its (forced )?preemption"),
+    # (async scheduling + an EAGLE drafter, the same first campaigns, 0.18.1 deepseek-v3+mtp@ratios and 0.24.0
+    # gpt-oss+eagle: a frame with drafts in flight at a forced reset returns after the request was
+    # rescheduled; update_from_output takes that stale frame's rejected drafts back from the resumed
+    # request's num_computed_tokens (and num_output_placeholders, which goes negative) before it discards
+    # the output. PR #46066 skips the adjustment for a frame pending discard (0.25). Script: 1 on
+    # 0.14.1-0.24.0, 0 on 0.25.1, 0.27.1, 0.34.0)
+    Known("async_stale_rejection_rollback", "toctou_bound_stable", "0.14.1", "0.24.0",
+          "vllm-project/vllm PR #46066 (merged; fixed in 0.25.0)", "docs/repro/vllm_async_stale_rejection_rollback.py",
+          lambda ad: bool(getattr(getattr(ad, "knobs", None), "async_sched", False)) and ad.drafter,
+          message=r"vLLM applied the output of frame \d+, scheduled before \S+'s preemption, to its resumed state"),
     # (async scheduling + a KV connector, found by the release matrix on 0.14.1 and 0.15.1: a request aborted
     # while its frame is in flight keeps its blocks for the connector's send (delay_free_blocks), so it is
     # still in vLLM's requests when that frame's output arrives; update_from_output appends the token,
@@ -184,15 +194,16 @@ KNOWN: tuple[Known, ...] = (
     # the P/D report: vllm-project/vllm-ascend#13501. With an EAGLE drafter (async + drafts, 2026-12-07)
     # no connector is needed: the count includes the in-flight drafts, the sampler rejects them, and the
     # request's own next forward reads the freed block -- toctou_bound_stable; the trace replays on
-    # 0.20.2-0.25.1, not on 0.26.0+)
+    # 0.20.2-0.25.1, not on 0.26.0+. The fix is the coordinator's call, so chunked-local groups too:
+    # llama4+eagle, named on 0.20.2-0.25.1, not 0.26.0/0.28.0)
     Known("async_swa_free_in_flight", "read_before_write", "0.14.1", "0.25.1",
           "vllm-project/vllm PR #47728 (merged; fixed in 0.26.0); vllm-project/vllm-ascend#13501",
           "docs/repro/vllm_async_swa_free_in_flight.py",     # (1 on 0.14.1-0.25.1, 0 on 0.26.0+)
           lambda ad: bool(getattr(getattr(ad, "knobs", None), "async_sched", False))
           and (bool(getattr(getattr(ad, "knobs", None), "connector", False)) or ad.drafter)
-          and any(k in ("swa", "swa_mla") for k, _, _ in ad.groups),
-          message=r"as out of its sliding window at a schedule that counted (that forward's|the in-flight frame's) "
-                  r"tokens as computed", also=("toctou_bound_stable",)),
+          and any(k in ("swa", "swa_mla", "chunked_local") for k, _, _ in ad.groups),
+          message=r"as out of its (sliding window|local-attention chunk) at a schedule that counted (that forward's|"
+                  r"the in-flight frame's) tokens as computed", also=("toctou_bound_stable",)),
     # (the 30 s matrix, 0.26.0 `generated`: fine-grained hits are enabled by any align-mode Mamba group
     # wider than the hash block, and a sliding-window group whose block is wider too then asserts in its
     # finder on the first lookup -- vLLM's engine dies. 0.28.0 turns fine-grained hits off when a

@@ -90,6 +90,21 @@ def _check_discards(ad: Any, frame: int, out: Any, before: dict[str, tuple[bool,
                             "of a token the request no longer has")
 
 
+def _check_stale_untouched(ad: Any, stale: dict[str, int], frame: int) -> None:
+    """The output of a frame scheduled before a request's latest preemption describes a forward of
+    its previous incarnation: it must not move the request's count of computed tokens (the forward
+    in flight for the resumed request computes what its SchedulerOutput said). vLLM 0.14-0.24 took
+    such a frame's rejected drafts back from the resumed count (PR #46066)."""
+    for rid, before in stale.items():
+        o = ad.sched.requests.get(rid)
+        if o is not None and not o.is_finished() and o.num_computed_tokens != before:
+            raise Violation("bookkeeping", "toctou_bound_stable",
+                            f"vLLM applied the output of frame {frame}, scheduled before {rid}'s preemption, to its "
+                            f"resumed state: num_computed_tokens {before} -> {o.num_computed_tokens} (that frame's "
+                            f"rejected drafts; output placeholders now {getattr(o, 'num_output_placeholders', 0)}), "
+                            "while the forwards in flight compute from the resumed count")
+
+
 def _frame_writes(ad: Any, spans: dict[str, tuple[int, int]]) -> dict[int, tuple[str, tuple, int, int]]:
     """What the forward of the frame just scheduled writes, block by block (the worker's tables:
     a request its predecessor's output finishes keeps its row until the next SchedulerOutput):
@@ -142,9 +157,10 @@ def _how_freed(ad: Any, rid: str, g: int, i: int) -> str:
     o = ad.sched.requests.get(rid)
     if o is None or o.is_finished():
         return f"freed {rid}'s blocks when it finished"
-    table = ad._table(g, rid)
-    if ad.groups[g][0] in ("swa", "swa_mla") and i < len(table) and table[i].is_null:
-        return (f"freed this block of {rid}'s as out of its sliding window at a schedule that counted that "
+    from .bookkeeping import WINDOWED
+    table, kind = ad._table(g, rid), ad.groups[g][0]
+    if kind in WINDOWED and i < len(table) and table[i].is_null:
+        return (f"freed this block of {rid}'s as out of its {WINDOWED[kind]} at a schedule that counted that "
                 "forward's tokens as computed")
     return f"freed {rid}'s blocks when it was preempted (by the scheduler or a forced reset)"
 
@@ -180,7 +196,10 @@ def step(ad: Any) -> dict:
         before = {rid: (discarding(o), len(o.output_token_ids)) for rid in prev.out.req_ids
                   if (o := ad.sched.requests.get(rid)) is not None}
         ad.accepted, ad.settling = dict(prev.accepted), {}
+        stale = {rid: o.num_computed_tokens for rid in prev.out.req_ids if (o := ad.sched.requests.get(rid))
+                 is not None and prev.frame <= ad.preempted_at.get(rid, (-1, False))[0]}
         ad.sched.update_from_output(prev.so, prev.out)
+        _check_stale_untouched(ad, stale, prev.frame)
         if ad.store is not None:
             ad.store.delivered()
         for rid in list(ad.accepted):          # (N's accepted drafts: written by N's forward)
