@@ -116,7 +116,11 @@ def test_the_scheduler_drive_on_that_release(py, tmp_path):
         r = _kvcheck(py, "fuzz", "--sut", "vllm", "--layout", layout, "--drive", "engine", "--budget", "3000",
                      "--json", "--out", str(tmp_path))
         res = json.loads(r.stdout)
-        assert "cannot_drive" not in res and res["exit_code"] == 0, (layout, res.get("findings"), r.stderr[-500:])
+        # (exit 10 only for catalogued defects: under async scheduling with the drafter, 0.14-0.26 meet
+        # async_stale_rejection_rollback, async_reset_spec_overdiscard, async_swa_free_in_flight)
+        assert "cannot_drive" not in res and res["exit_code"] in (0, 10), (layout, res.get("findings"), r.stderr[-500:])
+        assert not res["findings"] and (res["exit_code"] == 0) == (not [k for k in res["known"] if k.get("recognised")]), \
+            (layout, res["findings"], res["known"])
         assert res["coverage"]["step"] > 0 and not res["missing_actions"]
     r = _kvcheck(py, "fuzz", "--sut", "vllm", "--layout", "full", "--drive", "engine", "--fault", "drop_ref_on_free",
                  "--budget", "3000", "--json", "--out", str(tmp_path / "f"))

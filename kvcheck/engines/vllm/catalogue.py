@@ -26,7 +26,7 @@ class Known:
     also: tuple[str, ...] = ()    # other checks the same defect fires through (same message rule)
 
 
-def _ver(v: str) -> tuple[int, ...]:
+def version_key(v: str) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", v)[:3])
 
 

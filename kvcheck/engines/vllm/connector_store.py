@@ -129,19 +129,24 @@ class Store:
         loading = rid in self.loads and not self.loads[rid].sync
         if req is None:
             return loading
-        # (what the worker has computed: under async scheduling num_computed_tokens counts the frame
-        # still in flight, placeholders whose KV no forward has finished -- vLLM's own safe frontier)
-        done = min(request.num_computed_tokens - getattr(request, "num_output_placeholders", 0), request.num_tokens)
-        items, keys = [], []
+        # The send holds the request's full blocks (vLLM delays their free until finished_sending); it
+        # stores those whose KV the worker has computed: under async scheduling num_computed_tokens
+        # counts the frame still in flight, placeholders whose KV no forward has finished (vLLM's own
+        # safe frontier, num_computed_tokens - num_output_placeholders)
+        full = min(request.num_computed_tokens, request.num_tokens)
+        done = min(full - getattr(request, "num_output_placeholders", 0), full)
+        items, keys, held = [], [], False
         for g, ids in enumerate(block_ids):
             bs = self.bs[g]
             nulls = {b.block_id for b in self.ad._table(g, rid) if b.is_null}
-            for i in range(min(done // bs, len(ids))):
+            for i in range(min(full // bs, len(ids))):
                 key = self._key(g, req, (i + 1) * bs)
                 if ids[i] not in nulls and self.held.get(key) is None:
-                    items.append((g, (i + 1) * bs, ids[i]))
-                    keys.append(key)
-        if not items and not loading:
+                    held = True
+                    if (i + 1) * bs <= done:
+                        items.append((g, (i + 1) * bs, ids[i]))
+                        keys.append(key)
+        if not held and not loading:
             return False
         delayed = loading or stable(rid, "send") % 2 == 0
         send = Send(rid, items, self.step + 1 + stable(rid, "due") % 2, keys)

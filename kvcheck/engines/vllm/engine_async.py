@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 
 from . import mamba
 from .layouts import cdiv, vllm_modules
+from .sampler import draft_tokens, greedy
 from .violation import Violation
 
 ASYNC_ENV = "KVCHECK_VLLM_ASYNC_SCHEDULING"
@@ -259,7 +260,6 @@ def _gpu_sampled(o: Any, hi: int, drafts: list[int]) -> list[int]:
         return [1]
     if hi < o.num_tokens:
         return []
-    from .engine_sched import greedy
     return greedy(list(o.all_token_ids), drafts)
 
 
@@ -269,5 +269,4 @@ def _gpu_drafts(o: Any, d: int) -> list[int]:
     ``EngineCore.post_step``): the same drafter as the sync drive's, after N's accepted tokens."""
     if not d or o is None:
         return []
-    from .engine_sched import draft_tokens
     return draft_tokens(list(o.all_token_ids), d)

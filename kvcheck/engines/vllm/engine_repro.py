@@ -199,7 +199,7 @@ def why_not(trace: Any) -> str | None:
 
 def engine_reproducer_source(trace: Any, trace_path: str) -> str | None:
     """The script's text, or None when this finding has no standalone condition (why_not)."""
-    from .engine_sched import draft_tokens, next_token
+    from .sampler import draft_tokens, next_token
     from .layouts import VOCAB
     v = trace.violation or {}
     check = v.get("check")

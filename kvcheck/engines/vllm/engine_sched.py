@@ -21,7 +21,6 @@ Not yet on this drive: the dense twin (docs/adapters-vllm.md, "The scheduler dri
 from __future__ import annotations
 
 import inspect
-import zlib
 from typing import Any, NamedTuple
 
 from kvcheck.spec.sut import ActionRejected
@@ -29,7 +28,8 @@ from kvcheck.spec.sut import ActionRejected
 from . import engine_async, mamba, mamba_worker
 from .adapter import VllmAdapter
 from .checks import Req
-from .layouts import CONNECTOR_CACHE_EARLY, DROP_REF_ON_FREE, VOCAB, WORKER_TABLE_STALE, cdiv, vllm_modules
+from .layouts import CONNECTOR_CACHE_EARLY, DROP_REF_ON_FREE, WORKER_TABLE_STALE, cdiv, vllm_modules
+from .sampler import draft_tokens, greedy, next_token  # noqa: F401 (next_token: read from here by the reproducers)
 from .sched_build import Built, SchedKnobs, build
 from .worker import Worker, plant_stale
 
@@ -39,34 +39,6 @@ ENGINE_ACTIONS = ("submit", "step", "abort", "reset_prefix_cache", "evict_blocks
 class _Copy(NamedTuple):
     src_block_id: int
     dst_block_id: int
-
-
-def next_token(tokens: list[int]) -> int:
-    """The fake model's greedy token after `tokens` (a stable hash of the recent context)."""
-    return zlib.crc32(bytes(t & 0xFF for t in tokens[-8:]) + len(tokens).to_bytes(4, "little")) % VOCAB
-
-
-def draft_tokens(ctx: list[int], k: int) -> list[int]:
-    """The EAGLE drafter's k tokens after `ctx`: each the greedy token with probability ~0.7 (a
-    stable function of the context, so a replay proposes the same)."""
-    ctx, d = list(ctx), []
-    for _ in range(k):
-        t = next_token(ctx)
-        d.append(t if next_token(ctx + [VOCAB]) % 10 < 7 else (t + 1) % VOCAB)
-        ctx.append(d[-1])
-    return d
-
-
-def greedy(ctx: list[int], drafts: list[int]) -> list[int]:
-    """The sampler's tokens after `ctx`: the greedy token, and after each draft while the drafts
-    match it (the rejection sampler)."""
-    ctx, out = list(ctx), []
-    while True:
-        t = next_token(ctx)
-        out.append(t)
-        if len(out) > len(drafts) or drafts[len(out) - 1] != t:
-            return out
-        ctx.append(t)
 
 
 class EngineAdapter(VllmAdapter):
