@@ -30,6 +30,7 @@ from .adapter import SglangAdapter
 from .incremental import FULL_SCAN_EVERY
 from .interface import needs
 from .reproducer import write_reproducer
+from .scheduler.adapter import ACTIONS as SCHED_ACTIONS
 from .steps import shrink_steps
 from .install import INSTALL_HINT, SglangUnavailable, sglang_version
 from .layouts import (ACTIONS, FAULTS, LAYOUTS, MAX_TOKENS, SGLANG_FAULTS, VOCAB, Layout, LayoutError,
@@ -85,7 +86,11 @@ class _Gen(PromptGen):
 
 
 def make_adapter(lay: Layout, fault: str | None = None, capacity: int | None = None) -> SglangAdapter:
-    """The adapter for the layout's class (SWARadixCache has its own pools and checks)."""
+    """The adapter for the layout's class (SWARadixCache has its own pools and checks); a
+    `drive="sched"` layout runs SGLang's own Scheduler over the class (scheduler/)."""
+    if lay.drive == "sched":
+        from .scheduler.adapter import SchedAdapter
+        return SchedAdapter(lay, fault, capacity)      # type: ignore[return-value]
     if lay.cls == "SWARadixCache":
         from .swa import SwaAdapter
         return SwaAdapter(lay, fault, capacity)
@@ -115,7 +120,11 @@ def make_adapter(lay: Layout, fault: str | None = None, capacity: int | None = N
 def execute(lay: Layout, capacity: int, fault: str | None, program: list[Act]) -> tuple[SglangAdapter, Finding | None]:
     """Run steps on a fresh cache, on the core; a refused step (possible after shrinking) is skipped."""
     ad = make_adapter(lay, fault, capacity)
-    return ad, Lockstep(FreeModel(), ad).run(program)
+    try:
+        return ad, Lockstep(FreeModel(), ad).run(program)
+    finally:
+        if hasattr(ad, "close"):
+            ad.close()
 
 
 def shrink_small(viol: Finding, lay: Layout, capacity: int, fault: str | None, seconds: float) -> Finding:
@@ -207,6 +216,8 @@ def _campaign(lay: Layout, budget_s: float | None, steps: int | None, seed: int,
         gen = _Gen(rng)
         capacity = rng.choice([1, 2, 3]) * lay.capacity // 2 // lay.page_size * lay.page_size
         ad = make_adapter(lay, fault, capacity)
+        if hasattr(ad, "generator"):           # the scheduler drive draws its own episodes
+            gen = ad.generator(rng)
         ad.full_scan_every = full_scan_every if ad.incremental_pays else 1
         core = Lockstep(FreeModel(), ad)
         viol: Finding | None = None
@@ -221,6 +232,8 @@ def _campaign(lay: Layout, budget_s: float | None, steps: int | None, seed: int,
                 viol = f
                 break
         hits += ad.hits
+        if hasattr(ad, "close"):
+            ad.close()
         steer.done(ep, core.program)
         coverage.update(ad.coverage)
         episodes += 1
@@ -233,7 +246,7 @@ def _campaign(lay: Layout, budget_s: float | None, steps: int | None, seed: int,
             findings.append(_save(lay, capacity, fault, ep_seed, small, out_dir))
             exit_code = FOR_FINDING.get(small.kind, ExitCode.INVARIANT)
             break
-    missing = [a for a in ACTIONS if not coverage.get(a)]
+    missing = [a for a in (ACTIONS if lay.drive == "cache" else SCHED_ACTIONS) if not coverage.get(a)]
     if exit_code == 0 and floor_shortfall({"steps": total}, missing):     # the coverage floor
         exit_code = ExitCode.UNDECIDED
     return {

@@ -48,6 +48,7 @@ class Layout:
     capacity: int = 64             # token slots of the KV pool
     doc: str = ""
     tree_core: str | None = None   # UnifiedRadixCache only: python | rust | lockstep (python + rust)
+    drive: str = "cache"           # cache: kvcheck calls the cache; sched: SGLang's own Scheduler (scheduler/)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -55,6 +56,8 @@ class Layout:
         d["components"] = list(self.components)
         if d["tree_core"] is None:
             d.pop("tree_core")
+        if d["drive"] == "cache":
+            d.pop("drive")
         return d
 
 
@@ -98,6 +101,11 @@ LAYOUTS: dict[str, Layout] = {x.name: x for x in (
     Layout("chunk", "ChunkCache", ("full",), 1, None, 48,
            "ChunkCache (prefix caching disabled), chunked prefill (cache_unfinished_req), ReqToTokenPool + "
            "TokenToKVPoolAllocator"),
+    # SGLang's own Scheduler on CPU (scheduler/): admission, chunking, retraction and the cache calls are its own
+    Layout("radix@sched", "RadixCache", ("full",), 1, None, 256,
+           "RadixCache under SGLang's own Scheduler (page 1): requests, batches, chunked prefill, retraction", drive="sched"),
+    Layout("radix-page16@sched", "RadixCache", ("full",), 16, None, 1024,
+           "RadixCache under SGLang's own Scheduler, page 16 (paged attention backends)", drive="sched"),
 )}
 
 
@@ -106,10 +114,13 @@ def layout_from(d: dict[str, Any], where: str) -> Layout:
         comps = tuple(d.get("components") or ("full",))
         lay = Layout(str(d["name"]), str(d["class"]), comps, int(d.get("page_size", 1)),
                      None if d.get("window") is None else int(d["window"]), int(d.get("capacity", 64)),
-                     str(d.get("doc", "")), None if d.get("tree_core") is None else str(d["tree_core"]))
+                     str(d.get("doc", "")), None if d.get("tree_core") is None else str(d["tree_core"]),
+                     str(d.get("drive", "cache")))
     except (KeyError, TypeError, ValueError) as e:
         raise LayoutError(f"{where}: a layout needs name, class (and optional components, "
                           f"page_size, window, capacity): {e}") from None
+    if lay.drive not in ("cache", "sched"):
+        raise LayoutError(f"{where}: drive must be cache or sched, got {lay.drive!r}")
     if lay.cls not in DRIVEN:
         raise LayoutError(f"{where}: class {lay.cls!r} is not driven by this adapter yet "
                           f"({', '.join(DRIVEN)})")
@@ -172,6 +183,9 @@ def check_supported(lay: Layout) -> None:
 
 def _api_gap(lay: Layout) -> str | None:
     """Why the adapter cannot drive this class at the installed release, if it cannot."""
+    if lay.drive == "sched":
+        from .scheduler.build import gap
+        return gap()
     if lay.cls == "UnifiedRadixCache" and "mamba" in lay.components:
         from .compat import component_types
         if not hasattr(component_types(), "MAMBA"):

@@ -1,0 +1,316 @@
+"""The scheduler drive behind kvcheck's adapter protocol (the lockstep core, FreeModel).
+
+Actions (a trace is a sequence of them, replayed as it was run):
+  start(config)                       build SGLang's scheduler for the episode (build.SchedConfig)
+  submit(r, tokens, max_new, priority) a request, through SGLang's `handle_generate_request`
+  step(toks)                          one pass of SGLang's event loop: `get_next_batch_to_run`,
+                                      then `run_batch` + `process_batch_result`, or `on_idle`;
+                                      the forward samples `toks` (request i gets toks[i % len])
+  abort(r)                            SGLang's `abort_request`
+After each action the worker's checks (worker.py) and, with nothing running, the tree's lock
+balance (`lock_ref_equals_holders`: every lock reference at 0) and slot accounting
+(`size_accounting`: free + tree == pool) are checked, and after every action the tree's content
+(`tree_content_matches`) and every live request's locked node (`no_evict_locked`). SGLang's own checks run inside its calls
+(`on_idle`'s invariant checker, the tree's sanity check): one that raises is a finding
+(`sglang_internal_error`), unless the exception comes from kvcheck's side (cannot drive).
+"""
+from __future__ import annotations
+
+import random
+from array import array
+from collections import Counter
+from typing import Any
+
+from kvcheck.fuzz.boundary import check_exception
+from kvcheck.fuzz.prompts import PromptGen
+from kvcheck.spec.sut import ActionRejected
+
+from ..checks import slots_of
+from ..install import load
+from ..layouts import Layout, LayoutError
+from ..violation import Violation
+from .build import POLICIES, Built, SchedConfig, build
+from .faults import PLANTABLE, plant
+from .worker import EOS, ModelWorker, fingerprints
+
+ACTIONS = ("start", "submit", "step", "abort")
+VOCAB = 16
+DRIVEN_CLASSES = ("RadixCache",)
+
+
+class SchedAdapter:
+    """SGLang's own scheduler over the layout's cache class, one episode per adapter."""
+
+    name = "sglang"
+    actions = frozenset(ACTIONS)
+    incremental_pays = False
+
+    def __init__(self, lay: Layout, fault: str | None = None, capacity: int | None = None) -> None:
+        if lay.cls not in DRIVEN_CLASSES:
+            raise LayoutError(f"layout {lay.name}: the scheduler drive runs {', '.join(DRIVEN_CLASSES)} so far "
+                              f"(not {lay.cls}); its cache-level layout {lay.name.split('@')[0]} runs it")
+        if fault is not None and fault not in PLANTABLE:
+            raise LayoutError(f"layout {lay.name}: the scheduler drive plants {', '.join(PLANTABLE)}, not {fault!r}")
+        self.lay, self.fault = lay, fault
+        self.capacity = capacity or lay.capacity
+        self.reset()
+
+    def reset(self, cfg: Any = None) -> None:
+        self.built: Built | None = None
+        self.worker = ModelWorker()
+        self.reqs: dict[str, Any] = {}          # rid -> SGLang's Req, while it lives
+        self.coverage: Counter = Counter()
+        self.broken: Violation | None = None
+        self.hits = 0
+        self.next_id = 0
+        self.config: SchedConfig | None = None
+
+    def close(self) -> None:
+        if self.built is not None:
+            self.built.close()
+            self.built = None
+
+    def observe(self) -> None:
+        return None
+
+    def enabled(self) -> dict[str, list[str]]:
+        if self.built is None:
+            return {"start": ["-"]}
+        return {"submit": ["-"], "step": ["-"], "abort": sorted(self.reqs)}
+
+    # ---- actions -------------------------------------------------------------------------
+    def apply(self, action: str, params: dict[str, Any]) -> dict[str, Any]:
+        if action not in ACTIONS:
+            raise ActionRejected(f"unknown action {action!r} for the SGLang scheduler drive")
+        if (action == "start") != (self.built is None):
+            raise ActionRejected("start comes first, once" if action == "start" else "no scheduler yet")
+        try:
+            obs = getattr(self, f"_a_{action}")(**params)
+        except ActionRejected:
+            raise
+        except (TypeError, ValueError, KeyError) as e:
+            if self.built is None or _kvcheck_side(e):
+                raise ActionRejected(f"bad parameters for {action}: {e}") from None
+            self.broken, obs = self._engine_raised(e), {}
+        except Exception as e:                 # SGLang's own code raised (or kvcheck's side: cannot drive)
+            self.broken, obs = self._engine_raised(e), {}
+        self.coverage[action] += 1
+        self.coverage.update(self.worker.coverage)
+        self.worker.coverage.clear()
+        if self.broken is None:
+            self.broken = self.worker.broken
+        if self.broken is None and self.built is not None:
+            self.broken = self._tree_checks() or self._idle_checks()
+        return obs
+
+    def _a_start(self, config: dict[str, Any]) -> dict:
+        self.config = SchedConfig.from_dict(config)
+        self.built = build(self.lay.cls, self.lay.page_size, self.config, self.worker)
+        self.worker.bind(self.built.cache, self.built.rows)
+        if self.fault is not None:
+            plant(self.fault, self.built.cache)
+        self.coverage[f"config:policy:{self.config.schedule_policy}"] += 1
+        self.coverage["config:chunked" if self.config.chunked_prefill_size > 0 else "config:unchunked"] += 1
+        return {}
+
+    def _a_submit(self, r: str, tokens: list[int], max_new: int, priority: int | None = None) -> dict:
+        from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+        from sglang.srt.sampling.sampling_params import SamplingParams
+        if r in self.reqs or not tokens or any(not isinstance(t, int) or t < 0 for t in tokens):
+            raise ActionRejected(f"bad submit of {r!r}")
+        s = self.built.sched
+        sp = SamplingParams(max_new_tokens=max_new, stop_token_ids=[EOS])
+        sp.normalize(None)
+        req_in = TokenizedGenerateReqInput(
+            rid=r, input_text="", input_ids=array("q", tokens), input_embeds=None, mm_inputs=None,
+            token_type_ids=None, sampling_params=sp, return_logprob=False, logprob_start_len=-1,
+            top_logprobs_num=0, token_ids_logprob=None, stream=False,
+            **({"priority": priority} if priority is not None else {}))
+        s.handle_generate_request(req_in)
+        req = next((q for q in s.waiting_queue if q.rid == r), None)
+        if req is None:                # refused at admission (too long, queue full): SGLang finished it
+            self.coverage["submit:refused"] += 1
+        else:
+            self.reqs[r] = req
+        self.next_id += 1
+        return {}
+
+    def _a_step(self, toks: list[int]) -> dict:
+        s = self.built.sched
+        self.worker.tokens = list(toks)
+        plan = s.get_next_batch_to_run(running_batch=s.running_batch, last_batch=s.last_batch)
+        s.running_batch = plan.running_batch
+        batch = plan.batch_to_run
+        if batch:
+            self.coverage["step:extend" if batch.forward_mode.is_extend() else "step:decode"] += 1
+            if batch.forward_mode.is_extend():
+                self.hits += sum(1 for p in batch.prefix_lens if int(p) > 0)
+            result = s.run_batch(batch)
+            s.process_batch_result(batch, result)
+        else:
+            self.coverage["step:idle"] += 1
+            s._sched_idled = True
+            s.on_idle()
+        s.last_batch = batch
+        for rid in [rid for rid, q in self.reqs.items() if q.finished()]:
+            self.coverage["finished"] += 1
+            del self.reqs[rid]
+        return {}
+
+    def _a_abort(self, r: str) -> dict:
+        from sglang.srt.managers.io_struct import AbortReq
+        if r not in self.reqs:
+            raise ActionRejected(f"request {r} is not live")
+        self.built.sched.abort_request(AbortReq(rid=r))
+        return {}
+
+    # ---- checks --------------------------------------------------------------------------
+    def _tree_checks(self) -> Violation | None:
+        """After every action: each tree slot holds the KV of its path (`tree_content_matches`:
+        what a later hit reads), and every live request's locked node is still in the tree
+        (`no_evict_locked`)."""
+        cache, written = self.built.cache, self.worker.written
+        stack = [(cache.root_node, [])]
+        nodes = set()
+        while stack:
+            node, path = stack.pop()
+            for child in node.children.values():
+                nodes.add(id(child))
+                full = path + _key_tokens(child.key)
+                if child.value is not None:
+                    fps = fingerprints(full)
+                    for k, slot in enumerate(slots_of(child.value)):
+                        p = len(path) + k
+                        if written.get(slot) != fps[p]:
+                            return Violation("safety", "tree_content_matches",
+                                             f"the tree holds position {p} of a cached prefix in slot {slot}, "
+                                             f"which does not hold that prefix's KV")
+                stack.append((child, full))
+        for rid, req in self.reqs.items():
+            node = getattr(req, "last_node", None)
+            if node is None or node is cache.root_node or getattr(req, "lock", 1) is None:
+                continue
+            if id(node) not in nodes:
+                return Violation("safety", "no_evict_locked",
+                                 f"{rid}'s locked node (its cached prefix) is no longer in the tree")
+        return None
+
+    def _idle_checks(self) -> Violation | None:
+        """Slot accounting after every action (`size_accounting`: free + the tree's + what live
+        requests hold outside the tree == the pool, in pages); with no request anywhere in the
+        scheduler, every lock released (`lock_ref_equals_holders`)."""
+        s, cache, alloc = self.built.sched, self.built.cache, self.built.alloc
+        ps = self.lay.page_size
+        tree: set[int] = set()
+        locked = 0
+        stack = [cache.root_node]
+        while stack:
+            node = stack.pop()
+            for child in node.children.values():
+                locked = max(locked, child.lock_ref)
+                tree.update(v // ps for v in slots_of(child.value))
+                stack.append(child)
+        held: set[int] = set()
+        for req in self.reqs.values():
+            kv = getattr(req, "kv", req)
+            row, n = getattr(kv, "req_pool_idx", None), int(getattr(kv, "kv_allocated_len", 0) or 0)
+            if row is not None and n:
+                held.update(int(v) // ps for v in self.built.rows.req_to_token[row, :n].tolist())
+        held -= tree
+        free = int(alloc.available_size())
+        if free + (len(tree) + len(held)) * ps != alloc.size:
+            return Violation("bookkeeping", "size_accounting",
+                             f"{free} free + {len(tree) * ps} in the tree + {len(held) * ps} held by live requests "
+                             f"!= {alloc.size} slots")
+        idle = not (s.waiting_queue or not s.running_batch.is_empty() or s.chunked_req is not None or self.reqs)
+        if idle and locked:
+            return Violation("bookkeeping", "lock_ref_equals_holders",
+                             f"no request runs, yet a tree node holds lock_ref {locked}")
+        self.coverage["check:idle" if idle else "check:accounting"] += 1
+        return None
+
+    def _engine_raised(self, e: Exception) -> Violation:
+        """SGLang's own code raised: a finding, led by the accounting the state already broke
+        (the cause an allocation failure or a leak check reports) where it did."""
+        check_exception(e, "sglang", load()["version"], ("sglang",))
+        if self.built is not None:
+            try:
+                v = self._idle_checks()
+            except Exception:           # the state is too broken to count: the error alone
+                v = None
+            if v is not None:
+                return Violation(v.kind, v.check, f"{v.message}; then SGLang raised {type(e).__name__}: "
+                                 f"{str(e).splitlines()[0] if str(e) else ''}")
+        return Violation("bookkeeping", "sglang_internal_error", f"SGLang raised {type(e).__name__}: {e}")
+
+    def extra_checks(self, action: str, params: dict[str, Any]) -> tuple[str, str, str] | None:
+        v, self.broken = self.broken, None
+        if v is not None:
+            self.worker.broken = None
+        return None if v is None else (v.kind, v.check, v.message)
+
+    def generator(self, rng: random.Random) -> "SchedGen":
+        return SchedGen(rng, self.lay, self.capacity)
+
+
+def _key_tokens(key: Any) -> list[int]:
+    ids = getattr(key, "token_ids", None)
+    if ids is None:
+        return [int(t) for t in key]
+    return [int(t) for t in ids[:len(key)]]
+
+
+def _kvcheck_side(e: BaseException) -> bool:
+    tb = e.__traceback__
+    last = None
+    while tb is not None:
+        last = tb.tb_frame.f_globals.get("__name__", "")
+        tb = tb.tb_next
+    return str(last).startswith("kvcheck")
+
+
+class SchedGen(PromptGen):
+    """Seeded episodes for the scheduler drive: a serving configuration drawn as ratios of the
+    layout's page (chunk : page, pool : chunk, prompt : chunk), prompts that share prefixes, and
+    steps whose samples end a request now and then (EOS)."""
+
+    def __init__(self, rng: random.Random, lay: Layout, capacity: int) -> None:
+        super().__init__(rng, VOCAB - 2, 24, ("submit", "step", "abort"), ("step",))
+        ps = lay.page_size
+        chunk = rng.choice([-1, ps * rng.choice([1, 2, 4, 8, 16])])
+        unit = chunk if chunk > 0 else ps * 8
+        self.cfg = SchedConfig(
+            schedule_policy=rng.choice(POLICIES), chunked_prefill_size=chunk,
+            max_running_requests=rng.choice([1, 2, 3, 4, 6]),
+            enable_priority_scheduling=rng.random() < 0.3,
+            max_prefill_tokens=max(unit, ps) * rng.choice([1, 2, 4, 16]),
+            capacity=max(capacity, unit * rng.choice([2, 3, 4, 8])) // ps * ps,
+            context_length=max(64, unit * 6))
+        self.max_prompt = max(4, min(self.cfg.capacity // 2, unit * 3))
+        self.bases = [[2 + rng.randrange(VOCAB - 2) for _ in range(self.max_prompt)] for _ in range(3)]
+        self.started = False
+        self.n = 0
+
+    def next(self, ad: SchedAdapter) -> tuple[str, dict]:
+        rng = self.rng
+        if not self.started:
+            self.started = True
+            return "start", {"config": self.cfg.to_dict()}
+        cands = {"step": self.w["step"] * 2}
+        if len(ad.reqs) < 8:
+            cands["submit"] = self.w["submit"] * (3 if not ad.reqs else 1)
+        if ad.reqs:
+            cands["abort"] = self.w["abort"] * 0.2
+        a = self.choose(cands)
+        if a == "submit":
+            base = rng.choice(self.bases)
+            n = rng.randint(2, self.max_prompt)
+            cut = rng.randint(0, n)
+            toks = base[:cut] + [2 + rng.randrange(VOCAB - 2) for _ in range(n - cut)]
+            self.n += 1
+            return a, {"r": f"r{self.n}", "tokens": toks, "max_new": rng.randint(1, 24),
+                       "priority": rng.randint(0, 3) if self.cfg.enable_priority_scheduling else None}
+        if a == "abort":
+            return a, {"r": rng.choice(sorted(ad.reqs))}
+        toks = [EOS if rng.random() < 0.05 else 2 + rng.randrange(VOCAB - 2) for _ in range(4)]
+        return a, {"toks": toks}

@@ -1,0 +1,243 @@
+"""SGLang's `Scheduler` built on CPU, without its processes.
+
+`Scheduler.__init__` launches the model worker, joins process groups, opens ZMQ sockets and
+sizes the pools from GPU memory; none of that runs here. So the scheduler is built as
+`CpuScheduler` (a subclass that adds nothing to SGLang's methods): the configuration is
+published the way SGLang's own tests publish it (`runtime_context.override_server_args`, with
+the episode's scheduling fields), the parallel ranks through `get_parallel().override`, and the
+scheduler's own `init_*` methods build every component that runs on CPU (running status,
+chunked prefill, schedule policy, metrics, overlap relay, beam coordinator, DP-attention adapter,
+batch-result processor, grammar manager, invariant checker, ...). What a server's `__init__`
+would take from the model worker (`get_worker_info`: token and request limits) is computed as
+`TpModelWorker.get_worker_info` computes it.
+
+Stand-ins, each because the real one needs what is not here:
+* the model worker (`worker.py`): the GPU forward; the scheduler calls
+  `model_worker.forward_batch_generation(batch)` exactly where it calls the real one;
+* `tp_worker` / its `model_runner`: only the fields the scheduler reads off them (the attention
+  backend's tile size, `prefill_aware_swa`, the n-gram embedding manager, which for a model
+  without n-gram embeddings hands the batch back unchanged);
+* process groups (`_ONE_RANK`): a single rank; the grammar manager and DP adapter read sizes;
+* observability sinks (`_Sink`: KV-event, load and output publishers, the profiler, the sockets
+  to the tokenizer and detokenizer): they read no cache state and write none; the load
+  inquirer's two figures are 0 (statistics only);
+* two methods: `_record_step_counters` (step timing) and `maybe_send_health_check_signal`
+  (a socket), no-ops.
+A release whose scheduler reads anything else off `CpuScheduler` raises AttributeError on
+kvcheck's object: "cannot drive" (fuzz/boundary.py), never a finding about SGLang.
+This builder follows the runtime-context generation (0.5.23); older releases are refused with one
+line (`gap()`), the cache-level drive covers them.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import shutil
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from kvcheck.fuzz.boundary import StandIn
+
+from ..compat import new_allocator, new_cache, row_pool
+from ..install import SglangUnavailable, load, sglang_version
+
+# the Scheduler's own init methods that run on CPU, in the order its __init__ calls them
+INITS = ("init_metrics_collector", "init_running_status", "init_pool_stats_observer", "init_metrics_reporter",
+         "maybe_init_rust_server", "init_disaggregation", "init_overlap", "init_chunked_prefill", "init_schedule_policy", "init_diffusion_llm",
+         "init_dp_attn_adapter", "init_grammar_manager", "init_invariant_checker", "init_beam_coordinator",
+         "init_batch_result_processor", "init_kv_event_lora_names", "init_idle_sleeper")
+POLICIES = ("lpm", "dfs-weight", "fcfs", "lof", "random")
+
+
+@dataclass(frozen=True)
+class SchedConfig:
+    """The serving configuration of one episode: SGLang's own server-args fields."""
+    schedule_policy: str = "fcfs"
+    chunked_prefill_size: int = -1        # -1: chunked prefill off
+    max_running_requests: int = 4
+    enable_priority_scheduling: bool = False
+    max_prefill_tokens: int = 16384
+    capacity: int = 256                   # token slots in the KV pool
+    context_length: int = 512
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "SchedConfig":
+        known = set(cls.__dataclass_fields__)
+        bad = sorted(set(d) - known)
+        if bad:
+            raise ValueError(f"unknown scheduler config field(s) {bad}; known: {sorted(known)}")
+        return cls(**d)
+
+
+class _Sink:
+    """An observability sink (metrics, KV events, load, output streaming, profiler): every call
+    is accepted and answers None. These components read no cache state and write none."""
+    enable_metrics = False
+    num_retracted_reqs = 0
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return lambda *a, **k: None
+
+
+_ONE_RANK = StandIn(world_size=1, first_rank=0, is_first_rank=True, is_last_rank=True, cpu_group=None,
+                    rank_in_group=0)
+_CLS: dict[str, type] = {}
+_DIR: dict[str, str] = {}
+
+
+def gap() -> str | None:
+    """Why this release's scheduler cannot be built here (None: it can)."""
+    try:
+        from sglang.srt import runtime_context as rc
+    except ImportError:
+        rc = None
+    if rc is None or not hasattr(getattr(rc, "_CONTEXT", None), "override_server_args"):
+        return (f"sglang {sglang_version()}: the scheduler drive builds SGLang's Scheduler through its runtime "
+                "context (0.5.23+); this release predates it (its cache-level layouts run here)")
+    return None
+
+
+def scheduler_class() -> type:
+    """`CpuScheduler`: SGLang's Scheduler with an empty constructor; a missing attribute is an
+    AttributeError on kvcheck's object (cannot drive)."""
+    if "cls" not in _CLS:
+        try:
+            from sglang.srt.managers.scheduler import Scheduler
+        except Exception as e:          # its import chain needs what this environment lacks
+            raise SglangUnavailable(f"sglang {sglang_version()}: its scheduler does not import here: "
+                                    f"{type(e).__name__}: {e}") from None
+
+        class CpuScheduler(Scheduler):   # type: ignore[misc, valid-type]
+            def __init__(self, **attrs: Any) -> None:      # noqa: D401 (no processes: see the module)
+                self.__dict__.update(attrs)
+
+            def __getattr__(self, name: str) -> Any:
+                f = sys._getframe(1)
+                where = f"{'/'.join(f.f_code.co_filename.split('/')[-3:])}:{f.f_lineno} ({f.f_code.co_name})"
+                raise AttributeError(f"kvcheck's CpuScheduler has no {name!r}, read at {where}", name=name, obj=self)
+
+            def _record_step_counters(self, batch: Any, result: Any) -> None:
+                return None
+
+            def maybe_send_health_check_signal(self) -> None:
+                return None
+        _CLS["cls"] = CpuScheduler
+    return _CLS["cls"]
+
+
+def model_dir(context: int) -> str:
+    """A tiny Llama's config.json (no weights): SGLang's ModelConfig reads it (nothing is downloaded)."""
+    key = str(context)
+    if key not in _DIR:
+        from transformers import LlamaConfig
+        d = _DIR[key] = tempfile.mkdtemp(prefix="kvcheck-sglang-model-")
+        atexit.register(shutil.rmtree, d, True)
+        LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                    num_key_value_heads=1, vocab_size=512, max_position_embeddings=context,
+                    architectures=["LlamaForCausalLM"]).save_pretrained(d)
+    return _DIR[key]
+
+
+class Built:
+    """One episode's scheduler and what it runs on; `close()` restores the published config."""
+
+    def __init__(self, sched: Any, cache: Any, alloc: Any, rows: Any, undo: contextlib.ExitStack) -> None:
+        self.sched, self.cache, self.alloc, self.rows, self._undo = sched, cache, alloc, rows, undo
+
+    def close(self) -> None:
+        self._undo.close()
+
+
+def _publish(cfg: SchedConfig, page_size: int, undo: contextlib.ExitStack) -> Any:
+    from sglang.srt import runtime_context as rc
+    ctx = rc._CONTEXT
+    ov = ctx.override_server_args(
+        page_size=page_size, chunked_prefill_size=cfg.chunked_prefill_size, schedule_policy=cfg.schedule_policy,
+        max_running_requests=cfg.max_running_requests, pp_max_micro_batch_size=cfg.max_running_requests,
+        enable_priority_scheduling=cfg.enable_priority_scheduling, max_prefill_tokens=cfg.max_prefill_tokens,
+        disable_overlap_schedule=True, skip_tokenizer_init=True, context_length=cfg.context_length)
+    server_args = ov.install()
+    undo.callback(ov.restore)
+    undo.enter_context(rc.get_parallel().override(attn_tp_rank=0, attn_cp_rank=0, tp_rank=0, pp_rank=0,
+                                                  attn_dp_rank=0, dp_rank=0))
+    return server_args
+
+
+def build(cls_name: str, page_size: int, cfg: SchedConfig, worker: Any) -> Built:
+    """SGLang's scheduler over a `cls_name` cache of `cfg.capacity` slots, with `worker` as its
+    model worker."""
+    why = gap()
+    if why:
+        raise SglangUnavailable(why)
+    S = load()
+    import torch
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.disaggregation.utils import DisaggregationMode
+    from sglang.srt.environ import envs
+    from sglang.srt.runtime_context import get_lora, get_schedule, get_serving
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    undo = contextlib.ExitStack()
+    try:
+        server_args = _publish(cfg, page_size, undo)
+        al = S["allocator"]
+        if page_size == 1:
+            alloc = new_allocator(al.TokenToKVPoolAllocator, cfg.capacity, torch.int64, "cpu", None)
+        else:
+            alloc = new_allocator(al.PagedTokenToKVPoolAllocator, cfg.capacity, page_size, torch.int64, "cpu", None)
+        cache = new_cache(cls_name, alloc, page_size)
+        rows = row_pool(cfg.max_running_requests + 1, cfg.context_length + 8)
+        cache.req_to_token_pool = rows
+        mc = ModelConfig(model_path=model_dir(cfg.context_length), context_length=cfg.context_length)
+        max_req_len = min(mc.context_len - 1, cfg.capacity - 1)      # TpModelWorker.get_worker_info
+        runner = StandIn(attn_backend=StandIn(), prefill_aware_swa=False, canary_manager=None,
+                         ngram_embedding_manager=StandIn(prepare_for_forward=lambda b, chunked_req=None: b))
+        sched = scheduler_class()(
+            server_args=server_args, model_config=mc, tree_cache=cache, token_to_kv_pool_allocator=alloc,
+            req_to_token_pool=rows, page_size=page_size, device="cpu", forward_stream=torch.cpu.Stream(),
+            tp_worker=StandIn(model_runner=runner), model_worker=worker, draft_worker=None, tokenizer=None,
+            spec_algorithm=SpeculativeAlgorithm.from_string(None), is_generation=True,
+            # the server args' fields Scheduler.__init__ copies (its "Parse args" block)
+            schedule_policy=cfg.schedule_policy, enable_priority_scheduling=cfg.enable_priority_scheduling,
+            abort_on_priority_when_disabled=get_schedule().abort_on_priority_when_disabled,
+            schedule_low_priority_values_first=get_schedule().schedule_low_priority_values_first,
+            priority_scheduling_preemption_threshold=get_schedule().priority_scheduling_preemption_threshold,
+            enable_lora=False, enable_lora_overlap_loading=False, max_loras_per_batch=get_lora().max_loras_per_batch,
+            enable_overlap=False, enable_overlap_mlx=False, enable_pdmux=False, skip_tokenizer_init=True,
+            stream_interval=get_serving().stream_interval, enable_hierarchical_cache=False, enable_lmcache=False,
+            enable_session_radix_cache=False, enable_hicache_storage=False, enable_unified_cache_external_linker=False,
+            enable_decode_hicache=False, max_recv_per_poll=envs.SGLANG_SCHEDULER_MAX_RECV_PER_POLL.get(),
+            max_new_tokens_limit=envs.SGLANG_MAX_NEW_TOKENS_LIMIT.get(), enable_hisparse=False,
+            attn_dp_enabled=False, enable_unified_memory=False, enable_fpm=False,
+            # what init_model_worker takes from the worker (get_worker_info) and the kv-cache builder
+            max_total_num_tokens=cfg.capacity, max_prefill_tokens=cfg.max_prefill_tokens,
+            max_running_requests=cfg.max_running_requests, max_queued_requests=get_schedule().max_queued_requests,
+            max_req_len=max_req_len, max_req_input_len=max_req_len - 5, random_seed=0,
+            min_free_slots_delayer=None, is_hybrid_swa=False, is_hybrid_ssm=False, sliding_window_size=None,
+            full_tokens_per_layer=None, swa_tokens_per_layer=None, disable_radix_cache=False,
+            hisparse_coordinator=None, decode_offload_manager=None, disaggregation_mode=DisaggregationMode.NULL,
+            transfer_backend=None, dynamic_chunk_sizer=None, truncation_align_size=None, require_mlp_sync=False,
+            scripted_scheduler_hook=None, _sched_idled=False, scheduler_stage_metrics=None, load_snapshot_writer=None,
+            forward_ct=0, processed_tokens_counter=0, cur_batch_for_debug=None, is_initializing=False,
+            # process groups: one rank
+            dp_tp_group=_ONE_RANK, dp_tp_cpu_group=None, pp_group=_ONE_RANK, tp_group=_ONE_RANK, tp_cpu_group=None,
+            attn_tp_group=_ONE_RANK, attn_tp_cpu_group=None,
+            # observability sinks and the statistics-only inquirer
+            kv_events_publisher=_Sink(), load_publisher=_Sink(), output_streamer=_Sink(), profiler_manager=_Sink(),
+            load_inquirer=StandIn(_get_num_pending_tokens=lambda *a, **k: 0, get_loads=lambda *a, **k: None),
+            weight_updater=StandIn(offload_tags=set()),
+            ipc_channels=StandIn(send_to_tokenizer=_Sink(), send_to_detokenizer=_Sink(), recv_from_rpc=None),
+            ngram_embedding_manager=runner.ngram_embedding_manager, use_ngram_embedding=False)
+        for name in INITS:
+            getattr(sched, name)()
+        sched.scheduler_stage_metrics = sched.metrics_reporter.scheduler_stage_metrics
+    except BaseException:
+        undo.close()
+        raise
+    return Built(sched, cache, alloc, rows, undo)

@@ -1,0 +1,121 @@
+"""kvcheck's model worker for SGLang's scheduler: the forward, and what it reads and writes.
+
+SGLang's scheduler hands each batch to `model_worker.forward_batch_generation(batch)` and gets
+back the sampled token of every request (`GenerationBatchResult.next_token_ids`). This worker
+answers from the step's seeded tokens, and does to a shadow of the KV pool what the GPU forward
+does to the pool, from the batch's own fields (as SGLang's `ForwardBatch` is built from them):
+
+* writes: the slots `out_cache_loc` names, in batch order: an extend request's positions
+  `[prefix_len, prefix_len + extend_len)`, a decode request's position `seq_len - 1`; each slot
+  then holds the fingerprint of the request's tokens up to and including that position;
+* reads: every request's attention reads its row of `req_to_token` for positions `[0, seq_len)`
+  (full attention); each slot read must hold the fingerprint of exactly that request's prefix.
+
+Checks (a Violation on the first broken one, kept for the adapter's `extra_checks`):
+* `hit_sound_full`: a position below `prefix_len` (the prefix-cache hit the tree matched) reads
+  a slot that does not hold that prefix's KV: the hit was not usable;
+* `kv_read_sound`: any other read of a slot that does not hold the request's own KV (its earlier
+  chunk, its decode tokens): a slot freed and reused, or a row rewritten wrongly;
+* `no_write_into_cached`: the forward writes a slot the radix tree holds for a cached prefix.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from ..checks import slots_of
+from ..violation import Violation
+
+EOS = 1          # the stop token every request carries (stop_token_ids)
+
+
+def fingerprints(tokens: list[int]) -> list[int]:
+    """fp[p]: the identity of the prefix tokens[:p+1] (a chained hash: equal iff equal prefixes,
+    up to collisions that a 64-bit chain makes negligible at these lengths)."""
+    out, h = [], 1469598103934665603
+    for t in tokens:
+        h = hash((h, int(t)))
+        out.append(h)
+    return out
+
+
+class ModelWorker:
+    """Answers the scheduler's forwards and checks them; `tokens` are this step's samples."""
+
+    def __init__(self) -> None:
+        self.written: dict[int, int] = {}
+        self.tokens: list[int] = []
+        self.broken: Violation | None = None
+        self.coverage: Counter = Counter()
+        self.cache: Any = None
+        self.rows: Any = None
+        self.forwards = 0
+
+    def bind(self, cache: Any, rows: Any) -> None:
+        self.cache, self.rows = cache, rows
+
+    # ---- the forward ---------------------------------------------------------------------
+    def forward_batch_generation(self, batch: Any, **_: Any) -> Any:
+        import torch
+        from sglang.srt.managers.utils import GenerationBatchResult
+        self.forwards += 1
+        if self.broken is None:
+            self._run(batch)
+        samples = [self.tokens[i % len(self.tokens)] if self.tokens else 2 for i in range(len(batch.reqs))]
+        return GenerationBatchResult(next_token_ids=torch.tensor(samples, dtype=torch.int64))
+
+    def _run(self, batch: Any) -> None:
+        extend = batch.forward_mode.is_extend()
+        seq_lens = [int(x) for x in batch.seq_lens.tolist()]
+        rows = [int(x) for x in batch.req_pool_indices.tolist()]
+        out = [int(x) for x in batch.out_cache_loc.tolist()]
+        cached = self._tree_slots()
+        at = 0
+        plan: list[tuple[Any, int, int, int, list[int]]] = []     # req, row, seq_len, first written, fps
+        for i, req in enumerate(batch.reqs):
+            full = list(req.origin_input_ids) + list(req.output_ids)
+            n = seq_lens[i]
+            if len(full) < n:
+                raise RuntimeError(f"kvcheck's worker: request {req.rid} has {len(full)} tokens for a sequence "
+                                   f"of {n}")
+            fps = fingerprints(full[:n])
+            if extend:
+                pre, ext = int(batch.prefix_lens[i]), int(batch.extend_lens[i])
+                self.coverage["forward:extend"] += 1
+                if pre:
+                    self.coverage["forward:extend_after_hit"] += 1
+            else:
+                pre, ext = n - 1, 1
+                self.coverage["forward:decode"] += 1
+            for k, p in enumerate(range(pre, pre + ext)):
+                slot = out[at + k]
+                if slot in cached and self.broken is None:
+                    self.broken = Violation(
+                        "safety", "no_write_into_cached",
+                        f"the forward of {req.rid} writes position {p} into slot {slot}, which the radix tree "
+                        f"holds for a cached prefix")
+                self.written[slot] = fps[p]
+            at += ext
+            plan.append((req, rows[i], n, pre, fps))
+        for req, row, n, pre, fps in plan:          # attention reads after the batch's writes
+            slots = [int(x) for x in self.rows.req_to_token[row, :n].tolist()]
+            for p, slot in enumerate(slots):
+                if self.written.get(slot) != fps[p]:
+                    check = "hit_sound_full" if extend and p < pre else "kv_read_sound"
+                    why = "never written" if slot not in self.written else "holds another prefix's KV"
+                    self.broken = Violation(
+                        "safety", check,
+                        f"{req.rid} reads position {p} of {n} from slot {slot}, which {why}"
+                        + (f" (the prefix-cache hit covers [0, {pre}))" if check == "hit_sound_full" else ""))
+                    return
+
+    def _tree_slots(self) -> set[int]:
+        out: set[int] = set()
+        stack = [self.cache.root_node]
+        while stack:
+            node = stack.pop()
+            for child in node.children.values():
+                if child.value is not None:
+                    out.update(slots_of(child.value))
+                stack.append(child)
+        return out
