@@ -134,6 +134,9 @@ def shrink_small(viol: Finding, lay: Layout, capacity: int, fault: str | None, s
     def run(prog: list[Act]) -> Finding | None:
         return execute(lay, capacity, fault, prog)[1]
     exact = run(viol.program)
+    if lay.drive == "sched":
+        from .scheduler.shrink import shrink_sched
+        return shrink_sched(exact if exact is not None else viol, run, lay.page_size, seconds)
     return shrink_steps(exact if exact is not None else viol, run, capacity, seconds)
 
 

@@ -359,6 +359,9 @@ def fault_refusal(fault: str, lay: Layout) -> str:
 
 
 def fault_applies(fault: str, lay: Layout) -> bool:
+    if lay.drive == "sched":
+        from .scheduler.faults import PLANTABLE
+        return fault in PLANTABLE and lay.cls == "RadixCache"
     if lay.cls == "ChunkCache":
         return fault in CHUNK_GENERIC or lay.cls in FAULT_CLASSES.get(fault, ())
     if fault.startswith("mamba_") and lay.cls == "UnifiedRadixCache" and "mamba" not in lay.components:

@@ -46,5 +46,7 @@ def script_gap(lay: dict[str, Any], actions: set[str]) -> str | None:
     """Why a trace on this layout gets no script although its class has one, or None: a script that
     skipped a step it cannot play could report the bug fixed, so such a trace gets none (every
     script plays every action the adapter drives now, `chunk` on FULL+MAMBA included)."""
+    if lay.get("drive") == "sched":
+        return "a trace of SGLang's own scheduler (NAME@sched) has no standalone script yet"
     extra = sorted(actions - set(ACTIONS))
     return f"the {lay.get('class')} script does not play {', '.join(extra)}" if extra else None

@@ -26,10 +26,10 @@ from kvcheck.fuzz.prompts import PromptGen
 from kvcheck.spec.sut import ActionRejected
 
 from ..checks import slots_of
-from ..install import load
+from ..install import SglangUnavailable, load
 from ..layouts import Layout, LayoutError
 from ..violation import Violation
-from .build import POLICIES, Built, SchedConfig, build
+from .build import POLICIES, Built, SchedConfig, build, gap
 from .faults import PLANTABLE, plant
 from .worker import EOS, ModelWorker, fingerprints
 
@@ -51,6 +51,9 @@ class SchedAdapter:
                               f"(not {lay.cls}); its cache-level layout {lay.name.split('@')[0]} runs it")
         if fault is not None and fault not in PLANTABLE:
             raise LayoutError(f"layout {lay.name}: the scheduler drive plants {', '.join(PLANTABLE)}, not {fault!r}")
+        why = gap()
+        if why:
+            raise SglangUnavailable(why)
         self.lay, self.fault = lay, fault
         self.capacity = capacity or lay.capacity
         self.reset()
@@ -186,14 +189,32 @@ class SchedAdapter:
                                              f"the tree holds position {p} of a cached prefix in slot {slot}, "
                                              f"which does not hold that prefix's KV")
                 stack.append((child, full))
-        for rid, req in self.reqs.items():
-            node = getattr(req, "last_node", None)
-            if node is None or node is cache.root_node or getattr(req, "lock", 1) is None:
+        for req in self._holders():
+            node = req.last_node
+            if node is None or node is cache.root_node:
                 continue
             if id(node) not in nodes:
                 return Violation("safety", "no_evict_locked",
-                                 f"{rid}'s locked node (its cached prefix) is no longer in the tree")
+                                 f"{req.rid}'s locked node (its cached prefix) is no longer in the tree")
         return None
+
+    def _holders(self) -> list[Any]:
+        """The requests that hold a lock on their prefix: those in a batch (running, the chunked
+        one, the last batch's), not finished or retracted; where the release keeps the lock on
+        the request (`req.lock`, 0.5.22+), those whose lock is set. A waiting request's
+        `last_node` is a match without a lock (the policy's), which eviction may take."""
+        s = self.built.sched
+        cands = list(s.running_batch.reqs) + ([s.chunked_req] if s.chunked_req is not None else []) \
+            + (list(s.last_batch.reqs) if s.last_batch is not None else [])
+        out, seen = [], set()
+        for req in cands:
+            if id(req) in seen or req.finished() or getattr(req, "is_retracted", False):
+                continue
+            seen.add(id(req))
+            if "lock" in vars(req) and req.lock is None:
+                continue
+            out.append(req)
+        return out
 
     def _idle_checks(self) -> Violation | None:
         """Slot accounting after every action (`size_accounting`: free + the tree's + what live

@@ -23,9 +23,13 @@ Stand-ins, each because the real one needs what is not here:
   inquirer's two figures are 0 (statistics only);
 * two methods: `_record_step_counters` (step timing) and `maybe_send_health_check_signal`
   (a socket), no-ops.
-A release whose scheduler reads anything else off `CpuScheduler` raises AttributeError on
-kvcheck's object: "cannot drive" (fuzz/boundary.py), never a finding about SGLang.
-This builder follows the runtime-context generation (0.5.23); older releases are refused with one
+A field older releases' `__init__` copies from the server args (`self.enable_dp_attention =
+server_args.enable_dp_attention`) is read from the published server args when first asked for
+(`COPIED` lists them). A release whose scheduler reads anything else off `CpuScheduler` raises
+AttributeError on kvcheck's object: "cannot drive" (fuzz/boundary.py), never a finding about
+SGLang. Triton kernels the scheduler launches (0.5.21's `write_req_to_token_pool_triton`) run in
+Triton's interpreter on CPU tensors (`TRITON_INTERPRET=1`, set before SGLang is imported).
+This builder follows the runtime-context generation (0.5.21-0.5.23); older releases are refused with one
 line (`gap()`), the cache-level drive covers them.
 """
 from __future__ import annotations
@@ -89,6 +93,13 @@ class _Sink:
 _ONE_RANK = StandIn(world_size=1, first_rank=0, is_first_rank=True, is_last_rank=True, cpu_group=None,
                     rank_in_group=0)
 _CLS: dict[str, type] = {}
+COPIED: set[str] = set()        # the server-args fields the scheduler read through the fallback
+
+
+def _fields(obj: Any) -> tuple[str, ...]:
+    """The declared fields of a ServerArgs (a msgspec Struct on 0.5.23, a dataclass before)."""
+    t = type(obj)
+    return getattr(t, "__struct_fields__", None) or tuple(getattr(t, "__dataclass_fields__", {}))
 _DIR: dict[str, str] = {}
 
 
@@ -100,7 +111,7 @@ def gap() -> str | None:
         rc = None
     if rc is None or not hasattr(getattr(rc, "_CONTEXT", None), "override_server_args"):
         return (f"sglang {sglang_version()}: the scheduler drive builds SGLang's Scheduler through its runtime "
-                "context (0.5.23+); this release predates it (its cache-level layouts run here)")
+                "context (`override_server_args`, 0.5.21+); this release predates it (its cache-level layouts run here)")
     return None
 
 
@@ -119,6 +130,12 @@ def scheduler_class() -> type:
                 self.__dict__.update(attrs)
 
             def __getattr__(self, name: str) -> Any:
+                sa = self.__dict__.get("server_args")
+                if sa is not None and not name.startswith("_") and name in _fields(sa):
+                    value = getattr(sa, name)       # a field __init__ copies from its server args
+                    self.__dict__[name] = value
+                    COPIED.add(name)
+                    return value
                 f = sys._getframe(1)
                 where = f"{'/'.join(f.f_code.co_filename.split('/')[-3:])}:{f.f_lineno} ({f.f_code.co_name})"
                 raise AttributeError(f"kvcheck's CpuScheduler has no {name!r}, read at {where}", name=name, obj=self)
@@ -234,8 +251,9 @@ def build(cls_name: str, page_size: int, cfg: SchedConfig, worker: Any) -> Built
             weight_updater=StandIn(offload_tags=set()),
             ipc_channels=StandIn(send_to_tokenizer=_Sink(), send_to_detokenizer=_Sink(), recv_from_rpc=None),
             ngram_embedding_manager=runner.ngram_embedding_manager, use_ngram_embedding=False)
-        for name in INITS:
-            getattr(sched, name)()
+        for name in INITS:               # a release without one has no such component
+            if callable(getattr(type(sched), name, None)):
+                getattr(sched, name)()
         sched.scheduler_stage_metrics = sched.metrics_reporter.scheduler_stage_metrics
     except BaseException:
         undo.close()
