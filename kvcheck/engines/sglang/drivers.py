@@ -278,7 +278,11 @@ def replay(trace: Trace | str | Path) -> dict:
         with setting_up("sglang", sglang_version, ("sglang",), (SglangUnavailable, LayoutError)):
             ad = make_adapter(lay, trace.fault, int(trace.meta.get("capacity", lay.capacity)))
             require(needs(lay), "sglang", sglang_version())
-        code, out = replay_on_core(trace, ad, FreeModel())
+        try:
+            code, out = replay_on_core(trace, ad, FreeModel())
+        finally:
+            if hasattr(ad, "close"):        # the scheduler drive restores the config it published
+                ad.close()
     except CannotDrive as e:
         return {**e.result(sut="sglang", sglang_version=sglang_version(), layout=lay.name, fault=trace.fault,
                            steps=len(trace.steps), violation=None), "reproduced": False,

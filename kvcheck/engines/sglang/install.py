@@ -194,9 +194,6 @@ def load() -> dict[str, Any]:
     if sglang_version() is None:
         raise SglangUnavailable(INSTALL_HINT)
     os.environ.setdefault("SGLANG_DISABLE_REQUEST_LOGGING", "1")
-    # Triton kernels SGLang's scheduler path launches (write_req_to_token_pool_triton, 0.5.21) run in
-    # Triton's interpreter on CPU tensors; read when each kernel is decorated, so before the import
-    os.environ.setdefault("TRITON_INTERPRET", "1")
     install_cpu_stubs()
     import warnings
     with warnings.catch_warnings(), _idempotent_autoconfig_register():

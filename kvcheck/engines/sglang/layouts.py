@@ -185,7 +185,7 @@ def _api_gap(lay: Layout) -> str | None:
     """Why the adapter cannot drive this class at the installed release, if it cannot."""
     if lay.drive == "sched":
         from .scheduler.build import gap
-        return gap()
+        return gap(lay.page_size)
     if lay.cls == "UnifiedRadixCache" and "mamba" in lay.components:
         from .compat import component_types
         if not hasattr(component_types(), "MAMBA"):

@@ -3,7 +3,7 @@
 Actions (a trace is a sequence of them, replayed as it was run):
   start(config)                       build SGLang's scheduler for the episode (build.SchedConfig)
   submit(r, tokens, max_new, priority) a request, through SGLang's `handle_generate_request`
-  step(toks)                          one pass of SGLang's event loop: `get_next_batch_to_run`,
+  step(toks, times=1)                 `times` passes of SGLang's event loop: `get_next_batch_to_run`,
                                       then `run_batch` + `process_batch_result`, or `on_idle`;
                                       the forward samples `toks` (request i gets toks[i % len])
   abort(r)                            SGLang's `abort_request`
@@ -21,7 +21,7 @@ from array import array
 from collections import Counter
 from typing import Any
 
-from kvcheck.fuzz.boundary import check_exception
+from kvcheck.fuzz.boundary import CannotDrive, check_exception
 from kvcheck.fuzz.prompts import PromptGen
 from kvcheck.spec.sut import ActionRejected
 
@@ -51,7 +51,7 @@ class SchedAdapter:
                               f"(not {lay.cls}); its cache-level layout {lay.name.split('@')[0]} runs it")
         if fault is not None and fault not in PLANTABLE:
             raise LayoutError(f"layout {lay.name}: the scheduler drive plants {', '.join(PLANTABLE)}, not {fault!r}")
-        why = gap()
+        why = gap(lay.page_size)
         if why:
             raise SglangUnavailable(why)
         self.lay, self.fault = lay, fault
@@ -110,6 +110,7 @@ class SchedAdapter:
         self.config = SchedConfig.from_dict(config)
         self.built = build(self.lay.cls, self.lay.page_size, self.config, self.worker)
         self.worker.bind(self.built.cache, self.built.rows)
+        self.worker.pre_forward = self._tree_checks     # what the scheduling of a step broke, before its forward
         if self.fault is not None:
             plant(self.fault, self.built.cache)
         self.coverage[f"config:policy:{self.config.schedule_policy}"] += 1
@@ -138,7 +139,16 @@ class SchedAdapter:
         self.next_id += 1
         return {}
 
-    def _a_step(self, toks: list[int]) -> dict:
+    def _a_step(self, toks: list[int], times: int = 1) -> dict:
+        if not isinstance(times, int) or not 1 <= times <= 4096:
+            raise ActionRejected(f"step times must be 1..4096, got {times!r}")
+        for _ in range(times):
+            self._one_step(toks)
+            if self.worker.broken is not None:
+                break
+        return {}
+
+    def _one_step(self, toks: list[int]) -> None:
         s = self.built.sched
         self.worker.tokens = list(toks)
         plan = s.get_next_batch_to_run(running_batch=s.running_batch, last_batch=s.last_batch)
@@ -158,7 +168,6 @@ class SchedAdapter:
         for rid in [rid for rid, q in self.reqs.items() if q.finished()]:
             self.coverage["finished"] += 1
             del self.reqs[rid]
-        return {}
 
     def _a_abort(self, r: str) -> dict:
         from sglang.srt.managers.io_struct import AbortReq
@@ -168,10 +177,12 @@ class SchedAdapter:
         return {}
 
     # ---- checks --------------------------------------------------------------------------
-    def _tree_checks(self) -> Violation | None:
-        """After every action: each tree slot holds the KV of its path (`tree_content_matches`:
-        what a later hit reads), and every live request's locked node is still in the tree
-        (`no_evict_locked`)."""
+    def _tree_checks(self, batch: Any = None) -> Violation | None:
+        """After every action and as each forward starts (`batch`: the one about to run): each
+        tree slot holds the KV of its path (`tree_content_matches`: what a later hit reads),
+        every holder's locked node is still in the tree (`no_evict_locked`), and each node's
+        lock_ref is the number of holders locking it or a node below it
+        (`lock_ref_equals_holders`)."""
         cache, written = self.built.cache, self.worker.written
         stack = [(cache.root_node, [])]
         nodes = set()
@@ -189,23 +200,38 @@ class SchedAdapter:
                                              f"the tree holds position {p} of a cached prefix in slot {slot}, "
                                              f"which does not hold that prefix's KV")
                 stack.append((child, full))
-        for req in self._holders():
-            node = req.last_node
+        want: dict[int, int] = {}
+        for req in self._holders(batch):
+            lock = getattr(req, "lock", None)
+            node = lock.node if lock is not None and hasattr(lock, "node") else req.last_node
             if node is None or node is cache.root_node:
                 continue
             if id(node) not in nodes:
                 return Violation("safety", "no_evict_locked",
                                  f"{req.rid}'s locked node (its cached prefix) is no longer in the tree")
+            while node is not None and node is not cache.root_node:
+                want[id(node)] = want.get(id(node), 0) + 1
+                node = node.parent
+        stack2 = [cache.root_node]
+        while stack2:
+            node = stack2.pop()
+            for child in node.children.values():
+                if child.lock_ref != want.get(id(child), 0):
+                    return Violation("bookkeeping", "lock_ref_equals_holders",
+                                     f"a tree node of {len(child.key)} tokens holds lock_ref {child.lock_ref}; "
+                                     f"{want.get(id(child), 0)} running request(s) lock it or a node below it")
+                stack2.append(child)
         return None
 
-    def _holders(self) -> list[Any]:
+    def _holders(self, batch: Any = None) -> list[Any]:
         """The requests that hold a lock on their prefix: those in a batch (running, the chunked
         one, the last batch's), not finished or retracted; where the release keeps the lock on
         the request (`req.lock`, 0.5.22+), those whose lock is set. A waiting request's
         `last_node` is a match without a lock (the policy's), which eviction may take."""
         s = self.built.sched
         cands = list(s.running_batch.reqs) + ([s.chunked_req] if s.chunked_req is not None else []) \
-            + (list(s.last_batch.reqs) if s.last_batch is not None else [])
+            + (list(s.last_batch.reqs) if s.last_batch is not None else []) \
+            + (list(batch.reqs) if batch is not None else [])
         out, seen = [], set()
         for req in cands:
             if id(req) in seen or req.finished() or getattr(req, "is_retracted", False):
@@ -251,10 +277,16 @@ class SchedAdapter:
         return None
 
     def _engine_raised(self, e: Exception) -> Violation:
-        """SGLang's own code raised: a finding, led by the accounting the state already broke
-        (the cause an allocation failure or a leak check reports) where it did."""
+        """SGLang's own code raised: a finding. Where it is SGLang's own capacity or leak check
+        ("out of memory", "memory leak"), the finding leads with the accounting the state already
+        broke, if it did (the cause such a check reports); any other exception is reported as
+        itself (a mid-step state is not counted)."""
         check_exception(e, "sglang", load()["version"], ("sglang",))
-        if self.built is not None:
+        kernel = _triton_frame(e)
+        if kernel:
+            raise CannotDrive("sglang", load()["version"], f"{type(e).__name__}: {e}: the release launched a Triton "
+                              "kernel, which does not run on this CPU", kernel) from e
+        if self.built is not None and any(w in str(e).lower() for w in ("out of memory", "memory leak")):
             try:
                 v = self._idle_checks()
             except Exception:           # the state is too broken to count: the error alone
@@ -272,6 +304,15 @@ class SchedAdapter:
 
     def generator(self, rng: random.Random) -> "SchedGen":
         return SchedGen(rng, self.lay, self.capacity)
+
+
+def _triton_frame(e: BaseException) -> str | None:
+    tb = e.__traceback__
+    while tb is not None:
+        if str(tb.tb_frame.f_globals.get("__name__", "")).split(".")[0] == "triton":
+            return f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return None
 
 
 def _key_tokens(key: Any) -> list[int]:
@@ -305,7 +346,7 @@ class SchedGen(PromptGen):
             max_running_requests=rng.choice([1, 2, 3, 4, 6]),
             enable_priority_scheduling=rng.random() < 0.3,
             max_prefill_tokens=max(unit, ps) * rng.choice([1, 2, 4, 16]),
-            capacity=max(capacity, unit * rng.choice([2, 3, 4, 8])) // ps * ps,
+            capacity=max(8 * ps, unit * rng.choice([1, 2, 3, 4, 8]) // 2) // ps * ps,
             context_length=max(64, unit * 6))
         self.max_prompt = max(4, min(self.cfg.capacity // 2, unit * 3))
         self.bases = [[2 + rng.randrange(VOCAB - 2) for _ in range(self.max_prompt)] for _ in range(3)]

@@ -27,8 +27,10 @@ A field older releases' `__init__` copies from the server args (`self.enable_dp_
 server_args.enable_dp_attention`) is read from the published server args when first asked for
 (`COPIED` lists them). A release whose scheduler reads anything else off `CpuScheduler` raises
 AttributeError on kvcheck's object: "cannot drive" (fuzz/boundary.py), never a finding about
-SGLang. Triton kernels the scheduler launches (0.5.21's `write_req_to_token_pool_triton`) run in
-Triton's interpreter on CPU tensors (`TRITON_INTERPRET=1`, set before SGLang is imported).
+SGLang. The attention backend published is `torch_native`, SGLang's CPU backend: where the
+scheduler's path picks a kernel by backend (0.5.21's `write_cache_indices`: a Triton kernel for
+Triton-capable backends) it takes the torch path a CPU server takes. An exception raised inside
+Triton (a kernel launched anyway) is "cannot drive" (adapter.py), never a finding.
 This builder follows the runtime-context generation (0.5.21-0.5.23); older releases are refused with one
 line (`gap()`), the cache-level drive covers them.
 """
@@ -103,8 +105,8 @@ def _fields(obj: Any) -> tuple[str, ...]:
 _DIR: dict[str, str] = {}
 
 
-def gap() -> str | None:
-    """Why this release's scheduler cannot be built here (None: it can)."""
+def gap(page_size: int = 1) -> str | None:
+    """Why this release's scheduler cannot be built here for `page_size` (None: it can)."""
     try:
         from sglang.srt import runtime_context as rc
     except ImportError:
@@ -112,6 +114,12 @@ def gap() -> str | None:
     if rc is None or not hasattr(getattr(rc, "_CONTEXT", None), "override_server_args"):
         return (f"sglang {sglang_version()}: the scheduler drive builds SGLang's Scheduler through its runtime "
                 "context (`override_server_args`, 0.5.21+); this release predates it (its cache-level layouts run here)")
+    if page_size > 1:
+        import inspect
+        paged = load()["allocator"].PagedTokenToKVPoolAllocator
+        if "alloc_extend_naive" not in inspect.getsource(paged.alloc_extend):
+            return (f"sglang {sglang_version()}: its paged allocator extends a request only through a Triton kernel "
+                    "(alloc_extend_kernel; the CPU path came in 0.5.22), which does not run here")
     return None
 
 
@@ -179,7 +187,8 @@ def _publish(cfg: SchedConfig, page_size: int, undo: contextlib.ExitStack) -> An
         page_size=page_size, chunked_prefill_size=cfg.chunked_prefill_size, schedule_policy=cfg.schedule_policy,
         max_running_requests=cfg.max_running_requests, pp_max_micro_batch_size=cfg.max_running_requests,
         enable_priority_scheduling=cfg.enable_priority_scheduling, max_prefill_tokens=cfg.max_prefill_tokens,
-        disable_overlap_schedule=True, skip_tokenizer_init=True, context_length=cfg.context_length)
+        disable_overlap_schedule=True, skip_tokenizer_init=True, context_length=cfg.context_length,
+        attention_backend="torch_native", sampling_backend="pytorch")
     server_args = ov.install()
     undo.callback(ov.restore)
     undo.enter_context(rc.get_parallel().override(attn_tp_rank=0, attn_cp_rank=0, tp_rank=0, pp_rank=0,

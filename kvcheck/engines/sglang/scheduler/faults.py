@@ -25,12 +25,14 @@ def plant(fault: str, cache: Any) -> None:
 
         def evict(*params: Any, **kw: Any) -> Any:
             if fault == "evict_no_free":
-                real_free = alloc.free
-                alloc.free = lambda *a, **k: None
+                real = {n: getattr(alloc, n) for n in ("free", "free_segment", "free_swa") if hasattr(alloc, n)}
+                for n in real:
+                    setattr(alloc, n, lambda *a, **k: None)
                 try:
                     return real_evict(*params, **kw)
                 finally:
-                    alloc.free = real_free
+                    for n, fn in real.items():
+                        setattr(alloc, n, fn)
             out = real_evict(*params, **kw)
             leaf = _locked_leaf(cache)
             if leaf is not None:

@@ -3,7 +3,8 @@ one-step alternatives. A failure under SGLang's scheduler usually needs pool pre
 smaller serving configuration gives in fewer steps than the episode took: so `start` may become
 the same configuration with half the pool, one running request, chunked prefill off or on at
 the smallest chunk; a `submit` may ask for fewer new tokens or a shorter prompt; a request's
-whole lifecycle (its submit and abort) goes in one deletion."""
+whole lifecycle (its submit and abort) goes in one deletion; a run of steps becomes one step of
+as many passes."""
 from __future__ import annotations
 
 import time
@@ -60,7 +61,28 @@ def shrink_sched(viol: Finding, run: Callable[[list[Act]], Finding | None], page
 
     def same(g: Finding) -> bool:
         return g.checks == viol.checks
-    small = shrink_finding(viol, run, same, seconds * 0.8, alternatives(page), requests)
+    small = shrink_finding(viol, run, same, seconds * 0.7, alternatives(page), requests)
+    small = _fuse_steps(small, run, same)
     rest = max(0.0, seconds - (time.thread_time() - t0))
     again = shrink_finding(small, run, same, rest, None, requests)      # deletions only, to the fixpoint
     return again if len(again.program) < len(small.program) else small
+
+
+def _fuse_steps(f: Finding, run: Callable[[list[Act]], Finding | None], same: Callable[[Finding], bool]) -> Finding:
+    """Each run of consecutive steps as one step of that many passes (the first one's samples),
+    where the program still fails the same way: a pool filled by decoding is one step."""
+    best = f
+    i = 0
+    while i < len(best.program):
+        prog = best.program
+        j = i
+        while j < len(prog) and prog[j].action == "step":
+            j += 1
+        if j - i > 1:
+            times = sum(int(x.params.get("times", 1)) for x in prog[i:j])
+            cand = prog[:i] + [Act("step", {"toks": list(prog[i].params["toks"]), "times": times})] + prog[j:]
+            g = run(cand)
+            if g is not None and same(g):
+                best = g
+        i += 1
+    return best

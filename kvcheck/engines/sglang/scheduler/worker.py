@@ -50,6 +50,7 @@ class ModelWorker:
         self.cache: Any = None
         self.rows: Any = None
         self.forwards = 0
+        self.pre_forward: Any = None        # the adapter's tree checks, run as the forward starts
 
     def bind(self, cache: Any, rows: Any) -> None:
         self.cache, self.rows = cache, rows
@@ -59,6 +60,8 @@ class ModelWorker:
         import torch
         from sglang.srt.managers.utils import GenerationBatchResult
         self.forwards += 1
+        if self.broken is None and self.pre_forward is not None:
+            self.broken = self.pre_forward(batch)
         if self.broken is None:
             self._run(batch)
         samples = [self.tokens[i % len(self.tokens)] if self.tokens else 2 for i in range(len(batch.reqs))]
