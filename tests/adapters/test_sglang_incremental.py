@@ -15,7 +15,12 @@ import pytest
 
 from kvcheck.engines.sglang.layouts import (FAULTS, LAYOUTS, fault_applies, known_finding)
 
-from test_sglang import _sglang, _supported  # noqa: F401  (the release or a skip; tests/adapters is on sys.path)
+from test_sglang import _sglang, _supported as _all_supported  # noqa: F401  (the release or a skip; tests/adapters is on sys.path)
+
+
+def _supported() -> list[str]:
+    """The cache-level layouts (the incremental checks are theirs; the scheduler drive checks each step)."""
+    return [x for x in _all_supported() if LAYOUTS[x].drive == "cache"]
 
 NEVER = 10 ** 9         # incremental, no periodic full scan: what the incremental check sees alone
 

@@ -113,6 +113,15 @@ class SchedAdapter:
         self.worker.pre_forward = self._tree_checks     # what the scheduling of a step broke, before its forward
         if self.fault is not None:
             plant(self.fault, self.built.cache)
+        cache, real_evict = self.built.cache, self.built.cache.evict
+
+        def evict(*a: Any, **k: Any) -> Any:      # observed only (coverage): SGLang's evict, called through
+            before = self.built.alloc.available_size()
+            out = real_evict(*a, **k)
+            if self.built.alloc.available_size() > before:
+                self.coverage["state:evicted"] += 1
+            return out
+        cache.evict = evict
         self.coverage[f"config:policy:{self.config.schedule_policy}"] += 1
         self.coverage["config:chunked" if self.config.chunked_prefill_size > 0 else "config:unchunked"] += 1
         return {}
@@ -346,9 +355,10 @@ class SchedGen(PromptGen):
             max_running_requests=rng.choice([1, 2, 3, 4, 6]),
             enable_priority_scheduling=rng.random() < 0.3,
             max_prefill_tokens=max(unit, ps) * rng.choice([1, 2, 4, 16]),
-            capacity=max(8 * ps, unit * rng.choice([1, 2, 3, 4, 8]) // 2) // ps * ps,
+            capacity=max(16 * ps, unit * rng.choice([1, 2, 3, 4, 8]) // 2) // ps * ps,
             context_length=max(64, unit * 6))
-        self.max_prompt = max(4, min(self.cfg.capacity // 2, unit * 3))
+        # prompts SGLang admits (its limit: min(context, pool) - 1 - 5), a third of them past a chunk
+        self.max_prompt = max(2, min(self.cfg.capacity - 8, self.cfg.context_length - 8, unit * 3))
         self.bases = [[2 + rng.randrange(VOCAB - 2) for _ in range(self.max_prompt)] for _ in range(3)]
         self.started = False
         self.n = 0

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import shutil
 import sys
 import tempfile
@@ -191,6 +192,10 @@ def _publish(cfg: SchedConfig, page_size: int, undo: contextlib.ExitStack) -> An
         attention_backend="torch_native", sampling_backend="pytorch")
     server_args = ov.install()
     undo.callback(ov.restore)
+    # SGLang's scheduler logs each refused or retracted request; the drive's results say what happened
+    log = logging.getLogger("sglang")
+    undo.callback(log.setLevel, log.level)
+    log.setLevel(logging.CRITICAL)
     undo.enter_context(rc.get_parallel().override(attn_tp_rank=0, attn_cp_rank=0, tp_rank=0, pp_rank=0,
                                                   attn_dp_rank=0, dp_rank=0))
     return server_args

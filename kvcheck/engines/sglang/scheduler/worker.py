@@ -100,6 +100,8 @@ class ModelWorker:
                 self.written[slot] = fps[p]
             at += ext
             plan.append((req, rows[i], n, pre, fps))
+        if self.broken is not None:
+            return
         for req, row, n, pre, fps in plan:          # attention reads after the batch's writes
             slots = [int(x) for x in self.rows.req_to_token[row, :n].tolist()]
             for p, slot in enumerate(slots):

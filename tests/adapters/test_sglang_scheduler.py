@@ -1,0 +1,199 @@
+"""The scheduler drive (layouts NAME@sched): SGLang's own Scheduler, Req and batches on CPU.
+
+Runs under a Python with SGLang 0.5.21+ (`.ci/run` runs it with the newest release's side venv;
+elsewhere it skips, saying why). What it shows: the objects stepped are SGLang's own (its
+`Scheduler` subclass adds no scheduling code, requests are SGLang's `Req`, batches its
+`ScheduleBatch`); admission, chunking and retraction happen (SGLang decides them); each check of
+the worker model fails on a planted defect of the forward (not only of the cache); a release that
+reads something kvcheck's CPU scheduler lacks, or a Triton kernel launched on CPU, is "cannot
+drive", never a finding; bad parameters are refused with one line.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from test_sglang import _sglang  # noqa: F401  (tests/adapters is on sys.path)
+
+
+def _drive():
+    _sglang()
+    from kvcheck.engines.sglang.scheduler.build import gap
+    why = gap()
+    if why:
+        pytest.skip(why)
+    from kvcheck.engines.sglang import drivers as sg
+    return sg
+
+
+def _episode(sg, program):
+    from kvcheck.fuzz.lockstep import FreeModel, Lockstep
+    from kvcheck.fuzz.models import Act
+    ad = sg.make_adapter(sg.LAYOUTS["radix@sched"])
+    try:
+        f = Lockstep(FreeModel(), ad).run([Act(a, p) for a, p in program])
+        return ad, f
+    finally:
+        ad.close()
+
+
+START = {"config": {"schedule_policy": "lpm", "chunked_prefill_size": 4, "max_running_requests": 2,
+                    "enable_priority_scheduling": False, "max_prefill_tokens": 64, "capacity": 32,
+                    "context_length": 96}}
+
+
+def test_the_objects_stepped_are_sglangs_own():
+    sg = _drive()
+    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+    from sglang.srt.managers.scheduler import Scheduler
+    from kvcheck.engines.sglang.scheduler.build import scheduler_class
+    cls = scheduler_class()
+    assert issubclass(cls, Scheduler)
+    own = {k for k, v in vars(cls).items() if callable(v) and not k.startswith("__")}
+    assert own == {"_record_step_counters", "maybe_send_health_check_signal"}, own   # the documented two
+    seen = []
+    from kvcheck.fuzz.lockstep import FreeModel, Lockstep
+    from kvcheck.fuzz.models import Act
+    ad = sg.make_adapter(sg.LAYOUTS["radix@sched"])
+    core = Lockstep(FreeModel(), ad)
+    try:
+        core.step(Act("start", START))
+        core.step(Act("submit", {"r": "a", "tokens": [3, 4, 5, 6, 7, 8, 9, 10, 11], "max_new": 3}))
+        seen.append(type(ad.reqs["a"]))
+        core.step(Act("step", {"toks": [5]}))        # chunked prefill: 4 of 9 tokens
+        s = ad.built.sched
+        assert s.chunked_req is ad.reqs["a"] and isinstance(s.last_batch, ScheduleBatch)
+        core.step(Act("submit", {"r": "b", "tokens": [3, 4, 5, 6, 12], "max_new": 2}))
+        core.step(Act("step", {"toks": [5], "times": 12}))
+        assert ad.coverage["forward:extend_after_hit"] >= 1          # b reused a's published chunk
+        assert ad.coverage["finished"] == 2 and not ad.reqs
+    finally:
+        ad.close()
+    assert seen == [Req]
+
+
+def test_a_forward_reading_a_wrong_slot_is_caught(monkeypatch):
+    """A worker-table defect: the row a request reads is rewritten wrongly between scheduling and
+    the forward (as a wrong req_to_token write would do): the worker's read check fires."""
+    sg = _drive()
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+    real = ScheduleBatch.prepare_for_extend
+
+    def prepare(self):
+        real(self)
+        for i, r in enumerate(self.reqs):
+            if int(self.prefix_lens[i]) > 0:            # a hit: point its first position elsewhere
+                row = self.req_pool_indices[i]
+                self.req_to_token_pool.req_to_token[row, 0] = self.out_cache_loc[0]
+    monkeypatch.setattr(ScheduleBatch, "prepare_for_extend", prepare)
+    _, f = _episode(sg, [("start", START), ("submit", {"r": "a", "tokens": [3, 4, 5, 6, 7, 8], "max_new": 1}),
+                         ("step", {"toks": [5], "times": 4}),
+                         ("submit", {"r": "b", "tokens": [3, 4, 5, 6, 7, 8, 9], "max_new": 1}),
+                         ("step", {"toks": [5], "times": 4})])
+    assert f is not None and f.checks == ["hit_sound_full"], f
+
+
+def test_a_write_into_a_cached_slot_is_caught(monkeypatch):
+    sg = _drive()
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+    real = ScheduleBatch.prepare_for_extend
+
+    def prepare(self):
+        real(self)
+        tree = self.tree_cache.root_node.children
+        if tree:                                     # the forward writes into a slot the tree holds
+            node = next(iter(tree.values()))
+            self.out_cache_loc[0] = int(node.value[0])
+    monkeypatch.setattr(ScheduleBatch, "prepare_for_extend", prepare)
+    _, f = _episode(sg, [("start", START), ("submit", {"r": "a", "tokens": [3, 4, 5, 6], "max_new": 1}),
+                         ("step", {"toks": [5], "times": 4}),
+                         ("submit", {"r": "b", "tokens": [9, 9, 9], "max_new": 1}),
+                         ("step", {"toks": [5], "times": 4})])
+    assert f is not None and f.checks == ["no_write_into_cached"], f
+
+
+def test_pool_pressure_retracts_through_sglang():
+    """A pool too small for two decoding requests: SGLang's own retract_decode runs, and the
+    drive stays clean."""
+    sg = _drive()
+    cfg = dict(START["config"], capacity=24, chunked_prefill_size=-1)
+    ad, f = _episode(sg, [("start", {"config": cfg}),
+                          ("submit", {"r": "a", "tokens": [3, 4, 5, 6, 7, 8, 9, 10], "max_new": 12}),
+                          ("submit", {"r": "b", "tokens": [11, 12, 13, 14, 15, 3, 4, 5], "max_new": 12}),
+                          ("step", {"toks": [6], "times": 40})])
+    assert f is None, f
+    assert ad.coverage["finished"] == 2
+
+
+def test_what_kvchecks_scheduler_lacks_is_cannot_drive_not_a_finding(tmp_path, monkeypatch):
+    sg = _drive()
+    from kvcheck.engines.sglang.scheduler import build
+    real = build.scheduler_class
+
+    def lacking():
+        cls = real()
+
+        class Lacking(cls):        # a release reading an attribute kvcheck does not set
+            def get_next_batch_to_run(self, *a, **k):
+                return self.some_field_a_new_release_reads
+        return Lacking
+    monkeypatch.setattr(build, "scheduler_class", lacking)
+    r = sg.run_campaign("radix@sched", steps=200, seed=1, out_dir=str(tmp_path))
+    assert r["findings"] == [] and r["exit_code"] == 3, (r["steps"], r["coverage"], r.get("cannot_drive"))
+    assert "some_field_a_new_release_reads" in r["cannot_drive"]["line"], r["cannot_drive"]
+
+
+def test_a_triton_kernel_on_cpu_is_cannot_drive(tmp_path, monkeypatch):
+    sg = _drive()
+    if _kernel is None:
+        pytest.skip("no triton here")
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+    real = ScheduleBatch.prepare_for_extend
+
+    def prepare(self):
+        real(self)
+        _kernel[(1,)](self.out_cache_loc)           # a GPU kernel on CPU tensors (no driver here)
+    monkeypatch.setattr(ScheduleBatch, "prepare_for_extend", prepare)
+    r = sg.run_campaign("radix@sched", steps=200, seed=1, out_dir=str(tmp_path))
+    assert r["findings"] == [] and r["exit_code"] == 3, (r["steps"], r["coverage"], r.get("cannot_drive"))
+
+
+def _kernel_body(x):
+    pass
+
+
+def _triton_kernel():
+    """A compiled-mode kernel (the interpreter the tests set for kvcheck's own kernels would run it):
+    launching it needs a GPU driver."""
+    from triton.runtime.jit import JITFunction
+    return JITFunction(_kernel_body)
+
+
+try:
+    _kernel = _triton_kernel()
+except Exception:           # no triton: the test below skips
+    _kernel = None
+
+
+@pytest.mark.parametrize("bad", [{"config": {"capacity": "x"}}, {"config": {"nope": 1}}, {"config": 3}])
+def test_a_bad_start_is_refused_with_one_line(bad):
+    sg = _drive()
+    from kvcheck.spec.sut import ActionRejected
+    ad = sg.make_adapter(sg.LAYOUTS["radix@sched"])
+    try:
+        with pytest.raises(ActionRejected) as e:
+            ad.apply("start", bad)
+        assert "\n" not in str(e.value)
+    finally:
+        ad.close()
+
+
+def test_the_cli_runs_it_and_prints_json(tmp_path, capsys):
+    _drive()
+    from kvcheck.checker.cli import main
+    code = main(["fuzz", "--sut", "sglang", "--layout", "radix@sched", "--budget", "300", "--seed", "2",
+                 "--json", "--out", str(tmp_path)])
+    res = json.loads(capsys.readouterr().out)
+    assert code == 0 and res["exit_code"] == 0 and res["layout"] == "radix@sched", res
+    assert res["missing_actions"] == [] and res["lookups_with_hit"] > 0
