@@ -30,7 +30,7 @@ def _drive():
 def _episode(sg, program):
     from kvcheck.fuzz.lockstep import FreeModel, Lockstep
     from kvcheck.fuzz.models import Act
-    ad = sg.make_adapter(sg.LAYOUTS["radix@sched"])
+    ad = sg.make_adapter(sg.LAYOUTS["dense@sched"])
     try:
         f = Lockstep(FreeModel(), ad).run([Act(a, p) for a, p in program])
         return ad, f
@@ -55,7 +55,7 @@ def test_the_objects_stepped_are_sglangs_own():
     seen = []
     from kvcheck.fuzz.lockstep import FreeModel, Lockstep
     from kvcheck.fuzz.models import Act
-    ad = sg.make_adapter(sg.LAYOUTS["radix@sched"])
+    ad = sg.make_adapter(sg.LAYOUTS["dense@sched"])
     core = Lockstep(FreeModel(), ad)
     try:
         core.step(Act("start", START))
@@ -101,10 +101,10 @@ def test_a_write_into_a_cached_slot_is_caught(monkeypatch):
 
     def prepare(self):
         real(self)
-        tree = self.tree_cache.root_node.children
-        if tree:                                     # the forward writes into a slot the tree holds
-            node = next(iter(tree.values()))
-            self.out_cache_loc[0] = int(node.value[0])
+        from kvcheck.engines.sglang.scheduler.tree import Tree
+        views = [v for v in Tree(self.tree_cache).views() if v.full]
+        if views:                                    # the forward writes into a slot the tree holds
+            self.out_cache_loc[0] = views[0].full[0]
     monkeypatch.setattr(ScheduleBatch, "prepare_for_extend", prepare)
     _, f = _episode(sg, [("start", START), ("submit", {"r": "a", "tokens": [3, 4, 5, 6], "max_new": 1}),
                          ("step", {"toks": [5], "times": 4}),
@@ -139,7 +139,7 @@ def test_what_kvchecks_scheduler_lacks_is_cannot_drive_not_a_finding(tmp_path, m
                 return self.some_field_a_new_release_reads
         return Lacking
     monkeypatch.setattr(build, "scheduler_class", lacking)
-    r = sg.run_campaign("radix@sched", steps=200, seed=1, out_dir=str(tmp_path))
+    r = sg.run_campaign("dense@sched", steps=200, seed=1, out_dir=str(tmp_path))
     assert r["findings"] == [] and r["exit_code"] == 3, (r["steps"], r["coverage"], r.get("cannot_drive"))
     assert "some_field_a_new_release_reads" in r["cannot_drive"]["line"], r["cannot_drive"]
 
@@ -155,7 +155,7 @@ def test_a_triton_kernel_on_cpu_is_cannot_drive(tmp_path, monkeypatch):
         real(self)
         _kernel[(1,)](self.out_cache_loc)           # a GPU kernel on CPU tensors (no driver here)
     monkeypatch.setattr(ScheduleBatch, "prepare_for_extend", prepare)
-    r = sg.run_campaign("radix@sched", steps=200, seed=1, out_dir=str(tmp_path))
+    r = sg.run_campaign("dense@sched", steps=200, seed=1, out_dir=str(tmp_path))
     assert r["findings"] == [] and r["exit_code"] == 3, (r["steps"], r["coverage"], r.get("cannot_drive"))
 
 
@@ -180,7 +180,7 @@ except Exception:           # no triton: the test below skips
 def test_a_bad_start_is_refused_with_one_line(bad):
     sg = _drive()
     from kvcheck.spec.sut import ActionRejected
-    ad = sg.make_adapter(sg.LAYOUTS["radix@sched"])
+    ad = sg.make_adapter(sg.LAYOUTS["dense@sched"])
     try:
         with pytest.raises(ActionRejected) as e:
             ad.apply("start", bad)
@@ -192,8 +192,8 @@ def test_a_bad_start_is_refused_with_one_line(bad):
 def test_the_cli_runs_it_and_prints_json(tmp_path, capsys):
     _drive()
     from kvcheck.checker.cli import main
-    code = main(["fuzz", "--sut", "sglang", "--layout", "radix@sched", "--budget", "300", "--seed", "2",
+    code = main(["fuzz", "--sut", "sglang", "--layout", "dense@sched", "--budget", "300", "--seed", "2",
                  "--json", "--out", str(tmp_path)])
     res = json.loads(capsys.readouterr().out)
-    assert code == 0 and res["exit_code"] == 0 and res["layout"] == "radix@sched", res
+    assert code == 0 and res["exit_code"] == 0 and res["layout"] == "dense@sched", res
     assert res["missing_actions"] == [] and res["lookups_with_hit"] > 0

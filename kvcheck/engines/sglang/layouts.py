@@ -101,11 +101,16 @@ LAYOUTS: dict[str, Layout] = {x.name: x for x in (
     Layout("chunk", "ChunkCache", ("full",), 1, None, 48,
            "ChunkCache (prefix caching disabled), chunked prefill (cache_unfinished_req), ReqToTokenPool + "
            "TokenToKVPoolAllocator"),
-    # SGLang's own Scheduler on CPU (scheduler/): admission, chunking, retraction and the cache calls are its own
-    Layout("radix@sched", "RadixCache", ("full",), 1, None, 256,
-           "RadixCache under SGLang's own Scheduler (page 1): requests, batches, chunked prefill, retraction", drive="sched"),
-    Layout("radix-page16@sched", "RadixCache", ("full",), 16, None, 1024,
-           "RadixCache under SGLang's own Scheduler, page 16 (paged attention backends)", drive="sched"),
+    # SGLang's own Scheduler on CPU (scheduler/): admission, chunking, retraction and the cache calls are its
+    # own, over the tree its server builds for the model (UnifiedRadixCache on 0.5.21+, Python tree core)
+    Layout("dense@sched", "UnifiedRadixCache", ("full",), 1, None, 256,
+           "a full-attention model under SGLang's own Scheduler (page 1): requests, batches, chunked prefill, "
+           "retraction", drive="sched"),
+    Layout("dense-page16@sched", "UnifiedRadixCache", ("full",), 16, None, 1024,
+           "a full-attention model under SGLang's own Scheduler, page 16 (paged attention backends)", drive="sched"),
+    Layout("hybrid-swa@sched", "UnifiedRadixCache", ("full", "swa"), 1, 32, 256,
+           "a hybrid full + sliding-window model (W = 32) under SGLang's own Scheduler: SWA pool, tombstones, "
+           "window eviction as the server runs them", drive="sched"),
 )}
 
 
@@ -361,7 +366,7 @@ def fault_refusal(fault: str, lay: Layout) -> str:
 def fault_applies(fault: str, lay: Layout) -> bool:
     if lay.drive == "sched":
         from .scheduler.faults import PLANTABLE
-        return fault in PLANTABLE and lay.cls == "RadixCache"
+        return fault in PLANTABLE
     if lay.cls == "ChunkCache":
         return fault in CHUNK_GENERIC or lay.cls in FAULT_CLASSES.get(fault, ())
     if fault.startswith("mamba_") and lay.cls == "UnifiedRadixCache" and "mamba" not in lay.components:

@@ -30,12 +30,13 @@ from ..install import SglangUnavailable, load
 from ..layouts import Layout, LayoutError
 from ..violation import Violation
 from .build import POLICIES, Built, SchedConfig, build, gap
-from .faults import PLANTABLE, plant
+from .faults import PLANTABLE, evict_entries, plant
+from .tree import Tree
 from .worker import EOS, ModelWorker, fingerprints
 
 ACTIONS = ("start", "submit", "step", "abort")
 VOCAB = 16
-DRIVEN_CLASSES = ("RadixCache",)
+DRIVEN_CLASSES = ("RadixCache", "UnifiedRadixCache")
 
 
 class SchedAdapter:
@@ -87,12 +88,17 @@ class SchedAdapter:
             raise ActionRejected(f"unknown action {action!r} for the SGLang scheduler drive")
         if (action == "start") != (self.built is None):
             raise ActionRejected("start comes first, once" if action == "start" else "no scheduler yet")
+        if action == "start":
+            try:
+                self.config = SchedConfig.from_dict(params["config"])
+            except (TypeError, ValueError, KeyError, AttributeError) as e:
+                raise ActionRejected(f"bad parameters for start: {e}") from None
         try:
             obs = getattr(self, f"_a_{action}")(**params)
         except ActionRejected:
             raise
         except (TypeError, ValueError, KeyError) as e:
-            if self.built is None or _kvcheck_side(e):
+            if action != "start" and _kvcheck_side(e):
                 raise ActionRejected(f"bad parameters for {action}: {e}") from None
             self.broken, obs = self._engine_raised(e), {}
         except Exception as e:                 # SGLang's own code raised (or kvcheck's side: cannot drive)
@@ -107,24 +113,30 @@ class SchedAdapter:
         return obs
 
     def _a_start(self, config: dict[str, Any]) -> dict:
-        self.config = SchedConfig.from_dict(config)
-        self.built = build(self.lay.cls, self.lay.page_size, self.config, self.worker)
-        self.worker.bind(self.built.cache, self.built.rows)
+        """Build the scheduler (`self.config`, parsed by `apply`): whatever fails here is kvcheck's
+        side (cannot drive) or the release's (its own constructors raised)."""
+        self.built = build(self.lay, self.config, self.worker)
+        self.tree = Tree(self.built.cache)
+        self.worker.bind(self.built.cache, self.built.rows, self.tree, self.lay.window if "swa" in self.lay.components else None)
         self.worker.pre_forward = self._tree_checks     # what the scheduling of a step broke, before its forward
         if self.fault is not None:
-            plant(self.fault, self.built.cache)
-        cache, real_evict = self.built.cache, self.built.cache.evict
-
-        def evict(*a: Any, **k: Any) -> Any:      # observed only (coverage): SGLang's evict, called through
-            before = self.built.alloc.available_size()
-            out = real_evict(*a, **k)
-            if self.built.alloc.available_size() > before:
-                self.coverage["state:evicted"] += 1
-            return out
-        cache.evict = evict
+            plant(self.fault, self.built.cache, self.tree)
+        for name in evict_entries(self.built.cache):
+            setattr(self.built.cache, name, self._counted(getattr(self.built.cache, name)))
         self.coverage[f"config:policy:{self.config.schedule_policy}"] += 1
         self.coverage["config:chunked" if self.config.chunked_prefill_size > 0 else "config:unchunked"] += 1
         return {}
+
+    def _counted(self, real_evict: Any) -> Any:
+        """SGLang's evict, called through; observed only (coverage: an eviction happened)."""
+        def evict(*a: Any, **k: Any) -> Any:
+            full = getattr(self.built.alloc, "full_attn_allocator", self.built.alloc)
+            before = full.available_size()
+            out = real_evict(*a, **k)
+            if full.available_size() > before:
+                self.coverage["state:evicted"] += 1
+            return out
+        return evict
 
     def _a_submit(self, r: str, tokens: list[int], max_new: int, priority: int | None = None) -> dict:
         from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
@@ -188,48 +200,39 @@ class SchedAdapter:
     # ---- checks --------------------------------------------------------------------------
     def _tree_checks(self, batch: Any = None) -> Violation | None:
         """After every action and as each forward starts (`batch`: the one about to run): each
-        tree slot holds the KV of its path (`tree_content_matches`: what a later hit reads),
-        every holder's locked node is still in the tree (`no_evict_locked`), and each node's
-        lock_ref is the number of holders locking it or a node below it
-        (`lock_ref_equals_holders`)."""
-        cache, written = self.built.cache, self.worker.written
-        stack = [(cache.root_node, [])]
+        tree slot holds the KV of its path (`tree_content_matches`: what a later hit reads; an SWA
+        slot, where the node keeps one, likewise), every holder's locked node is still in the tree
+        (`no_evict_locked`), and each node's full lock_ref is the number of holders locking it or
+        a node below it (`lock_ref_equals_holders`)."""
+        written, written_swa = self.worker.written, self.worker.written_swa
         nodes = set()
-        while stack:
-            node, path = stack.pop()
-            for child in node.children.values():
-                nodes.add(id(child))
-                full = path + _key_tokens(child.key)
-                if child.value is not None:
-                    fps = fingerprints(full)
-                    for k, slot in enumerate(slots_of(child.value)):
-                        p = len(path) + k
-                        if written.get(slot) != fps[p]:
-                            return Violation("safety", "tree_content_matches",
-                                             f"the tree holds position {p} of a cached prefix in slot {slot}, "
-                                             f"which does not hold that prefix's KV")
-                stack.append((child, full))
+        for v in self.tree.views():
+            nodes.add(id(v.node))
+            fps = fingerprints(v.path + v.key)
+            for shadow, slots, what in ((written, v.full, ""), (written_swa, v.swa, "SWA ")):
+                for k, slot in enumerate(slots or ()):
+                    p = len(v.path) + k
+                    if shadow.get(slot) != fps[p]:
+                        return Violation("safety", "tree_content_matches",
+                                         f"the tree holds position {p} of a cached prefix in {what}slot {slot}, "
+                                         f"which does not hold that prefix's KV")
         want: dict[int, int] = {}
         for req in self._holders(batch):
             lock = getattr(req, "lock", None)
-            node = lock.node if lock is not None and hasattr(lock, "node") else req.last_node
-            if node is None or node is cache.root_node:
+            node = self.tree.node(lock.node if lock is not None and hasattr(lock, "node") else req.last_node)
+            if node is None or node is self.tree.root:
                 continue
             if id(node) not in nodes:
                 return Violation("safety", "no_evict_locked",
                                  f"{req.rid}'s locked node (its cached prefix) is no longer in the tree")
-            while node is not None and node is not cache.root_node:
+            while node is not None and node is not self.tree.root:
                 want[id(node)] = want.get(id(node), 0) + 1
                 node = node.parent
-        stack2 = [cache.root_node]
-        while stack2:
-            node = stack2.pop()
-            for child in node.children.values():
-                if child.lock_ref != want.get(id(child), 0):
-                    return Violation("bookkeeping", "lock_ref_equals_holders",
-                                     f"a tree node of {len(child.key)} tokens holds lock_ref {child.lock_ref}; "
-                                     f"{want.get(id(child), 0)} running request(s) lock it or a node below it")
-                stack2.append(child)
+        for v in self.tree.views():
+            if v.full_lock != want.get(id(v.node), 0):
+                return Violation("bookkeeping", "lock_ref_equals_holders",
+                                 f"a tree node of {len(v.key)} tokens holds lock_ref {v.full_lock}; "
+                                 f"{want.get(id(v.node), 0)} running request(s) lock it or a node below it")
         return None
 
     def _holders(self, batch: Any = None) -> list[Any]:
@@ -259,13 +262,9 @@ class SchedAdapter:
         ps = self.lay.page_size
         tree: set[int] = set()
         locked = 0
-        stack = [cache.root_node]
-        while stack:
-            node = stack.pop()
-            for child in node.children.values():
-                locked = max(locked, child.lock_ref)
-                tree.update(v // ps for v in slots_of(child.value))
-                stack.append(child)
+        for v in self.tree.views():
+            locked = max(locked, v.full_lock)
+            tree.update(x // ps for x in v.full or ())
         held: set[int] = set()
         for req in self.reqs.values():
             kv = getattr(req, "kv", req)
@@ -273,11 +272,12 @@ class SchedAdapter:
             if row is not None and n:
                 held.update(int(v) // ps for v in self.built.rows.req_to_token[row, :n].tolist())
         held -= tree
-        free = int(alloc.available_size())
-        if free + (len(tree) + len(held)) * ps != alloc.size:
+        full = getattr(alloc, "full_attn_allocator", alloc)     # FULL+SWA: the full pool (SWA is windowed)
+        free = int(full.available_size())
+        if free + (len(tree) + len(held)) * ps != full.size:
             return Violation("bookkeeping", "size_accounting",
                              f"{free} free + {len(tree) * ps} in the tree + {len(held) * ps} held by live requests "
-                             f"!= {alloc.size} slots")
+                             f"!= {full.size} slots")
         idle = not (s.waiting_queue or not s.running_batch.is_empty() or s.chunked_req is not None or self.reqs)
         if idle and locked:
             return Violation("bookkeeping", "lock_ref_equals_holders",
@@ -322,13 +322,6 @@ def _triton_frame(e: BaseException) -> str | None:
             return f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}"
         tb = tb.tb_next
     return None
-
-
-def _key_tokens(key: Any) -> list[int]:
-    ids = getattr(key, "token_ids", None)
-    if ids is None:
-        return [int(t) for t in key]
-    return [int(t) for t in ids[:len(key)]]
 
 
 def _kvcheck_side(e: BaseException) -> bool:

@@ -47,7 +47,7 @@ from typing import Any
 
 from kvcheck.fuzz.boundary import StandIn
 
-from ..compat import new_allocator, new_cache, row_pool
+from ..compat import new_allocator, new_cache, row_pool, swa_pools
 from ..install import SglangUnavailable, load, sglang_version
 
 # the Scheduler's own init methods that run on CPU, in the order its __init__ calls them
@@ -74,11 +74,27 @@ class SchedConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "SchedConfig":
+        """Checked field by field (a trace is user input): one line naming the field."""
+        if not isinstance(d, dict):
+            raise ValueError(f"the scheduler config must be an object, got {type(d).__name__}")
         known = set(cls.__dataclass_fields__)
         bad = sorted(set(d) - known)
         if bad:
             raise ValueError(f"unknown scheduler config field(s) {bad}; known: {sorted(known)}")
-        return cls(**d)
+        out = cls(**d)
+        for name, f in cls.__dataclass_fields__.items():
+            v, want = getattr(out, name), type(f.default)
+            if type(v) is not want:
+                raise ValueError(f"scheduler config field {name} must be {want.__name__}, got {v!r}")
+        if out.schedule_policy not in POLICIES:
+            raise ValueError(f"scheduler config field schedule_policy must be one of {', '.join(POLICIES)}")
+        lows = {"max_running_requests": 1, "max_prefill_tokens": 1, "capacity": 8, "context_length": 16}
+        for name, low in lows.items():
+            if getattr(out, name) < low:
+                raise ValueError(f"scheduler config field {name} must be >= {low}, got {getattr(out, name)}")
+        if out.chunked_prefill_size == 0 or out.chunked_prefill_size < -1:
+            raise ValueError("scheduler config field chunked_prefill_size must be -1 (off) or >= 1")
+        return out
 
 
 class _Sink:
@@ -201,10 +217,42 @@ def _publish(cfg: SchedConfig, page_size: int, undo: contextlib.ExitStack) -> An
     return server_args
 
 
-def build(cls_name: str, page_size: int, cfg: SchedConfig, worker: Any) -> Built:
-    """SGLang's scheduler over a `cls_name` cache of `cfg.capacity` slots, with `worker` as its
-    model worker."""
-    why = gap()
+def _tree_cache(lay: Any, alloc: Any, rows: Any, server_args: Any, mc: Any, tp_worker: Any, chunk: int) -> Any:
+    """The tree the release's server would build for this model (its own `create_tree_cache`:
+    UnifiedRadixCache with the components the model needs, 0.5.21+), on the Python tree core (the
+    Rust core, the server's default, is compared with it by the cache-level lockstep layouts);
+    a release without the factory gets the layout's class."""
+    from dataclasses import fields
+    S = load()
+    swa = "swa" in lay.components
+    P = S["CacheInitParams"]
+    names = {f.name for f in fields(P)}
+    kw = dict(disable=False, req_to_token_pool=rows, token_to_kv_pool_allocator=alloc, page_size=lay.page_size,
+              sliding_window_size=lay.window if swa else None, tree_core_backend="python")
+    params = P(**{k: v for k, v in kw.items() if k in names})
+    try:
+        from sglang.srt.mem_cache.registry import TreeCacheBuildContext, create_tree_cache
+    except ImportError:
+        cache = new_cache(lay.cls, alloc, lay.page_size, lay.window if swa else None)
+        cache.req_to_token_pool = rows
+        return cache
+    ctx_names = {f.name for f in fields(TreeCacheBuildContext)}
+    ctx = dict(server_args=server_args, params=params, is_hybrid_swa=swa, is_hybrid_ssm=False,
+               enable_hierarchical_cache=False, disable_radix_cache=False, tp_worker=tp_worker, model_config=mc,
+               tp_size=1, tp_rank=0, tp_group=_ONE_RANK, full_tokens_per_layer=alloc.size, is_dsa=False,
+               effective_chunked_prefill_size=chunk if chunk > 0 else None)
+    cache = create_tree_cache(TreeCacheBuildContext(**{k: v for k, v in ctx.items() if k in ctx_names}))
+    if type(cache).__name__ != lay.cls:
+        raise SglangUnavailable(f"sglang {sglang_version()} builds a {type(cache).__name__} for this model, not the "
+                                f"{lay.cls} layout {lay.name} names")
+    return cache
+
+
+def build(lay: Any, cfg: SchedConfig, worker: Any) -> Built:
+    """SGLang's scheduler over the tree its server builds for the layout's model, `cfg.capacity`
+    slots, with `worker` as its model worker."""
+    page_size = lay.page_size
+    why = gap(page_size)
     if why:
         raise SglangUnavailable(why)
     S = load()
@@ -218,21 +266,26 @@ def build(cls_name: str, page_size: int, cfg: SchedConfig, worker: Any) -> Built
     try:
         server_args = _publish(cfg, page_size, undo)
         al = S["allocator"]
-        if page_size == 1:
+        swa = "swa" in lay.components
+        size_swa = max(2 * (lay.window or 0), cfg.capacity // 2)
+        if swa:
+            alloc = swa_pools(cfg.capacity, size_swa)
+        elif page_size == 1:
             alloc = new_allocator(al.TokenToKVPoolAllocator, cfg.capacity, torch.int64, "cpu", None)
         else:
             alloc = new_allocator(al.PagedTokenToKVPoolAllocator, cfg.capacity, page_size, torch.int64, "cpu", None)
-        cache = new_cache(cls_name, alloc, page_size)
         rows = row_pool(cfg.max_running_requests + 1, cfg.context_length + 8)
-        cache.req_to_token_pool = rows
         mc = ModelConfig(model_path=model_dir(cfg.context_length), context_length=cfg.context_length)
         max_req_len = min(mc.context_len - 1, cfg.capacity - 1)      # TpModelWorker.get_worker_info
         runner = StandIn(attn_backend=StandIn(), prefill_aware_swa=False, canary_manager=None,
-                         ngram_embedding_manager=StandIn(prepare_for_forward=lambda b, chunked_req=None: b))
+                         ngram_embedding_manager=StandIn(prepare_for_forward=lambda b, chunked_req=None: b),
+                         forward_stream=torch.cpu.Stream())
+        tp_worker = StandIn(model_runner=runner, register_hicache_layer_transfer_counter=lambda *a: None)
+        cache = _tree_cache(lay, alloc, rows, server_args, mc, tp_worker, cfg.chunked_prefill_size)
         sched = scheduler_class()(
             server_args=server_args, model_config=mc, tree_cache=cache, token_to_kv_pool_allocator=alloc,
             req_to_token_pool=rows, page_size=page_size, device="cpu", forward_stream=torch.cpu.Stream(),
-            tp_worker=StandIn(model_runner=runner), model_worker=worker, draft_worker=None, tokenizer=None,
+            tp_worker=tp_worker, model_worker=worker, draft_worker=None, tokenizer=None,
             spec_algorithm=SpeculativeAlgorithm.from_string(None), is_generation=True,
             # the server args' fields Scheduler.__init__ copies (its "Parse args" block)
             schedule_policy=cfg.schedule_policy, enable_priority_scheduling=cfg.enable_priority_scheduling,
@@ -250,8 +303,9 @@ def build(cls_name: str, page_size: int, cfg: SchedConfig, worker: Any) -> Built
             max_total_num_tokens=cfg.capacity, max_prefill_tokens=cfg.max_prefill_tokens,
             max_running_requests=cfg.max_running_requests, max_queued_requests=get_schedule().max_queued_requests,
             max_req_len=max_req_len, max_req_input_len=max_req_len - 5, random_seed=0,
-            min_free_slots_delayer=None, is_hybrid_swa=False, is_hybrid_ssm=False, sliding_window_size=None,
-            full_tokens_per_layer=None, swa_tokens_per_layer=None, disable_radix_cache=False,
+            min_free_slots_delayer=None, is_hybrid_swa=swa, is_hybrid_ssm=False,
+            sliding_window_size=lay.window if swa else None, full_tokens_per_layer=cfg.capacity,
+            swa_tokens_per_layer=size_swa if swa else None, disable_radix_cache=False,
             hisparse_coordinator=None, decode_offload_manager=None, disaggregation_mode=DisaggregationMode.NULL,
             transfer_backend=None, dynamic_chunk_sizer=None, truncation_align_size=None, require_mlp_sync=False,
             scripted_scheduler_hook=None, _sched_idled=False, scheduler_stage_metrics=None, load_snapshot_writer=None,

@@ -7,39 +7,60 @@ import dataclasses
 from typing import Any
 
 PLANTABLE = ("lock_ref_leak", "evict_locked", "evict_no_free", "insert_shifted_values")
+FREES = ("free", "free_swa", "free_swa_segment", "free_full", "free_segment", "free_full_segment",
+         "free_segments", "free_full_segments", "free_page_ids")
 
 
-def plant(fault: str, cache: Any) -> None:
-    """Wrap one method of `cache` (the instance) so that it has the fault."""
+def evict_entries(cache: Any) -> list[str]:
+    """The methods the scheduler's path evicts through: `evict_for_alloc` (allocation pressure,
+    0.5.22+) where it does not go through `evict`, and `evict`."""
+    fa = getattr(type(cache), "evict_for_alloc", None)
+    if fa is not None and "evict" not in getattr(fa, "__code__", type("c", (), {"co_names": ()})).co_names:
+        return ["evict_for_alloc", "evict"]
+    return ["evict"]
+
+
+def plant(fault: str, cache: Any, tree: Any) -> None:
+    """Wrap one method of `cache` (the instance) so that it has the fault (`tree`: tree.Tree)."""
     if fault == "lock_ref_leak":
         real_dec = cache.dec_lock_ref
 
         def dec(node: Any, *rest: Any, **kw: Any) -> Any:
             out = real_dec(node, *rest, **kw)
-            if node is not None and node is not cache.root_node:
-                node.lock_ref += 1          # a reference nobody holds
+            n = tree.node(getattr(node, "node", node))      # (0.5.22+ pass the request's TreeLock)
+            if n is not None and n is not tree.root:
+                tree.add_full_lock(n, 1)    # a reference nobody holds
             return out
         cache.dec_lock_ref = dec
     elif fault in ("evict_locked", "evict_no_free"):
-        real_evict, alloc = cache.evict, cache.token_to_kv_pool_allocator
+        import torch
+        alloc = cache.token_to_kv_pool_allocator
 
-        def evict(*params: Any, **kw: Any) -> Any:
-            if fault == "evict_no_free":
-                real = {n: getattr(alloc, n) for n in ("free", "free_segment", "free_swa") if hasattr(alloc, n)}
-                for n in real:
-                    setattr(alloc, n, lambda *a, **k: None)
-                try:
-                    return real_evict(*params, **kw)
-                finally:
-                    for n, fn in real.items():
-                        setattr(alloc, n, fn)
-            out = real_evict(*params, **kw)
-            leaf = _locked_leaf(cache)
-            if leaf is not None:
-                alloc.free(leaf.value)
-                cache._delete_leaf(leaf)
-            return out
-        cache.evict = evict
+        def wrap(real_evict: Any) -> Any:
+            def evict(*params: Any, **kw: Any) -> Any:
+                if fault == "evict_no_free":
+                    owners = [alloc] + [getattr(alloc, h) for h in ("full_attn_allocator", "swa_attn_allocator")
+                                        if hasattr(alloc, h)] + list(getattr(cache, "components", {}).values())
+                    saved = []
+                    for o in owners:
+                        for n in set(FREES) | {k for k in vars(o) if k.startswith("_free")}:
+                            if callable(getattr(o, n, None)):
+                                saved.append((o, n, n in vars(o), vars(o).get(n)))
+                                setattr(o, n, lambda *a, **k: None)
+                    try:
+                        return real_evict(*params, **kw)
+                    finally:
+                        for o, n, had, fn in reversed(saved):
+                            setattr(o, n, fn) if had else delattr(o, n)
+                out = real_evict(*params, **kw)
+                leaf = next((v for v in tree.views() if v.full_lock > 0 and not v.node.children and v.full), None)
+                if leaf is not None:
+                    alloc.free(torch.tensor(leaf.full, dtype=torch.int64))
+                    tree.unlink(leaf.node)
+                return out
+            return evict
+        for name in evict_entries(cache):
+            setattr(cache, name, wrap(getattr(cache, name)))
     elif fault == "insert_shifted_values":
         import torch
         real_insert = cache.insert
@@ -51,14 +72,3 @@ def plant(fault: str, cache: Any) -> None:
         cache.insert = insert
     else:
         raise ValueError(f"fault {fault!r} is not planted on the scheduler drive (it plants {', '.join(PLANTABLE)})")
-
-
-def _locked_leaf(cache: Any) -> Any:
-    stack = [cache.root_node]
-    while stack:
-        node = stack.pop()
-        for child in node.children.values():
-            if child.lock_ref > 0 and not child.children:
-                return child
-            stack.append(child)
-    return None

@@ -9,11 +9,14 @@ does to the pool, from the batch's own fields (as SGLang's `ForwardBatch` is bui
   `[prefix_len, prefix_len + extend_len)`, a decode request's position `seq_len - 1`; each slot
   then holds the fingerprint of the request's tokens up to and including that position;
 * reads: every request's attention reads its row of `req_to_token` for positions `[0, seq_len)`
-  (full attention); each slot read must hold the fingerprint of exactly that request's prefix.
+  (full attention); on a FULL+SWA model its sliding-window layers read positions
+  `[seq_len - W, seq_len)` through the allocator's full -> SWA slot mapping; each slot read must
+  hold the fingerprint of exactly that request's prefix.
 
 Checks (a Violation on the first broken one, kept for the adapter's `extra_checks`):
-* `hit_sound_full`: a position below `prefix_len` (the prefix-cache hit the tree matched) reads
-  a slot that does not hold that prefix's KV: the hit was not usable;
+* `hit_sound_full` / `hit_sound_swa_window`: a position below `prefix_len` (the prefix-cache hit
+  the tree matched) reads a full (an SWA) slot that does not hold that prefix's KV: the hit was
+  not usable;
 * `kv_read_sound`: any other read of a slot that does not hold the request's own KV (its earlier
   chunk, its decode tokens): a slot freed and reused, or a row rewritten wrongly;
 * `no_write_into_cached`: the forward writes a slot the radix tree holds for a cached prefix.
@@ -23,7 +26,6 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from ..checks import slots_of
 from ..violation import Violation
 
 EOS = 1          # the stop token every request carries (stop_token_ids)
@@ -44,6 +46,9 @@ class ModelWorker:
 
     def __init__(self) -> None:
         self.written: dict[int, int] = {}
+        self.written_swa: dict[int, int] = {}      # SWA slot -> fingerprint (FULL+SWA models)
+        self.window: int | None = None
+        self.tree: Any = None
         self.tokens: list[int] = []
         self.broken: Violation | None = None
         self.coverage: Counter = Counter()
@@ -52,8 +57,10 @@ class ModelWorker:
         self.forwards = 0
         self.pre_forward: Any = None        # the adapter's tree checks, run as the forward starts
 
-    def bind(self, cache: Any, rows: Any) -> None:
-        self.cache, self.rows = cache, rows
+    def bind(self, cache: Any, rows: Any, tree: Any, window: int | None = None) -> None:
+        self.cache, self.rows, self.tree, self.window = cache, rows, tree, window
+        alloc = cache.token_to_kv_pool_allocator
+        self.swa_map = getattr(alloc, "full_to_swa_index_mapping", None) if window else None
 
     # ---- the forward ---------------------------------------------------------------------
     def forward_batch_generation(self, batch: Any, **_: Any) -> Any:
@@ -72,7 +79,8 @@ class ModelWorker:
         seq_lens = [int(x) for x in batch.seq_lens.tolist()]
         rows = [int(x) for x in batch.req_pool_indices.tolist()]
         out = [int(x) for x in batch.out_cache_loc.tolist()]
-        cached = self._tree_slots()
+        cached, cached_swa = self._tree_slots()
+        m = self.swa_map.tolist() if self.swa_map is not None else None
         at = 0
         plan: list[tuple[Any, int, int, int, list[int]]] = []     # req, row, seq_len, first written, fps
         for i, req in enumerate(batch.reqs):
@@ -92,12 +100,15 @@ class ModelWorker:
                 self.coverage["forward:decode"] += 1
             for k, p in enumerate(range(pre, pre + ext)):
                 slot = out[at + k]
-                if slot in cached and self.broken is None:
+                swa = m[slot] if m is not None else 0
+                if (slot in cached or (swa and swa in cached_swa)) and self.broken is None:
                     self.broken = Violation(
                         "safety", "no_write_into_cached",
-                        f"the forward of {req.rid} writes position {p} into slot {slot}, which the radix tree "
-                        f"holds for a cached prefix")
+                        f"the forward of {req.rid} writes position {p} into slot {slot}"
+                        + (f" (SWA slot {swa})" if swa else "") + ", which the radix tree holds for a cached prefix")
                 self.written[slot] = fps[p]
+                if swa:
+                    self.written_swa[swa] = fps[p]
             at += ext
             plan.append((req, rows[i], n, pre, fps))
         if self.broken is not None:
@@ -106,21 +117,29 @@ class ModelWorker:
             slots = [int(x) for x in self.rows.req_to_token[row, :n].tolist()]
             for p, slot in enumerate(slots):
                 if self.written.get(slot) != fps[p]:
-                    check = "hit_sound_full" if extend and p < pre else "kv_read_sound"
-                    why = "never written" if slot not in self.written else "holds another prefix's KV"
-                    self.broken = Violation(
-                        "safety", check,
-                        f"{req.rid} reads position {p} of {n} from slot {slot}, which {why}"
-                        + (f" (the prefix-cache hit covers [0, {pre}))" if check == "hit_sound_full" else ""))
+                    self._read_fails(req, p, n, pre, extend, f"slot {slot}", slot in self.written, "full")
+                    return
+            if m is None:
+                continue
+            for p in range(max(0, n - self.window), n):     # SWA layers: the window behind the token
+                swa = m[slots[p]]
+                if not swa or self.written_swa.get(swa) != fps[p]:
+                    self._read_fails(req, p, n, pre, extend, f"SWA slot {swa} (full slot {slots[p]})",
+                                     bool(swa) and swa in self.written_swa, "swa_window")
                     return
 
-    def _tree_slots(self) -> set[int]:
-        out: set[int] = set()
-        stack = [self.cache.root_node]
-        while stack:
-            node = stack.pop()
-            for child in node.children.values():
-                if child.value is not None:
-                    out.update(slots_of(child.value))
-                stack.append(child)
-        return out
+    def _read_fails(self, req: Any, p: int, n: int, pre: int, extend: bool, where: str, known: bool,
+                    part: str) -> None:
+        check = f"hit_sound_{part}" if extend and p < pre else "kv_read_sound"
+        why = "never written or freed" if not known else "holds another prefix's KV"
+        self.broken = Violation(
+            "safety", check, f"{req.rid} reads position {p} of {n} from {where}, which {why}"
+            + (f" (the prefix-cache hit covers [0, {pre}))" if check.startswith("hit_sound") else ""))
+
+    def _tree_slots(self) -> tuple[set[int], set[int]]:
+        full: set[int] = set()
+        swa: set[int] = set()
+        for v in self.tree.views():
+            full.update(v.full or ())
+            swa.update(v.swa or ())
+        return full, swa
