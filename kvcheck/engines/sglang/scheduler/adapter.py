@@ -22,20 +22,18 @@ from collections import Counter
 from typing import Any
 
 from kvcheck.fuzz.boundary import CannotDrive, check_exception
-from kvcheck.fuzz.prompts import PromptGen
 from kvcheck.spec.sut import ActionRejected
 
 from ..checks import slots_of
 from ..install import SglangUnavailable, load
 from ..layouts import Layout, LayoutError
 from ..violation import Violation
-from .build import POLICIES, Built, SchedConfig, build, gap
+from .build import Built, SchedConfig, build, gap
 from .faults import PLANTABLE, evict_entries, plant
 from .tree import Tree
 from .worker import EOS, ModelWorker, fingerprints
 
 ACTIONS = ("start", "submit", "step", "abort")
-VOCAB = 16
 DRIVEN_CLASSES = ("RadixCache", "UnifiedRadixCache")
 
 
@@ -311,7 +309,8 @@ class SchedAdapter:
             self.worker.broken = None
         return None if v is None else (v.kind, v.check, v.message)
 
-    def generator(self, rng: random.Random) -> "SchedGen":
+    def generator(self, rng: random.Random) -> Any:
+        from .generator import SchedGen
         return SchedGen(rng, self.lay, self.capacity)
 
 
@@ -331,51 +330,3 @@ def _kvcheck_side(e: BaseException) -> bool:
         last = tb.tb_frame.f_globals.get("__name__", "")
         tb = tb.tb_next
     return str(last).startswith("kvcheck")
-
-
-class SchedGen(PromptGen):
-    """Seeded episodes for the scheduler drive: a serving configuration drawn as ratios of the
-    layout's page (chunk : page, pool : chunk, prompt : chunk), prompts that share prefixes, and
-    steps whose samples end a request now and then (EOS)."""
-
-    def __init__(self, rng: random.Random, lay: Layout, capacity: int) -> None:
-        super().__init__(rng, VOCAB - 2, 24, ("submit", "step", "abort"), ("step",))
-        ps = lay.page_size
-        chunk = rng.choice([-1, ps * rng.choice([1, 2, 4, 8, 16])])
-        unit = chunk if chunk > 0 else ps * 8
-        self.cfg = SchedConfig(
-            schedule_policy=rng.choice(POLICIES), chunked_prefill_size=chunk,
-            max_running_requests=rng.choice([1, 2, 3, 4, 6]),
-            enable_priority_scheduling=rng.random() < 0.3,
-            max_prefill_tokens=max(unit, ps) * rng.choice([1, 2, 4, 16]),
-            capacity=max(16 * ps, unit * rng.choice([1, 2, 3, 4, 8]) // 2) // ps * ps,
-            context_length=max(64, unit * 6))
-        # prompts SGLang admits (its limit: min(context, pool) - 1 - 5), a third of them past a chunk
-        self.max_prompt = max(2, min(self.cfg.capacity - 8, self.cfg.context_length - 8, unit * 3))
-        self.bases = [[2 + rng.randrange(VOCAB - 2) for _ in range(self.max_prompt)] for _ in range(3)]
-        self.started = False
-        self.n = 0
-
-    def next(self, ad: SchedAdapter) -> tuple[str, dict]:
-        rng = self.rng
-        if not self.started:
-            self.started = True
-            return "start", {"config": self.cfg.to_dict()}
-        cands = {"step": self.w["step"] * 2}
-        if len(ad.reqs) < 8:
-            cands["submit"] = self.w["submit"] * (3 if not ad.reqs else 1)
-        if ad.reqs:
-            cands["abort"] = self.w["abort"] * 0.2
-        a = self.choose(cands)
-        if a == "submit":
-            base = rng.choice(self.bases)
-            n = rng.randint(2, self.max_prompt)
-            cut = rng.randint(0, n)
-            toks = base[:cut] + [2 + rng.randrange(VOCAB - 2) for _ in range(n - cut)]
-            self.n += 1
-            return a, {"r": f"r{self.n}", "tokens": toks, "max_new": rng.randint(1, 24),
-                       "priority": rng.randint(0, 3) if self.cfg.enable_priority_scheduling else None}
-        if a == "abort":
-            return a, {"r": rng.choice(sorted(ad.reqs))}
-        toks = [EOS if rng.random() < 0.05 else 2 + rng.randrange(VOCAB - 2) for _ in range(4)]
-        return a, {"toks": toks}

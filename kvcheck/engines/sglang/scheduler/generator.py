@@ -1,0 +1,61 @@
+"""Seeded episodes for the scheduler drive (scheduler/adapter.py's actions)."""
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from kvcheck.fuzz.prompts import PromptGen
+
+from ..layouts import Layout
+from .build import POLICIES, SchedConfig
+from .worker import EOS
+
+VOCAB = 16
+
+
+class SchedGen(PromptGen):
+    """Seeded episodes for the scheduler drive: a serving configuration drawn as ratios of the
+    layout's page (chunk : page, pool : chunk, prompt : chunk), prompts that share prefixes, and
+    steps whose samples end a request now and then (EOS)."""
+
+    def __init__(self, rng: random.Random, lay: Layout, capacity: int) -> None:
+        super().__init__(rng, VOCAB - 2, 24, ("submit", "step", "abort"), ("step",))
+        ps = lay.page_size
+        chunk = rng.choice([-1, ps * rng.choice([1, 2, 4, 8, 16])])
+        unit = chunk if chunk > 0 else ps * 8
+        self.cfg = SchedConfig(
+            schedule_policy=rng.choice(POLICIES), chunked_prefill_size=chunk,
+            max_running_requests=rng.choice([1, 2, 3, 4, 6]),
+            enable_priority_scheduling=rng.random() < 0.3,
+            max_prefill_tokens=max(unit, ps) * rng.choice([1, 2, 4, 16]),
+            capacity=max(16 * ps, unit * rng.choice([1, 2, 3, 4, 8]) // 2) // ps * ps,
+            context_length=max(64, unit * 6))
+        # prompts SGLang admits (its limit: min(context, pool) - 1 - 5), a third of them past a chunk
+        self.max_prompt = max(2, min(self.cfg.capacity - 8, self.cfg.context_length - 8, unit * 3))
+        self.bases = [[2 + rng.randrange(VOCAB - 2) for _ in range(self.max_prompt)] for _ in range(3)]
+        self.started = False
+        self.n = 0
+
+    def next(self, ad: Any) -> tuple[str, dict]:
+        rng = self.rng
+        if not self.started:
+            self.started = True
+            return "start", {"config": self.cfg.to_dict()}
+        cands = {"step": self.w["step"] * 2}
+        if len(ad.reqs) < 8:
+            cands["submit"] = self.w["submit"] * (3 if not ad.reqs else 1)
+        if ad.reqs:
+            cands["abort"] = self.w["abort"] * 0.2
+        a = self.choose(cands)
+        if a == "submit":
+            base = rng.choice(self.bases)
+            n = rng.randint(2, self.max_prompt)
+            cut = rng.randint(0, n)
+            toks = base[:cut] + [2 + rng.randrange(VOCAB - 2) for _ in range(n - cut)]
+            self.n += 1
+            return a, {"r": f"r{self.n}", "tokens": toks, "max_new": rng.randint(1, 24),
+                       "priority": rng.randint(0, 3) if self.cfg.enable_priority_scheduling else None}
+        if a == "abort":
+            return a, {"r": rng.choice(sorted(ad.reqs))}
+        toks = [EOS if rng.random() < 0.05 else 2 + rng.randrange(VOCAB - 2) for _ in range(4)]
+        return a, {"toks": toks}
