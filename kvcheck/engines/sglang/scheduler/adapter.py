@@ -113,7 +113,13 @@ class SchedAdapter:
     def _a_start(self, config: dict[str, Any]) -> dict:
         """Build the scheduler (`self.config`, parsed by `apply`): whatever fails here is kvcheck's
         side (cannot drive) or the release's (its own constructors raised)."""
-        self.built = build(self.lay, self.config, self.worker)
+        try:
+            self.built = build(self.lay, self.config, self.worker)
+        except SglangUnavailable:
+            raise
+        except Exception as e:      # building is kvcheck's side of the boundary: never SGLang's bug
+            raise CannotDrive("sglang", load()["version"], f"building SGLang's scheduler on CPU failed: "
+                              f"{type(e).__name__}: {e}", _last_frame(e)) from e
         self.tree = Tree(self.built.cache)
         self.worker.bind(self.built.cache, self.built.rows, self.tree, self.lay.window if "swa" in self.lay.components else None)
         self.worker.pre_forward = self._tree_checks     # what the scheduling of a step broke, before its forward
@@ -321,6 +327,14 @@ def _triton_frame(e: BaseException) -> str | None:
             return f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}"
         tb = tb.tb_next
     return None
+
+
+def _last_frame(e: BaseException) -> str:
+    tb, out = e.__traceback__, "kvcheck/engines/sglang/scheduler/build.py"
+    while tb is not None:
+        out = f"{'/'.join(tb.tb_frame.f_code.co_filename.split('/')[-4:])}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return out
 
 
 def _kvcheck_side(e: BaseException) -> bool:

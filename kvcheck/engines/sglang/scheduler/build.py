@@ -124,6 +124,7 @@ _DIR: dict[str, str] = {}
 
 def gap(page_size: int = 1) -> str | None:
     """Why this release's scheduler cannot be built here for `page_size` (None: it can)."""
+    load()                      # SGLang's import chain with kvcheck's CPU stand-ins first
     try:
         from sglang.srt import runtime_context as rc
     except ImportError:
@@ -131,8 +132,19 @@ def gap(page_size: int = 1) -> str | None:
     if rc is None or not hasattr(getattr(rc, "_CONTEXT", None), "override_server_args"):
         return (f"sglang {sglang_version()}: the scheduler drive builds SGLang's Scheduler through its runtime "
                 "context (`override_server_args`, 0.5.21+); this release predates it (its cache-level layouts run here)")
+    import inspect
+    try:
+        from sglang.srt.managers.scheduler import Scheduler
+    except Exception as e:              # its import chain needs what this environment lacks
+        return f"sglang {sglang_version()}: its scheduler does not import here: {type(e).__name__}: {e}"
+    ranked = [n for n in INITS if callable(getattr(Scheduler, n, None))
+              and len([p for p in inspect.signature(getattr(Scheduler, n)).parameters.values()
+                       if p.default is p.empty]) > 1]
+    if ranked:
+        return (f"sglang {sglang_version()}: kvcheck's CPU builder follows SGLang's Scheduler from 0.5.21 on; this "
+                f"release's constructor (ranks passed to {ranked[0]}, a ParallelState) is not followed yet: "
+                "kvcheck's gap, not the release's (its cache-level layouts run here)")
     if page_size > 1:
-        import inspect
         paged = load()["allocator"].PagedTokenToKVPoolAllocator
         if "alloc_extend_naive" not in inspect.getsource(paged.alloc_extend):
             return (f"sglang {sglang_version()}: its paged allocator extends a request only through a Triton kernel "
@@ -174,6 +186,23 @@ def scheduler_class() -> type:
     return _CLS["cls"]
 
 
+# what older releases pass their init methods (`init_metrics_collector(tp_rank, pp_rank, dp_rank)`):
+# the single rank this scheduler is
+_RANK_ARGS = {"tp_rank": 0, "pp_rank": 0, "dp_rank": None, "attn_tp_rank": 0, "attn_cp_rank": 0, "moe_ep_rank": 0}
+
+
+def _init_args(fn: Any) -> dict[str, Any]:
+    import inspect
+    out = {}
+    for p in list(inspect.signature(fn).parameters.values())[1:]:
+        if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+            if p.name not in _RANK_ARGS:
+                raise SglangUnavailable(f"sglang {sglang_version()}: Scheduler.{fn.__name__} takes {p.name!r}, which "
+                                        "kvcheck's CPU scheduler does not know")
+            out[p.name] = _RANK_ARGS[p.name]
+    return out
+
+
 def model_dir(context: int) -> str:
     """A tiny Llama's config.json (no weights): SGLang's ModelConfig reads it (nothing is downloaded)."""
     key = str(context)
@@ -212,8 +241,10 @@ def _publish(cfg: SchedConfig, page_size: int, undo: contextlib.ExitStack) -> An
     log = logging.getLogger("sglang")
     undo.callback(log.setLevel, log.level)
     log.setLevel(logging.CRITICAL)
-    undo.enter_context(rc.get_parallel().override(attn_tp_rank=0, attn_cp_rank=0, tp_rank=0, pp_rank=0,
-                                                  attn_dp_rank=0, dp_rank=0))
+    ranks = dict(attn_tp_rank=0, attn_cp_rank=0, tp_rank=0, pp_rank=0, attn_dp_rank=0, dp_rank=0)
+    known = (rc._parallel_fields() if hasattr(rc, "_parallel_fields")
+             else getattr(rc, "_PARALLEL_FIELDS", set(ranks)))    # (the release's own list of fields)
+    undo.enter_context(rc.get_parallel().override(**{k: v for k, v in ranks.items() if k in known}))
     return server_args
 
 
@@ -242,9 +273,9 @@ def _tree_cache(lay: Any, alloc: Any, rows: Any, server_args: Any, mc: Any, tp_w
                tp_size=1, tp_rank=0, tp_group=_ONE_RANK, full_tokens_per_layer=alloc.size, is_dsa=False,
                effective_chunked_prefill_size=chunk if chunk > 0 else None)
     cache = create_tree_cache(TreeCacheBuildContext(**{k: v for k, v in ctx.items() if k in ctx_names}))
-    if type(cache).__name__ != lay.cls:
-        raise SglangUnavailable(f"sglang {sglang_version()} builds a {type(cache).__name__} for this model, not the "
-                                f"{lay.cls} layout {lay.name} names")
+    if type(cache).__name__ not in ("RadixCache", "UnifiedRadixCache"):
+        raise SglangUnavailable(f"sglang {sglang_version()} builds a {type(cache).__name__} for the {lay.name} model; "
+                                "the scheduler drive reads RadixCache and UnifiedRadixCache trees so far")
     return cache
 
 
@@ -320,8 +351,9 @@ def build(lay: Any, cfg: SchedConfig, worker: Any) -> Built:
             ipc_channels=StandIn(send_to_tokenizer=_Sink(), send_to_detokenizer=_Sink(), recv_from_rpc=None),
             ngram_embedding_manager=runner.ngram_embedding_manager, use_ngram_embedding=False)
         for name in INITS:               # a release without one has no such component
-            if callable(getattr(type(sched), name, None)):
-                getattr(sched, name)()
+            fn = getattr(type(sched), name, None)
+            if callable(fn):
+                getattr(sched, name)(**_init_args(fn))
         sched.scheduler_stage_metrics = sched.metrics_reporter.scheduler_stage_metrics
     except BaseException:
         undo.close()
