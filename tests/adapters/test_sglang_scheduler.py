@@ -94,6 +94,36 @@ def test_a_forward_reading_a_wrong_slot_is_caught(monkeypatch):
     assert f is not None and f.checks == ["hit_sound_full"], f
 
 
+def test_a_hit_whose_window_reads_another_swa_slot_is_caught(monkeypatch):
+    """On a hybrid sliding-window model, the SWA slot behind the hit's last position is remapped
+    to another one before the forward (a window the hit does not really have): the worker's
+    window read fires, and on the SWA check, not the full one."""
+    sg = _drive()
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+    real = ScheduleBatch.prepare_for_extend
+
+    def prepare(self):
+        real(self)
+        m = self.token_to_kv_pool_allocator.full_to_swa_index_mapping
+        for i, r in enumerate(self.reqs):
+            pre = int(self.prefix_lens[i])
+            if pre > 0:
+                slot = int(self.req_to_token_pool.req_to_token[self.req_pool_indices[i], pre - 1])
+                m[slot] = int(m[int(self.out_cache_loc[0])])       # the new token's SWA slot
+    monkeypatch.setattr(ScheduleBatch, "prepare_for_extend", prepare)
+    from kvcheck.fuzz.lockstep import FreeModel, Lockstep
+    from kvcheck.fuzz.models import Act
+    ad = sg.make_adapter(sg.LAYOUTS["hybrid-swa@sched"])
+    try:
+        f = Lockstep(FreeModel(), ad).run([Act(a, p) for a, p in [
+            ("start", START), ("submit", {"r": "a", "tokens": [3, 4, 5, 6, 7, 8], "max_new": 1}),
+            ("step", {"toks": [5], "times": 4}), ("submit", {"r": "b", "tokens": [3, 4, 5, 6, 7, 8, 9], "max_new": 1}),
+            ("step", {"toks": [5], "times": 4})]])
+    finally:
+        ad.close()
+    assert f is not None and f.checks == ["hit_sound_swa_window"], f
+
+
 def test_a_write_into_a_cached_slot_is_caught(monkeypatch):
     sg = _drive()
     from sglang.srt.managers.schedule_batch import ScheduleBatch

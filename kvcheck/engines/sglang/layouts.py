@@ -111,6 +111,9 @@ LAYOUTS: dict[str, Layout] = {x.name: x for x in (
     Layout("hybrid-swa@sched", "UnifiedRadixCache", ("full", "swa"), 1, 32, 256,
            "a hybrid full + sliding-window model (W = 32) under SGLang's own Scheduler: SWA pool, tombstones, "
            "window eviction as the server runs them", drive="sched"),
+    Layout("gpt-oss@sched", "UnifiedRadixCache", ("full", "swa"), 1, 128, 4096,
+           "gpt-oss's attention at its real window (128, alternating full and sliding layers) under SGLang's own "
+           "Scheduler: chunks of 1/4 to 64 windows (SGLang's default 8192), pools of up to 4 chunks", drive="sched"),
 )}
 
 

@@ -14,15 +14,19 @@ VOCAB = 16
 
 
 class SchedGen(PromptGen):
-    """Seeded episodes for the scheduler drive: a serving configuration drawn as ratios of the
-    layout's page (chunk : page, pool : chunk, prompt : chunk), prompts that share prefixes, and
-    steps whose samples end a request now and then (EOS)."""
+    """Seeded episodes for the scheduler drive: a serving configuration drawn as ratios (chunk :
+    page, or chunk : window on a sliding-window model; pool : chunk; prompt : chunk), prompts that
+    share prefixes, and steps whose samples end a request now and then (EOS)."""
 
     def __init__(self, rng: random.Random, lay: Layout, capacity: int) -> None:
         super().__init__(rng, VOCAB - 2, 24, ("submit", "step", "abort"), ("step",))
         ps = lay.page_size
-        chunk = rng.choice([-1, ps * rng.choice([1, 2, 4, 8, 16])])
-        unit = chunk if chunk > 0 else ps * 8
+        w = lay.window if "swa" in lay.components else None
+        if w:           # chunk : window as real models have it (SGLang's 8192-token chunk is 64 of gpt-oss's windows)
+            chunk = rng.choice([-1, max(ps, int(w * rng.choice([0.25, 0.5, 1, 2, 4, 8, 16, 64])))])
+        else:
+            chunk = rng.choice([-1, ps * rng.choice([1, 2, 4, 8, 16])])
+        unit = chunk if chunk > 0 else (w or ps * 8)
         self.cfg = SchedConfig(
             schedule_policy=rng.choice(POLICIES), chunked_prefill_size=chunk,
             max_running_requests=rng.choice([1, 2, 3, 4, 6]),
