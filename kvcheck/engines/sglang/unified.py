@@ -23,11 +23,9 @@ from .compat import dec_params, swa_pools
 from .sched_req import kept_lock
 from .install import SglangUnavailable, cache_class, load
 from .layouts import FAULTS, LayoutError
+from .plant import frees_disabled
 from .unified_checks import Hold, UnifiedChecks
 from .compat import component_types, has_tree_cores, rust_core_gap  # noqa: F401 (re-exported)
-
-FREES = ("free", "free_swa", "free_swa_segment", "free_full", "free_segment", "free_full_segment",
-         "free_segments", "free_full_segments", "free_page_ids")
 
 
 class UnifiedAdapter(UnifiedChecks, SglangAdapter):
@@ -274,21 +272,9 @@ class UnifiedAdapter(UnifiedChecks, SglangAdapter):
             real_evict = c.evict
 
             def evict(*params: Any, **kw: Any) -> Any:
-                if f == "evict_no_free":      # every free path: the allocator's, its halves', and the
-                    a = c.token_to_kv_pool_allocator      # bound frees components keep (0.5.12: _free_full)
-                    owners = [a] + [getattr(a, h) for h in ("full_attn_allocator", "swa_attn_allocator")
-                                    if hasattr(a, h)] + list(getattr(c, "components", {}).values())
-                    saved = []
-                    for o in owners:
-                        for n in set(FREES) | {k for k in vars(o) if k.startswith("_free")}:
-                            if callable(getattr(o, n, None)):
-                                saved.append((o, n, n in vars(o), vars(o).get(n)))
-                                setattr(o, n, lambda *x, **k: None)
-                    try:
+                if f == "evict_no_free":
+                    with frees_disabled(c):
                         return real_evict(*params, **kw)
-                    finally:
-                        for o, n, had, fn in reversed(saved):
-                            setattr(o, n, fn) if had else delattr(o, n)
                 out = real_evict(*params, **kw)
                 locked = [v.node for v in self.views() if v.full_lock > 0 and not v.node.children]
                 if locked:                   # free and unlink the deepest locked leaf

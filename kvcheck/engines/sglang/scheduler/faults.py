@@ -6,9 +6,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from ..plant import frees_disabled
+
 PLANTABLE = ("lock_ref_leak", "evict_locked", "evict_no_free", "insert_shifted_values")
-FREES = ("free", "free_swa", "free_swa_segment", "free_full", "free_segment", "free_full_segment",
-         "free_segments", "free_full_segments", "free_page_ids")
 
 
 def evict_entries(cache: Any) -> list[str]:
@@ -39,19 +39,8 @@ def plant(fault: str, cache: Any, tree: Any) -> None:
         def wrap(real_evict: Any) -> Any:
             def evict(*params: Any, **kw: Any) -> Any:
                 if fault == "evict_no_free":
-                    owners = [alloc] + [getattr(alloc, h) for h in ("full_attn_allocator", "swa_attn_allocator")
-                                        if hasattr(alloc, h)] + list(getattr(cache, "components", {}).values())
-                    saved = []
-                    for o in owners:
-                        for n in set(FREES) | {k for k in vars(o) if k.startswith("_free")}:
-                            if callable(getattr(o, n, None)):
-                                saved.append((o, n, n in vars(o), vars(o).get(n)))
-                                setattr(o, n, lambda *a, **k: None)
-                    try:
+                    with frees_disabled(cache):
                         return real_evict(*params, **kw)
-                    finally:
-                        for o, n, had, fn in reversed(saved):
-                            setattr(o, n, fn) if had else delattr(o, n)
                 out = real_evict(*params, **kw)
                 leaf = next((v for v in tree.views() if v.full_lock > 0 and not v.node.children and v.full), None)
                 if leaf is not None:
