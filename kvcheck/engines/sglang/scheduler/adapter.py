@@ -16,7 +16,9 @@ balance (`lock_ref_equals_holders`: every lock reference at 0) and slot accounti
 """
 from __future__ import annotations
 
+import contextlib
 import random
+import sys
 from array import array
 from collections import Counter
 from typing import Any
@@ -92,7 +94,8 @@ class SchedAdapter:
             except (TypeError, ValueError, KeyError, AttributeError) as e:
                 raise ActionRejected(f"bad parameters for start: {e}") from None
         try:
-            obs = getattr(self, f"_a_{action}")(**params)
+            with contextlib.redirect_stdout(sys.stderr):    # SGLang prints tree dumps on its own errors
+                obs = getattr(self, f"_a_{action}")(**params)
         except ActionRejected:
             raise
         except (TypeError, ValueError, KeyError) as e:
@@ -260,28 +263,36 @@ class SchedAdapter:
 
     def _idle_checks(self) -> Violation | None:
         """Slot accounting after every action (`size_accounting`: free + the tree's + what live
-        requests hold outside the tree == the pool, in pages); with no request anywhere in the
+        requests hold outside the tree == the pool, in pages; on a FULL+SWA model for the SWA pool
+        too, a request holding the SWA slots its row maps to); with no request anywhere in the
         scheduler, every lock released (`lock_ref_equals_holders`)."""
         s, cache, alloc = self.built.sched, self.built.cache, self.built.alloc
         ps = self.lay.page_size
-        tree: set[int] = set()
-        locked = 0
-        for v in self.tree.views():
-            locked = max(locked, v.full_lock)
-            tree.update(x // ps for x in v.full or ())
-        held: set[int] = set()
+        views = self.tree.views()
+        locked = max((v.full_lock for v in views), default=0)
+        rows = []
         for req in self.reqs.values():
             kv = getattr(req, "kv", req)
             row, n = getattr(kv, "req_pool_idx", None), int(getattr(kv, "kv_allocated_len", 0) or 0)
             if row is not None and n:
-                held.update(int(v) // ps for v in self.built.rows.req_to_token[row, :n].tolist())
-        held -= tree
-        full = getattr(alloc, "full_attn_allocator", alloc)     # FULL+SWA: the full pool (SWA is windowed)
-        free = int(full.available_size())
-        if free + (len(tree) + len(held)) * ps != full.size:
-            return Violation("bookkeeping", "size_accounting",
-                             f"{free} free + {len(tree) * ps} in the tree + {len(held) * ps} held by live requests "
-                             f"!= {full.size} slots")
+                rows.append([int(v) for v in self.built.rows.req_to_token[row, :n].tolist()])
+        full = getattr(alloc, "full_attn_allocator", alloc)     # FULL+SWA: the full pool, then the SWA pool
+        pools = [("", full, [v.full for v in views], rows, ps)]
+        swa_alloc, m = getattr(alloc, "swa_attn_allocator", None), getattr(alloc, "full_to_swa_index_mapping", None)
+        if swa_alloc is not None and m is not None:
+            ml = m.tolist()
+            # the tree's SWA slots: a node's own SWA value, and the SWA slots its full slots still map to
+            # (0.5.23 keeps a node's SWA pages through the mapping: SGLang counts them evictable)
+            pools.append(("SWA ", swa_alloc, [(v.swa or []) + [ml[x] for x in v.full or () if ml[x] > 0] for v in views],
+                          [[ml[x] for x in r if ml[x] > 0] for r in rows], 1))
+        for what, pool, in_tree, in_rows, unit in pools:
+            tree = {x // unit for slots in in_tree for x in slots or ()}
+            held = {x // unit for r in in_rows for x in r} - tree
+            free = int(pool.available_size())
+            if free + (len(tree) + len(held)) * unit != pool.size:
+                return Violation("bookkeeping", "size_accounting",
+                                 f"{what}pool: {free} free + {len(tree) * unit} in the tree + {len(held) * unit} held "
+                                 f"by live requests != {pool.size} slots")
         idle = not (s.waiting_queue or not s.running_batch.is_empty() or s.chunked_req is not None or self.reqs)
         if idle and locked:
             return Violation("bookkeeping", "lock_ref_equals_holders",

@@ -248,6 +248,18 @@ def _publish(cfg: SchedConfig, page_size: int, undo: contextlib.ExitStack) -> An
     return server_args
 
 
+def swa_pool_size(cfg: SchedConfig, lay: Any) -> int:
+    """The SWA pool as SGLang's pool configurator sizes it: `swa_full_tokens_ratio` (0.8) of the
+    full pool, and never below what its request-cap configurator reserves (one prefill chunk in
+    flight, a window and a page per running request, a page). A pool below one chunk is one
+    SGLang's server never builds (it makes `free_group_end` assert on 0.5.23:
+    docs/repro/traces/sglang_sched_swa_pool_below_chunk.trace.json)."""
+    w, ps = lay.window or 0, lay.page_size
+    chunk = cfg.chunked_prefill_size if cfg.chunked_prefill_size > 0 else cfg.context_length
+    cap = chunk + cfg.max_running_requests * (w + ps) + ps
+    return max(int(cfg.capacity * 0.8), cap, 2 * w)
+
+
 def _tree_cache(lay: Any, alloc: Any, rows: Any, server_args: Any, mc: Any, tp_worker: Any, chunk: int) -> Any:
     """The tree the release's server would build for this model (its own `create_tree_cache`:
     UnifiedRadixCache with the components the model needs, 0.5.21+), on the Python tree core (the
@@ -298,7 +310,7 @@ def build(lay: Any, cfg: SchedConfig, worker: Any) -> Built:
         server_args = _publish(cfg, page_size, undo)
         al = S["allocator"]
         swa = "swa" in lay.components
-        size_swa = max(2 * (lay.window or 0), cfg.capacity // 2)
+        size_swa = swa_pool_size(cfg, lay)
         if swa:
             alloc = swa_pools(cfg.capacity, size_swa)
         elif page_size == 1:
