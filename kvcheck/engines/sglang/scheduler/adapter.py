@@ -132,6 +132,7 @@ class SchedAdapter:
             setattr(self.built.cache, name, self._counted(getattr(self.built.cache, name)))
         self.coverage[f"config:policy:{self.config.schedule_policy}"] += 1
         self.coverage["config:chunked" if self.config.chunked_prefill_size > 0 else "config:unchunked"] += 1
+        self.coverage["config:overlap" if self.config.enable_overlap else "config:no_overlap"] += 1
         return {}
 
     def _counted(self, real_evict: Any) -> Any:
@@ -179,6 +180,8 @@ class SchedAdapter:
     def _one_step(self, toks: list[int]) -> None:
         s = self.built.sched
         self.worker.tokens = list(toks)
+        if self.config.enable_overlap:
+            return self._one_overlap_step(s)
         plan = s.get_next_batch_to_run(running_batch=s.running_batch, last_batch=s.last_batch)
         s.running_batch = plan.running_batch
         batch = plan.batch_to_run
@@ -196,6 +199,47 @@ class SchedAdapter:
         for rid in [rid for rid, q in self.reqs.items() if q.finished()]:
             self.coverage["finished"] += 1
             del self.reqs[rid]
+
+    def _one_overlap_step(self, s: Any) -> None:
+        """One pass of `Scheduler.event_loop_overlap` (0.5.23 scheduler.py:2061): the batch is
+        launched before the previous one's result is processed, unless SGLang says this batch
+        may not overlap (`is_disable_overlap_for_batch`)."""
+        if not hasattr(s, "result_queue") or s.__dict__.get("_kvcheck_overlap") is None:
+            from collections import deque
+            s.enable_skip_finishing_decode = True
+            s.result_queue = deque()
+            s._kvcheck_overlap = True
+        plan = s.get_next_batch_to_run(running_batch=s.running_batch, last_batch=s.last_batch)
+        s.running_batch = plan.running_batch
+        batch = plan.batch_to_run
+        off = s.is_disable_overlap_for_batch(batch, last_batch=s.last_batch)
+        if off and s.result_queue:
+            self._pop_and_process(s)
+        result = None
+        if batch:
+            self.coverage["step:extend" if batch.forward_mode.is_extend() else "step:decode"] += 1
+            if batch.forward_mode.is_extend():
+                self.hits += sum(1 for p in batch.prefix_lens if int(p) > 0)
+            result = s.run_batch(batch)
+            s._apply_war_barrier()
+            s.result_queue.append((batch.copy(), result))
+        else:
+            s._sched_idled = True
+            self.coverage["step:idle"] += 1
+        if s.last_batch:
+            if not off and s.result_queue:
+                self._pop_and_process(s)
+        elif batch is None:
+            s.on_idle()
+        s.launch_batch_sample_if_needed(result, batch)
+        s.last_batch = batch
+        for rid in [rid for rid, q in self.reqs.items() if q.finished()]:
+            self.coverage["finished"] += 1
+            del self.reqs[rid]
+
+    def _pop_and_process(self, s: Any) -> None:
+        b, r = s.result_queue.popleft()
+        s.process_batch_result(b, r)
 
     def _a_abort(self, r: str) -> dict:
         from sglang.srt.managers.io_struct import AbortReq
@@ -250,7 +294,8 @@ class SchedAdapter:
         s = self.built.sched
         cands = list(s.running_batch.reqs) + ([s.chunked_req] if s.chunked_req is not None else []) \
             + (list(s.last_batch.reqs) if s.last_batch is not None else []) \
-            + (list(batch.reqs) if batch is not None else [])
+            + (list(batch.reqs) if batch is not None else []) \
+            + [r for b, _ in s.__dict__.get("result_queue", ()) for r in b.reqs]     # overlap: not yet processed
         out, seen = [], set()
         for req in cands:
             if id(req) in seen or req.finished() or getattr(req, "is_retracted", False):

@@ -68,6 +68,7 @@ class SchedConfig:
     max_prefill_tokens: int = 16384
     capacity: int = 256                   # token slots in the KV pool
     context_length: int = 512
+    enable_overlap: bool = False          # SGLang's overlap scheduler (its default in a server)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -233,7 +234,7 @@ def _publish(cfg: SchedConfig, page_size: int, undo: contextlib.ExitStack) -> An
         page_size=page_size, chunked_prefill_size=cfg.chunked_prefill_size, schedule_policy=cfg.schedule_policy,
         max_running_requests=cfg.max_running_requests, pp_max_micro_batch_size=cfg.max_running_requests,
         enable_priority_scheduling=cfg.enable_priority_scheduling, max_prefill_tokens=cfg.max_prefill_tokens,
-        disable_overlap_schedule=True, skip_tokenizer_init=True, context_length=cfg.context_length,
+        disable_overlap_schedule=not cfg.enable_overlap, skip_tokenizer_init=True, context_length=cfg.context_length,
         attention_backend="torch_native", sampling_backend="pytorch")
     server_args = ov.install()
     undo.callback(ov.restore)
@@ -336,7 +337,8 @@ def build(lay: Any, cfg: SchedConfig, worker: Any) -> Built:
             schedule_low_priority_values_first=get_schedule().schedule_low_priority_values_first,
             priority_scheduling_preemption_threshold=get_schedule().priority_scheduling_preemption_threshold,
             enable_lora=False, enable_lora_overlap_loading=False, max_loras_per_batch=get_lora().max_loras_per_batch,
-            enable_overlap=False, enable_overlap_mlx=False, enable_pdmux=False, skip_tokenizer_init=True,
+            enable_overlap=cfg.enable_overlap, enable_overlap_mlx=False, schedule_stream=torch.cpu.Stream(),
+            _war_barrier_enabled=False,     # run_event_loop: is_cuda() or SGLANG_ENABLE_WAR_BARRIER enable_pdmux=False, skip_tokenizer_init=True,
             stream_interval=get_serving().stream_interval, enable_hierarchical_cache=False, enable_lmcache=False,
             enable_session_radix_cache=False, enable_hicache_storage=False, enable_unified_cache_external_linker=False,
             enable_decode_hicache=False, max_recv_per_poll=envs.SGLANG_SCHEDULER_MAX_RECV_PER_POLL.get(),

@@ -11,6 +11,7 @@ from .build import POLICIES, SchedConfig
 from .worker import EOS
 
 VOCAB = 16
+OVERLAP_SHARE = 0.5     # episodes under SGLang's overlap scheduler (its server default)
 
 
 class SchedGen(PromptGen):
@@ -33,7 +34,8 @@ class SchedGen(PromptGen):
             enable_priority_scheduling=rng.random() < 0.3,
             max_prefill_tokens=max(unit, ps) * rng.choice([1, 2, 4, 16]),
             capacity=max(16 * ps, unit * rng.choice([1, 2, 3, 4, 8]) // 2) // ps * ps,
-            context_length=max(64, unit * 6))
+            context_length=max(64, unit * 6),
+            enable_overlap=rng.random() < OVERLAP_SHARE)
         # prompts SGLang admits (its limit: min(context, pool) - 1 - 5), a third of them past a chunk
         self.max_prompt = max(2, min(self.cfg.capacity - 8, self.cfg.context_length - 8, unit * 3))
         self.bases = [[2 + rng.randrange(VOCAB - 2) for _ in range(self.max_prompt)] for _ in range(3)]

@@ -55,6 +55,10 @@ class ModelWorker:
         self.cache: Any = None
         self.rows: Any = None
         self.forwards = 0
+        # rid -> (the output index its last sample takes, the token): with SGLang's overlap scheduler
+        # a forward runs before the previous one's result is processed, so a request's newest
+        # token is known here before it is in `output_ids`
+        self.pending: dict[str, tuple[int, int]] = {}
         self.pre_forward: Any = None        # the adapter's tree checks, run as the forward starts
 
     def bind(self, cache: Any, rows: Any, tree: Any, window: int | None = None) -> None:
@@ -67,14 +71,24 @@ class ModelWorker:
         import torch
         from sglang.srt.managers.utils import GenerationBatchResult
         self.forwards += 1
+        samples = [self.tokens[i % len(self.tokens)] if self.tokens else 2 for i in range(len(batch.reqs))]
         if self.broken is None and self.pre_forward is not None:
             self.broken = self.pre_forward(batch)
         if self.broken is None:
-            self._run(batch)
-        samples = [self.tokens[i % len(self.tokens)] if self.tokens else 2 for i in range(len(batch.reqs))]
+            self._run(batch, samples)
         return GenerationBatchResult(next_token_ids=torch.tensor(samples, dtype=torch.int64))
 
-    def _run(self, batch: Any) -> None:
+    def _known(self, req: Any) -> list[int]:
+        """The request's tokens: its prompt, its processed outputs, and the sample of its last
+        forward if SGLang has not processed that result yet (overlap)."""
+        out = list(req.output_ids)
+        known = list(req.origin_input_ids) + out
+        pend = self.pending.get(req.rid)
+        if pend is not None and pend[0] == len(out):
+            known.append(pend[1])
+        return known
+
+    def _run(self, batch: Any, samples: list[int]) -> None:
         extend = batch.forward_mode.is_extend()
         seq_lens = [int(x) for x in batch.seq_lens.tolist()]
         rows = [int(x) for x in batch.req_pool_indices.tolist()]
@@ -84,7 +98,7 @@ class ModelWorker:
         at = 0
         plan: list[tuple[Any, int, int, int, list[int]]] = []     # req, row, seq_len, first written, fps
         for i, req in enumerate(batch.reqs):
-            full = list(req.origin_input_ids) + list(req.output_ids)
+            full = self._known(req)
             n = seq_lens[i]
             if len(full) < n:
                 raise RuntimeError(f"kvcheck's worker: request {req.rid} has {len(full)} tokens for a sequence "
@@ -111,6 +125,8 @@ class ModelWorker:
                     self.written_swa[swa] = fps[p]
             at += ext
             plan.append((req, rows[i], n, pre, fps))
+            if not extend or pre + ext >= len(full):      # a middle chunk's sample is dropped
+                self.pending[req.rid] = (len(full) - len(req.origin_input_ids), samples[i])
         if self.broken is not None:
             return
         for req, row, n, pre, fps in plan:          # attention reads after the batch's writes
