@@ -32,7 +32,8 @@ from kvcheck.engines.sglang.layouts import fault_applies, known_finding
 out = {"version": sg.sglang_version(), "scenario": {}, "faults": [], "clean": [], "ownership": None}
 from kvcheck.fuzz.known import parse_cli
 ACK = parse_cli(["sanity_check_lru_wallclock=sgl-project/sglang#8931, fixed in 0.5.5"])
-lays = [r["name"] for r in sg.list_layouts() if r["supported"]]
+# the cache-level layouts (kvcheck's `chunk` action); SGLang's own Scheduler (NAME@sched) has its own tests
+lays = [r["name"] for r in sg.list_layouts() if r["supported"] and sg.LAYOUTS[r["name"]].drive == "cache"]
 repro = set()
 
 # a hand-written scenario on RadixCache: a 14-token prompt in chunks of 4 while a sibling shares 6
