@@ -2,8 +2,9 @@
 a finding unexplained.
 
 Owns: `GuardedSUT` (any exception a SUT raises, from any call — reset, apply, observe, its
-hooks, close — is a finding `sut_raised` naming the call, never a traceback; ActionRejected and
-the SUT's own findings pass through), `GuardedLockstep` (a finding raised while a negative probe
+hooks, close — is a finding `sut_raised` naming the call, never a traceback; ActionRejected,
+the SUT's own findings and CannotDrive — an exception on kvcheck's side of the boundary, never
+the engine's — pass through), `GuardedLockstep` (a finding raised while a negative probe
 runs keeps the probe in its program, so that it replays and shrinks like any other) and
 `ValuedSpecModel` (a state mismatch names each differing slot with both values:
 `field: spec=… engine=…`).
@@ -14,6 +15,7 @@ from typing import Any
 
 from ..spec.state import VALUE_NAMES
 from ..spec.sut import ActionRejected, SpecSUT, observed_mismatch
+from .boundary import CannotDrive
 from .lockstep import Finding, Lockstep, SpecModel
 
 HOOKS = ("reset", "apply", "observe", "differential_check", "isolation_check", "extra_checks", "close")
@@ -45,7 +47,7 @@ class GuardedSUT:
         def call(*args: Any) -> Any:
             try:
                 return value(*args)
-            except (ActionRejected, Finding):
+            except (ActionRejected, Finding, CannotDrive):
                 raise
             except Exception as e:  # noqa: BLE001 - whatever the SUT raises is a finding
                 raise raised(_label(name, args), e) from None

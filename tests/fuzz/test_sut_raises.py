@@ -98,3 +98,26 @@ def test_state_mismatch_shows_both_values() -> None:
     f = run_program(machine, prog)
     assert f is not None and f.checks == ["abstract_state_matches_spec"]
     assert "o.0.swa_window.1.st: spec=ready engine=evicted" in f.message
+
+
+def test_cannot_drive_passes_the_guard_as_kvcheck_side_not_a_finding() -> None:
+    """CannotDrive is kvcheck's side of the boundary (building the engine failed, an attribute
+    kvcheck's stand-in lacks): the guard must not turn it into the engine's `sut_raised`; a plain
+    exception from the same hook still is one."""
+    from kvcheck.fuzz.boundary import CannotDrive
+    from kvcheck.fuzz.guard import GuardedSUT
+    from kvcheck.fuzz.lockstep import Finding
+
+    class Sut:
+        def __init__(self, exc: BaseException) -> None:
+            self.exc = exc
+
+        def apply(self, action: str, params: dict) -> dict:
+            raise self.exc
+
+    cd = CannotDrive("sglang", "0.5.20", "building SGLang's scheduler on CPU failed", "build.py:1")
+    with pytest.raises(CannotDrive):
+        GuardedSUT(Sut(cd)).apply("start", {})
+    with pytest.raises(Finding) as f:
+        GuardedSUT(Sut(RuntimeError("boom"))).apply("start", {})
+    assert f.value.checks == ["sut_raised"]

@@ -296,6 +296,7 @@ def replay(trace: Trace | str | Path) -> dict:
         "layout": lay.name, "fault": trace.fault, "steps": len(trace.steps),
         "violation": None if v is None else {k: v.get(k) for k in ("kind", "check", "message", "step")},
         "expected": want, "reproduced": want == (v["check"] if v else None), "exit_code": code,
+        **({"divergence": out["divergence"]} if "divergence" in out else {}),
     }
 
 

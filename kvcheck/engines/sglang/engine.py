@@ -73,7 +73,9 @@ class SglangEngine(Engine):
             raise EngineUnavailable(str(e)) from None
         text = (f"on SGLang {res['sglang_version']}: "
                 + ("reproduced " + str(res["expected"]) if res["reproduced"] else "not reproduced")
-                + f" (exit {res['exit_code']})")
+                + f" (exit {res['exit_code']})"
+                + (f"; it left the trace at step {res['divergence']['step']} `{res['divergence']['action']}`: "
+                   f"{res['divergence']['why']}" if res.get("divergence") else ""))
         return res["exit_code"], res, text
 
     def reuse_sizes(self, layout: str) -> dict[str, int]:

@@ -317,8 +317,11 @@ class SchedAdapter:
         locked = max((v.full_lock for v in views), default=0)
         rows = []
         for req in self.reqs.values():
-            kv = getattr(req, "kv", req)
-            row, n = getattr(kv, "req_pool_idx", None), int(getattr(kv, "kv_allocated_len", 0) or 0)
+            # 0.5.19+: row and length on req.kv; 0.5.18: the row on the Req, the length on req.kv
+            # (a ReqKvInfo, None before the first allocation)
+            kv = getattr(req, "kv", None) or req
+            row = getattr(kv, "req_pool_idx", getattr(req, "req_pool_idx", None))
+            n = int(getattr(kv, "kv_allocated_len", 0) or 0)
             if row is not None and n:
                 rows.append([int(v) for v in self.built.rows.req_to_token[row, :n].tolist()])
         full = getattr(alloc, "full_attn_allocator", alloc)     # FULL+SWA: the full pool, then the SWA pool

@@ -135,16 +135,9 @@ def gap(page_size: int = 1) -> str | None:
                 "context (`override_server_args`, 0.5.21+); this release predates it (its cache-level layouts run here)")
     import inspect
     try:
-        from sglang.srt.managers.scheduler import Scheduler
+        from sglang.srt.managers.scheduler import Scheduler  # noqa: F401 (its import chain must work)
     except Exception as e:              # its import chain needs what this environment lacks
         return f"sglang {sglang_version()}: its scheduler does not import here: {type(e).__name__}: {e}"
-    ranked = [n for n in INITS if callable(getattr(Scheduler, n, None))
-              and len([p for p in inspect.signature(getattr(Scheduler, n)).parameters.values()
-                       if p.default is p.empty]) > 1]
-    if ranked:
-        return (f"sglang {sglang_version()}: kvcheck's CPU builder follows SGLang's Scheduler from 0.5.21 on; this "
-                f"release's constructor (ranks passed to {ranked[0]}, a ParallelState) is not followed yet: "
-                "kvcheck's gap, not the release's (its cache-level layouts run here)")
     if page_size > 1:
         paged = load()["allocator"].PagedTokenToKVPoolAllocator
         if "alloc_extend_naive" not in inspect.getsource(paged.alloc_extend):
@@ -204,6 +197,15 @@ def _init_args(fn: Any) -> dict[str, Any]:
     return out
 
 
+def _parallel_state() -> Any:
+    """The single rank as SGLang's own `ParallelState.trivial` states it (0.5.18-0.5.20's
+    `Scheduler.ps`; dp_rank None as the launcher passes it without data parallelism), or None
+    where the release keeps ranks in its runtime context only."""
+    import sglang.srt.managers.scheduler as m
+    P = getattr(m, "ParallelState", None)
+    return P.trivial(dp_rank=None) if P is not None and hasattr(P, "trivial") else None
+
+
 def model_dir(context: int) -> str:
     """A tiny Llama's config.json (no weights): SGLang's ModelConfig reads it (nothing is downloaded)."""
     key = str(context)
@@ -230,14 +232,25 @@ class Built:
 def _publish(cfg: SchedConfig, page_size: int, undo: contextlib.ExitStack) -> Any:
     from sglang.srt import runtime_context as rc
     ctx = rc._CONTEXT
-    ov = ctx.override_server_args(
+    published = dict(
         page_size=page_size, chunked_prefill_size=cfg.chunked_prefill_size, schedule_policy=cfg.schedule_policy,
         max_running_requests=cfg.max_running_requests, pp_max_micro_batch_size=cfg.max_running_requests,
         enable_priority_scheduling=cfg.enable_priority_scheduling, max_prefill_tokens=cfg.max_prefill_tokens,
         disable_overlap_schedule=not cfg.enable_overlap, skip_tokenizer_init=True, context_length=cfg.context_length,
         attention_backend="torch_native", sampling_backend="pytorch")
+    ov = ctx.override_server_args(**published)
     server_args = ov.install()
     undo.callback(ov.restore)
+    # the override publishes the fields to the config bags but leaves the record's own attributes
+    # at their defaults; a server started with these flags has them on its record too (0.5.19's
+    # GrammarManager reads `server_args.skip_tokenizer_init`). 0.5.20+ freeze the record (their
+    # readers go through the bags): nothing to mend there.
+    for name, value in published.items():
+        if getattr(server_args, name, value) != value:
+            try:
+                object.__setattr__(server_args, name, value)
+            except (TypeError, AttributeError):
+                break
     # SGLang's scheduler logs each refused or retracted request; the drive's results say what happened
     log = logging.getLogger("sglang")
     undo.callback(log.setLevel, log.level)
@@ -338,7 +351,8 @@ def build(lay: Any, cfg: SchedConfig, worker: Any) -> Built:
             priority_scheduling_preemption_threshold=get_schedule().priority_scheduling_preemption_threshold,
             enable_lora=False, enable_lora_overlap_loading=False, max_loras_per_batch=get_lora().max_loras_per_batch,
             enable_overlap=cfg.enable_overlap, enable_overlap_mlx=False, schedule_stream=torch.cpu.Stream(),
-            _war_barrier_enabled=False,     # run_event_loop: is_cuda() or SGLANG_ENABLE_WAR_BARRIER enable_pdmux=False, skip_tokenizer_init=True,
+            _war_barrier_enabled=False,     # run_event_loop: is_cuda() or SGLANG_ENABLE_WAR_BARRIER
+            enable_pdmux=False, skip_tokenizer_init=True,
             stream_interval=get_serving().stream_interval, enable_hierarchical_cache=False, enable_lmcache=False,
             enable_session_radix_cache=False, enable_hicache_storage=False, enable_unified_cache_external_linker=False,
             enable_decode_hicache=False, max_recv_per_poll=envs.SGLANG_SCHEDULER_MAX_RECV_PER_POLL.get(),
@@ -364,11 +378,15 @@ def build(lay: Any, cfg: SchedConfig, worker: Any) -> Built:
             weight_updater=StandIn(offload_tags=set()),
             ipc_channels=StandIn(send_to_tokenizer=_Sink(), send_to_detokenizer=_Sink(), recv_from_rpc=None),
             ngram_embedding_manager=runner.ngram_embedding_manager, use_ngram_embedding=False)
+        ps = _parallel_state()
+        if ps is not None:               # 0.5.18-0.5.20 keep their ranks in a ParallelState
+            sched.ps = ps
         for name in INITS:               # a release without one has no such component
             fn = getattr(type(sched), name, None)
             if callable(fn):
                 getattr(sched, name)(**_init_args(fn))
-        sched.scheduler_stage_metrics = sched.metrics_reporter.scheduler_stage_metrics
+        if hasattr(sched.metrics_reporter, "scheduler_stage_metrics"):     # 0.5.20+ (its __init__ copies it)
+            sched.scheduler_stage_metrics = sched.metrics_reporter.scheduler_stage_metrics
     except BaseException:
         undo.close()
         raise

@@ -52,8 +52,9 @@ class Tree:
             return (None if node.value is None else slots_of(node.value)), None, node.lock_ref, 0
         cd = node.component_data
         f = cd[self.FULL]
-        s = cd.get(self.SWA) if self.SWA is not None and hasattr(cd, "get") else \
-            (cd[self.SWA] if self.SWA is not None and self.SWA in cd else None)
+        s = None
+        if self.SWA is not None:        # a dict by component (0.5.19+) or a list indexed by it (0.5.18)
+            s = cd.get(self.SWA) if hasattr(cd, "get") else (cd[self.SWA] if int(self.SWA) < len(cd) else None)
         return ((None if f.value is None else slots_of(f.value)),
                 (None if s is None or s.value is None else slots_of(s.value)),
                 f.lock_ref, 0 if s is None else s.lock_ref)
