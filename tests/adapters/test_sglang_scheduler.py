@@ -250,3 +250,54 @@ def test_the_overlap_scheduler_runs_clean(tmp_path, monkeypatch):
         r = sg.run_campaign(lay, steps=2000, seed=3, out_dir=str(tmp_path))
         assert r["exit_code"] == 0 and r["findings"] == [], (lay, r["findings"])
         assert r["coverage"].get("forward:extend_after_hit") and r["coverage"].get("state:evicted"), r["coverage"]
+
+
+def test_the_tree_view_reads_each_nodes_swa_component():
+    """A FULL+SWA node keeps its own SWA slots (`component_data`, a list indexed by component on
+    every release); the view once read none of them, which left the SWA half of
+    tree_content_matches blind. After a request longer than the window finishes, the nodes inside
+    its window hold SWA slots, each the one its full slot maps to."""
+    sg = _drive()
+    from kvcheck.fuzz.lockstep import FreeModel, Lockstep
+    from kvcheck.fuzz.models import Act
+    ad = sg.make_adapter(sg.LAYOUTS["hybrid-swa@sched"])
+    try:
+        core = Lockstep(FreeModel(), ad)
+        cfg = dict(START["config"], capacity=256, chunked_prefill_size=-1, context_length=192)
+        core.step(Act("start", {"config": cfg}))
+        core.step(Act("submit", {"r": "a", "tokens": [3 + i % 11 for i in range(40)], "max_new": 2}))
+        core.step(Act("step", {"toks": [5], "times": 4}))
+        assert not ad.reqs
+        views = ad.tree.views()
+        swa = [(v.full, v.swa) for v in views if v.swa]
+        assert swa, [(len(v.key), v.full, v.swa) for v in views]
+        ml = ad.built.alloc.full_to_swa_index_mapping.tolist()
+        for full, own in swa:
+            assert [ml[x] for x in full[-len(own):]] == own
+    finally:
+        ad.close()
+
+
+def test_a_known_defect_is_recognised_only_by_its_fix_and_only_in_its_range(monkeypatch):
+    """scheduler/known.py: a finding is the defect only when the same steps with the fix applied
+    run clean, on a release in its range, on a layout it reaches, with no planted fault."""
+    _drive()
+    import contextlib
+    from kvcheck.engines.sglang.layouts import LAYOUTS
+    from kvcheck.engines.sglang.scheduler import known
+    from kvcheck.fuzz.known import KnownDefect
+    calls = []
+    fake = known.SchedKnown(KnownDefect("d", "kv_read_sound", "safety", "0.5.18", "0.5.18", "x"),
+                            ("kv_read_sound",), ("full", "swa"), lambda: contextlib.nullcontext(calls.append("fixed")))
+    monkeypatch.setattr(known, "KNOWN", (fake,))
+    swa, dense = LAYOUTS["hybrid-swa@sched"], LAYOUTS["dense@sched"]
+    assert known.recognise(swa, None, "0.5.18", "kv_read_sound", lambda: None) == "d"
+    assert calls == ["fixed"]
+    assert known.recognise(swa, None, "0.5.18", "kv_read_sound", lambda: "still fails") is None   # another cause
+    assert known.recognise(swa, None, "0.5.19", "kv_read_sound", lambda: None) is None      # fixed release
+    assert known.recognise(dense, None, "0.5.18", "kv_read_sound", lambda: None) is None    # layout it cannot reach
+    assert known.recognise(swa, "evict_locked", "0.5.18", "kv_read_sound", lambda: None) is None  # planted
+    assert known.recognise(swa, None, "0.5.18", "lock_ref_equals_holders", lambda: None) is None
+    monkeypatch.setattr(known, "STRICT", True)
+    assert known.recognise(swa, None, "0.5.18", "kv_read_sound", lambda: None) is None
+    assert len(calls) == 2

@@ -117,14 +117,29 @@ def make_adapter(lay: Layout, fault: str | None = None, capacity: int | None = N
     return SglangAdapter(lay, fault, capacity)
 
 
-def execute(lay: Layout, capacity: int, fault: str | None, program: list[Act]) -> tuple[SglangAdapter, Finding | None]:
-    """Run steps on a fresh cache, on the core; a refused step (possible after shrinking) is skipped."""
+def execute(lay: Layout, capacity: int, fault: str | None, program: list[Act],
+            recognise: bool = True) -> tuple[SglangAdapter, Finding | None]:
+    """Run steps on a fresh cache, on the core; a refused step (possible after shrinking) is
+    skipped. On the scheduler drive a finding a known defect explains is named `known:NAME`
+    (so that the shrinker never trades a finding for a known defect)."""
     ad = make_adapter(lay, fault, capacity)
     try:
-        return ad, Lockstep(FreeModel(), ad).run(program)
+        f = Lockstep(FreeModel(), ad).run(program)
     finally:
         if hasattr(ad, "close"):
             ad.close()
+    if f is not None and recognise and (name := _known(lay, capacity, fault, f)):
+        f.checks = [f"known:{name}"]
+    return ad, f
+
+
+def _known(lay: Layout, capacity: int, fault: str | None, f: Finding) -> str | None:
+    """The scheduler drive's known defect behind finding `f` (scheduler/known.py), if any."""
+    if lay.drive != "sched":
+        return None
+    from .scheduler import known
+    return known.recognise(lay, fault, sglang_version(), f.checks[0],
+                           lambda: execute(lay, capacity, fault, f.program, recognise=False)[1])
 
 
 def shrink_small(viol: Finding, lay: Layout, capacity: int, fault: str | None, seconds: float) -> Finding:
@@ -189,8 +204,13 @@ def run_campaign(layout: str | Layout, budget_s: float | None = 60, steps: int |
         if mine:
             gc.unfreeze()
     res["steer"] = res_steer
-    return judge(res, {WALLCLOCK_DEFECT.name: WALLCLOCK_DEFECT}, acknowledged, res.get("sglang_version"),
-                 strict_known)
+    return judge(res, known_defects(), acknowledged, res.get("sglang_version"), strict_known)
+
+
+def known_defects() -> dict:
+    """Every SGLang defect a campaign recognises: the cache-level drive's and the scheduler drive's."""
+    from .scheduler.known import DEFECTS
+    return {WALLCLOCK_DEFECT.name: WALLCLOCK_DEFECT, **DEFECTS}
 
 
 def _base(lay: Layout, seed: int, fault: str | None) -> dict:
@@ -240,6 +260,9 @@ def _campaign(lay: Layout, budget_s: float | None, steps: int | None, seed: int,
         steer.done(ep, core.program)
         coverage.update(ad.coverage)
         episodes += 1
+        if viol is not None and (name := _known(lay, capacity, fault, viol)):
+            coverage[f"known:{name}"] += 1      # the episode's scheduler carries the defect: the next one
+            continue
         if viol is not None and fault is not None and execute(lay, capacity, None, viol.program)[1] is not None:
             coverage["state:release_bug_without_fault"] += 1   # the clean release fails the same steps:
             continue                                            # SGLang's own bug, not the planted fault's
@@ -273,7 +296,9 @@ def replay(trace: Trace | str | Path) -> dict:
     from .layouts import layout_from
     lay = LAYOUTS.get(meta.get("name")) or layout_from(meta, "trace meta.layout")
     from . import swa
+    from .scheduler import known
     recognise, swa.STRICT = swa.STRICT, True      # a replay shows the finding itself, known or not
+    strict_sched, known.STRICT = known.STRICT, True
     try:
         with setting_up("sglang", sglang_version, ("sglang",), (SglangUnavailable, LayoutError)):
             ad = make_adapter(lay, trace.fault, int(trace.meta.get("capacity", lay.capacity)))
@@ -288,7 +313,7 @@ def replay(trace: Trace | str | Path) -> dict:
                            steps=len(trace.steps), violation=None), "reproduced": False,
                 "expected": (trace.violation or {}).get("check"), "recorded_version": trace.meta.get("sglang_version")}
     finally:
-        swa.STRICT = recognise
+        swa.STRICT, known.STRICT = recognise, strict_sched
     v = out.get("violation")
     want = (trace.violation or {}).get("check")
     return {

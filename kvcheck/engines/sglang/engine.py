@@ -53,8 +53,8 @@ class SglangEngine(Engine):
         return SGLANG_FAULTS
 
     def known_defects(self) -> dict[str, Any]:
-        from .swa import WALLCLOCK_DEFECT
-        return {WALLCLOCK_DEFECT.name: WALLCLOCK_DEFECT}
+        from .drivers import known_defects
+        return known_defects()
 
     def campaign(self, layout: str, *, budget_s: float | None, steps: int | None, seed: int,
                  fault: str | None, out_dir: str, **options: Any) -> dict[str, Any]:

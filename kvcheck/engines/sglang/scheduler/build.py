@@ -31,8 +31,9 @@ SGLang. The attention backend published is `torch_native`, SGLang's CPU backend:
 scheduler's path picks a kernel by backend (0.5.21's `write_cache_indices`: a Triton kernel for
 Triton-capable backends) it takes the torch path a CPU server takes. An exception raised inside
 Triton (a kernel launched anyway) is "cannot drive" (adapter.py), never a finding.
-This builder follows the runtime-context generation (0.5.21-0.5.23); older releases are refused with one
-line (`gap()`), the cache-level drive covers them.
+This builder follows the runtime-context generation (0.5.18-0.5.23; 0.5.18-0.5.20 keep their
+ranks in SGLang's own `ParallelState`, stated with its `trivial()` single rank); older releases
+are refused with one line (`gap()`), the cache-level drive covers them.
 """
 from __future__ import annotations
 
@@ -132,7 +133,7 @@ def gap(page_size: int = 1) -> str | None:
         rc = None
     if rc is None or not hasattr(getattr(rc, "_CONTEXT", None), "override_server_args"):
         return (f"sglang {sglang_version()}: the scheduler drive builds SGLang's Scheduler through its runtime "
-                "context (`override_server_args`, 0.5.21+); this release predates it (its cache-level layouts run here)")
+                "context (`override_server_args`, 0.5.18+); this release predates it (its cache-level layouts run here)")
     import inspect
     try:
         from sglang.srt.managers.scheduler import Scheduler  # noqa: F401 (its import chain must work)
