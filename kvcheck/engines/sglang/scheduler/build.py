@@ -263,6 +263,13 @@ def _publish(cfg: SchedConfig, page_size: int, undo: contextlib.ExitStack) -> An
     return server_args
 
 
+def _bag(server_args: Any, group: str) -> Any:
+    """The release's accessor for a group of config fields (`get_schedule`, 0.5.17+), or, where
+    it has none (0.5.16: its scheduler reads the record), the published record itself."""
+    from sglang.srt import runtime_context as rc
+    return getattr(rc, f"get_{group}", lambda: server_args)
+
+
 def swa_pool_size(cfg: SchedConfig, lay: Any) -> int:
     """The SWA pool as SGLang's pool configurator sizes it: `swa_full_tokens_ratio` (0.8) of the
     full pool, and never below what its request-cap configurator reserves (one prefill chunk in
@@ -318,11 +325,11 @@ def build(lay: Any, cfg: SchedConfig, worker: Any) -> Built:
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.disaggregation.utils import DisaggregationMode
     from sglang.srt.environ import envs
-    from sglang.srt.runtime_context import get_lora, get_schedule, get_serving
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
     undo = contextlib.ExitStack()
     try:
         server_args = _publish(cfg, page_size, undo)
+        get_schedule, get_lora, get_serving = (_bag(server_args, g) for g in ("schedule", "lora", "serving"))
         al = S["allocator"]
         swa = "swa" in lay.components
         size_swa = swa_pool_size(cfg, lay)
