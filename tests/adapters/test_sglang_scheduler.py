@@ -1,6 +1,6 @@
 """The scheduler drive (layouts NAME@sched): SGLang's own Scheduler, Req and batches on CPU.
 
-Runs under a Python with SGLang 0.5.21+ (`.ci/run` runs it with the newest release's side venv;
+Runs under a Python with SGLang 0.5.16+ (`.ci/run` runs it with the newest release's side venv;
 elsewhere it skips, saying why). What it shows: the objects stepped are SGLang's own (its
 `Scheduler` subclass adds no scheduling code, requests are SGLang's `Req`, batches its
 `ScheduleBatch`); admission, chunking and retraction happen (SGLang decides them); each check of

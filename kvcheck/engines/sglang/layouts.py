@@ -102,7 +102,7 @@ LAYOUTS: dict[str, Layout] = {x.name: x for x in (
            "ChunkCache (prefix caching disabled), chunked prefill (cache_unfinished_req), ReqToTokenPool + "
            "TokenToKVPoolAllocator"),
     # SGLang's own Scheduler on CPU (scheduler/): admission, chunking, retraction and the cache calls are its
-    # own, over the tree its server builds for the model (UnifiedRadixCache on 0.5.21+, Python tree core)
+    # own, over the tree its server builds for the model (UnifiedRadixCache on 0.5.16+, Python tree core)
     Layout("dense@sched", "UnifiedRadixCache", ("full",), 1, None, 256,
            "a full-attention model under SGLang's own Scheduler (page 1): requests, batches, chunked prefill, "
            "retraction", drive="sched"),

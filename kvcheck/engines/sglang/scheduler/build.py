@@ -284,7 +284,7 @@ def swa_pool_size(cfg: SchedConfig, lay: Any) -> int:
 
 def _tree_cache(lay: Any, alloc: Any, rows: Any, server_args: Any, mc: Any, tp_worker: Any, chunk: int) -> Any:
     """The tree the release's server would build for this model (its own `create_tree_cache`:
-    UnifiedRadixCache with the components the model needs, 0.5.21+), on the Python tree core (the
+    UnifiedRadixCache with the components the model needs, 0.5.16+), on the Python tree core (the
     Rust core, the server's default, is compared with it by the cache-level lockstep layouts);
     a release without the factory gets the layout's class."""
     from dataclasses import fields
