@@ -128,6 +128,16 @@ def _frames(exc: BaseException) -> list[tuple[types.FrameType, int]]:
     return out
 
 
+def frame_at(exc: BaseException, top: str | None = None, first: bool = False) -> tuple[str, str] | None:
+    """(module, "file:line (function)") of the last (`first`: the first) frame of `exc`'s
+    traceback whose module is in the top-level package `top` (any module when None)."""
+    got = [(f, n) for f, n in _frames(exc) if top is None or _module_of(f).split(".", 1)[0] == top]
+    if not got:
+        return None
+    f, n = got[0] if first else got[-1]
+    return _module_of(f), _at(f, n)
+
+
 def blame(exc: BaseException, packages: tuple[str, ...]) -> tuple[str, str] | None:
     """(what, where) when `exc` comes from kvcheck's side of the boundary with an engine whose
     top-level packages are `packages`; None when it is the engine's own."""

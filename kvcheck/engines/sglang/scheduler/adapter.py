@@ -23,7 +23,7 @@ from array import array
 from collections import Counter
 from typing import Any
 
-from kvcheck.fuzz.boundary import CannotDrive, check_exception
+from kvcheck.fuzz.boundary import CannotDrive, check_exception, frame_at
 from kvcheck.spec.sut import ActionRejected
 
 from ..checks import slots_of
@@ -99,7 +99,7 @@ class SchedAdapter:
         except ActionRejected:
             raise
         except (TypeError, ValueError, KeyError) as e:
-            if action != "start" and _kvcheck_side(e):
+            if action != "start" and (frame_at(e) or ("",))[0].split(".")[0] == "kvcheck":
                 raise ActionRejected(f"bad parameters for {action}: {e}") from None
             self.broken, obs = self._engine_raised(e), {}
         except Exception as e:                 # SGLang's own code raised (or kvcheck's side: cannot drive)
@@ -122,7 +122,7 @@ class SchedAdapter:
             raise
         except Exception as e:      # building is kvcheck's side of the boundary: never SGLang's bug
             raise CannotDrive("sglang", load()["version"], f"building SGLang's scheduler on CPU failed: "
-                              f"{type(e).__name__}: {e}", _last_frame(e)) from e
+                              f"{type(e).__name__}: {e}", (frame_at(e) or ("", "build.py"))[1]) from e
         self.tree = Tree(self.built.cache)
         self.worker.bind(self.built.cache, self.built.rows, self.tree, self.lay.window if "swa" in self.lay.components else None)
         self.worker.pre_forward = self._tree_checks     # what the scheduling of a step broke, before its forward
@@ -354,10 +354,10 @@ class SchedAdapter:
         broke, if it did (the cause such a check reports); any other exception is reported as
         itself (a mid-step state is not counted)."""
         check_exception(e, "sglang", load()["version"], ("sglang",))
-        kernel = _triton_frame(e)
+        kernel = frame_at(e, "triton", first=True)
         if kernel:
             raise CannotDrive("sglang", load()["version"], f"{type(e).__name__}: {e}: the release launched a Triton "
-                              "kernel, which does not run on this CPU", kernel) from e
+                              "kernel, which does not run on this CPU", kernel[1]) from e
         if self.built is not None and any(w in str(e).lower() for w in ("out of memory", "memory leak")):
             try:
                 v = self._idle_checks()
@@ -377,29 +377,3 @@ class SchedAdapter:
     def generator(self, rng: random.Random) -> Any:
         from .generator import SchedGen
         return SchedGen(rng, self.lay, self.capacity)
-
-
-def _triton_frame(e: BaseException) -> str | None:
-    tb = e.__traceback__
-    while tb is not None:
-        if str(tb.tb_frame.f_globals.get("__name__", "")).split(".")[0] == "triton":
-            return f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}"
-        tb = tb.tb_next
-    return None
-
-
-def _last_frame(e: BaseException) -> str:
-    tb, out = e.__traceback__, "kvcheck/engines/sglang/scheduler/build.py"
-    while tb is not None:
-        out = f"{'/'.join(tb.tb_frame.f_code.co_filename.split('/')[-4:])}:{tb.tb_lineno}"
-        tb = tb.tb_next
-    return out
-
-
-def _kvcheck_side(e: BaseException) -> bool:
-    tb = e.__traceback__
-    last = None
-    while tb is not None:
-        last = tb.tb_frame.f_globals.get("__name__", "")
-        tb = tb.tb_next
-    return str(last).startswith("kvcheck")
