@@ -29,6 +29,8 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import linecache
+import re
 import sys
 import textwrap
 import types
@@ -167,7 +169,29 @@ def blame(exc: BaseException, packages: tuple[str, ...]) -> tuple[str, str] | No
         if fn is not None:          # a wrapper kvcheck put on an engine object (a planted fault, a probe)
             return (f"the release calls kvcheck's {fn.__qualname__} in a way it does not take: {exc} "
                     f"(at {_at(frame, lineno)})", _defined_at(fn))
+        called = _kvcheck_call_refused(exc)
+        if called is not None:      # kvcheck's call, refused by the release's signature (through its wrapper)
+            return (f"kvcheck calls the release's {called[0]} in a way it does not take: {exc}", called[1])
     return None
+
+
+_SIGNATURE = re.compile(r"^([\w.<>]+)\(\) (?:got an unexpected keyword argument|missing \d+ required|takes \d+|"
+                        r"got multiple values for argument)")
+
+
+def _kvcheck_call_refused(exc: BaseException) -> tuple[str, str] | None:
+    """(callee, where) when `exc` is a call-signature TypeError for a function that kvcheck's
+    innermost frame calls on its current line: the engine frames after it are a pass-through
+    wrapper (a decorator) that handed kvcheck's arguments on. Engine code calling its own
+    function wrongly raises with the engine's line calling it, not kvcheck's."""
+    m = _SIGNATURE.match(str(exc))
+    mine = [(f, n) for f, n in _frames(exc) if _module_of(f).split(".", 1)[0] == "kvcheck"]
+    if not m or not mine:
+        return None
+    f, n = mine[-1]
+    line = linecache.getline(f.f_code.co_filename, n)
+    name = m.group(1).rsplit(".", 1)[-1]
+    return (m.group(1), _at(f, n)) if re.search(rf"\.{re.escape(name)}\(", line) else None
 
 
 def _kvcheck_function_named(frame: Any, message: str) -> Any:

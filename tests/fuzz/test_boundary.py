@@ -48,6 +48,19 @@ class Cache:
 
 def uses_a_kernel(x):
     return transfer_kv_direct(x)    # imported only where the kernel package has it (not on CPU)
+
+def annotated(fn):                  # a pass-through decorator (as SGLang's nvtx wrappers)
+    def wrapper(*args, **kwargs):
+        return fn(*args, **kwargs)
+    return wrapper
+
+class Scheduler:
+    @annotated
+    def get_next_batch_to_run(self):
+        return None
+
+    def step(self):
+        return self.get_next_batch_to_run(running_batch=None)   # the engine's own call, wrong
 '''
 
 
@@ -86,6 +99,11 @@ def call_with_dropped_keyword():
     return fakeengine.takes_key(k=1)
 def read_engine_attr():
     return fakeengine.get_server_args()
+def call_through_a_wrapper():
+    s = fakeengine.Scheduler()
+    return s.get_next_batch_to_run(running_batch=None)
+def engine_step():
+    return fakeengine.Scheduler().step()
 ''')
     yield m
     sys.modules.pop("kvcheck.fake_adapter", None)
@@ -288,3 +306,15 @@ def make(real):
     code, res = _fuzz(capsys, tmp_path)
     assert code == 10 and "cannot_drive" not in res
     assert res["findings"][0]["check"] == "vllm_internal_error"
+
+
+def test_a_call_the_release_refuses_through_its_own_wrapper_is_kvchecks_side(ours):
+    """kvcheck passes an argument the release's method does not take, and the TypeError is raised
+    inside the release's pass-through decorator (an engine frame): still kvcheck's call."""
+    got = blame(_raised(ours.call_through_a_wrapper), ("fakeengine",))
+    assert got is not None and "kvcheck calls the release's Scheduler.get_next_batch_to_run" in got[0]
+    assert "fake_adapter" in got[1]
+
+
+def test_the_engine_calling_its_own_wrapped_method_wrongly_stays_the_engines(ours):
+    assert blame(_raised(ours.engine_step), ("fakeengine",)) is None

@@ -131,9 +131,9 @@ def gap(page_size: int = 1) -> str | None:
         from sglang.srt import runtime_context as rc
     except ImportError:
         rc = None
-    if rc is None or not hasattr(getattr(rc, "_CONTEXT", None), "override_server_args"):
+    if rc is None or not hasattr(rc, "get_context"):
         return (f"sglang {sglang_version()}: the scheduler drive builds SGLang's Scheduler through its runtime "
-                "context (`override_server_args`, 0.5.18+); this release predates it (its cache-level layouts run here)")
+                "context (0.5.14+); this release predates it (its cache-level layouts run here)")
     import inspect
     try:
         from sglang.srt.managers.scheduler import Scheduler  # noqa: F401 (its import chain must work)
@@ -199,12 +199,19 @@ def _init_args(fn: Any) -> dict[str, Any]:
 
 
 def _parallel_state() -> Any:
-    """The single rank as SGLang's own `ParallelState.trivial` states it (0.5.18-0.5.20's
+    """The single rank as SGLang's own `ParallelState.trivial` states it (0.5.14-0.5.20's
     `Scheduler.ps`; dp_rank None as the launcher passes it without data parallelism), or None
     where the release keeps ranks in its runtime context only."""
+    import dataclasses
     import sglang.srt.managers.scheduler as m
     P = getattr(m, "ParallelState", None)
-    return P.trivial(dp_rank=None) if P is not None and hasattr(P, "trivial") else None
+    if P is None:
+        return None
+    if hasattr(P, "trivial"):
+        return P.trivial(dp_rank=None)
+    # 0.5.14-0.5.17: no trivial(); what the launcher passes a single-rank scheduler
+    return P(**{f.name: 1 if f.name.endswith("_size") else (None if f.name == "dp_rank" else 0)
+                for f in dataclasses.fields(P)})
 
 
 def model_dir(context: int) -> str:
@@ -230,6 +237,21 @@ class Built:
         self._undo.close()
 
 
+def _publish_record(published: dict[str, Any], context: int, undo: contextlib.ExitStack) -> Any:
+    """Releases before `override_server_args` (0.5.14-0.5.15): a `ServerArgs` built as a server
+    builds it (its own validation runs) on the CPU device, published with SGLang's
+    `set_global_server_args_for_scheduler`; the previous record is put back afterwards."""
+    from sglang.srt import runtime_context as rc
+    from sglang.srt import server_args as sam
+    # where the release keeps the published record: its server_args module (0.5.14) or the context
+    holder, slot = (sam, "_global_server_args") if hasattr(sam, "_global_server_args") else (rc.get_context(), "_server_args")
+    prev = getattr(holder, slot, None)
+    record = sam.ServerArgs(model_path=model_dir(context), device="cpu", **published)
+    sam.set_global_server_args_for_scheduler(record)
+    undo.callback(setattr, holder, slot, prev)
+    return record
+
+
 def _publish(cfg: SchedConfig, page_size: int, undo: contextlib.ExitStack) -> Any:
     from sglang.srt import runtime_context as rc
     ctx = rc._CONTEXT
@@ -239,9 +261,17 @@ def _publish(cfg: SchedConfig, page_size: int, undo: contextlib.ExitStack) -> An
         enable_priority_scheduling=cfg.enable_priority_scheduling, max_prefill_tokens=cfg.max_prefill_tokens,
         disable_overlap_schedule=not cfg.enable_overlap, skip_tokenizer_init=True, context_length=cfg.context_length,
         attention_backend="torch_native", sampling_backend="pytorch")
-    ov = ctx.override_server_args(**published)
-    server_args = ov.install()
-    undo.callback(ov.restore)
+    # SGLang logs each refused or retracted request (and, building a record, the model's missing
+    # generation config): the drive's results say what happened
+    log = logging.getLogger("sglang")
+    undo.callback(log.setLevel, log.level)
+    log.setLevel(logging.CRITICAL)
+    if hasattr(ctx, "override_server_args"):
+        ov = ctx.override_server_args(**published)
+        server_args = ov.install()
+        undo.callback(ov.restore)
+    else:
+        server_args = _publish_record(published, cfg.context_length, undo)
     # the override publishes the fields to the config bags but leaves the record's own attributes
     # at their defaults; a server started with these flags has them on its record too (0.5.19's
     # GrammarManager reads `server_args.skip_tokenizer_init`). 0.5.20+ freeze the record (their
@@ -252,10 +282,6 @@ def _publish(cfg: SchedConfig, page_size: int, undo: contextlib.ExitStack) -> An
                 object.__setattr__(server_args, name, value)
             except (TypeError, AttributeError):
                 break
-    # SGLang's scheduler logs each refused or retracted request; the drive's results say what happened
-    log = logging.getLogger("sglang")
-    undo.callback(log.setLevel, log.level)
-    log.setLevel(logging.CRITICAL)
     ranks = dict(attn_tp_rank=0, attn_cp_rank=0, tp_rank=0, pp_rank=0, attn_dp_rank=0, dp_rank=0)
     known = (rc._parallel_fields() if hasattr(rc, "_parallel_fields")
              else getattr(rc, "_PARALLEL_FIELDS", set(ranks)))    # (the release's own list of fields)
@@ -268,6 +294,12 @@ def _bag(server_args: Any, group: str) -> Any:
     it has none (0.5.16: its scheduler reads the record), the published record itself."""
     from sglang.srt import runtime_context as rc
     return getattr(rc, f"get_{group}", lambda: server_args)
+
+
+def _env(envs: Any, name: str) -> Any:
+    """An SGLang environment setting's value, None where the release has no such setting."""
+    v = getattr(envs, name, None)
+    return None if v is None else v.get()
 
 
 def swa_pool_size(cfg: SchedConfig, lay: Any) -> int:
@@ -363,8 +395,8 @@ def build(lay: Any, cfg: SchedConfig, worker: Any) -> Built:
             enable_pdmux=False, skip_tokenizer_init=True,
             stream_interval=get_serving().stream_interval, enable_hierarchical_cache=False, enable_lmcache=False,
             enable_session_radix_cache=False, enable_hicache_storage=False, enable_unified_cache_external_linker=False,
-            enable_decode_hicache=False, max_recv_per_poll=envs.SGLANG_SCHEDULER_MAX_RECV_PER_POLL.get(),
-            max_new_tokens_limit=envs.SGLANG_MAX_NEW_TOKENS_LIMIT.get(), enable_hisparse=False,
+            enable_decode_hicache=False, max_recv_per_poll=_env(envs, "SGLANG_SCHEDULER_MAX_RECV_PER_POLL"),
+            max_new_tokens_limit=_env(envs, "SGLANG_MAX_NEW_TOKENS_LIMIT"), enable_hisparse=False,
             attn_dp_enabled=False, enable_unified_memory=False, enable_fpm=False,
             # what init_model_worker takes from the worker (get_worker_info) and the kv-cache builder
             max_total_num_tokens=cfg.capacity, max_prefill_tokens=cfg.max_prefill_tokens,
