@@ -275,8 +275,9 @@ def _campaign(lay: Layout, budget_s: float | None, steps: int | None, seed: int,
     missing = [a for a in (ACTIONS if lay.drive == "cache" else SCHED_ACTIONS) if not coverage.get(a)]
     if exit_code == 0 and floor_shortfall({"steps": total}, missing):     # the coverage floor
         exit_code = ExitCode.UNDECIDED
+    built = sorted(k.split(":", 1)[1] for k in coverage if k.startswith("tree:"))     # the scheduler drive's
     return {
-        "sut": "sglang", "sglang_version": sglang_version(), "layout": lay.name, "class": lay.cls,
+        "sut": "sglang", "sglang_version": sglang_version(), "layout": lay.name, "class": "+".join(built) or lay.cls,
         "seed": seed, "fault": fault, "expected_check": exp,
         "caught": (any(f["check"] == exp for f in findings) if fault else None),
         "steps": total, "episodes": episodes, "elapsed_s": round(time.monotonic() - t0, 2),

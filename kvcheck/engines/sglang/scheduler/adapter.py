@@ -30,7 +30,8 @@ from ..checks import slots_of
 from ..install import SglangUnavailable, load
 from ..layouts import Layout, LayoutError
 from ..violation import Violation
-from .build import Built, SchedConfig, build, gap
+from . import loop
+from .build import Built, SchedConfig, build, gap, overlap_gap
 from .faults import PLANTABLE, evict_entries, plant
 from .tree import Tree
 from .worker import EOS, ModelWorker, fingerprints
@@ -57,6 +58,7 @@ class SchedAdapter:
             raise SglangUnavailable(why)
         self.lay, self.fault = lay, fault
         self.capacity = capacity or lay.capacity
+        self.overlap_gap = overlap_gap()
         self.reset()
 
     def reset(self, cfg: Any = None) -> None:
@@ -116,6 +118,8 @@ class SchedAdapter:
     def _a_start(self, config: dict[str, Any]) -> dict:
         """Build the scheduler (`self.config`, parsed by `apply`): whatever fails here is kvcheck's
         side (cannot drive) or the release's (its own constructors raised)."""
+        if self.config.enable_overlap and self.overlap_gap:
+            raise ActionRejected(self.overlap_gap)
         try:
             self.built = build(self.lay, self.config, self.worker)
         except SglangUnavailable:
@@ -124,6 +128,7 @@ class SchedAdapter:
             raise CannotDrive("sglang", load()["version"], f"building SGLang's scheduler on CPU failed: "
                               f"{type(e).__name__}: {e}", (frame_at(e) or ("", "build.py"))[1]) from e
         self.tree = Tree(self.built.cache)
+        self.coverage[f"tree:{type(self.built.cache).__name__}"] += 1     # the class SGLang's factory built
         self.worker.bind(self.built.cache, self.built.rows, self.tree, self.lay.window if "swa" in self.lay.components else None)
         self.worker.pre_forward = self._tree_checks     # what the scheduling of a step broke, before its forward
         if self.fault is not None:
@@ -178,68 +183,19 @@ class SchedAdapter:
         return {}
 
     def _one_step(self, toks: list[int]) -> None:
-        s = self.built.sched
+        """One pass of SGLang's event loop (loop.py: the release's own normal or overlap loop)."""
         self.worker.tokens = list(toks)
-        if self.config.enable_overlap:
-            return self._one_overlap_step(s)
-        plan = s.get_next_batch_to_run(running_batch=s.running_batch, last_batch=s.last_batch)
-        s.running_batch = plan.running_batch
-        batch = plan.batch_to_run
-        if batch:
-            self.coverage["step:extend" if batch.forward_mode.is_extend() else "step:decode"] += 1
-            if batch.forward_mode.is_extend():
-                self.hits += sum(1 for p in batch.prefix_lens if int(p) > 0)
-            result = s.run_batch(batch)
-            s.process_batch_result(batch, result)
-        else:
+        if (loop.overlap if self.config.enable_overlap else loop.normal)(self.built.sched, self._launched) is None:
             self.coverage["step:idle"] += 1
-            s._sched_idled = True
-            s.on_idle()
-        s.last_batch = batch
         for rid in [rid for rid, q in self.reqs.items() if q.finished()]:
             self.coverage["finished"] += 1
             del self.reqs[rid]
 
-    def _one_overlap_step(self, s: Any) -> None:
-        """One pass of `Scheduler.event_loop_overlap` (0.5.23 scheduler.py:2061): the batch is
-        launched before the previous one's result is processed, unless SGLang says this batch
-        may not overlap (`is_disable_overlap_for_batch`)."""
-        if not hasattr(s, "result_queue") or s.__dict__.get("_kvcheck_overlap") is None:
-            from collections import deque
-            s.enable_skip_finishing_decode = True
-            s.result_queue = deque()
-            s._kvcheck_overlap = True
-        plan = s.get_next_batch_to_run(running_batch=s.running_batch, last_batch=s.last_batch)
-        s.running_batch = plan.running_batch
-        batch = plan.batch_to_run
-        off = s.is_disable_overlap_for_batch(batch, last_batch=s.last_batch)
-        if off and s.result_queue:
-            self._pop_and_process(s)
-        result = None
-        if batch:
-            self.coverage["step:extend" if batch.forward_mode.is_extend() else "step:decode"] += 1
-            if batch.forward_mode.is_extend():
-                self.hits += sum(1 for p in batch.prefix_lens if int(p) > 0)
-            result = s.run_batch(batch)
-            s._apply_war_barrier()
-            s.result_queue.append((batch.copy(), result))
-        else:
-            s._sched_idled = True
-            self.coverage["step:idle"] += 1
-        if s.last_batch:
-            if not off and s.result_queue:
-                self._pop_and_process(s)
-        elif batch is None:
-            s.on_idle()
-        s.launch_batch_sample_if_needed(result, batch)
-        s.last_batch = batch
-        for rid in [rid for rid, q in self.reqs.items() if q.finished()]:
-            self.coverage["finished"] += 1
-            del self.reqs[rid]
-
-    def _pop_and_process(self, s: Any) -> None:
-        b, r = s.result_queue.popleft()
-        s.process_batch_result(b, r)
+    def _launched(self, batch: Any) -> None:
+        extend = batch.forward_mode.is_extend()
+        self.coverage["step:extend" if extend else "step:decode"] += 1
+        if extend:
+            self.hits += sum(1 for p in batch.prefix_lens if int(p) > 0)
 
     def _a_abort(self, r: str) -> dict:
         from sglang.srt.managers.io_struct import AbortReq
@@ -376,4 +332,4 @@ class SchedAdapter:
 
     def generator(self, rng: random.Random) -> Any:
         from .generator import SchedGen
-        return SchedGen(rng, self.lay, self.capacity)
+        return SchedGen(rng, self.lay, self.capacity, overlap=self.overlap_gap is None)

@@ -31,18 +31,14 @@ SGLang. The attention backend published is `torch_native`, SGLang's CPU backend:
 scheduler's path picks a kernel by backend (0.5.21's `write_cache_indices`: a Triton kernel for
 Triton-capable backends) it takes the torch path a CPU server takes. An exception raised inside
 Triton (a kernel launched anyway) is "cannot drive" (adapter.py), never a finding.
-This builder follows the runtime-context generation (0.5.18-0.5.23; 0.5.18-0.5.20 keep their
-ranks in SGLang's own `ParallelState`, stated with its `trivial()` single rank); older releases
-are refused with one line (`gap()`), the cache-level drive covers them.
+This builder follows Schedulers whose constructor is a sequence of `init_*` methods (0.5.15-0.5.23;
+publish.py: how each takes its configuration and ranks); older releases are refused with one line
+(`gap()`), the cache-level drive covers them.
 """
 from __future__ import annotations
 
-import atexit
 import contextlib
-import logging
-import shutil
 import sys
-import tempfile
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -50,6 +46,7 @@ from kvcheck.fuzz.boundary import StandIn
 
 from ..compat import new_allocator, new_cache, row_pool, swa_pools
 from ..install import SglangUnavailable, load, sglang_version
+from .publish import bag, env_setting, init_args, model_dir, parallel_state, publish
 
 # the Scheduler's own init methods that run on CPU, in the order its __init__ calls them
 INITS = ("init_metrics_collector", "init_running_status", "init_pool_stats_observer", "init_metrics_reporter",
@@ -121,7 +118,6 @@ def _fields(obj: Any) -> tuple[str, ...]:
     """The declared fields of a ServerArgs (a msgspec Struct on 0.5.23, a dataclass before)."""
     t = type(obj)
     return getattr(t, "__struct_fields__", None) or tuple(getattr(t, "__dataclass_fields__", {}))
-_DIR: dict[str, str] = {}
 
 
 def gap(page_size: int = 1) -> str | None:
@@ -136,15 +132,34 @@ def gap(page_size: int = 1) -> str | None:
                 "context (0.5.14+); this release predates it (its cache-level layouts run here)")
     import inspect
     try:
-        from sglang.srt.managers.scheduler import Scheduler  # noqa: F401 (its import chain must work)
+        from sglang.srt.managers.scheduler import Scheduler
     except Exception as e:              # its import chain needs what this environment lacks
         return f"sglang {sglang_version()}: its scheduler does not import here: {type(e).__name__}: {e}"
+    if not callable(getattr(Scheduler, "init_metrics_collector", None)):
+        return (f"sglang {sglang_version()}: kvcheck's CPU builder follows Schedulers whose constructor is a "
+                "sequence of init_* methods (0.5.15+); this one builds components inline (its metrics collector): "
+                "kvcheck's gap, not the release's (its cache-level layouts run here)")
     if page_size > 1:
         paged = load()["allocator"].PagedTokenToKVPoolAllocator
         if "alloc_extend_naive" not in inspect.getsource(paged.alloc_extend):
             return (f"sglang {sglang_version()}: its paged allocator extends a request only through a Triton kernel "
                     "(alloc_extend_kernel; the CPU path came in 0.5.22), which does not run here")
     return None
+
+
+def overlap_gap() -> str | None:
+    """Why this release's overlap scheduler is not driven here (None: it is). 0.5.15's relays each
+    forward's sampled tokens to the next batch through its future map (`_relay_forward_payload`,
+    `resolve_forward_inputs`); kvcheck's model worker does not follow that protocol yet, and a
+    campaign on it attributed a sample to the wrong position (kvcheck's side until shown
+    otherwise: docs/repro/traces/sglang_sched_0515_overlap_gap.trace.json)."""
+    from sglang.srt.managers.scheduler import Scheduler
+    import inspect
+    fn = inspect.unwrap(Scheduler.launch_batch_sample_if_needed)
+    if len(inspect.signature(fn).parameters) >= 3:
+        return None
+    return (f"sglang {sglang_version()}: its overlap scheduler relays sampled tokens through its future map, which "
+            "kvcheck's model worker does not follow yet (kvcheck's gap): its episodes run without overlap")
 
 
 def scheduler_class() -> type:
@@ -181,52 +196,6 @@ def scheduler_class() -> type:
     return _CLS["cls"]
 
 
-# what older releases pass their init methods (`init_metrics_collector(tp_rank, pp_rank, dp_rank)`):
-# the single rank this scheduler is
-_RANK_ARGS = {"tp_rank": 0, "pp_rank": 0, "dp_rank": None, "attn_tp_rank": 0, "attn_cp_rank": 0, "moe_ep_rank": 0}
-
-
-def _init_args(fn: Any) -> dict[str, Any]:
-    import inspect
-    out = {}
-    for p in list(inspect.signature(fn).parameters.values())[1:]:
-        if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
-            if p.name not in _RANK_ARGS:
-                raise SglangUnavailable(f"sglang {sglang_version()}: Scheduler.{fn.__name__} takes {p.name!r}, which "
-                                        "kvcheck's CPU scheduler does not know")
-            out[p.name] = _RANK_ARGS[p.name]
-    return out
-
-
-def _parallel_state() -> Any:
-    """The single rank as SGLang's own `ParallelState.trivial` states it (0.5.14-0.5.20's
-    `Scheduler.ps`; dp_rank None as the launcher passes it without data parallelism), or None
-    where the release keeps ranks in its runtime context only."""
-    import dataclasses
-    import sglang.srt.managers.scheduler as m
-    P = getattr(m, "ParallelState", None)
-    if P is None:
-        return None
-    if hasattr(P, "trivial"):
-        return P.trivial(dp_rank=None)
-    # 0.5.14-0.5.17: no trivial(); what the launcher passes a single-rank scheduler
-    return P(**{f.name: 1 if f.name.endswith("_size") else (None if f.name == "dp_rank" else 0)
-                for f in dataclasses.fields(P)})
-
-
-def model_dir(context: int) -> str:
-    """A tiny Llama's config.json (no weights): SGLang's ModelConfig reads it (nothing is downloaded)."""
-    key = str(context)
-    if key not in _DIR:
-        from transformers import LlamaConfig
-        d = _DIR[key] = tempfile.mkdtemp(prefix="kvcheck-sglang-model-")
-        atexit.register(shutil.rmtree, d, True)
-        LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-                    num_key_value_heads=1, vocab_size=512, max_position_embeddings=context,
-                    architectures=["LlamaForCausalLM"]).save_pretrained(d)
-    return _DIR[key]
-
-
 class Built:
     """One episode's scheduler and what it runs on; `close()` restores the published config."""
 
@@ -237,69 +206,14 @@ class Built:
         self._undo.close()
 
 
-def _publish_record(published: dict[str, Any], context: int, undo: contextlib.ExitStack) -> Any:
-    """Releases before `override_server_args` (0.5.14-0.5.15): a `ServerArgs` built as a server
-    builds it (its own validation runs) on the CPU device, published with SGLang's
-    `set_global_server_args_for_scheduler`; the previous record is put back afterwards."""
-    from sglang.srt import runtime_context as rc
-    from sglang.srt import server_args as sam
-    # where the release keeps the published record: its server_args module (0.5.14) or the context
-    holder, slot = (sam, "_global_server_args") if hasattr(sam, "_global_server_args") else (rc.get_context(), "_server_args")
-    prev = getattr(holder, slot, None)
-    record = sam.ServerArgs(model_path=model_dir(context), device="cpu", **published)
-    sam.set_global_server_args_for_scheduler(record)
-    undo.callback(setattr, holder, slot, prev)
-    return record
-
-
-def _publish(cfg: SchedConfig, page_size: int, undo: contextlib.ExitStack) -> Any:
-    from sglang.srt import runtime_context as rc
-    ctx = rc._CONTEXT
-    published = dict(
+def published(cfg: SchedConfig, page_size: int) -> dict[str, Any]:
+    """The server-args fields an episode publishes."""
+    return dict(
         page_size=page_size, chunked_prefill_size=cfg.chunked_prefill_size, schedule_policy=cfg.schedule_policy,
         max_running_requests=cfg.max_running_requests, pp_max_micro_batch_size=cfg.max_running_requests,
         enable_priority_scheduling=cfg.enable_priority_scheduling, max_prefill_tokens=cfg.max_prefill_tokens,
         disable_overlap_schedule=not cfg.enable_overlap, skip_tokenizer_init=True, context_length=cfg.context_length,
         attention_backend="torch_native", sampling_backend="pytorch")
-    # SGLang logs each refused or retracted request (and, building a record, the model's missing
-    # generation config): the drive's results say what happened
-    log = logging.getLogger("sglang")
-    undo.callback(log.setLevel, log.level)
-    log.setLevel(logging.CRITICAL)
-    if hasattr(ctx, "override_server_args"):
-        ov = ctx.override_server_args(**published)
-        server_args = ov.install()
-        undo.callback(ov.restore)
-    else:
-        server_args = _publish_record(published, cfg.context_length, undo)
-    # the override publishes the fields to the config bags but leaves the record's own attributes
-    # at their defaults; a server started with these flags has them on its record too (0.5.19's
-    # GrammarManager reads `server_args.skip_tokenizer_init`). 0.5.20+ freeze the record (their
-    # readers go through the bags): nothing to mend there.
-    for name, value in published.items():
-        if getattr(server_args, name, value) != value:
-            try:
-                object.__setattr__(server_args, name, value)
-            except (TypeError, AttributeError):
-                break
-    ranks = dict(attn_tp_rank=0, attn_cp_rank=0, tp_rank=0, pp_rank=0, attn_dp_rank=0, dp_rank=0)
-    known = (rc._parallel_fields() if hasattr(rc, "_parallel_fields")
-             else getattr(rc, "_PARALLEL_FIELDS", set(ranks)))    # (the release's own list of fields)
-    undo.enter_context(rc.get_parallel().override(**{k: v for k, v in ranks.items() if k in known}))
-    return server_args
-
-
-def _bag(server_args: Any, group: str) -> Any:
-    """The release's accessor for a group of config fields (`get_schedule`, 0.5.17+), or, where
-    it has none (0.5.16: its scheduler reads the record), the published record itself."""
-    from sglang.srt import runtime_context as rc
-    return getattr(rc, f"get_{group}", lambda: server_args)
-
-
-def _env(envs: Any, name: str) -> Any:
-    """An SGLang environment setting's value, None where the release has no such setting."""
-    v = getattr(envs, name, None)
-    return None if v is None else v.get()
 
 
 def swa_pool_size(cfg: SchedConfig, lay: Any) -> int:
@@ -339,9 +253,9 @@ def _tree_cache(lay: Any, alloc: Any, rows: Any, server_args: Any, mc: Any, tp_w
                tp_size=1, tp_rank=0, tp_group=_ONE_RANK, full_tokens_per_layer=alloc.size, is_dsa=False,
                effective_chunked_prefill_size=chunk if chunk > 0 else None)
     cache = create_tree_cache(TreeCacheBuildContext(**{k: v for k, v in ctx.items() if k in ctx_names}))
-    if type(cache).__name__ not in ("RadixCache", "UnifiedRadixCache"):
+    if type(cache).__name__ not in ("RadixCache", "UnifiedRadixCache", "SWARadixCache"):
         raise SglangUnavailable(f"sglang {sglang_version()} builds a {type(cache).__name__} for the {lay.name} model; "
-                                "the scheduler drive reads RadixCache and UnifiedRadixCache trees so far")
+                                "the scheduler drive reads RadixCache, SWARadixCache and UnifiedRadixCache trees so far")
     return cache
 
 
@@ -360,8 +274,8 @@ def build(lay: Any, cfg: SchedConfig, worker: Any) -> Built:
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
     undo = contextlib.ExitStack()
     try:
-        server_args = _publish(cfg, page_size, undo)
-        get_schedule, get_lora, get_serving = (_bag(server_args, g) for g in ("schedule", "lora", "serving"))
+        server_args = publish(published(cfg, page_size), cfg.context_length, undo)
+        get_schedule, get_lora, get_serving = (bag(server_args, g) for g in ("schedule", "lora", "serving"))
         al = S["allocator"]
         swa = "swa" in lay.components
         size_swa = swa_pool_size(cfg, lay)
@@ -395,8 +309,8 @@ def build(lay: Any, cfg: SchedConfig, worker: Any) -> Built:
             enable_pdmux=False, skip_tokenizer_init=True,
             stream_interval=get_serving().stream_interval, enable_hierarchical_cache=False, enable_lmcache=False,
             enable_session_radix_cache=False, enable_hicache_storage=False, enable_unified_cache_external_linker=False,
-            enable_decode_hicache=False, max_recv_per_poll=_env(envs, "SGLANG_SCHEDULER_MAX_RECV_PER_POLL"),
-            max_new_tokens_limit=_env(envs, "SGLANG_MAX_NEW_TOKENS_LIMIT"), enable_hisparse=False,
+            enable_decode_hicache=False, max_recv_per_poll=env_setting(envs, "SGLANG_SCHEDULER_MAX_RECV_PER_POLL"),
+            max_new_tokens_limit=env_setting(envs, "SGLANG_MAX_NEW_TOKENS_LIMIT"), enable_hisparse=False,
             attn_dp_enabled=False, enable_unified_memory=False, enable_fpm=False,
             # what init_model_worker takes from the worker (get_worker_info) and the kv-cache builder
             max_total_num_tokens=cfg.capacity, max_prefill_tokens=cfg.max_prefill_tokens,
@@ -418,13 +332,13 @@ def build(lay: Any, cfg: SchedConfig, worker: Any) -> Built:
             weight_updater=StandIn(offload_tags=set()),
             ipc_channels=StandIn(send_to_tokenizer=_Sink(), send_to_detokenizer=_Sink(), recv_from_rpc=None),
             ngram_embedding_manager=runner.ngram_embedding_manager, use_ngram_embedding=False)
-        ps = _parallel_state()
+        ps = parallel_state()
         if ps is not None:               # 0.5.18-0.5.20 keep their ranks in a ParallelState
             sched.ps = ps
         for name in INITS:               # a release without one has no such component
             fn = getattr(type(sched), name, None)
             if callable(fn):
-                getattr(sched, name)(**_init_args(fn))
+                getattr(sched, name)(**init_args(fn))
         if hasattr(sched.metrics_reporter, "scheduler_stage_metrics"):     # 0.5.20+ (its __init__ copies it)
             sched.scheduler_stage_metrics = sched.metrics_reporter.scheduler_stage_metrics
     except BaseException:

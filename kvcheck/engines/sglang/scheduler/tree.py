@@ -1,7 +1,9 @@
 """One view of the tree SGLang's scheduler built, whichever class it picked: `RadixCache` nodes
-(`value`, `lock_ref`) or `UnifiedRadixCache` nodes on its Python tree core (per component:
-`component_data[FULL | SWA]`, an SWA value of None being a tombstone; a request's `last_node`
-is a NodeId into the core). The scheduler drive's checks and faults read the tree through it."""
+(`value`, `lock_ref`), `SWARadixCache` nodes (the full `value`, `swa_tombstone`, `full_lock_ref`,
+`swa_lock_ref`; a live node's SWA slots are those its full slots map to), or `UnifiedRadixCache`
+nodes on its Python tree core (per component: `component_data[FULL | SWA]`, an SWA value of None
+being a tombstone; a request's `last_node` is a NodeId into the core). The scheduler drive's
+checks and faults read the tree through it."""
 from __future__ import annotations
 
 from typing import Any, NamedTuple
@@ -30,6 +32,7 @@ class Tree:
     def __init__(self, cache: Any) -> None:
         self.cache = cache
         self.unified = hasattr(cache.root_node, "component_data")
+        self.swa_tree = hasattr(cache.root_node, "swa_tombstone")      # SWARadixCache (0.5.15)
         if self.unified:
             from ..compat import component_types
             ct = component_types()
@@ -48,6 +51,11 @@ class Tree:
         return handle
 
     def _parts(self, node: Any) -> tuple[list[int] | None, list[int] | None, int, int]:
+        if self.swa_tree:
+            full = None if node.value is None else slots_of(node.value)
+            m = self.cache.token_to_kv_pool_allocator.full_to_swa_index_mapping
+            swa = None if node.swa_tombstone or full is None else [int(m[x]) for x in full]
+            return full, swa, node.full_lock_ref, node.swa_lock_ref
         if not self.unified:
             return (None if node.value is None else slots_of(node.value)), None, node.lock_ref, 0
         cd = node.component_data
@@ -70,7 +78,9 @@ class Tree:
         return out
 
     def add_full_lock(self, node: Any, n: int) -> None:
-        if self.unified:
+        if self.swa_tree:
+            node.full_lock_ref += n
+        elif self.unified:
             node.component_data[self.FULL].lock_ref += n
         else:
             node.lock_ref += n
