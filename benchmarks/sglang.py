@@ -3,6 +3,7 @@ detection (and shrunk length) of each planted fault. Prints JSON. Run with the P
 SGLang side venv (scripts/install-sglang.sh VERSION DIR):
 
     PYTHONPATH=. DIR/bin/python benchmarks/sglang.py [--steps N] [--seeds K] [--layouts a,b] [--faults f,g | --no-faults]
+    PYTHONPATH=. DIR/bin/python benchmarks/sglang.py --rediscover [--seeds K] [--cap S]
 
 Throughput is the median over `--seeds` campaigns (seeds 11, 12, ...) of steps per second of
 the process's CPU time (`time.process_time()`: the machine may be shared) and, beside it, of
@@ -32,7 +33,12 @@ def main() -> int:
     ap.add_argument("--no-faults", action="store_true", help="throughput only")
     ap.add_argument("--faults", default=None, help="comma-separated planted faults to time (default: all)")
     ap.add_argument("--exact", action="store_true", help="the full scan after every step (shrinking's mode)")
+    ap.add_argument("--rediscover", action="store_true",
+                    help="only: time to rediscover each known defect of this release from scratch (scheduler drive)")
+    ap.add_argument("--cap", type=float, default=600, help="--rediscover: seconds per attempt before giving up")
     a = ap.parse_args()
+    if a.rediscover:
+        return rediscover(a.seeds, a.cap)
     from benchmarks._common import fault_row
     from kvcheck.engines.sglang import drivers as sg
     from kvcheck.engines.sglang.install import SglangUnavailable, load
@@ -69,6 +75,38 @@ def main() -> int:
                 out["faults"][f"{f}@{lay}"] = fault_row(
                     lambda seed: sg.run_campaign(lay, budget_s=10, seed=seed, fault=f, out_dir=d, shrink_s=5),
                     a.seeds, sg.FAULTS[f].expected)
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+def rediscover(seeds: int, cap: float) -> int:
+    """For each known defect of the installed release the scheduler drive recognises: campaigns of
+    20 s over every supported scheduler-drive layout in turn (no corpus; seeds 1000*k + n, not
+    chosen for the defect) until it is recognised; seconds of wall time to that, per attempt, and
+    the median."""
+    from kvcheck.engines.sglang import drivers as sg
+    from kvcheck.engines.sglang.scheduler.known import KNOWN
+    version = sg.sglang_version()
+    layouts = [r["name"] for r in sg.list_layouts() if r["supported"] and r["name"].endswith("@sched")]
+    out: dict = {"sglang_version": version, "layouts": layouts, "cap_s": cap, "rediscovery": {}}
+    with tempfile.TemporaryDirectory() as d:
+        for k in [k for k in KNOWN if k.defect.in_release(version)]:
+            name, times = k.defect.name, []
+            for attempt in range(max(1, seeds)):
+                spent, n, hit = 0.0, 0, None
+                while spent < cap and hit is None:
+                    lay = layouts[n % len(layouts)]
+                    r = sg.run_campaign(lay, budget_s=min(20, cap - spent), seed=1000 * attempt + n, out_dir=d,
+                                        shrink_s=5)
+                    first = (r.get("known_first_s") or {}).get(name)
+                    hit = None if first is None else round(spent + first, 2)
+                    spent += r.get("elapsed_s", 20)
+                    n += 1
+                times.append({"attempt": attempt, "seconds": hit, "campaigns": n, "layout": lay})
+            got = [t["seconds"] for t in times if t["seconds"] is not None]
+            out["rediscovery"][name] = {"upstream": k.defect.upstream, "attempts": times,
+                                        "found": f"{len(got)}/{len(times)}",
+                                        "median_s_of_found": statistics.median(got) if got else None}
     print(json.dumps(out, indent=1))
     return 0
 

@@ -231,6 +231,7 @@ def _campaign(lay: Layout, budget_s: float | None, steps: int | None, seed: int,
     findings: list[dict] = []
     total = episodes = hits = 0
     exit_code, first_fail_s, first_steps = 0, None, None
+    first_known: dict[str, float] = {}       # known defect -> seconds to its first recognition
     exp = FAULTS[fault].expected if fault else None
     while time.monotonic() < deadline and (steps is None or total < steps):
         ep = steer.episode(seed * 1_000_003 + episodes)
@@ -262,6 +263,7 @@ def _campaign(lay: Layout, budget_s: float | None, steps: int | None, seed: int,
         episodes += 1
         if viol is not None and (name := _known(lay, capacity, fault, viol)):
             coverage[f"known:{name}"] += 1      # the episode's scheduler carries the defect: the next one
+            first_known.setdefault(name, round(time.monotonic() - t0, 2))
             continue
         if viol is not None and fault is not None and execute(lay, capacity, None, viol.program)[1] is not None:
             coverage["state:release_bug_without_fault"] += 1   # the clean release fails the same steps:
@@ -284,6 +286,7 @@ def _campaign(lay: Layout, budget_s: float | None, steps: int | None, seed: int,
         "time_to_failure_s": first_fail_s, "steps_to_failure": first_steps,
         "coverage": {k: coverage[k] for k in sorted(coverage)}, "missing_actions": missing,
         "lookups_with_hit": hits, "findings": findings, "exit_code": exit_code,
+        **({"known_first_s": first_known} if first_known else {}),
     }
 
 

@@ -194,6 +194,9 @@ def load() -> dict[str, Any]:
     if sglang_version() is None:
         raise SglangUnavailable(INSTALL_HINT)
     os.environ.setdefault("SGLANG_DISABLE_REQUEST_LOGGING", "1")
+    # a Triton kernel SGLang's own code launches (0.5.15-0.5.21's paged allocator extends a request
+    # only through one) runs in Triton's own CPU interpreter: SGLang's kernel as written, no GPU
+    os.environ.setdefault("TRITON_INTERPRET", "1")
     install_cpu_stubs()
     import warnings
     with warnings.catch_warnings(), _idempotent_autoconfig_register():

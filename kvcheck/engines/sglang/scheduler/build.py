@@ -29,8 +29,11 @@ server_args.enable_dp_attention`) is read from the published server args when fi
 AttributeError on kvcheck's object: "cannot drive" (fuzz/boundary.py), never a finding about
 SGLang. The attention backend published is `torch_native`, SGLang's CPU backend: where the
 scheduler's path picks a kernel by backend (0.5.21's `write_cache_indices`: a Triton kernel for
-Triton-capable backends) it takes the torch path a CPU server takes. An exception raised inside
-Triton (a kernel launched anyway) is "cannot drive" (adapter.py), never a finding.
+Triton-capable backends) it takes the torch path a CPU server takes. A Triton kernel SGLang's code
+launches anyway (0.5.15-0.5.21's paged allocator extends a request only through
+`alloc_extend_kernel`) runs in Triton's own CPU interpreter (install.py sets TRITON_INTERPRET=1
+before SGLang is imported); an exception raised inside Triton is "cannot drive" (adapter.py),
+never a finding.
 This builder follows Schedulers whose constructor is a sequence of `init_*` methods (0.5.15-0.5.23;
 publish.py: how each takes its configuration and ranks); older releases are refused with one line
 (`gap()`), the cache-level drive covers them.
@@ -139,11 +142,6 @@ def gap(page_size: int = 1) -> str | None:
         return (f"sglang {sglang_version()}: kvcheck's CPU builder follows Schedulers whose constructor is a "
                 "sequence of init_* methods (0.5.15+); this one builds components inline (its metrics collector): "
                 "kvcheck's gap, not the release's (its cache-level layouts run here)")
-    if page_size > 1:
-        paged = load()["allocator"].PagedTokenToKVPoolAllocator
-        if "alloc_extend_naive" not in inspect.getsource(paged.alloc_extend):
-            return (f"sglang {sglang_version()}: its paged allocator extends a request only through a Triton kernel "
-                    "(alloc_extend_kernel; the CPU path came in 0.5.22), which does not run here")
     return None
 
 
