@@ -314,3 +314,34 @@ def test_a_known_defect_is_recognised_only_by_its_fix_and_only_in_its_range(monk
     monkeypatch.setattr(known, "STRICT", True)
     assert known.recognise(swa, None, "0.5.18", "kv_read_sound", lambda: None) is None
     assert len(calls) == 2
+
+
+def test_sglangs_triton_allocator_kernel_runs_in_the_interpreter_as_its_torch_path():
+    """Before 0.5.22 the paged allocator extends a request only through `alloc_extend_kernel`,
+    which the drive runs in Triton's CPU interpreter; on random mixed batches (new requests,
+    hits ending mid-page, several pages) it places every token where SGLang's own torch path
+    `alloc_extend_naive` places it."""
+    _drive()
+    import importlib
+    import random
+    import torch
+    paged = importlib.import_module("sglang.srt.mem_cache.allocator.paged")
+    kernel = getattr(paged, "alloc_extend_kernel", None)
+    naive = getattr(paged, "alloc_extend_naive", None)
+    if kernel is None or naive is None:
+        pytest.skip("this release lacks the kernel or its torch path")
+    from sglang.srt.utils import next_power_of_2
+    rng = random.Random(7)
+    for _ in range(40):
+        page, bs = rng.choice([1, 4, 16, 64]), rng.randint(1, 6)
+        pre = [rng.randint(0, 5 * page) for _ in range(bs)]
+        seq = [p + rng.randint(1, 4 * page) for p in pre]
+        used = iter(range(1, 1000))
+        last = [(next(used) * page + (p - 1) % page) if p else -1 for p in pre]   # a hit's last slot
+        free = torch.tensor(rng.sample(range(1000, 2000), 64), dtype=torch.int64)
+        args = [torch.tensor(x, dtype=torch.int64) for x in (pre, seq, last)]
+        n = sum(s - p for p, s in zip(pre, seq))
+        got, want = torch.empty(n, dtype=torch.int64), torch.empty(n, dtype=torch.int64)
+        kernel[(bs,)](*args, free, got, next_power_of_2(bs), page)
+        naive(*args, free, want, page, "cpu")
+        assert torch.equal(got, want), (page, pre, seq)
