@@ -53,8 +53,8 @@ class Tree:
     def _parts(self, node: Any) -> tuple[list[int] | None, list[int] | None, int, int]:
         if self.swa_tree:
             full = None if node.value is None else slots_of(node.value)
-            m = self.cache.token_to_kv_pool_allocator.full_to_swa_index_mapping
-            swa = None if node.swa_tombstone or full is None else [int(m[x]) for x in full]
+            m = self._mapping
+            swa = None if node.swa_tombstone or full is None else [m[x] for x in full]
             return full, swa, node.full_lock_ref, node.swa_lock_ref
         if not self.unified:
             return (None if node.value is None else slots_of(node.value)), None, node.lock_ref, 0
@@ -68,6 +68,8 @@ class Tree:
                 f.lock_ref, 0 if s is None else s.lock_ref)
 
     def views(self) -> list[View]:
+        if self.swa_tree:            # (read once per view: a node's SWA slots are its full slots' mapping)
+            self._mapping = self.cache.token_to_kv_pool_allocator.full_to_swa_index_mapping.tolist()
         out, stack = [], [(self.root, [])]
         while stack:
             node, path = stack.pop()
