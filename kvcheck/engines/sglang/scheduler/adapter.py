@@ -31,7 +31,7 @@ from ..install import SglangUnavailable, load
 from ..layouts import Layout, LayoutError
 from ..violation import Violation
 from . import loop
-from .build import Built, SchedConfig, build, gap, overlap_gap
+from .build import Built, SchedConfig, build, gap
 from .faults import PLANTABLE, evict_entries, plant
 from .tree import Tree
 from .worker import EOS, ModelWorker, fingerprints
@@ -58,7 +58,6 @@ class SchedAdapter:
             raise SglangUnavailable(why)
         self.lay, self.fault = lay, fault
         self.capacity = capacity or lay.capacity
-        self.overlap_gap = overlap_gap()
         self.reset()
 
     def reset(self, cfg: Any = None) -> None:
@@ -118,8 +117,6 @@ class SchedAdapter:
     def _a_start(self, config: dict[str, Any]) -> dict:
         """Build the scheduler (`self.config`, parsed by `apply`): whatever fails here is kvcheck's
         side (cannot drive) or the release's (its own constructors raised)."""
-        if self.config.enable_overlap and self.overlap_gap:
-            raise ActionRejected(self.overlap_gap)
         try:
             self.built = build(self.lay, self.config, self.worker)
         except SglangUnavailable:
@@ -332,4 +329,4 @@ class SchedAdapter:
 
     def generator(self, rng: random.Random) -> Any:
         from .generator import SchedGen
-        return SchedGen(rng, self.lay, self.capacity, overlap=self.overlap_gap is None)
+        return SchedGen(rng, self.lay, self.capacity)

@@ -145,21 +145,6 @@ def gap(page_size: int = 1) -> str | None:
     return None
 
 
-def overlap_gap() -> str | None:
-    """Why this release's overlap scheduler is not driven here (None: it is). 0.5.15's relays each
-    forward's sampled tokens to the next batch through its future map (`_relay_forward_payload`,
-    `resolve_forward_inputs`); kvcheck's model worker does not follow that protocol yet, and a
-    campaign on it attributed a sample to the wrong position (kvcheck's side until shown
-    otherwise: docs/repro/traces/sglang_sched_0515_overlap_gap.trace.json)."""
-    from sglang.srt.managers.scheduler import Scheduler
-    import inspect
-    fn = inspect.unwrap(Scheduler.launch_batch_sample_if_needed)
-    if len(inspect.signature(fn).parameters) >= 3:
-        return None
-    return (f"sglang {sglang_version()}: its overlap scheduler relays sampled tokens through its future map, which "
-            "kvcheck's model worker does not follow yet (kvcheck's gap): its episodes run without overlap")
-
-
 def scheduler_class() -> type:
     """`CpuScheduler`: SGLang's Scheduler with an empty constructor; a missing attribute is an
     AttributeError on kvcheck's object (cannot drive)."""

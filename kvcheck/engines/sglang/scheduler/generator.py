@@ -19,7 +19,7 @@ class SchedGen(PromptGen):
     page, or chunk : window on a sliding-window model; pool : chunk; prompt : chunk), prompts that
     share prefixes, and steps whose samples end a request now and then (EOS)."""
 
-    def __init__(self, rng: random.Random, lay: Layout, capacity: int, overlap: bool = True) -> None:
+    def __init__(self, rng: random.Random, lay: Layout, capacity: int) -> None:
         super().__init__(rng, VOCAB - 2, 24, ("submit", "step", "abort"), ("step",))
         ps = lay.page_size
         w = lay.window if "swa" in lay.components else None
@@ -35,7 +35,7 @@ class SchedGen(PromptGen):
             max_prefill_tokens=max(unit, ps) * rng.choice([1, 2, 4, 16]),
             capacity=max(16 * ps, unit * rng.choice([1, 2, 3, 4, 8]) // 2) // ps * ps,
             context_length=max(64, unit * 6),
-            enable_overlap=rng.random() < OVERLAP_SHARE and overlap)
+            enable_overlap=rng.random() < OVERLAP_SHARE)
         # prompts SGLang admits (its limit: min(context, pool) - 1 - 5), a third of them past a chunk
         self.max_prompt = max(2, min(self.cfg.capacity - 8, self.cfg.context_length - 8, unit * 3))
         self.bases = [[2 + rng.randrange(VOCAB - 2) for _ in range(self.max_prompt)] for _ in range(3)]

@@ -78,13 +78,15 @@ class ModelWorker:
             self._run(batch, samples)
         return GenerationBatchResult(next_token_ids=torch.tensor(samples, dtype=torch.int64))
 
-    def _known(self, req: Any) -> list[int]:
-        """The request's tokens: its prompt, its processed outputs, and the sample of its last
-        forward if SGLang has not processed that result yet (overlap)."""
+    def _known(self, req: Any, n: int) -> list[int]:
+        """The request's tokens: its prompt, its processed outputs, and — when the forward's
+        sequence of `n` tokens needs one more (overlap: SGLang has not processed the last result
+        yet) — the sample of its last forward. A sample SGLang discarded (the request was retracted
+        before that result was processed) is never needed again: SGLang's sequence does not count it."""
         out = list(req.output_ids)
         known = list(req.origin_input_ids) + out
         pend = self.pending.get(req.rid)
-        if pend is not None and pend[0] == len(out):
+        if len(known) < n and pend is not None and pend[0] == len(out):
             known.append(pend[1])
         return known
 
@@ -98,8 +100,8 @@ class ModelWorker:
         at = 0
         plan: list[tuple[Any, int, int, int, list[int]]] = []     # req, row, seq_len, first written, fps
         for i, req in enumerate(batch.reqs):
-            full = self._known(req)
             n = seq_lens[i]
+            full = self._known(req, n)
             if len(full) < n:
                 raise RuntimeError(f"kvcheck's worker: request {req.rid} has {len(full)} tokens for a sequence "
                                    f"of {n}")
