@@ -347,3 +347,24 @@ def test_a_sample_sglang_discarded_at_a_retraction_is_not_read_back():
     trace = Path(__file__).resolve().parents[2] / "docs/repro/traces/sglang_sched_retract_under_overlap.trace.json"
     res = sg.replay(str(trace))
     assert res["violation"] is None and res["exit_code"] == 0, res
+
+
+def test_a_decode_over_a_truncated_prefill_is_caught(monkeypatch):
+    """`context_complete` on SGLang's own behaviour: with an SWA pool below one prefill chunk
+    (256 slots, chunk 512: a pool the drive no longer draws, docs/findings-sglang.md), 0.5.17+
+    admit two long prompts into one extend, truncating the first (236 of 402 tokens) without making
+    it the chunked request; it then decodes over 237 positions of a 403-token sequence. 0.5.15 and
+    0.5.16 admit the same steps differently and run them clean (a differential, not a rule)."""
+    sg = _drive()
+    from pathlib import Path
+    from kvcheck.engines.sglang.install import sglang_version
+    from kvcheck.engines.sglang.scheduler import build
+    from kvcheck.fuzz.known import KnownDefect
+    monkeypatch.setattr(build, "swa_pool_size", lambda cfg, lay: cfg.capacity // 2)    # the old sizing
+    trace = Path(__file__).resolve().parents[2] / "docs/repro/traces/sglang_sched_swa_pool_below_chunk.trace.json"
+    res = sg.replay(str(trace))
+    if KnownDefect("", "", "", "0.5.17", "9.9.9", "").in_release(sglang_version()):
+        assert res["violation"]["check"] == "context_complete", res
+        assert "r9 decodes over 237 positions but its sequence has 403 tokens" in res["violation"]["message"]
+    else:
+        assert res["violation"] is None, res

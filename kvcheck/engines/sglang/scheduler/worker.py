@@ -114,6 +114,11 @@ class ModelWorker:
             else:
                 pre, ext = n - 1, 1
                 self.coverage["forward:decode"] += 1
+                if n < len(full) and self.broken is None:     # a decode consumes the request's last token
+                    self.broken = Violation(
+                        "safety", "context_complete",
+                        f"{req.rid} decodes over {n} positions but its sequence has {len(full)} tokens: tokens "
+                        f"{n - 1}..{len(full) - 2} never got KV (the forward attends to a truncated context)")
             for k, p in enumerate(range(pre, pre + ext)):
                 slot = out[at + k]
                 swa = m[slot] if m is not None else 0
