@@ -247,12 +247,19 @@ def test_planted_faults_are_caught_under_the_overlap_scheduler(tmp_path, monkeyp
 
 
 def test_the_overlap_scheduler_runs_clean(tmp_path, monkeypatch):
+    """Clean but for the release's own known defects (acknowledged here: 0.5.18's
+    swa_free_group_stale_mapping is recognised on hybrid-swa@sched; anything else fails)."""
     sg = _drive()
+    from kvcheck.engines.sglang.install import sglang_version
     from kvcheck.engines.sglang.scheduler import generator
+    from kvcheck.engines.sglang.scheduler.known import DEFECTS
+    from kvcheck.fuzz.known import Acknowledgement
     monkeypatch.setattr(generator, "OVERLAP_SHARE", 1.0)
+    ack = {n: Acknowledgement(n, "this release's known defect") for n, d in DEFECTS.items()
+           if d.in_release(sglang_version())}
     for lay in ("dense@sched", "hybrid-swa@sched"):
-        r = sg.run_campaign(lay, steps=2000, seed=3, out_dir=str(tmp_path))
-        assert r["exit_code"] == 0 and r["findings"] == [], (lay, r["findings"])
+        r = sg.run_campaign(lay, steps=2000, seed=3, out_dir=str(tmp_path), acknowledged=ack)
+        assert r["exit_code"] == 0 and r["findings"] == [], (lay, r["findings"], r.get("known"))
         assert r["coverage"].get("forward:extend_after_hit") and r["coverage"].get("state:evicted"), r["coverage"]
 
 
