@@ -40,6 +40,13 @@ ACTIONS = ("start", "submit", "step", "abort")
 DRIVEN_CLASSES = ("RadixCache", "UnifiedRadixCache")
 
 
+def _input_ids(cls: type, tokens: list[int]) -> Any:
+    """The prompt as the release's tokenizer manager hands it over: the type its
+    `TokenizedGenerateReqInput.input_ids` declares (an `array` 0.5.14+, a list before)."""
+    ann = str(getattr(cls, "__annotations__", {}).get("input_ids", ""))
+    return array("q", tokens) if "array" in ann else list(tokens)
+
+
 class SchedAdapter:
     """SGLang's own scheduler over the layout's cache class, one episode per adapter."""
 
@@ -156,11 +163,14 @@ class SchedAdapter:
         s = self.built.sched
         sp = SamplingParams(max_new_tokens=max_new, stop_token_ids=[EOS])
         sp.normalize(None)
-        req_in = TokenizedGenerateReqInput(
-            rid=r, input_text="", input_ids=array("q", tokens), input_embeds=None, mm_inputs=None,
-            token_type_ids=None, sampling_params=sp, return_logprob=False, logprob_start_len=-1,
-            top_logprobs_num=0, token_ids_logprob=None, stream=False,
-            **({"priority": priority} if priority is not None else {}))
+        T = TokenizedGenerateReqInput
+        fields = set(getattr(T, "__dataclass_fields__", ())) or set(getattr(T, "__struct_fields__", ()))
+        kw = dict(rid=r, input_text="", input_ids=_input_ids(T, tokens), input_embeds=None, mm_inputs=None,
+                  token_type_ids=None, sampling_params=sp, return_logprob=False, logprob_start_len=-1,
+                  top_logprobs_num=0, token_ids_logprob=None, stream=False,
+                  **({"priority": priority} if priority is not None else {}))
+        # the fields the release's request has (0.5.7 has no token_type_ids)
+        req_in = T(**{k: v for k, v in kw.items() if not fields or k in fields})
         s.handle_generate_request(req_in)
         req = next((q for q in s.waiting_queue if q.rid == r), None)
         if req is None:                # refused at admission (too long, queue full): SGLang finished it
@@ -189,6 +199,7 @@ class SchedAdapter:
             del self.reqs[rid]
 
     def _launched(self, batch: Any) -> None:
+        self.worker.launched = batch
         extend = batch.forward_mode.is_extend()
         self.coverage["step:extend" if extend else "step:decode"] += 1
         if extend:

@@ -17,7 +17,7 @@ Stand-ins, each because the real one needs what is not here:
 * `tp_worker` / its `model_runner`: only the fields the scheduler reads off them (the attention
   backend's tile size, `prefill_aware_swa`, the n-gram embedding manager, which for a model
   without n-gram embeddings hands the batch back unchanged);
-* process groups (`_ONE_RANK`): a single rank; the grammar manager and DP adapter read sizes;
+* process groups (`ONE_RANK`): a single rank; the grammar manager and DP adapter read sizes;
 * observability sinks (`_Sink`: KV-event, load and output publishers, the profiler, the sockets
   to the tokenizer and detokenizer): they read no cache state and write none; the load
   inquirer's two figures are 0 (statistics only);
@@ -47,15 +47,17 @@ from typing import Any
 
 from kvcheck.fuzz.boundary import StandIn
 
-from ..compat import new_allocator, new_cache, row_pool, swa_pools
+from ..compat import new_allocator, row_pool, swa_pools
 from ..install import SglangUnavailable, load, sglang_version
-from .publish import bag, env_setting, init_args, model_dir, parallel_state, publish
+from .publish import ONE_RANK, bag, env_setting, init_args, model_dir, parallel_state, publish
 
 # the Scheduler's own init methods that run on CPU, in the order its __init__ calls them
-INITS = ("init_metrics_collector", "init_running_status", "init_pool_stats_observer", "init_metrics_reporter",
-         "maybe_init_rust_server", "init_disaggregation", "init_overlap", "init_chunked_prefill", "init_schedule_policy", "init_diffusion_llm",
+INITS = ("init_metrics_collector", "init_metrics", "init_running_status", "init_pool_stats_observer", "init_metrics_reporter",
+         "maybe_init_rust_server", "init_disaggregation", "init_overlap", "init_chunked_prefill", "init_grammar_backend", "init_schedule_policy", "init_diffusion_llm",
          "init_dp_attn_adapter", "init_grammar_manager", "init_invariant_checker", "init_beam_coordinator",
          "init_batch_result_processor", "init_kv_event_lora_names", "init_idle_sleeper")
+# the init methods every release kvcheck builds has (0.5.7+); gap() refuses a Scheduler without them
+SEQUENCE = ("init_running_status", "init_chunked_prefill", "init_schedule_policy", "init_overlap")
 POLICIES = ("lpm", "dfs-weight", "fcfs", "lof", "random")
 
 
@@ -111,8 +113,6 @@ class _Sink:
         return lambda *a, **k: None
 
 
-_ONE_RANK = StandIn(world_size=1, first_rank=0, is_first_rank=True, is_last_rank=True, cpu_group=None,
-                    rank_in_group=0)
 _CLS: dict[str, type] = {}
 COPIED: set[str] = set()        # the server-args fields the scheduler read through the fallback
 
@@ -127,21 +127,14 @@ def gap(page_size: int = 1) -> str | None:
     """Why this release's scheduler cannot be built here for `page_size` (None: it can)."""
     load()                      # SGLang's import chain with kvcheck's CPU stand-ins first
     try:
-        from sglang.srt import runtime_context as rc
-    except ImportError:
-        rc = None
-    if rc is None or not hasattr(rc, "get_context"):
-        return (f"sglang {sglang_version()}: the scheduler drive builds SGLang's Scheduler through its runtime "
-                "context (0.5.14+); this release predates it (its cache-level layouts run here)")
-    import inspect
-    try:
         from sglang.srt.managers.scheduler import Scheduler
     except Exception as e:              # its import chain needs what this environment lacks
         return f"sglang {sglang_version()}: its scheduler does not import here: {type(e).__name__}: {e}"
-    if not callable(getattr(Scheduler, "init_metrics_collector", None)):
+    missing = [m for m in SEQUENCE if not callable(getattr(Scheduler, m, None))]
+    if missing:
         return (f"sglang {sglang_version()}: kvcheck's CPU builder follows Schedulers whose constructor is a "
-                "sequence of init_* methods (0.5.15+); this one builds components inline (its metrics collector): "
-                "kvcheck's gap, not the release's (its cache-level layouts run here)")
+                f"sequence of init_* methods (0.5.7+); this one has no {', '.join(missing)}: kvcheck's gap, not "
+                "the release's (its cache-level layouts run here)")
     return None
 
 
@@ -226,20 +219,79 @@ def _tree_cache(lay: Any, alloc: Any, rows: Any, server_args: Any, mc: Any, tp_w
     params = P(**{k: v for k, v in kw.items() if k in names})
     try:
         from sglang.srt.mem_cache.registry import TreeCacheBuildContext, create_tree_cache
-    except ImportError:
-        cache = new_cache(lay.cls, alloc, lay.page_size, lay.window if swa else None)
-        cache.req_to_token_pool = rows
-        return cache
+    except ImportError:         # 0.5.7-0.5.13: init_cache_with_memory_pool picks the class itself
+        return _server_tree(params, swa, lay.window)
     ctx_names = {f.name for f in fields(TreeCacheBuildContext)}
     ctx = dict(server_args=server_args, params=params, is_hybrid_swa=swa, is_hybrid_ssm=False,
                enable_hierarchical_cache=False, disable_radix_cache=False, tp_worker=tp_worker, model_config=mc,
-               tp_size=1, tp_rank=0, tp_group=_ONE_RANK, full_tokens_per_layer=alloc.size, is_dsa=False,
+               tp_size=1, tp_rank=0, tp_group=ONE_RANK, full_tokens_per_layer=alloc.size, is_dsa=False,
                effective_chunked_prefill_size=chunk if chunk > 0 else None)
     cache = create_tree_cache(TreeCacheBuildContext(**{k: v for k, v in ctx.items() if k in ctx_names}))
     if type(cache).__name__ not in ("RadixCache", "UnifiedRadixCache", "SWARadixCache"):
         raise SglangUnavailable(f"sglang {sglang_version()} builds a {type(cache).__name__} for the {lay.name} model; "
                                 "the scheduler drive reads RadixCache, SWARadixCache and UnifiedRadixCache trees so far")
     return cache
+
+
+def init_order(cls: type) -> list[str]:
+    """The `INITS` the release has, in the order its own `Scheduler.__init__` calls them (0.5.7
+    sizes its overlap relay from `chunked_prefill_size`, which `init_chunked_prefill` must set
+    first); one it calls elsewhere keeps its place in `INITS` after those."""
+    import inspect
+    import re
+    try:
+        src = inspect.getsource(cls.__mro__[1].__init__)
+    except (OSError, TypeError):
+        src = ""
+    called = list(dict.fromkeys(re.findall(r"self\.((?:maybe_)?init_\w+)\(", src)))
+    have = [n for n in INITS if callable(getattr(cls, n, None))]
+    return [n for n in called if n in have] + [n for n in have if n not in called]
+
+
+def _server_tree(params: Any, swa: bool, window: int | None) -> Any:
+    """The tree 0.5.7-0.5.13's `init_cache_with_memory_pool` builds for a server with the radix
+    cache on and no hierarchical cache: `SWARadixCache` for a hybrid-SWA model (the window passed
+    where its constructor takes it, 0.5.7), `RadixCache` otherwise."""
+    import inspect
+    if not swa:
+        from sglang.srt.mem_cache.radix_cache import RadixCache
+        return RadixCache(params)
+    from sglang.srt.mem_cache.swa_radix_cache import SWARadixCache
+    if "sliding_window_size" in inspect.signature(SWARadixCache).parameters:
+        return SWARadixCache(params=params, sliding_window_size=window)
+    return SWARadixCache(params=params)
+
+
+def _inline_parts(sched: Any, server_args: Any) -> None:
+    """What a release's `__init__` builds inline rather than in an init method, built as it builds
+    it: 0.5.7-0.5.13's ranks on the scheduler itself (one rank), 0.5.14's metrics collector and
+    reporter (its scheduler.py:389-400, :469-476); 0.5.7-0.5.13's profiler fields (`init_profiler`
+    sets them and opens nothing)."""
+    import sglang.srt.managers.scheduler as m
+    if not hasattr(sched, "ps"):        # no ParallelState: ranks and sizes are the scheduler's fields
+        for name in ("tp_rank", "pp_rank", "attn_tp_rank", "attn_dp_rank", "attn_cp_rank", "moe_ep_rank", "moe_dp_rank"):
+            sched.__dict__.setdefault(name, 0)
+        for name in ("tp_size", "pp_size", "dp_size", "attn_tp_size", "attn_dp_size", "attn_cp_size", "moe_ep_size",
+                     "moe_dp_size"):
+            sched.__dict__.setdefault(name, 1)
+        sched.__dict__.setdefault("dp_rank", None)
+        sched.__dict__.setdefault("gpu_id", 0)
+    prof = getattr(type(sched), "init_profiler", None)
+    if prof is not None and prof.__module__.endswith("scheduler_profiler_mixin"):
+        prof(sched)     # 0.5.7-0.5.13: the profiler's idle fields (0.5.14+: a manager, a sink here)
+    if any(callable(getattr(type(sched), n, None)) for n in ("init_metrics_collector", "init_metrics")):
+        return
+    collector = getattr(m, "SchedulerMetricsCollector", None)
+    reporter = getattr(m, "SchedulerMetricsReporter", None)
+    if collector is None or reporter is None:
+        raise SglangUnavailable(f"sglang {sglang_version()}: its Scheduler builds metrics neither in an init method "
+                                "nor as 0.5.14 does: kvcheck's gap")
+    ctx = collector.init_new(server_args=server_args, ps=sched.ps, tp_rank=0, pp_rank=0, dp_rank=None,
+                             enable_priority_scheduling=sched.enable_priority_scheduling, enable_lora=False,
+                             enable_hierarchical_cache=False)
+    sched.metrics_collector_context, sched.metrics_collector = ctx, ctx.collector
+    sched.metrics_reporter = reporter(scheduler=sched, tp_rank=0, pp_rank=0, dp_rank=None,
+                                      metrics_collector_context=ctx, metrics_collector=ctx.collector)
 
 
 def build(lay: Any, cfg: SchedConfig, worker: Any) -> Built:
@@ -271,7 +323,7 @@ def build(lay: Any, cfg: SchedConfig, worker: Any) -> Built:
         rows = row_pool(cfg.max_running_requests + 1, cfg.context_length + 8)
         mc = ModelConfig(model_path=model_dir(cfg.context_length), context_length=cfg.context_length)
         max_req_len = min(mc.context_len - 1, cfg.capacity - 1)      # TpModelWorker.get_worker_info
-        runner = StandIn(attn_backend=StandIn(), prefill_aware_swa=False, canary_manager=None,
+        runner = StandIn(attn_backend=StandIn(), prefill_aware_swa=False, canary_manager=None, mambaish_config=None,
                          ngram_embedding_manager=StandIn(prepare_for_forward=lambda b, chunked_req=None: b),
                          forward_stream=torch.cpu.Stream())
         tp_worker = StandIn(model_runner=runner, register_hicache_layer_transfer_counter=lambda *a: None)
@@ -307,9 +359,14 @@ def build(lay: Any, cfg: SchedConfig, worker: Any) -> Built:
             scripted_scheduler_hook=None, _sched_idled=False, scheduler_stage_metrics=None, load_snapshot_writer=None,
             forward_ct=0, processed_tokens_counter=0, cur_batch_for_debug=None, is_initializing=False,
             # process groups: one rank
-            dp_tp_group=_ONE_RANK, dp_tp_cpu_group=None, pp_group=_ONE_RANK, tp_group=_ONE_RANK, tp_cpu_group=None,
-            attn_tp_group=_ONE_RANK, attn_tp_cpu_group=None,
+            dp_tp_group=ONE_RANK, dp_tp_cpu_group=None, pp_group=ONE_RANK, tp_group=ONE_RANK, tp_cpu_group=None,
+            attn_tp_group=ONE_RANK, attn_tp_cpu_group=None, attn_cp_group=ONE_RANK, attn_cp_cpu_group=None,
+            # what 0.5.7-0.5.13's init_cache_with_memory_pool / init_model_worker set besides the pools
+            decode_mem_cache_buf_multiplier=1, pad_input_ids_func=None,     # (no speculative decoding)
             # observability sinks and the statistics-only inquirer
+            enable_kv_cache_events=False, dllm_config=None,     # (no kv_events_config, no dllm_algorithm)
+            idle_sleeper=None,              # 0.5.7-0.5.13 init_ipc_channels: None unless sleep_on_idle
+            send_to_tokenizer=_Sink(), send_to_detokenizer=_Sink(),     # (their sockets, 0.5.7-0.5.13)    # no kv_events_config (0.5.7-0.5.13 __init__ copies the flag)
             kv_events_publisher=_Sink(), load_publisher=_Sink(), output_streamer=_Sink(), profiler_manager=_Sink(),
             load_inquirer=StandIn(_get_num_pending_tokens=lambda *a, **k: 0, get_loads=lambda *a, **k: None),
             weight_updater=StandIn(offload_tags=set()),
@@ -318,11 +375,13 @@ def build(lay: Any, cfg: SchedConfig, worker: Any) -> Built:
         ps = parallel_state()
         if ps is not None:               # 0.5.18-0.5.20 keep their ranks in a ParallelState
             sched.ps = ps
-        for name in INITS:               # a release without one has no such component
-            fn = getattr(type(sched), name, None)
-            if callable(fn):
-                getattr(sched, name)(**init_args(fn))
-        if hasattr(sched.metrics_reporter, "scheduler_stage_metrics"):     # 0.5.20+ (its __init__ copies it)
+        _inline_parts(sched, server_args)
+        for name in init_order(type(sched)):
+            getattr(sched, name)(**init_args(getattr(type(sched), name)))
+        import sglang.srt.managers.scheduler as m
+        if "grammar_manager" not in sched.__dict__ and hasattr(m, "GrammarManager"):
+            sched.grammar_manager = m.GrammarManager(sched)     # 0.5.12-0.5.13: the end of __init__
+        if hasattr(getattr(sched, "metrics_reporter", None), "scheduler_stage_metrics"):  # 0.5.20+ (__init__ copies it)
             sched.scheduler_stage_metrics = sched.metrics_reporter.scheduler_stage_metrics
     except BaseException:
         undo.close()

@@ -8,8 +8,10 @@ how the loop asks for a batch, and the pass follows the installed release's own 
 * 0.5.16+: `get_next_batch_to_run(running_batch=, last_batch=)` returns a plan (the batch to run
   and the new running batch); `is_disable_overlap_for_batch(batch, last_batch=)`;
   `launch_batch_sample_if_needed(result, batch)`; `_sched_idled` set when nothing ran;
-* 0.5.14-0.5.15: `get_next_batch_to_run()` returns the batch and keeps `running_batch` itself;
-  `cur_batch` is set; `is_disable_overlap_for_batch(batch)`; `launch_batch_sample_if_needed(result)`.
+* 0.5.7-0.5.15: `get_next_batch_to_run()` returns the batch and keeps `running_batch` itself;
+  `cur_batch` is set; `is_disable_overlap_for_batch(batch)`; `launch_batch_sample_if_needed(result)`;
+  before 0.5.14 the idle hook is `self_check_during_idle` (0.5.7 scheduler.py:1091), and no
+  write-after-read barrier is applied after a launch.
 
 `on_batch(batch)` is called for every batch launched (the drive's coverage). Nothing here decides
 what SGLang schedules.
@@ -48,6 +50,12 @@ def _idled(s: Any) -> None:
     s._sched_idled = True       # read by the next pass (0.5.16+; harmless before)
 
 
+def _on_idle(s: Any) -> None:
+    """The idle hook: `on_idle` (0.5.14+) or `self_check_during_idle` (0.5.7-0.5.13)."""
+    hook = getattr(type(s), "on_idle", None) or type(s).self_check_during_idle
+    hook(s)
+
+
 def normal(s: Any, on_batch: Callable[[Any], None]) -> Any:
     """One pass of `event_loop_normal`; the batch it ran (None: idle)."""
     batch = _next_batch(s)
@@ -56,7 +64,7 @@ def normal(s: Any, on_batch: Callable[[Any], None]) -> Any:
         s.process_batch_result(batch, s.run_batch(batch))
     else:
         _idled(s)
-        s.on_idle()
+        _on_idle(s)
     s.last_batch = batch
     return batch
 
@@ -78,7 +86,8 @@ def overlap(s: Any, on_batch: Callable[[Any], None]) -> Any:
     if batch:
         on_batch(batch)
         result = s.run_batch(batch)
-        s._apply_war_barrier()
+        if hasattr(type(s), "_apply_war_barrier"):      # (where the release has one)
+            s._apply_war_barrier()
         s.result_queue.append((batch.copy(), result))
     else:
         _idled(s)
@@ -86,7 +95,7 @@ def overlap(s: Any, on_batch: Callable[[Any], None]) -> Any:
         if not off and s.result_queue:
             _pop_and_process(s)
     elif batch is None:
-        s.on_idle()
+        _on_idle(s)
     if _arity(cls.launch_batch_sample_if_needed) >= 2:      # (result, the batch: cur_batch on 0.5.23)
         s.launch_batch_sample_if_needed(result, batch)
     else:

@@ -3,9 +3,10 @@
 Releases differ in where a scheduler reads its configuration from, and each is followed from its
 own code: 0.5.16+ publish a test-scoped record through the runtime context
 (`override_server_args`), whose config groups (`get_schedule`, `get_lora`, `get_serving`: 0.5.17+)
-the scheduler reads; 0.5.14-0.5.15 read a `ServerArgs` record published with
+the scheduler reads; 0.5.7-0.5.15 read a `ServerArgs` record published with
 `set_global_server_args_for_scheduler`, built here as a server builds it. Ranks are the single
-rank a launcher gives a one-process server (`get_parallel().override`, `ParallelState`).
+rank a launcher gives a one-process server (`get_parallel().override`, `ParallelState`; before
+0.5.14 the scheduler's own fields, set by build.py).
 A small tiny-Llama config.json stands in for the model directory (nothing is downloaded).
 """
 from __future__ import annotations
@@ -17,7 +18,12 @@ import shutil
 import tempfile
 from typing import Any
 
+from kvcheck.fuzz.boundary import StandIn
+
 from ..install import SglangUnavailable, sglang_version
+
+# a process group of one rank (the scheduler's groups, and 0.5.7-0.5.13's tensor-parallel group)
+ONE_RANK = StandIn(world_size=1, first_rank=0, is_first_rank=True, is_last_rank=True, cpu_group=None, rank_in_group=0)
 
 _DIR: dict[str, str] = {}
 
@@ -39,10 +45,13 @@ def publish_record(published: dict[str, Any], context: int, undo: contextlib.Exi
     """Releases before `override_server_args` (0.5.14-0.5.15): a `ServerArgs` built as a server
     builds it (its own validation runs) on the CPU device, published with SGLang's
     `set_global_server_args_for_scheduler`; the previous record is put back afterwards."""
-    from sglang.srt import runtime_context as rc
     from sglang.srt import server_args as sam
-    # where the release keeps the published record: its server_args module (0.5.14) or the context
-    holder, slot = (sam, "_global_server_args") if hasattr(sam, "_global_server_args") else (rc.get_context(), "_server_args")
+    # where the release keeps the published record: its server_args module (0.5.7-0.5.14) or the context
+    if hasattr(sam, "_global_server_args"):
+        holder, slot = sam, "_global_server_args"
+    else:
+        from sglang.srt import runtime_context as rc
+        holder, slot = rc.get_context(), "_server_args"
     prev = getattr(holder, slot, None)
     record = sam.ServerArgs(model_path=model_dir(context), device="cpu", **published)
     sam.set_global_server_args_for_scheduler(record)
@@ -53,14 +62,14 @@ def publish_record(published: dict[str, Any], context: int, undo: contextlib.Exi
 def publish(published: dict[str, Any], context: int, undo: contextlib.ExitStack) -> Any:
     """Publish `published` (server-args fields) as the release takes a configuration, with the
     single rank; `undo` restores what was there. Returns the record the scheduler reads."""
-    from sglang.srt import runtime_context as rc
-    ctx = rc.get_context()
+    rc = _runtime_context()
+    ctx = rc.get_context() if rc is not None else None
     # SGLang logs each refused or retracted request (and, building a record, the model's missing
     # generation config): the drive's results say what happened
     log = logging.getLogger("sglang")
     undo.callback(log.setLevel, log.level)
     log.setLevel(logging.CRITICAL)
-    if hasattr(ctx, "override_server_args"):
+    if ctx is not None and hasattr(ctx, "override_server_args"):
         ov = ctx.override_server_args(**published)
         server_args = ov.install()
         undo.callback(ov.restore)
@@ -76,6 +85,9 @@ def publish(published: dict[str, Any], context: int, undo: contextlib.ExitStack)
                 object.__setattr__(server_args, name, value)
             except (TypeError, AttributeError):
                 break
+    if rc is None:                      # 0.5.7-0.5.13: ranks are the scheduler's own fields (build.py)
+        _one_rank_groups(undo)
+        return server_args
     ranks = dict(attn_tp_rank=0, attn_cp_rank=0, tp_rank=0, pp_rank=0, attn_dp_rank=0, dp_rank=0)
     known = (rc._parallel_fields() if hasattr(rc, "_parallel_fields")
              else getattr(rc, "_PARALLEL_FIELDS", set(ranks)))    # (the release's own list of fields)
@@ -83,11 +95,30 @@ def publish(published: dict[str, Any], context: int, undo: contextlib.ExitStack)
     return server_args
 
 
+def _one_rank_groups(undo: contextlib.ExitStack) -> None:
+    """0.5.7-0.5.13 read the tensor-parallel rank from the process group a launcher initialises
+    (`get_tensor_model_parallel_rank()` in `Req.set_finish_with_abort`): the one-rank group
+    stand-in is that group while the episode runs."""
+    from sglang.srt.distributed import parallel_state as dps
+    for slot in ("_TP", "_ATTN_TP"):
+        if getattr(dps, slot, 0) is None:
+            setattr(dps, slot, ONE_RANK)
+            undo.callback(setattr, dps, slot, None)
+
+
+def _runtime_context() -> Any:
+    """SGLang's runtime context module (0.5.14+), None before."""
+    try:
+        from sglang.srt import runtime_context as rc
+    except ImportError:
+        return None
+    return rc if hasattr(rc, "get_context") else None
+
+
 def bag(server_args: Any, group: str) -> Any:
     """The release's accessor for a group of config fields (`get_schedule`, 0.5.17+), or, where
-    it has none (0.5.16: its scheduler reads the record), the published record itself."""
-    from sglang.srt import runtime_context as rc
-    return getattr(rc, f"get_{group}", lambda: server_args)
+    it has none (0.5.7-0.5.16: its scheduler reads the record), the published record itself."""
+    return getattr(_runtime_context(), f"get_{group}", lambda: server_args)
 
 
 def env_setting(envs: Any, name: str) -> Any:

@@ -41,6 +41,24 @@ def fingerprints(tokens: list[int]) -> list[int]:
     return out
 
 
+class _Forward:
+    """What a forward reads: the batch the model worker is handed (a ScheduleBatch, or on 0.5.7-
+    0.5.13 the `ModelWorkerBatch` `run_batch` derives from it), with the requests, prefix and
+    extend lengths of the ScheduleBatch it came from where the worker batch carries none."""
+
+    def __init__(self, batch: Any, launched: Any) -> None:
+        self.batch = batch
+        src = batch if hasattr(batch, "reqs") else launched
+        if src is None or len(src.reqs) != len(batch.seq_lens):
+            raise RuntimeError("kvcheck's worker: a forward of a batch the event loop did not launch")
+        self.reqs = src.reqs
+        self.prefix_lens = getattr(src, "prefix_lens", None) or getattr(batch, "extend_prefix_lens", None)
+        self.extend_lens = getattr(src, "extend_lens", None) or getattr(batch, "extend_seq_lens", None)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.batch, name)
+
+
 class ModelWorker:
     """Answers the scheduler's forwards and checks them; `tokens` are this step's samples."""
 
@@ -60,6 +78,7 @@ class ModelWorker:
         # token is known here before it is in `output_ids`
         self.pending: dict[str, tuple[int, int]] = {}
         self.pre_forward: Any = None        # the adapter's tree checks, run as the forward starts
+        self.launched: Any = None           # the ScheduleBatch the event loop launched last
 
     def bind(self, cache: Any, rows: Any, tree: Any, window: int | None = None) -> None:
         self.cache, self.rows, self.tree, self.window = cache, rows, tree, window
@@ -71,12 +90,17 @@ class ModelWorker:
         import torch
         from sglang.srt.managers.utils import GenerationBatchResult
         self.forwards += 1
+        batch = _Forward(batch, self.launched)
         samples = [self.tokens[i % len(self.tokens)] if self.tokens else 2 for i in range(len(batch.reqs))]
         if self.broken is None and self.pre_forward is not None:
             self.broken = self.pre_forward(batch)
         if self.broken is None:
             self._run(batch, samples)
-        return GenerationBatchResult(next_token_ids=torch.tensor(samples, dtype=torch.int64))
+        # as the model runner returns it: the logits processor's output (0.5.7's overlap path reads
+        # its hidden states), logits not computed (no request asks for logprobs)
+        from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+        return GenerationBatchResult(logits_output=LogitsProcessorOutput(next_token_logits=None),
+                                     next_token_ids=torch.tensor(samples, dtype=torch.int64))
 
     def _known(self, req: Any, n: int) -> list[int]:
         """The request's tokens: its prompt, its processed outputs, and — when the forward's
