@@ -323,7 +323,10 @@ def test_sglangs_triton_allocator_kernel_runs_in_the_interpreter_as_its_torch_pa
     import importlib
     import random
     import torch
-    paged = importlib.import_module("sglang.srt.mem_cache.allocator.paged")
+    try:
+        paged = importlib.import_module("sglang.srt.mem_cache.allocator.paged")
+    except ImportError:         # 0.5.7-0.5.13: one allocator module
+        paged = importlib.import_module("sglang.srt.mem_cache.allocator")
     kernel = getattr(paged, "alloc_extend_kernel", None)
     naive = getattr(paged, "alloc_extend_naive", None)
     if kernel is None or naive is None:
@@ -375,3 +378,28 @@ def test_a_decode_over_a_truncated_prefill_is_caught(monkeypatch):
         assert "r9 decodes over 237 positions but its sequence has 403 tokens" in res["violation"]["message"]
     else:
         assert res["violation"] is None, res
+
+
+def test_the_locked_full_kv_freed_by_swa_recovery_is_29352_on_its_releases_only():
+    """docs/repro/traces/sglang_sched_swa_recover_frees_locked_full.trace.json, found by the drive
+    on 0.5.7's own scheduler (10 steps, overlap, priority): SWARadixCache's insert recovers the
+    tombstoned one-token node two running requests lock by freeing its full slot 1, which both
+    requests' rows still hold (sgl-project/sglang#29352). On 0.5.7-0.5.14 the replay finds it
+    (`size_accounting`, slot 1 both free and held) and the drive recognises it by its mechanism
+    (watched on the way); from 0.5.15, whose insert keeps a locked node's full KV, it runs clean."""
+    sg = _drive()
+    from pathlib import Path
+    from kvcheck.engines.sglang.install import sglang_version
+    from kvcheck.engines.sglang.scheduler import known
+    from kvcheck.fuzz.known import KnownDefect
+    trace = Path(__file__).resolve().parents[2] / "docs/repro/traces/sglang_sched_swa_recover_frees_locked_full.trace.json"
+    res = sg.replay(str(trace))
+    if not KnownDefect("", "", "", "0.4.10", "0.5.14", "").in_release(sglang_version()):
+        assert res["violation"] is None, res
+        return
+    assert res["violation"]["check"] == "size_accounting", res
+    assert "98 free + 409 in the tree + 6 held" in res["violation"]["message"]
+    k = next(k for k in known.KNOWN if k.defect.name == "swa_recover_frees_locked_full")
+    with k.fixed() as seen:
+        sg.replay(str(trace))
+    assert seen == [[1]], seen          # the insert freed slot 1, locked by r4 and r5

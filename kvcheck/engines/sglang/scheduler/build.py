@@ -4,7 +4,7 @@
 sizes the pools from GPU memory; none of that runs here. So the scheduler is built as
 `CpuScheduler` (a subclass that adds nothing to SGLang's methods): the configuration is
 published the way SGLang's own tests publish it (`runtime_context.override_server_args`, with
-the episode's scheduling fields), the parallel ranks through `get_parallel().override`, and the
+the episode's scheduling fields; before 0.5.16 a `ServerArgs` record, publish.py), the parallel ranks through `get_parallel().override`, and the
 scheduler's own `init_*` methods build every component that runs on CPU (running status,
 chunked prefill, schedule policy, metrics, overlap relay, beam coordinator, DP-attention adapter,
 batch-result processor, grammar manager, invariant checker, ...). What a server's `__init__`
@@ -34,9 +34,13 @@ launches anyway (0.5.15-0.5.21's paged allocator extends a request only through
 `alloc_extend_kernel`) runs in Triton's own CPU interpreter (install.py sets TRITON_INTERPRET=1
 before SGLang is imported); an exception raised inside Triton is "cannot drive" (adapter.py),
 never a finding.
-This builder follows Schedulers whose constructor is a sequence of `init_*` methods (0.5.15-0.5.23;
-publish.py: how each takes its configuration and ranks); older releases are refused with one line
-(`gap()`), the cache-level drive covers them.
+This builder follows Schedulers whose constructor is a sequence of `init_*` methods (0.5.7-0.5.23),
+called in the order the release's own `__init__` calls them (`init_order`); publish.py says how each
+release takes its configuration and ranks, `_inline_parts` builds what a release's `__init__`
+builds inline (0.5.14's metrics, 0.5.7-0.5.13's rank fields and grammar manager), and the tree is
+the one its server picks (the registry's factory 0.5.14+, `init_cache_with_memory_pool`'s choice
+before). A Scheduler without that sequence is refused with one line (`gap()`; the cache-level drive
+covers 0.4.10-0.5.6).
 """
 from __future__ import annotations
 
@@ -308,6 +312,11 @@ def build(lay: Any, cfg: SchedConfig, worker: Any) -> Built:
     from sglang.srt.environ import envs
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
     undo = contextlib.ExitStack()
+    # a server seeds Python's RNG with its random_seed as its model runner starts
+    # (set_random_seed); SGLang's `random` schedule policy shuffles the waiting queue with it:
+    # seeded per episode, a replay makes the same choices
+    import random
+    random.seed(0)
     try:
         server_args = publish(published(cfg, page_size), cfg.context_length, undo)
         get_schedule, get_lora, get_serving = (bag(server_args, g) for g in ("schedule", "lora", "serving"))

@@ -57,6 +57,10 @@ def plant(fault: str, cache: Any, tree: Any) -> None:
         def insert(params: Any, *rest: Any, **kw: Any) -> Any:
             if dataclasses.is_dataclass(params) and getattr(params, "value", None) is not None:
                 params = dataclasses.replace(params, value=torch.roll(params.value, 1))
+            elif rest and rest[0] is not None:          # insert(key, value, ...) before InsertParams (0.5.7-0.5.14)
+                rest = (torch.roll(rest[0], 1), *rest[1:])
+            elif kw.get("value") is not None:
+                kw["value"] = torch.roll(kw["value"], 1)
             return real_insert(params, *rest, **kw)
         cache.insert = insert
     else:

@@ -1,8 +1,13 @@
 """Known SGLang defects the scheduler drive reaches, recognised by their upstream fix.
 
-As for vLLM (engines/vllm/known.py), recognition is counterfactual: a finding on a release in a
-defect's range is that defect when the same steps, run again on a fresh scheduler with the
-defect's fix applied (a wrapper doing what the fixed release does), raise nothing. Anything
+As for vLLM (engines/vllm/known.py), recognition is counterfactual where the fix can be applied
+as a wrapper: a finding on a release in a defect's range is that defect when the same steps, run
+again on a fresh scheduler with the defect's fix applied (a wrapper doing what the fixed release
+does), raise nothing. Where the fix is a new method inside SGLang's insert loop (#29352), the
+rerun instead watches for the defect's mechanism: the finding is that defect when the same steps
+run again reproduce the same check and the mechanism happened on the way. Weaker than a fix (a
+second bug on the same steps after the mechanism would be counted under the first), so such a
+defect says so in its record (`witness`). Anything
 else — another cause of the same check, a planted fault, a release outside the range — is
 reported under its own check. A recognised finding is counted under `known:NAME` (the campaign
 goes on with the next episode); what it means for the verdict is the core's rule
@@ -55,12 +60,54 @@ def _resolve_swa_at_enqueue() -> Iterator[None]:
         cls.free_swa, cls.free_group_end = real_swa, real_end
 
 
+@contextlib.contextmanager
+def _locked_full_freed_by_recovery() -> Iterator[list]:
+    """sgl-project/sglang#29352's mechanism, watched: `SWARadixCache`'s insert recovers a
+    tombstoned node (the window evicted its SWA KV) by freeing the node's full KV and adopting
+    the request's, even while running requests lock that full KV (0.5.15 keeps a locked node's
+    full KV: `_recover_tombstone_keeping_locked_full`). Yields the list of such frees."""
+    from ..install import load
+    load()
+    import sglang.srt.mem_cache.swa_radix_cache as m
+    cls, seen = m.SWARadixCache, []
+    real = cls._insert_helper
+
+    def helper(self: Any, *a: Any, **k: Any) -> Any:
+        locked: set[int] = set()
+        stack = [self.root_node]
+        while stack:
+            n = stack.pop()
+            stack.extend(n.children.values())
+            if n.swa_tombstone and n.full_lock_ref > 0 and n.value is not None:
+                locked.update(int(x) for x in n.value.tolist())
+        alloc = self.token_to_kv_pool_allocator
+        if not locked or "free" in vars(alloc):
+            return real(self, *a, **k)
+        real_free = alloc.free
+
+        def free(idx: Any) -> Any:
+            if locked & {int(x) for x in idx.tolist()}:
+                seen.append(sorted(locked & {int(x) for x in idx.tolist()}))
+            return real_free(idx)
+        alloc.free = free
+        try:
+            return real(self, *a, **k)
+        finally:
+            del alloc.free
+    cls._insert_helper = helper
+    try:
+        yield seen
+    finally:
+        cls._insert_helper = real
+
+
 @dataclass(frozen=True)
 class SchedKnown:
     defect: KnownDefect
     checks: tuple[str, ...]             # the checks it makes fire
     components: tuple[str, ...]         # the layouts it can reach
     fixed: Callable[[], contextlib.AbstractContextManager]
+    witness: bool = False               # `fixed` watches the mechanism (yields what it saw), fixes nothing
 
 
 KNOWN = (
@@ -72,6 +119,14 @@ KNOWN = (
         ("kv_read_sound", "hit_sound_swa_window", "tree_content_matches", "no_write_into_cached", "size_accounting",
          "sglang_internal_error"), ("full", "swa"),
         _resolve_swa_at_enqueue),
+    SchedKnown(KnownDefect(
+        "swa_recover_frees_locked_full", "size_accounting", "safety", "0.4.10", "0.5.14",
+        "sgl-project/sglang#29352 (fixed in 0.5.15: a tombstoned node whose full KV is locked keeps it)",
+        "kvcheck replay docs/repro/traces/sglang_sched_swa_recover_frees_locked_full.trace.json --sut sglang"),
+        # a running request's full KV freed: unaccounted, reused, read, or SGLang's own leak check
+        ("size_accounting", "kv_read_sound", "hit_sound_full", "tree_content_matches", "no_write_into_cached",
+         "no_evict_locked", "lock_ref_equals_holders", "sglang_internal_error"), ("full", "swa"),
+        _locked_full_freed_by_recovery, witness=True),     # (watched on SWARadixCache, what 0.5.7-0.5.14 build)
 )
 DEFECTS = {k.defect.name: k.defect for k in KNOWN}
 
@@ -84,7 +139,9 @@ def recognise(lay: Any, fault: str | None, version: str | None, check: str,
         return None
     for k in KNOWN:
         if k.defect.in_release(version) and check in k.checks and lay.components == k.components:
-            with k.fixed():
-                if rerun() is None:
-                    return k.defect.name
+            with k.fixed() as seen:
+                out = rerun()
+            if (out is not None and out.checks[0] == check and seen) if k.witness else out is None:
+                return k.defect.name
     return None
+

@@ -42,7 +42,7 @@ def model_dir(context: int) -> str:
 
 
 def publish_record(published: dict[str, Any], context: int, undo: contextlib.ExitStack) -> Any:
-    """Releases before `override_server_args` (0.5.14-0.5.15): a `ServerArgs` built as a server
+    """Releases before `override_server_args` (0.5.7-0.5.15): a `ServerArgs` built as a server
     builds it (its own validation runs) on the CPU device, published with SGLang's
     `set_global_server_args_for_scheduler`; the previous record is put back afterwards."""
     from sglang.srt import server_args as sam

@@ -32,7 +32,7 @@ class Tree:
     def __init__(self, cache: Any) -> None:
         self.cache = cache
         self.unified = hasattr(cache.root_node, "component_data")
-        self.swa_tree = hasattr(cache.root_node, "swa_tombstone")      # SWARadixCache (0.5.15)
+        self.swa_tree = hasattr(cache.root_node, "swa_tombstone")      # SWARadixCache (0.5.7-0.5.15)
         if self.unified:
             from ..compat import component_types
             ct = component_types()
