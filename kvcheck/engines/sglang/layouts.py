@@ -183,7 +183,8 @@ def get_layout(name: str | Layout) -> Layout:
 def check_supported(lay: Layout) -> None:
     """One line when the installed release lacks the layout's class (SglangUnavailable)."""
     from .install import cache_class
-    cache_class(lay.cls)
+    if lay.drive != "sched":        # a sched layout runs the tree the release's server builds (scheduler/build.py)
+        cache_class(lay.cls)
     why = _api_gap(lay)
     if why:
         raise SglangUnavailable(why)
@@ -213,7 +214,7 @@ def list_layouts() -> list[dict[str, Any]]:
         return [dict(x.to_dict(), supported=False, reason=str(e)) for x in LAYOUTS.values()]
     out = []
     for x in LAYOUTS.values():
-        c = found.get(x.cls)
+        c = found.get(x.cls) if x.drive != "sched" else type   # sched: the tree its server builds
         gap = _api_gap(x) if isinstance(c, type) else None
         ok = isinstance(c, type) and gap is None
         out.append(dict(x.to_dict(), supported=ok,
