@@ -130,6 +130,11 @@ def _fields(obj: Any) -> tuple[str, ...]:
 def gap(page_size: int = 1) -> str | None:
     """Why this release's scheduler cannot be built here for `page_size` (None: it can)."""
     load()                      # SGLang's import chain with kvcheck's CPU stand-ins first
+    from packaging.version import Version
+    if Version(sglang_version()) < Version("0.5.7"):     # (its scheduler module is not imported here)
+        return (f"sglang {sglang_version()}: kvcheck's CPU builder follows Schedulers whose constructor is a "
+                "sequence of init_* methods (0.5.7+); this release predates them: kvcheck's gap, not the "
+                "release's (its cache-level layouts run here)")
     try:
         from sglang.srt.managers.scheduler import Scheduler
     except Exception as e:              # its import chain needs what this environment lacks
