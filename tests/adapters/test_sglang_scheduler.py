@@ -223,6 +223,43 @@ def test_a_bad_start_is_refused_with_one_line(bad):
         ad.close()
 
 
+@pytest.mark.parametrize("bad", [{"max_new": "x"}, {"max_new": -1}, {"priority": "high"}, {"max_new": True}])
+def test_a_bad_submit_is_refused_not_a_finding(bad):
+    """A trace's bad submit parameters are the trace's fault (ActionRejected), never an error
+    inside SGLang reported as its finding."""
+    sg = _drive()
+    from kvcheck.spec.sut import ActionRejected
+    ad = sg.make_adapter(sg.LAYOUTS["dense@sched"])
+    try:
+        ad.apply("start", START)
+        with pytest.raises(ActionRejected):
+            ad.apply("submit", {"r": "r1", "tokens": [3, 4, 5], "max_new": 2, **bad})
+        assert ad.broken is None
+    finally:
+        ad.close()
+
+
+def test_a_request_the_release_refuses_to_build_is_cannot_drive(monkeypatch):
+    """kvcheck builds the request the tokenizer manager would hand over; where the release's
+    request type refuses it, that is kvcheck's side of the boundary (0.5.7 had no token_type_ids:
+    its submits were once silently rejected as bad parameters)."""
+    sg = _drive()
+    import sglang.srt.managers.io_struct as io
+    from kvcheck.fuzz.boundary import CannotDrive
+    ad = sg.make_adapter(sg.LAYOUTS["dense@sched"])
+    try:
+        ad.apply("start", START)
+
+        def refusing(*a, **k):
+            raise TypeError("__init__() got an unexpected keyword argument 'rid'")
+        monkeypatch.setattr(io, "TokenizedGenerateReqInput", type("T", (), {"__init__": refusing}))
+        with pytest.raises(CannotDrive) as e:
+            ad.apply("submit", {"r": "r1", "tokens": [3, 4, 5], "max_new": 2})
+        assert "TokenizedGenerateReqInput refused" in str(e.value)
+    finally:
+        ad.close()
+
+
 def test_the_cli_runs_it_and_prints_json(tmp_path, capsys):
     _drive()
     from kvcheck.checker.cli import main

@@ -104,7 +104,7 @@ class SchedAdapter:
         try:
             with contextlib.redirect_stdout(sys.stderr):    # SGLang prints tree dumps on its own errors
                 obs = getattr(self, f"_a_{action}")(**params)
-        except ActionRejected:
+        except (ActionRejected, CannotDrive):
             raise
         except (TypeError, ValueError, KeyError) as e:
             if action != "start" and (frame_at(e) or ("",))[0].split(".")[0] == "kvcheck":
@@ -160,6 +160,8 @@ class SchedAdapter:
         from sglang.srt.sampling.sampling_params import SamplingParams
         if r in self.reqs or not tokens or any(not isinstance(t, int) or t < 0 for t in tokens):
             raise ActionRejected(f"bad submit of {r!r}")
+        if type(max_new) is not int or max_new < 0 or not (priority is None or type(priority) is int):
+            raise ActionRejected(f"bad submit of {r!r}: max_new must be an int >= 0, priority an int or null")
         s = self.built.sched
         sp = SamplingParams(max_new_tokens=max_new, stop_token_ids=[EOS])
         sp.normalize(None)
@@ -169,8 +171,13 @@ class SchedAdapter:
                   token_type_ids=None, sampling_params=sp, return_logprob=False, logprob_start_len=-1,
                   top_logprobs_num=0, token_ids_logprob=None, stream=False,
                   **({"priority": priority} if priority is not None else {}))
-        # the fields the release's request has (0.5.7 has no token_type_ids)
-        req_in = T(**{k: v for k, v in kw.items() if not fields or k in fields})
+        # the fields the release's request has (0.5.7 has no token_type_ids); parameters are checked
+        # above, so a refusal here is kvcheck's construction, not the trace's
+        try:
+            req_in = T(**{k: v for k, v in kw.items() if not fields or k in fields})
+        except TypeError as e:
+            raise CannotDrive("sglang", load()["version"], f"its TokenizedGenerateReqInput refused kvcheck's "
+                              f"request: {e}", "kvcheck/engines/sglang/scheduler/adapter.py (_a_submit)") from e
         s.handle_generate_request(req_in)
         req = next((q for q in s.waiting_queue if q.rid == r), None)
         if req is None:                # refused at admission (too long, queue full): SGLang finished it
