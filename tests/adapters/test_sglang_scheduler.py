@@ -223,6 +223,27 @@ def test_a_bad_start_is_refused_with_one_line(bad):
         ad.close()
 
 
+@pytest.mark.parametrize("ratio, refused", [(0.05, "cannot hold one request"), (1.5, "must be in [0, 1]"),
+                                             (0.25, None)])
+def test_an_swa_pool_the_server_refuses_is_refused_at_start(ratio, refused):
+    """An operator's --swa-full-tokens-ratio: the server accepts any SWA pool above a window and a
+    page (below one prefill chunk included: 0.25 of 512 is 128 slots, chunk 256), refuses the rest."""
+    sg = _drive()
+    from kvcheck.spec.sut import ActionRejected
+    ad = sg.make_adapter(sg.LAYOUTS["hybrid-swa@sched"])
+    cfg = dict(START["config"], capacity=512, context_length=1024, chunked_prefill_size=256,
+               swa_full_tokens_ratio=ratio)
+    try:
+        if refused:
+            with pytest.raises(ActionRejected, match=refused.replace("[", r"\[").replace("]", r"\]")):
+                ad.apply("start", {"config": cfg})
+        else:
+            ad.apply("start", {"config": cfg})
+            assert ad.built.alloc.swa_attn_allocator.size == 128
+    finally:
+        ad.close()
+
+
 @pytest.mark.parametrize("bad", [{"max_new": "x"}, {"max_new": -1}, {"priority": "high"}, {"max_new": True}])
 def test_a_bad_submit_is_refused_not_a_finding(bad):
     """A trace's bad submit parameters are the trace's fault (ActionRejected), never an error
@@ -396,18 +417,17 @@ def test_a_sample_sglang_discarded_at_a_retraction_is_not_read_back():
     assert res["violation"] is None and res["exit_code"] == 0, res
 
 
-def test_a_decode_over_a_truncated_prefill_is_caught(monkeypatch):
+def test_a_decode_over_a_truncated_prefill_is_caught():
     """`context_complete` on SGLang's own behaviour: with an SWA pool below one prefill chunk
-    (256 slots, chunk 512: a pool the drive no longer draws, docs/findings-sglang.md), 0.5.17+
+    (256 slots, chunk 512: an operator's `--swa-full-tokens-ratio 0.5` on this pool, which the
+    server accepts; docs/findings-sglang.md), 0.5.17+
     admit two long prompts into one extend, truncating the first (236 of 402 tokens) without making
     it the chunked request; it then decodes over 237 positions of a 403-token sequence. 0.5.15 and
     0.5.16 admit the same steps differently and run them clean (a differential, not a rule)."""
     sg = _drive()
     from pathlib import Path
     from kvcheck.engines.sglang.install import sglang_version
-    from kvcheck.engines.sglang.scheduler import build
     from kvcheck.fuzz.known import KnownDefect
-    monkeypatch.setattr(build, "swa_pool_size", lambda cfg, lay: cfg.capacity // 2)    # the old sizing
     trace = Path(__file__).resolve().parents[2] / "docs/repro/traces/sglang_sched_swa_pool_below_chunk.trace.json"
     res = sg.replay(str(trace))
     if KnownDefect("", "", "", "0.5.17", "9.9.9", "").in_release(sglang_version()):

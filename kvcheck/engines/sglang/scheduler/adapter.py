@@ -31,7 +31,7 @@ from ..install import SglangUnavailable, load
 from ..layouts import Layout, LayoutError
 from ..violation import Violation
 from . import loop
-from .build import Built, SchedConfig, build, gap
+from .build import Built, SchedConfig, build, gap, pool_too_small
 from .faults import PLANTABLE, evict_entries, plant
 from .tree import Tree
 from .worker import EOS, ModelWorker, fingerprints
@@ -101,6 +101,9 @@ class SchedAdapter:
                 self.config = SchedConfig.from_dict(params["config"])
             except (TypeError, ValueError, KeyError, AttributeError) as e:
                 raise ActionRejected(f"bad parameters for start: {e}") from None
+            if why := pool_too_small(self.config, self.lay):
+                self.config = None
+                raise ActionRejected(f"bad parameters for start: {why}")
         try:
             with contextlib.redirect_stdout(sys.stderr):    # SGLang prints tree dumps on its own errors
                 obs = getattr(self, f"_a_{action}")(**params)

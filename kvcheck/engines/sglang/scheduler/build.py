@@ -76,6 +76,7 @@ class SchedConfig:
     capacity: int = 256                   # token slots in the KV pool
     context_length: int = 512
     enable_overlap: bool = False          # SGLang's overlap scheduler (its default in a server)
+    swa_full_tokens_ratio: float = 0.0    # 0: the server's own SWA pool sizing; > 0: an operator's --swa-full-tokens-ratio
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -100,6 +101,8 @@ class SchedConfig:
         for name, low in lows.items():
             if getattr(out, name) < low:
                 raise ValueError(f"scheduler config field {name} must be >= {low}, got {getattr(out, name)}")
+        if not 0.0 <= out.swa_full_tokens_ratio <= 1.0:
+            raise ValueError("scheduler config field swa_full_tokens_ratio must be in [0, 1] (0: the server's sizing)")
         if out.chunked_prefill_size == 0 or out.chunked_prefill_size < -1:
             raise ValueError("scheduler config field chunked_prefill_size must be -1 (off) or >= 1")
         return out
@@ -202,15 +205,30 @@ def published(cfg: SchedConfig, page_size: int) -> dict[str, Any]:
 
 
 def swa_pool_size(cfg: SchedConfig, lay: Any) -> int:
-    """The SWA pool as SGLang's pool configurator sizes it: `swa_full_tokens_ratio` (0.8) of the
-    full pool, and never below what its request-cap configurator reserves (one prefill chunk in
-    flight, a window and a page per running request, a page). A pool below one chunk is one
-    SGLang's server never builds (it makes `free_group_end` assert on 0.5.23:
-    docs/repro/traces/sglang_sched_swa_pool_below_chunk.trace.json)."""
+    """The SWA pool as SGLang's pool configurator sizes it. An operator's `--swa-full-tokens-ratio`:
+    that share of the full pool, page-aligned, which the server accepts while it exceeds a window
+    and a page (`validate_swa_pool_size`; `pool_too_small` says so), even below one prefill chunk.
+    Otherwise `swa_full_tokens_ratio` (0.8) of the full pool, and never below what its request-cap
+    configurator reserves (one prefill chunk in flight, a window and a page per running request, a
+    page)."""
     w, ps = lay.window or 0, lay.page_size
+    if cfg.swa_full_tokens_ratio > 0:
+        return int(cfg.capacity * cfg.swa_full_tokens_ratio) // ps * ps
     chunk = cfg.chunked_prefill_size if cfg.chunked_prefill_size > 0 else cfg.context_length
     cap = chunk + cfg.max_running_requests * (w + ps) + ps
     return max(int(cfg.capacity * 0.8), cap, 2 * w)
+
+
+def pool_too_small(cfg: SchedConfig, lay: Any) -> str | None:
+    """Why SGLang's server refuses this SWA pool at start (0.5.23 `validate_swa_pool_size`:
+    it cannot hold one request), None where it accepts it."""
+    if "swa" not in lay.components or not lay.window:
+        return None
+    size = swa_pool_size(cfg, lay)
+    if lay.window + lay.page_size >= size:
+        return (f"an SWA pool of {size} slots cannot hold one request (window {lay.window} + page "
+                f"{lay.page_size}): SGLang's server refuses it at start")
+    return None
 
 
 def _tree_cache(lay: Any, alloc: Any, rows: Any, server_args: Any, mc: Any, tp_worker: Any, chunk: int) -> Any:

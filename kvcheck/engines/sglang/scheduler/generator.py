@@ -1,7 +1,9 @@
 """Seeded episodes for the scheduler drive (scheduler/adapter.py's actions)."""
 from __future__ import annotations
 
+import dataclasses
 import random
+import zlib
 from typing import Any
 
 from kvcheck.fuzz.prompts import PromptGen
@@ -12,6 +14,7 @@ from .worker import EOS
 
 VOCAB = 16
 OVERLAP_SHARE = 0.5     # episodes under SGLang's overlap scheduler (its server default)
+RATIO_SHARE = 0.25      # SWA episodes with an operator's --swa-full-tokens-ratio (the rest: the server's sizing)
 
 
 class SchedGen(PromptGen):
@@ -36,6 +39,13 @@ class SchedGen(PromptGen):
             capacity=max(16 * ps, unit * rng.choice([1, 2, 3, 4, 8]) // 2) // ps * ps,
             context_length=max(64, unit * 6),
             enable_overlap=rng.random() < OVERLAP_SHARE)
+        if w and (sub := random.Random(zlib.crc32(repr(self.cfg).encode()))).random() < RATIO_SHARE:
+            # an operator's --swa-full-tokens-ratio: any SWA pool the server accepts (more than a
+            # window and a page), below one chunk included. Drawn from a generator of its own, so
+            # that every other draw of a seed stays what it was.
+            low = (w + ps + 1) / self.cfg.capacity
+            if low < 1:
+                self.cfg = dataclasses.replace(self.cfg, swa_full_tokens_ratio=round(sub.uniform(low + 0.01, 1.0), 3))
         # prompts SGLang admits (its limit: min(context, pool) - 1 - 5), a third of them past a chunk
         self.max_prompt = max(2, min(self.cfg.capacity - 8, self.cfg.context_length - 8, unit * 3))
         self.bases = [[2 + rng.randrange(VOCAB - 2) for _ in range(self.max_prompt)] for _ in range(3)]
