@@ -101,6 +101,29 @@ def _locked_full_freed_by_recovery() -> Iterator[list]:
         cls._insert_helper = real
 
 
+@contextlib.contextmanager
+def _one_cut_per_batch() -> Iterator[None]:
+    """The rule SGLang keeps without an SWA pool (a cut spends the chunk budget, so nothing is
+    admitted after it) applied to every batch: once a request of the batch being built is cut
+    (`new_chunked_req`), `PrefillAdder.add_one_req` admits no other request. Conservative (a
+    request that would fit whole waits a round too); what it changes is admission only."""
+    from ..install import load
+    load()
+    import sglang.srt.managers.schedule_policy as sp
+    cls = sp.PrefillAdder
+    real = cls.add_one_req
+
+    def add_one_req(self: Any, *a: Any, **k: Any) -> Any:
+        if getattr(self, "new_chunked_req", None) is not None:
+            return sp.AddReqResult.OTHER
+        return real(self, *a, **k)
+    cls.add_one_req = add_one_req
+    try:
+        yield
+    finally:
+        cls.add_one_req = real
+
+
 @dataclass(frozen=True)
 class SchedKnown:
     defect: KnownDefect
@@ -126,7 +149,15 @@ KNOWN = (
         # a running request's full KV freed: unaccounted, reused, read, or SGLang's own leak check
         ("size_accounting", "kv_read_sound", "hit_sound_full", "tree_content_matches", "no_write_into_cached",
          "no_evict_locked", "lock_ref_equals_holders", "sglang_internal_error"), ("full", "swa"),
-        _locked_full_freed_by_recovery, witness=True),     # (watched on SWARadixCache, what 0.5.7-0.5.14 build)
+        _locked_full_freed_by_recovery, witness=True),
+    SchedKnown(KnownDefect(
+        "swa_cut_request_replaced", "context_complete", "safety", "0.5.17", "0.5.23",
+        "not reported upstream yet: kvcheck's finding (docs/findings-sglang.md); an SWA-capped cut leaves "
+        "the chunk budget unspent, a second request is cut too and replaces the first as new_chunked_req",
+        "kvcheck replay docs/repro/traces/sglang_sched_swa_pool_below_chunk.trace.json --sut sglang"),
+        # the first cut request decodes over its truncated prompt; 0.5.23 later asserts in free_group_end
+        ("context_complete", "kv_read_sound", "sglang_internal_error"), ("full", "swa"),
+        _one_cut_per_batch),     # (watched on SWARadixCache, what 0.5.7-0.5.14 build)
 )
 DEFECTS = {k.defect.name: k.defect for k in KNOWN}
 
