@@ -45,6 +45,7 @@ covers 0.4.10-0.5.6).
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -260,10 +261,12 @@ def _tree_cache(lay: Any, alloc: Any, rows: Any, server_args: Any, mc: Any, tp_w
     return cache
 
 
+@functools.lru_cache(maxsize=None)
 def init_order(cls: type) -> list[str]:
     """The `INITS` the release has, in the order its own `Scheduler.__init__` calls them (0.5.7
     sizes its overlap relay from `chunked_prefill_size`, which `init_chunked_prefill` must set
-    first); one it calls elsewhere keeps its place in `INITS` after those."""
+    first); one it calls elsewhere keeps its place in `INITS` after those. Read once per class
+    (not at every episode's start)."""
     import inspect
     import re
     try:
@@ -395,10 +398,11 @@ def build(lay: Any, cfg: SchedConfig, worker: Any) -> Built:
             attn_tp_group=ONE_RANK, attn_tp_cpu_group=None, attn_cp_group=ONE_RANK, attn_cp_cpu_group=None,
             # what 0.5.7-0.5.13's init_cache_with_memory_pool / init_model_worker set besides the pools
             decode_mem_cache_buf_multiplier=1, pad_input_ids_func=None,     # (no speculative decoding)
+            # what 0.5.7-0.5.13's __init__ / init_ipc_channels set: no kv_events_config, no dllm_algorithm,
+            # no sleep_on_idle; their sockets to the tokenizer and detokenizer as sinks
+            enable_kv_cache_events=False, dllm_config=None, idle_sleeper=None,
+            send_to_tokenizer=_Sink(), send_to_detokenizer=_Sink(),
             # observability sinks and the statistics-only inquirer
-            enable_kv_cache_events=False, dllm_config=None,     # (no kv_events_config, no dllm_algorithm)
-            idle_sleeper=None,              # 0.5.7-0.5.13 init_ipc_channels: None unless sleep_on_idle
-            send_to_tokenizer=_Sink(), send_to_detokenizer=_Sink(),     # (their sockets, 0.5.7-0.5.13)    # no kv_events_config (0.5.7-0.5.13 __init__ copies the flag)
             kv_events_publisher=_Sink(), load_publisher=_Sink(), output_streamer=_Sink(), profiler_manager=_Sink(),
             load_inquirer=StandIn(_get_num_pending_tokens=lambda *a, **k: 0, get_loads=lambda *a, **k: None),
             weight_updater=StandIn(offload_tags=set()),
