@@ -1,7 +1,7 @@
 """The scheduler drive behind kvcheck's adapter protocol (the lockstep core, FreeModel).
 
 Actions (a trace is a sequence of them, replayed as it was run):
-  start(config)                       build SGLang's scheduler for the episode (build.SchedConfig)
+  start(config)                       build SGLang's scheduler for the episode (config.SchedConfig)
   submit(r, tokens, max_new, priority) a request, through SGLang's `handle_generate_request`
   step(toks, times=1)                 `times` passes of SGLang's event loop: `get_next_batch_to_run`,
                                       then `run_batch` + `process_batch_result`, or `on_idle`;
@@ -17,6 +17,7 @@ balance (`lock_ref_equals_holders`: every lock reference at 0) and slot accounti
 from __future__ import annotations
 
 import contextlib
+import inspect
 import random
 import sys
 from array import array
@@ -31,7 +32,8 @@ from ..install import SglangUnavailable, load
 from ..layouts import Layout, LayoutError
 from ..violation import Violation
 from . import loop
-from .build import Built, SchedConfig, build, gap, pool_too_small
+from .build import Built, build, gap, pool_too_small
+from .config import SchedConfig
 from .faults import PLANTABLE, evict_entries, plant
 from .tree import Tree
 from .worker import EOS, ModelWorker, fingerprints
@@ -104,16 +106,14 @@ class SchedAdapter:
             if why := pool_too_small(self.config, self.lay):
                 self.config = None
                 raise ActionRejected(f"bad parameters for start: {why}")
+        method = getattr(self, f"_a_{action}")
+        _check_params(action, method, params)
         try:
             with contextlib.redirect_stdout(sys.stderr):    # SGLang prints tree dumps on its own errors
-                obs = getattr(self, f"_a_{action}")(**params)
+                obs = method(**params)
         except (ActionRejected, CannotDrive):
             raise
-        except (TypeError, ValueError, KeyError) as e:
-            if action != "start" and (frame_at(e) or ("",))[0].split(".")[0] == "kvcheck":
-                raise ActionRejected(f"bad parameters for {action}: {e}") from None
-            self.broken, obs = self._engine_raised(e), {}
-        except Exception as e:                 # SGLang's own code raised (or kvcheck's side: cannot drive)
+        except Exception as e:     # SGLang's own code raised: a finding; kvcheck's frames: cannot drive
             self.broken, obs = self._engine_raised(e), {}
         self.coverage[action] += 1
         self.coverage.update(self.worker.coverage)
@@ -351,3 +351,22 @@ class SchedAdapter:
     def generator(self, rng: random.Random) -> Any:
         from .generator import SchedGen
         return SchedGen(rng, self.lay, self.capacity)
+
+
+_PARAM_TYPES = {"r": str, "tokens": list, "toks": list, "times": int, "config": dict}
+
+
+def _check_params(action: str, method: Any, params: dict[str, Any]) -> None:
+    """A trace is user input: its parameter names and types are checked before the action runs,
+    so that whatever raises inside it is SGLang's (a finding) or kvcheck's (cannot drive), never
+    a bad parameter passed off as either."""
+    try:
+        inspect.signature(method).bind(**params)
+    except TypeError as e:
+        raise ActionRejected(f"bad parameters for {action}: {e}") from None
+    for name, want in _PARAM_TYPES.items():
+        v = params.get(name)
+        if name in params and (type(v) is not want or (want is list and any(type(t) is not int for t in v))):
+            raise ActionRejected(f"bad parameters for {action}: {name} must be "
+                                 f"{'a list of ints' if want is list else want.__name__}, got {v!r:.60}")
+

@@ -9,7 +9,7 @@ from typing import Any
 from kvcheck.fuzz.prompts import PromptGen
 
 from ..layouts import Layout
-from .build import POLICIES, SchedConfig
+from .config import POLICIES, SchedConfig
 from .worker import EOS
 
 VOCAB = 16
