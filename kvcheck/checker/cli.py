@@ -72,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "vllm or MODULE:CLASS (vllm traces replay on vLLM by default)")
     r.add_argument("--without-fault", action="store_true", help="build the SUT without the planted fault "
                    "the trace was found with (its fixed version): a fix replays with exit 0")
+    r.add_argument("--reproducer", metavar="DIR", help="also write the trace's standalone reproducer (vLLM, "
+                   "SGLang: a script that needs only the engine) into DIR, with a copy of the trace")
     z = add("fuzz", _lazy("cmd_fuzz", "cmd_fuzz"), "Hypothesis stateful campaign: drive a system under test in lockstep with the spec")
     z.add_argument("--sut", default="spec", metavar="NAME",
                    help="spec (default), reference, vllm, or MODULE:CLASS implementing "

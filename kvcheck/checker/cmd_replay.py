@@ -33,6 +33,18 @@ def _same_config(args: argparse.Namespace, trace: Trace) -> None:
                          f"{', '.join(keys)}; a trace replays under its own config: drop --config")
 
 
+def _write_reproducer(eng: Engine, trace: Trace, args: argparse.Namespace) -> dict:
+    """A copy of the trace in --reproducer DIR and the engine's script beside it."""
+    from pathlib import Path
+    out = Path(args.reproducer)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        path = str(trace.save(out / Path(args.trace).name))
+        return eng.write_reproducer(trace, path)
+    except OSError as e:
+        raise UsageError(f"--reproducer {args.reproducer}: cannot write there ({e.strerror})") from None
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     from .replay import replay_trace, sut_by_name
     trace = Trace.load(args.trace)
@@ -40,12 +52,19 @@ def cmd_replay(args: argparse.Namespace) -> int:
     name = args.sut or trace.sut
     eng = _engine_with_replay(name)
     if eng is not None:
+        rep = _write_reproducer(eng, trace, args) if getattr(args, "reproducer", None) else None
         try:
             code, res, text = eng.replay(trace)
         except (EngineUnavailable, ValueError) as e:     # (a trace field the engine cannot take: one line)
             raise UsageError(str(e)) from None
+        if rep is not None:
+            res = {**res, **rep}
+            text += f"\n  reproducer: {rep['reproducer'] or rep.get('reproducer_note')}"
         emit(args, res, lambda: f"kvcheck replay {args.trace} {text}")
         return code
+    if getattr(args, "reproducer", None):
+        raise UsageError(f"--reproducer: standalone reproducers are written for engine traces (vLLM, SGLang); "
+                         f"this trace replays on {name or 'the spec'}")
     if trace.fault is not None:
         check_fault(trace.fault, ("spec",), "the trace's 'fault' (replayed on the spec)")
     try:

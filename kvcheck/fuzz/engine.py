@@ -149,6 +149,12 @@ class Engine:
     def has_replay(self) -> bool:
         return type(self).replay is not Engine.replay
 
+    def write_reproducer(self, trace: Trace, trace_path: str) -> dict[str, Any]:
+        """Write the standalone reproducer of a saved trace next to it (`<trace>.repro.py`, the
+        script a campaign writes with a finding): {"reproducer": path, "reproducer_run": ...}, or
+        {"reproducer": None, "reproducer_note": why not}."""
+        return {"reproducer": None, "reproducer_note": f"{self.name}: no standalone reproducers"}
+
     # ---- the cross-release differential (checker/differential*.py) -----------------------------
     def reuse_sizes(self, layout: str) -> dict[str, int]:
         """The sizes the core generates a layout's release-independent workloads at (fuzz/

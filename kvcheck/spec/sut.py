@@ -17,11 +17,8 @@ from __future__ import annotations
 from typing import Any, Protocol, runtime_checkable
 
 from .config import Config
+from .refusal import ActionRejected  # noqa: F401 (the SUT protocol's refusal)
 from .system import Spec, spec_for
-
-
-class ActionRejected(Exception):
-    """The SUT refuses an action (its guard does not hold there)."""
 
 
 # Negative probes: actions a SUT must refuse where the spec's guard forbids them (evicting a

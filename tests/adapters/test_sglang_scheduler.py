@@ -506,3 +506,55 @@ def test_the_locked_full_kv_freed_by_swa_recovery_is_29352_on_its_releases_only(
     with k.fixed() as seen:
         sg.replay(str(trace))
     assert seen == [[1]], seen          # the insert freed slot 1, locked by r4 and r5
+
+
+def _run_script(path, *args):
+    """The reproducer as a maintainer runs it: isolated (-I: no kvcheck on the path, no
+    PYTHONPATH, not the script's folder), from another directory, with only this SGLang."""
+    import subprocess
+    import sys
+    p = subprocess.run([sys.executable, "-I", str(path), *args], capture_output=True, text=True, timeout=600,
+                       cwd=str(path.parent.parent))
+    return p.returncode, p.stdout + p.stderr
+
+
+def test_a_finding_gets_a_standalone_reproducer_that_needs_only_sglang(tmp_path):
+    """A scheduler-drive finding writes `<trace>.repro.py` (scheduler/repro.py, one template for
+    every layout and fault): it replays the steps through SGLang's own Scheduler with kvcheck's
+    drive frozen into the script, exit 1 with the fault planted, 0 with --clean."""
+    sg = _drive()
+    from pathlib import Path
+    r = sg.run_campaign("dense@sched", budget_s=30, steps=20_000, seed=1, fault="evict_no_free",
+                        out_dir=str(tmp_path / "out"), shrink_s=5)
+    f = r["findings"][0]
+    assert f["reproducer"] and f["reproducer_run"].startswith("python "), f
+    script = Path(f["reproducer"])
+    code, out = _run_script(script)
+    assert code == 1 and f"FOUND {f['check']}" in out and "(the recorded finding)" in out, out[-3000:]
+    code, out = _run_script(script, "--clean")
+    assert code == 0 and "not reproduced" in out, out[-3000:]
+
+
+def test_the_standalone_reproducers_of_known_defects_answer_by_release(tmp_path, capsys):
+    """The scripts of the shipped traces, run on this release: exit 1 exactly where the defect
+    lives (#29352 through 0.5.14, swa_cut_request_replaced from 0.5.17), 0 elsewhere: the same
+    answers as `kvcheck replay` (test_a_decode_over_a_truncated_prefill_is_caught,
+    test_the_locked_full_kv_freed_by_swa_recovery_is_29352_on_its_releases_only); written by
+    `kvcheck replay TRACE --reproducer DIR`."""
+    _drive()
+    from pathlib import Path
+    from kvcheck.checker.cli import main
+    from kvcheck.engines.sglang.install import sglang_version
+    from kvcheck.fuzz.known import KnownDefect
+    docs = Path(__file__).resolve().parents[2] / "docs/repro/traces"
+    for name, first, last, check in (("sglang_sched_swa_recover_frees_locked_full", "0.4.10", "0.5.14", "size_accounting"),
+                                     ("sglang_sched_swa_pool_below_chunk", "0.5.17", "9.9.9", "context_complete")):
+        code, res = main(["replay", str(docs / f"{name}.trace.json"), "--sut", "sglang", "--reproducer",
+                          str(tmp_path / "t"), "--json"]), json.loads(capsys.readouterr().out)
+        assert res["reproducer"] == str(tmp_path / "t" / f"{name}.trace.repro.py"), res
+        code, out = _run_script(Path(res["reproducer"]))
+        assert (code == 1) == res["reproduced"], (name, res, out[-3000:])      # the script answers as the replay
+        if KnownDefect("", "", "", first, last, "").in_release(sglang_version()):
+            assert code == 1 and f"FOUND {check}" in out, (name, out[-3000:])
+        else:
+            assert code == 0 and "not reproduced" in out, (name, out[-3000:])

@@ -198,3 +198,16 @@ def test_vllm_traces_keep_their_own_actions_and_token_lists() -> None:
     t = Trace.from_dict(trace_dict(sut="vllm", steps=[
         {"action": "alloc", "params": {"r": "r1", "tokens": [1, 2, 3], "salt": None}}]))
     assert t.steps[0].params["tokens"] == [1, 2, 3]
+
+
+def test_replay_reproducer_into_an_unwritable_place_or_for_a_spec_trace_is_one_line(capsys, tmp_path) -> None:
+    """`replay --reproducer DIR`: a DIR that cannot be made (here a file) is refused before the
+    replay runs, naming the option; a trace that replays on the spec has no engine script."""
+    blocker = write(tmp_path / "afile", b"x")
+    engine_trace = Path(__file__).resolve().parents[2] / "docs/repro/traces/vllm_async_abort_double_finish.trace.json"
+    assert_bad_input(*run(capsys, "replay", str(engine_trace), "--reproducer", str(blocker / "sub"))[::2],
+                     "--reproducer", "cannot write there")
+    assert blocker.read_bytes() == b"x"
+    spec_trace = write(tmp_path / "t.json", json.dumps(trace_dict()).encode())
+    assert_bad_input(*run(capsys, "replay", str(spec_trace), "--reproducer", str(tmp_path / "r"))[::2],
+                     "--reproducer", "engine traces")

@@ -229,12 +229,13 @@ def test_every_config_reader_refuses_a_malformed_config(capsys, cmd, content) ->
 
 
 @SETTINGS
-@given(content=bad_trace(), sut=st.sampled_from([None, "spec", "reference"]))
-def test_replay_refuses_a_malformed_trace(capsys, content, sut) -> None:
+@given(content=bad_trace(), sut=st.sampled_from([None, "spec", "reference"]), rep=st.booleans())
+def test_replay_refuses_a_malformed_trace(capsys, content, sut, rep) -> None:
     t, d = _workdir()
     with t:
         (d / "trace.json").write_bytes(content)
-        _check(capsys, ["replay", str(d / "trace.json")] + (["--sut", sut] if sut else []), d)
+        _check(capsys, ["replay", str(d / "trace.json")] + (["--sut", sut] if sut else [])
+               + (["--reproducer", str(d / "rep")] if rep else []), d)
 
 
 @SETTINGS

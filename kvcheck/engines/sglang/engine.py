@@ -78,6 +78,10 @@ class SglangEngine(Engine):
                    f"{res['divergence']['why']}" if res.get("divergence") else ""))
         return res["exit_code"], res, text
 
+    def write_reproducer(self, trace: Any, trace_path: str) -> dict[str, Any]:
+        from .reproducer import write_reproducer
+        return write_reproducer(trace, trace_path)
+
     def reuse_sizes(self, layout: str) -> dict[str, int]:
         from .reuse_replay import sizes
         return sizes(layout)

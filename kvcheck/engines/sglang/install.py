@@ -37,6 +37,10 @@ class SglangUnavailable(RuntimeError):
     """SGLang (or the class a layout needs) cannot be used here; the message is one line."""
 
 
+class LayoutError(ValueError):
+    """A layout that is unknown, malformed or not supported by the installed release."""
+
+
 class _Anything:
     """KVCHECK_CPU_STUB: stands for a GPU-only object; any use returns another stand-in."""
 

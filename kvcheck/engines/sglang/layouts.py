@@ -15,7 +15,7 @@ from typing import Any
 from kvcheck.spec.config import Config
 from kvcheck.spec.faults import Fault
 
-from .install import CLASSES, SglangUnavailable, load
+from .install import CLASSES, LayoutError, SglangUnavailable, load  # noqa: F401 (LayoutError: the engine's)
 
 # The adapter's vocabulary (the trace's action names). `chunk(r, n)`: the scheduler path
 # (sched.py) — n more prompt tokens prefilled, then SGLang's own cache_unfinished_req /
@@ -32,10 +32,6 @@ CLASS_COMPONENTS = {"SWARadixCache": ("full", "swa"), "MambaRadixCache": ("full"
                     "ChunkCache": ("full",)}
 UNIFIED_COMPONENTS = (("full",), ("full", "swa"), ("full", "mamba"))
 TREE_CORES = ("python", "rust", "lockstep")   # UnifiedRadixCache: which tree core(s); lockstep = both
-
-
-class LayoutError(ValueError):
-    """A layout that is unknown, malformed or not supported by the installed release."""
 
 
 @dataclass(frozen=True)

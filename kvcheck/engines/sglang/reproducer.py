@@ -13,7 +13,8 @@ fault (a kvcheck negative control) is inlined as the thin wrapper kvcheck uses, 
 `--clean` leaves it out. On a machine without SGLang's GPU packages it installs the same
 named CPU stand-ins as kvcheck (marked; never used where the real modules exist).
 
-Classes: RadixCache and SWARadixCache (this module's template), ChunkCache and UnifiedRadixCache
+Scheduler-drive layouts (`NAME@sched`): every finding, by scheduler/repro.py (SGLang's own
+Scheduler, with kvcheck's drive frozen into the script). Cache-level classes: RadixCache and SWARadixCache (this module's template), ChunkCache and UnifiedRadixCache
 FULL+MAMBA (repro_classes.py: the template's prelude and their own bodies), any release the
 adapter drives; PureSWARadixCache and UnifiedRadixCache FULL / FULL+SWA findings get the replay
 command only.
@@ -33,6 +34,9 @@ FAULTS = ("lock_ref_leak", "match_overreach", "match_ignores_tombstones", "evict
 def reproducer_source(trace: Any, trace_path: str) -> str | None:
     """The script's text, or None when the layout's class has no standalone reproducer."""
     lay = trace.meta.get("layout") or {}
+    if lay.get("drive") == "sched":          # every scheduler-drive finding: one template (scheduler/repro.py)
+        from .scheduler.repro import sched_reproducer_source
+        return sched_reproducer_source(trace, trace_path)
     if script_gap(lay, {s.action for s in trace.steps}):
         return None
     other = class_template(lay, trace.fault)         # ChunkCache, UnifiedRadixCache FULL+MAMBA

@@ -86,6 +86,13 @@ class VllmEngine(Engine):
                                else "not reproduced") + f" (exit {res['exit_code']})")
         return res["exit_code"], res, text
 
+    def write_reproducer(self, trace: Any, trace_path: str) -> dict[str, Any]:
+        if trace.meta.get("drive") == "engine":
+            from .engine_repro import write_engine_reproducer
+            return write_engine_reproducer(trace, trace_path)
+        from .reproducer import write_reproducer
+        return write_reproducer(trace, trace_path)
+
     def reuse_sizes(self, layout: str) -> dict[str, int]:
         from .reuse_replay import sizes
         return sizes(layout)

@@ -22,14 +22,13 @@ import random
 import sys
 from array import array
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvcheck.fuzz.boundary import CannotDrive, check_exception, frame_at
-from kvcheck.spec.sut import ActionRejected
+from kvcheck.spec.refusal import ActionRejected
 
 from ..checks import slots_of
-from ..install import SglangUnavailable, load
-from ..layouts import Layout, LayoutError
+from ..install import LayoutError, SglangUnavailable, load
 from ..violation import Violation
 from . import loop
 from .build import Built, build, gap, pool_too_small
@@ -37,6 +36,9 @@ from .config import SchedConfig
 from .faults import PLANTABLE, evict_entries, plant
 from .tree import Tree
 from .worker import EOS, ModelWorker, fingerprints
+
+if TYPE_CHECKING:
+    from ..layouts import Layout
 
 ACTIONS = ("start", "submit", "step", "abort")
 DRIVEN_CLASSES = ("RadixCache", "UnifiedRadixCache")
