@@ -558,3 +558,25 @@ def test_the_standalone_reproducers_of_known_defects_answer_by_release(tmp_path,
             assert code == 1 and f"FOUND {check}" in out, (name, out[-3000:])
         else:
             assert code == 0 and "not reproduced" in out, (name, out[-3000:])
+
+
+def test_the_radix_cache_disabled_runs_clean_and_its_faults_are_caught(tmp_path):
+    """`nocache@sched`: a server with --disable-radix-cache (a ChunkCache up to 0.5.21, a disabled
+    UnifiedRadixCache from 0.5.22) under SGLang's own Scheduler: clean, no prefix but a request's
+    own chunks (`disabled_cache_no_hit`); where the cache is a ChunkCache its planted faults are
+    caught by their expected checks, and where it is not they are refused in one line."""
+    sg = _drive()
+    from kvcheck.engines.sglang.install import load
+    from kvcheck.engines.sglang.layouts import LayoutError
+    lay = sg.LAYOUTS["nocache@sched"]
+    r = sg.run_campaign(lay.name, steps=1500, seed=2, out_dir=str(tmp_path / "clean"))
+    assert r["exit_code"] == 0 and r["findings"] == [], r["findings"]
+    assert r["coverage"].get("finished") and r["coverage"].get("config:chunked"), r["coverage"]
+    for fault in ("chunk_reports_hit", "chunk_finish_leaks"):
+        if not isinstance(load()["classes"].get("ChunkCache"), type):
+            with pytest.raises(LayoutError, match="plants nothing there"):
+                sg.make_adapter(lay, fault)
+            continue
+        r = sg.run_campaign(lay.name, budget_s=30, steps=20_000, seed=1, fault=fault, out_dir=str(tmp_path / fault),
+                            shrink_s=5)
+        assert r["caught"] and r["findings"][0]["check"] == sg.FAULTS[fault].expected, (fault, r["findings"])

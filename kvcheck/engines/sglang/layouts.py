@@ -107,6 +107,10 @@ LAYOUTS: dict[str, Layout] = {x.name: x for x in (
     Layout("hybrid-swa@sched", "UnifiedRadixCache", ("full", "swa"), 1, 32, 256,
            "a hybrid full + sliding-window model (W = 32) under SGLang's own Scheduler: SWA pool, tombstones, "
            "window eviction as the server runs them", drive="sched"),
+    Layout("nocache@sched", "ChunkCache", ("full",), 1, None, 256,
+           "a full-attention model served with --disable-radix-cache under SGLang's own Scheduler (ChunkCache up "
+           "to 0.5.21, a disabled UnifiedRadixCache from 0.5.22): chunked prefill and retraction with nothing cached",
+           drive="sched"),
     Layout("gpt-oss@sched", "UnifiedRadixCache", ("full", "swa"), 1, 128, 4096,
            "gpt-oss's attention at its real window (128, alternating full and sliding layers) under SGLang's own "
            "Scheduler: chunks of 1/4 to 64 windows (SGLang's default 8192), pools of up to 4 chunks", drive="sched"),
@@ -365,8 +369,8 @@ def fault_refusal(fault: str, lay: Layout) -> str:
 
 def fault_applies(fault: str, lay: Layout) -> bool:
     if lay.drive == "sched":
-        from .scheduler.faults import PLANTABLE
-        return fault in PLANTABLE
+        from .scheduler.faults import plantable
+        return fault in plantable(lay)
     if lay.cls == "ChunkCache":
         return fault in CHUNK_GENERIC or lay.cls in FAULT_CLASSES.get(fault, ())
     if fault.startswith("mamba_") and lay.cls == "UnifiedRadixCache" and "mamba" not in lay.components:

@@ -31,9 +31,9 @@ from ..checks import slots_of
 from ..install import LayoutError, SglangUnavailable, load
 from ..violation import Violation
 from . import loop
-from .build import Built, build, gap, pool_too_small
+from .build import Built, build, disabled, gap, pool_too_small
 from .config import SchedConfig
-from .faults import PLANTABLE, evict_entries, plant
+from .faults import evict_entries, plant, plantable
 from .tree import Tree
 from .worker import EOS, ModelWorker, fingerprints
 
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from ..layouts import Layout
 
 ACTIONS = ("start", "submit", "step", "abort")
-DRIVEN_CLASSES = ("RadixCache", "UnifiedRadixCache")
+DRIVEN_CLASSES = ("RadixCache", "UnifiedRadixCache", "ChunkCache")
 
 
 def _input_ids(cls: type, tokens: list[int]) -> Any:
@@ -62,8 +62,9 @@ class SchedAdapter:
         if lay.cls not in DRIVEN_CLASSES:
             raise LayoutError(f"layout {lay.name}: the scheduler drive runs {', '.join(DRIVEN_CLASSES)} so far "
                               f"(not {lay.cls}); its cache-level layout {lay.name.split('@')[0]} runs it")
-        if fault is not None and fault not in PLANTABLE:
-            raise LayoutError(f"layout {lay.name}: the scheduler drive plants {', '.join(PLANTABLE)}, not {fault!r}")
+        if fault is not None and fault not in plantable(lay):
+            raise LayoutError(f"layout {lay.name}: the scheduler drive plants {', '.join(plantable(lay)) or 'nothing'} "
+                              f"there on this release, not {fault!r}")
         why = gap(lay.page_size)
         if why:
             raise SglangUnavailable(why)
@@ -139,6 +140,7 @@ class SchedAdapter:
         self.tree = Tree(self.built.cache)
         self.coverage[f"tree:{type(self.built.cache).__name__}"] += 1     # the class SGLang's factory built
         self.worker.bind(self.built.cache, self.built.rows, self.tree, self.lay.window if "swa" in self.lay.components else None)
+        self.worker.disabled = disabled(self.lay)
         self.worker.pre_forward = self._tree_checks     # what the scheduling of a step broke, before its forward
         if self.fault is not None:
             plant(self.fault, self.built.cache, self.tree)

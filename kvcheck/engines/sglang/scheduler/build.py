@@ -150,10 +150,10 @@ class Built:
         self._undo.close()
 
 
-def published(cfg: SchedConfig, page_size: int) -> dict[str, Any]:
+def published(cfg: SchedConfig, page_size: int, disable_radix_cache: bool = False) -> dict[str, Any]:
     """The server-args fields an episode publishes."""
     return dict(
-        page_size=page_size, chunked_prefill_size=cfg.chunked_prefill_size, schedule_policy=cfg.schedule_policy,
+        disable_radix_cache=disable_radix_cache, page_size=page_size, chunked_prefill_size=cfg.chunked_prefill_size, schedule_policy=cfg.schedule_policy,
         max_running_requests=cfg.max_running_requests, pp_max_micro_batch_size=cfg.max_running_requests,
         enable_priority_scheduling=cfg.enable_priority_scheduling, max_prefill_tokens=cfg.max_prefill_tokens,
         disable_overlap_schedule=not cfg.enable_overlap, skip_tokenizer_init=True, context_length=cfg.context_length,
@@ -197,20 +197,21 @@ def _tree_cache(lay: Any, alloc: Any, rows: Any, server_args: Any, mc: Any, tp_w
     swa = "swa" in lay.components
     P = S["CacheInitParams"]
     names = {f.name for f in fields(P)}
-    kw = dict(disable=False, req_to_token_pool=rows, token_to_kv_pool_allocator=alloc, page_size=lay.page_size,
+    disable = disabled(lay)
+    kw = dict(disable=disable, req_to_token_pool=rows, token_to_kv_pool_allocator=alloc, page_size=lay.page_size,
               sliding_window_size=lay.window if swa else None, tree_core_backend="python")
     params = P(**{k: v for k, v in kw.items() if k in names})
     try:
         from sglang.srt.mem_cache.registry import TreeCacheBuildContext, create_tree_cache
     except ImportError:         # 0.5.7-0.5.13: init_cache_with_memory_pool picks the class itself
-        return _server_tree(params, swa, lay.window)
+        return _server_tree(params, swa, lay.window, disable)
     ctx_names = {f.name for f in fields(TreeCacheBuildContext)}
     ctx = dict(server_args=server_args, params=params, is_hybrid_swa=swa, is_hybrid_ssm=False,
-               enable_hierarchical_cache=False, disable_radix_cache=False, tp_worker=tp_worker, model_config=mc,
+               enable_hierarchical_cache=False, disable_radix_cache=disable, tp_worker=tp_worker, model_config=mc,
                tp_size=1, tp_rank=0, tp_group=ONE_RANK, full_tokens_per_layer=alloc.size, is_dsa=False,
                effective_chunked_prefill_size=chunk if chunk > 0 else None)
     cache = create_tree_cache(TreeCacheBuildContext(**{k: v for k, v in ctx.items() if k in ctx_names}))
-    if type(cache).__name__ not in ("RadixCache", "UnifiedRadixCache", "SWARadixCache"):
+    if type(cache).__name__ not in ("RadixCache", "UnifiedRadixCache", "SWARadixCache", "ChunkCache"):
         raise SglangUnavailable(f"sglang {sglang_version()} builds a {type(cache).__name__} for the {lay.name} model; "
                                 "the scheduler drive reads RadixCache, SWARadixCache and UnifiedRadixCache trees so far")
     return cache
@@ -233,11 +234,21 @@ def init_order(cls: type) -> list[str]:
     return [n for n in called if n in have] + [n for n in have if n not in called]
 
 
-def _server_tree(params: Any, swa: bool, window: int | None) -> Any:
-    """The tree 0.5.7-0.5.13's `init_cache_with_memory_pool` builds for a server with the radix
-    cache on and no hierarchical cache: `SWARadixCache` for a hybrid-SWA model (the window passed
-    where its constructor takes it, 0.5.7), `RadixCache` otherwise."""
+def disabled(lay: Any) -> bool:
+    """A layout served with `--disable-radix-cache` (its class named ChunkCache: what the server
+    builds then up to 0.5.21; 0.5.22+ build a disabled UnifiedRadixCache)."""
+    return lay.cls == "ChunkCache"
+
+
+def _server_tree(params: Any, swa: bool, window: int | None, disable: bool = False) -> Any:
+    """The tree 0.5.7-0.5.13's `init_cache_with_memory_pool` builds for a server with no
+    hierarchical cache: with the radix cache disabled a `ChunkCache` (full attention); else
+    `SWARadixCache` for a hybrid-SWA model (the window passed where its constructor takes it,
+    0.5.7), `RadixCache` otherwise."""
     import inspect
+    if disable and not swa:
+        from sglang.srt.mem_cache.chunk_cache import ChunkCache
+        return ChunkCache(params)
     if not swa:
         from sglang.srt.mem_cache.radix_cache import RadixCache
         return RadixCache(params)
@@ -299,7 +310,7 @@ def build(lay: Any, cfg: SchedConfig, worker: Any) -> Built:
     import random
     random.seed(0)
     try:
-        server_args = publish(published(cfg, page_size), cfg.context_length, undo)
+        server_args = publish(published(cfg, page_size, disabled(lay)), cfg.context_length, undo)
         get_schedule, get_lora, get_serving = (bag(server_args, g) for g in ("schedule", "lora", "serving"))
         al = S["allocator"]
         swa = "swa" in lay.components
@@ -343,7 +354,7 @@ def build(lay: Any, cfg: SchedConfig, worker: Any) -> Built:
             max_req_len=max_req_len, max_req_input_len=max_req_len - 5, random_seed=0,
             min_free_slots_delayer=None, is_hybrid_swa=swa, is_hybrid_ssm=False,
             sliding_window_size=lay.window if swa else None, full_tokens_per_layer=cfg.capacity,
-            swa_tokens_per_layer=size_swa if swa else None, disable_radix_cache=False,
+            swa_tokens_per_layer=size_swa if swa else None, disable_radix_cache=disabled(lay),
             hisparse_coordinator=None, decode_offload_manager=None, disaggregation_mode=DisaggregationMode.NULL,
             transfer_backend=None, dynamic_chunk_sizer=None, truncation_align_size=None, require_mlp_sync=False,
             scripted_scheduler_hook=None, _sched_idled=False, scheduler_stage_metrics=None, load_snapshot_writer=None,

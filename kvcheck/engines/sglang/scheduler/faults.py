@@ -8,7 +8,20 @@ from typing import Any
 
 from ..plant import frees_disabled
 
-PLANTABLE = ("lock_ref_leak", "evict_locked", "evict_no_free", "insert_shifted_values")
+TREE_FAULTS = ("lock_ref_leak", "evict_locked", "evict_no_free", "insert_shifted_values")
+DISABLED_FAULTS = ("chunk_finish_leaks", "chunk_reports_hit")      # the radix cache disabled (ChunkCache / a disabled tree)
+PLANTABLE = TREE_FAULTS + DISABLED_FAULTS
+
+
+def plantable(lay: Any) -> tuple[str, ...]:
+    """The faults a layout's cache can have: a tree's, or a disabled cache's (which keeps nothing).
+    A disabled cache takes them where it is a `ChunkCache` (up to 0.5.21); 0.5.22+ build a disabled
+    UnifiedRadixCache, whose match and release calls (`device_prefix_len`, `free_kv_row`) these
+    wrappers do not follow: none there (said in one line when asked for)."""
+    if lay.cls != "ChunkCache":
+        return TREE_FAULTS
+    from ..install import load
+    return DISABLED_FAULTS if isinstance(load()["classes"].get("ChunkCache"), type) else ()
 
 
 def evict_entries(cache: Any) -> list[str]:
@@ -63,5 +76,41 @@ def plant(fault: str, cache: Any, tree: Any) -> None:
                 kw["value"] = torch.roll(kw["value"], 1)
             return real_insert(params, *rest, **kw)
         cache.insert = insert
+    elif fault == "chunk_reports_hit":
+        import torch
+        real_match = cache.match_prefix
+        alloc = cache.token_to_kv_pool_allocator
+
+        def match(*a: Any, **kw: Any) -> Any:
+            res = real_match(*a, **kw)
+            free = {int(x) for t in (getattr(alloc, "free_pages", None), getattr(alloc, "release_pages", None))
+                    if t is not None for x in t.tolist()}
+            key = a[0] if a else kw.get("params", kw.get("key"))
+            n = len(getattr(key, "key", key)) - 1
+            used = [x for x in range(1, alloc.size + 1) if x not in free][:max(0, n)]
+            if not used or len(res.device_indices):
+                return res
+            hit = torch.tensor(used, dtype=torch.int64)     # slots other requests wrote, as a hit
+            return res._replace(device_indices=hit) if hasattr(res, "_replace") else \
+                dataclasses.replace(res, device_indices=hit)
+        cache.match_prefix = match
+    elif fault == "chunk_finish_leaks":
+        real_finished = cache.cache_finished_req
+        alloc = cache.token_to_kv_pool_allocator
+
+        def finished(*a: Any, **kw: Any) -> Any:
+            had, real_free = vars(alloc).get("free"), alloc.free
+
+            def free(indices: Any) -> Any:      # all but the request's last committed slot go back
+                return real_free(indices[:-1]) if len(indices) > 1 else None
+            alloc.free = free
+            try:
+                return real_finished(*a, **kw)
+            finally:
+                if had is None:
+                    del alloc.free
+                else:
+                    alloc.free = had
+        cache.cache_finished_req = finished
     else:
         raise ValueError(f"fault {fault!r} is not planted on the scheduler drive (it plants {', '.join(PLANTABLE)})")

@@ -31,8 +31,9 @@ def key_tokens(key: Any) -> list[int]:
 class Tree:
     def __init__(self, cache: Any) -> None:
         self.cache = cache
-        self.unified = hasattr(cache.root_node, "component_data")
-        self.swa_tree = hasattr(cache.root_node, "swa_tombstone")      # SWARadixCache (0.5.7-0.5.15)
+        root = getattr(cache, "root_node", None)        # None: a ChunkCache (the radix cache disabled)
+        self.unified = hasattr(root, "component_data")
+        self.swa_tree = hasattr(root, "swa_tombstone")      # SWARadixCache (0.5.7-0.5.15)
         if self.unified:
             from ..compat import component_types
             ct = component_types()
@@ -42,7 +43,7 @@ class Tree:
 
     @property
     def root(self) -> Any:
-        return self.cache.root_node
+        return getattr(self.cache, "root_node", None)
 
     def node(self, handle: Any) -> Any:
         """The node object behind a request's `last_node` / a lock's node (a NodeId on a tree core)."""
@@ -70,7 +71,7 @@ class Tree:
     def views(self) -> list[View]:
         if self.swa_tree:            # (read once per view: a node's SWA slots are its full slots' mapping)
             self._mapping = self.cache.token_to_kv_pool_allocator.full_to_swa_index_mapping.tolist()
-        out, stack = [], [(self.root, [])]
+        out, stack = [], [(self.root, [])] if self.root is not None else []
         while stack:
             node, path = stack.pop()
             for child in node.children.values():

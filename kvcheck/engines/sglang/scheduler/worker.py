@@ -79,6 +79,8 @@ class ModelWorker:
         self.pending: dict[str, tuple[int, int]] = {}
         self.pre_forward: Any = None        # the adapter's tree checks, run as the forward starts
         self.launched: Any = None           # the ScheduleBatch the event loop launched last
+        self.disabled = False               # the radix cache disabled: a request's prefix is its own work only
+        self.computed: dict[str, int] = {}  # rid -> positions its own extends wrote (a disabled cache's hits)
 
     def bind(self, cache: Any, rows: Any, tree: Any, window: int | None = None) -> None:
         self.cache, self.rows, self.tree, self.window = cache, rows, tree, window
@@ -135,6 +137,12 @@ class ModelWorker:
                 self.coverage["forward:extend"] += 1
                 if pre:
                     self.coverage["forward:extend_after_hit"] += 1
+                if self.disabled and pre > self.computed.get(req.rid, 0) and self.broken is None:
+                    self.broken = Violation(
+                        "safety", "disabled_cache_no_hit",
+                        f"{req.rid} resumes after {pre} prefix positions with the radix cache disabled, but only "
+                        f"{self.computed.get(req.rid, 0)} are its own chunks: the cache answered with KV it keeps for nobody")
+                self.computed[req.rid] = pre + ext
             else:
                 pre, ext = n - 1, 1
                 self.coverage["forward:decode"] += 1
