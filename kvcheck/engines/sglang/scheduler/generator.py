@@ -14,6 +14,7 @@ from .worker import EOS
 
 VOCAB = 16
 OVERLAP_SHARE = 0.5     # episodes under SGLang's overlap scheduler (its server default)
+MAX_CHUNK = 16384       # SGLang's chunked prefill on large GPUs (8192 by default): a long window's 64 would exceed it
 RATIO_SHARE = 0.25      # SWA episodes with an operator's --swa-full-tokens-ratio (the rest: the server's sizing)
 
 
@@ -28,6 +29,7 @@ class SchedGen(PromptGen):
         w = lay.window if "swa" in lay.components else None
         if w:           # chunk : window as real models have it (SGLang's 8192-token chunk is 64 of gpt-oss's windows)
             chunk = rng.choice([-1, max(ps, int(w * rng.choice([0.25, 0.5, 1, 2, 4, 8, 16, 64])))])
+            chunk = min(chunk, MAX_CHUNK)
         else:
             chunk = rng.choice([-1, ps * rng.choice([1, 2, 4, 8, 16])])
         unit = chunk if chunk > 0 else (w or ps * 8)
