@@ -107,6 +107,9 @@ LAYOUTS: dict[str, Layout] = {x.name: x for x in (
     Layout("hybrid-swa@sched", "UnifiedRadixCache", ("full", "swa"), 1, 32, 256,
            "a hybrid full + sliding-window model (W = 32) under SGLang's own Scheduler: SWA pool, tombstones, "
            "window eviction as the server runs them", drive="sched"),
+    Layout("gpt-oss@sched", "UnifiedRadixCache", ("full", "swa"), 1, 128, 4096,
+           "gpt-oss's attention at its real window (128, alternating full and sliding layers) under SGLang's own "
+           "Scheduler: chunks of 1/4 to 64 windows (SGLang's default 8192), pools of up to 4 chunks", drive="sched"),
     Layout("gemma3@sched", "UnifiedRadixCache", ("full", "swa"), 1, 1024, 16384,
            "Gemma 3's attention at its real window (1024; five sliding layers to one global) under SGLang's own "
            "Scheduler: chunks of 1/4 to 16 windows (SGLang's 8192-16384), pools of up to 4 chunks", drive="sched"),
@@ -114,9 +117,6 @@ LAYOUTS: dict[str, Layout] = {x.name: x for x in (
            "a full-attention model served with --disable-radix-cache under SGLang's own Scheduler (ChunkCache up "
            "to 0.5.21, a disabled UnifiedRadixCache from 0.5.22): chunked prefill and retraction with nothing cached",
            drive="sched"),
-    Layout("gpt-oss@sched", "UnifiedRadixCache", ("full", "swa"), 1, 128, 4096,
-           "gpt-oss's attention at its real window (128, alternating full and sliding layers) under SGLang's own "
-           "Scheduler: chunks of 1/4 to 64 windows (SGLang's default 8192), pools of up to 4 chunks", drive="sched"),
 )}
 
 
