@@ -56,7 +56,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         try:
             code, res, text = eng.replay(trace)
         except (EngineUnavailable, ValueError) as e:     # (a trace field the engine cannot take: one line)
-            raise UsageError(str(e)) from None
+            wrote = f" (the reproducer was written: {rep['reproducer']})" if rep and rep.get("reproducer") else ""
+            raise UsageError(f"{e}{wrote}") from None
         if rep is not None:
             res = {**res, **rep}
             text += f"\n  reproducer: {rep['reproducer'] or rep.get('reproducer_note')}"

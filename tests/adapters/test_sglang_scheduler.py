@@ -580,3 +580,26 @@ def test_the_radix_cache_disabled_runs_clean_and_its_faults_are_caught(tmp_path)
         r = sg.run_campaign(lay.name, budget_s=30, steps=20_000, seed=1, fault=fault, out_dir=str(tmp_path / fault),
                             shrink_s=5)
         assert r["caught"] and r["findings"][0]["check"] == sg.FAULTS[fault].expected, (fault, r["findings"])
+
+
+def test_a_chunk_the_swa_budget_defers_is_cached_uncomputed_on_0_5_11_only():
+    """docs/repro/traces/sglang_sched_swa_unadmitted_chunk_cached.trace.json (found by the 60 s
+    matrix on 0.5.11, 3 steps: one 181-token prompt, chunk 128, an SWA pool of 130): the SWA budget
+    admits a 1-token chunk, then defers the next one, whose `fill_ids` the next round had already
+    expanded to the whole prompt; the stash's `cache_unfinished_req` caches positions 129..180 from
+    row entries never written (slot 0): sgl-project/sglang#24252, fixed by #24318. Recognised by
+    that fix (stash at the computed prefix); clean on 0.5.7, 0.5.10, 0.5.12, 0.5.14, 0.5.15, 0.5.18,
+    0.5.23 (replayed)."""
+    sg = _drive()
+    from pathlib import Path
+    from kvcheck.engines.sglang.install import sglang_version
+    from kvcheck.engines.sglang.scheduler import known
+    trace = Path(__file__).resolve().parents[2] / "docs/repro/traces/sglang_sched_swa_unadmitted_chunk_cached.trace.json"
+    res = sg.replay(str(trace))
+    if sglang_version() != "0.5.11":
+        assert res["violation"] is None, res
+        return
+    assert res["reproduced"] and "position 129 of a cached prefix in slot 0" in res["violation"]["message"], res
+    k = next(k for k in known.KNOWN if k.defect.name == "swa_unadmitted_chunk_cached")
+    with k.fixed():
+        assert sg.replay(str(trace))["violation"] is None

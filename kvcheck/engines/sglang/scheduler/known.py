@@ -124,6 +124,30 @@ def _one_cut_per_batch() -> Iterator[None]:
         cls.add_one_req = real
 
 
+@contextlib.contextmanager
+def _stash_at_computed_prefix() -> Iterator[None]:
+    """sgl-project/sglang#24318's rule (the fix of #24252): a chunked request whose next chunk the
+    SWA budget did not admit is stashed at its computed prefix, not at the `fill_ids` its next round
+    already expanded; applied where the stash reaches the tree (`cache_unfinished_req`: fill_ids
+    cut back to what was computed, `kv_committed_len`)."""
+    from ..install import load
+    load()
+    import sglang.srt.mem_cache.swa_radix_cache as m
+    cls = m.SWARadixCache
+    real = cls.cache_unfinished_req
+
+    def cache_unfinished_req(self: Any, req: Any, *a: Any, **k: Any) -> Any:
+        done = getattr(req, "kv_committed_len", None)
+        if done is not None and len(req.fill_ids) > done:
+            req.fill_ids = req.fill_ids[:done]
+        return real(self, req, *a, **k)
+    cls.cache_unfinished_req = cache_unfinished_req
+    try:
+        yield
+    finally:
+        cls.cache_unfinished_req = real
+
+
 @dataclass(frozen=True)
 class SchedKnown:
     defect: KnownDefect
@@ -158,6 +182,14 @@ KNOWN = (
         # the first cut request decodes over its truncated prompt; 0.5.23 later asserts in free_group_end
         ("context_complete", "kv_read_sound", "sglang_internal_error"), ("full", "swa"),
         _one_cut_per_batch),     # (watched on SWARadixCache, what 0.5.7-0.5.14 build)
+    SchedKnown(KnownDefect(
+        "swa_unadmitted_chunk_cached", "tree_content_matches", "safety", "0.5.11", "0.5.11",
+        "sgl-project/sglang#24252 (fixed by #24318: a chunk the SWA budget defers is stashed at the computed "
+        "prefix, not at fill_ids expanded past it)",
+        "kvcheck replay docs/repro/traces/sglang_sched_swa_unadmitted_chunk_cached.trace.json --sut sglang"),
+        # the tree caches positions never computed (row entries 0): read back, reused, or SGLang's own checks
+        ("tree_content_matches", "kv_read_sound", "hit_sound_full", "size_accounting", "sglang_internal_error"),
+        ("full", "swa"), _stash_at_computed_prefix),
 )
 DEFECTS = {k.defect.name: k.defect for k in KNOWN}
 
