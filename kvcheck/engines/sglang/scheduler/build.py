@@ -209,7 +209,9 @@ def _tree_cache(lay: Any, alloc: Any, rows: Any, server_args: Any, mc: Any, tp_w
     ctx = dict(server_args=server_args, params=params, is_hybrid_swa=swa, is_hybrid_ssm=False,
                enable_hierarchical_cache=False, disable_radix_cache=disable, tp_worker=tp_worker, model_config=mc,
                tp_size=1, tp_rank=0, tp_group=ONE_RANK, full_tokens_per_layer=alloc.size, is_dsa=False,
-               effective_chunked_prefill_size=chunk if chunk > 0 else None)
+               # the server's own value (kv_cache_builder: the chunked_prefill_size server arg, -1 when off;
+               # None only for a multimodal model on the transformers backend)
+               effective_chunked_prefill_size=chunk)
     cache = create_tree_cache(TreeCacheBuildContext(**{k: v for k, v in ctx.items() if k in ctx_names}))
     if type(cache).__name__ not in ("RadixCache", "UnifiedRadixCache", "SWARadixCache", "ChunkCache"):
         raise SglangUnavailable(f"sglang {sglang_version()} builds a {type(cache).__name__} for the {lay.name} model; "
