@@ -7,6 +7,8 @@ their import closure inside kvcheck (module-level imports, parent packages inclu
 written as a comment (`#| `) under a `# >>> module NAME` marker, so the text is read, never run,
 until the script's `install()` (written here too) serves them to `import` from the script's own
 file. Nothing outside kvcheck is carried: the engine and the standard library are the machine's.
+Only module-level imports are followed: a kvcheck module imported inside a function is not frozen
+(where kvcheck is installed too, that one import would come from the installed copy).
 """
 from __future__ import annotations
 

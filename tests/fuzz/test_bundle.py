@@ -26,8 +26,8 @@ def test_an_unknown_root_is_refused():
 
 
 def test_a_script_with_the_bundle_imports_kvcheck_from_itself_alone(tmp_path):
-    """Run isolated (-I): the frozen modules come first (before an installed kvcheck) and behave
-    as the real ones (relative imports, packages); what is not frozen is not served."""
+    """Run isolated (-I): the frozen modules come first (ahead of an installed kvcheck: each module
+    imported is the script's own text) and behave as the real ones (relative imports, packages)."""
     script = tmp_path / "s.py"
     body = ("import sys\n" + INSTALLER + "\ninstall()\n"
             "from kvcheck.spec.verdict import ExitCode\n"

@@ -215,7 +215,7 @@ def _tree_cache(lay: Any, alloc: Any, rows: Any, server_args: Any, mc: Any, tp_w
     cache = create_tree_cache(TreeCacheBuildContext(**{k: v for k, v in ctx.items() if k in ctx_names}))
     if type(cache).__name__ not in ("RadixCache", "UnifiedRadixCache", "SWARadixCache", "ChunkCache"):
         raise SglangUnavailable(f"sglang {sglang_version()} builds a {type(cache).__name__} for the {lay.name} model; "
-                                "the scheduler drive reads RadixCache, SWARadixCache and UnifiedRadixCache trees so far")
+                                "the scheduler drive reads RadixCache, SWARadixCache, UnifiedRadixCache and ChunkCache so far")
     return cache
 
 
