@@ -603,3 +603,36 @@ def test_a_chunk_the_swa_budget_defers_is_cached_uncomputed_on_0_5_11_only():
     k = next(k for k in known.KNOWN if k.defect.name == "swa_unadmitted_chunk_cached")
     with k.fixed():
         assert sg.replay(str(trace))["violation"] is None
+
+
+def test_an_all_sliding_window_model_runs_where_its_server_exists_and_its_faults_are_caught(tmp_path, monkeypatch):
+    """`pure-swa@sched`: a model whose every layer is sliding-window attention, served (0.5.15+) with
+    one SWA pool (`PureSWATokenToKVPoolAllocator`) and `PureSWARadixCache`, which SGLang's factory
+    builds for it. Clean, with the window's tail freed during decode (the forward then reads the
+    window only); the tree's planted faults are caught by their expected checks, and a window
+    eviction that frees nothing (slots the request's cursor says are gone) by `size_accounting`.
+    A release without that server says so in one line (cannot express), not a finding."""
+    sg = _drive()
+    from kvcheck.engines.sglang.install import SglangUnavailable
+    from kvcheck.engines.sglang.layouts import list_layouts
+    lay = sg.LAYOUTS["pure-swa@sched"]
+    row = next(x for x in list_layouts() if x.get("name") == lay.name)
+    try:
+        from sglang.srt.mem_cache.allocator.swa import PureSWATokenToKVPoolAllocator as A
+    except ImportError:
+        assert not row["supported"] and "serves no all-sliding-window model" in row["reason"], row
+        with pytest.raises(SglangUnavailable, match="serves no all-sliding-window model"):
+            sg.make_adapter(lay)
+        return
+    assert row["supported"], row
+    r = sg.run_campaign(lay.name, steps=2500, seed=1, out_dir=str(tmp_path / "clean"))
+    assert r["exit_code"] == 0 and r["findings"] == [], r["findings"]
+    cov = r["coverage"]
+    assert cov.get("tree:PureSWARadixCache") and cov.get("state:window_freed") and cov.get("forward:extend_after_hit"), cov
+    for fault in ("lock_ref_leak", "evict_locked", "evict_no_free", "insert_shifted_values"):
+        r = sg.run_campaign(lay.name, budget_s=30, steps=20_000, seed=1, fault=fault, out_dir=str(tmp_path / fault),
+                            shrink_s=5)
+        assert r["caught"] and r["findings"][0]["check"] == sg.FAULTS[fault].expected, (fault, r["findings"])
+    monkeypatch.setattr(A, "free_swa", lambda self, free_index: None)      # the window's tail never freed
+    r = sg.run_campaign(lay.name, steps=2500, seed=1, out_dir=str(tmp_path / "leak"), shrink_s=5)
+    assert r["findings"] and r["findings"][0]["check"] == "size_accounting", r["findings"]

@@ -111,16 +111,18 @@ def dec_params(rec: Any) -> Any:
     return load()["bpc"].DecLockRefParams(swa_uuid_for_lock=rec.swa_uuid_for_lock)
 
 
-def swa_pools(cap: int, size_swa: int) -> Any:
+def swa_pools(cap: int, size_swa: int, pure: bool = False) -> Any:
     """A real SWAKVPool (one full and one SWA layer, head_dim 2, on CPU) under the release's
-    SWATokenToKVPoolAllocator (page 1)."""
+    SWATokenToKVPoolAllocator (page 1). `pure`: an all-sliding-window model as its server builds
+    it (0.5.15+): the SWA layer only, a full pool of 0 slots, `PureSWATokenToKVPoolAllocator`."""
     import torch
     pool_cls = first("SWAKVPool", "sglang.srt.mem_cache.swa_memory_pool", "sglang.srt.mem_cache.memory_pool")
-    alloc_cls = first("SWATokenToKVPoolAllocator", "sglang.srt.mem_cache.allocator.swa",
-                      "sglang.srt.mem_cache.swa_memory_pool", "sglang.srt.mem_cache.allocator")
-    pool = pool_cls(**kw(pool_cls.__init__, size=cap, size_swa=size_swa, page_size=1, dtype=torch.float16,
-                         head_num=1, head_dim=2, swa_attention_layer_ids=[0], full_attention_layer_ids=[1],
-                         enable_kvcache_transpose=False, device="cpu"))
+    alloc_cls = first("PureSWATokenToKVPoolAllocator" if pure else "SWATokenToKVPoolAllocator",
+                      "sglang.srt.mem_cache.allocator.swa", "sglang.srt.mem_cache.swa_memory_pool",
+                      "sglang.srt.mem_cache.allocator")
+    pool = pool_cls(**kw(pool_cls.__init__, size=0 if pure else cap, size_swa=size_swa, page_size=1,
+                         dtype=torch.float16, head_num=1, head_dim=2, swa_attention_layer_ids=[0],
+                         full_attention_layer_ids=[] if pure else [1], enable_kvcache_transpose=False, device="cpu"))
     return alloc_cls(**kw(alloc_cls.__init__, size=cap, size_swa=size_swa, page_size=1, dtype=torch.float16,
                           device="cpu", kvcache=pool, need_sort=False))
 

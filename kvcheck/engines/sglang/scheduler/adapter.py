@@ -31,8 +31,8 @@ from ..checks import slots_of
 from ..install import LayoutError, SglangUnavailable, load
 from ..violation import Violation
 from . import loop
-from .build import Built, build, disabled, gap, pool_too_small
-from .config import SchedConfig
+from .build import Built, build, disabled, gap
+from .config import SchedConfig, all_swa, model_gap, pool_too_small
 from .faults import evict_entries, plant, plantable
 from .tree import Tree
 from .worker import EOS, ModelWorker, fingerprints
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from ..layouts import Layout
 
 ACTIONS = ("start", "submit", "step", "abort")
-DRIVEN_CLASSES = ("RadixCache", "UnifiedRadixCache", "ChunkCache")
+DRIVEN_CLASSES = ("RadixCache", "UnifiedRadixCache", "PureSWARadixCache", "ChunkCache")
 
 
 def _input_ids(cls: type, tokens: list[int]) -> Any:
@@ -65,7 +65,7 @@ class SchedAdapter:
         if fault is not None and fault not in plantable(lay):
             raise LayoutError(f"layout {lay.name}: the scheduler drive plants {', '.join(plantable(lay)) or 'nothing'} "
                               f"there on this release, not {fault!r}")
-        why = gap(lay.page_size)
+        why = gap(lay.page_size) or model_gap(lay)
         if why:
             raise SglangUnavailable(why)
         self.lay, self.fault = lay, fault
@@ -139,7 +139,8 @@ class SchedAdapter:
                               f"{type(e).__name__}: {e}", (frame_at(e) or ("", "build.py"))[1]) from e
         self.tree = Tree(self.built.cache)
         self.coverage[f"tree:{type(self.built.cache).__name__}"] += 1     # the class SGLang's factory built
-        self.worker.bind(self.built.cache, self.built.rows, self.tree, self.lay.window if "swa" in self.lay.components else None)
+        self.worker.bind(self.built.cache, self.built.rows, self.tree,
+                         self.lay.window if "swa" in self.lay.components else None, all_swa(self.lay))
         self.worker.disabled = disabled(self.lay)
         self.worker.pre_forward = self._tree_checks     # what the scheduling of a step broke, before its forward
         if self.fault is not None:
@@ -293,19 +294,25 @@ class SchedAdapter:
         ps = self.lay.page_size
         views = self.tree.views()
         locked = max((v.full_lock for v in views), default=0)
-        rows = []
+        pure, rows = all_swa(self.lay), []     # rows: the slots each live request holds
         for req in self.reqs.values():
             # 0.5.19+: row and length on req.kv; 0.5.18: the row on the Req, the length on req.kv
             # (a ReqKvInfo, None before the first allocation)
             kv = getattr(req, "kv", None) or req
             row = getattr(kv, "req_pool_idx", getattr(req, "req_pool_idx", None))
             n = int(getattr(kv, "kv_allocated_len", 0) or 0)
-            if row is not None and n:
-                rows.append([int(v) for v in self.built.rows.req_to_token[row, :n].tolist()])
+            if row is None or not n:
+                continue
+            held = [int(v) for v in self.built.rows.req_to_token[row, :n].tolist()]
+            lo, hi = window_freed(req, kv) if pure else (0, 0)
+            if hi > lo:     # positions the window freed (maybe_evict_swa): neither the tree's nor held
+                self.coverage["state:window_freed"] += 1
+                held = held[:lo] + held[hi:]
+            rows.append(held)
         full = getattr(alloc, "full_attn_allocator", alloc)     # FULL+SWA: the full pool, then the SWA pool
-        pools = [("", full, [v.full for v in views], rows, ps)]
+        pools = [("SWA " if pure else "", full, [v.full for v in views], rows, ps)]
         swa_alloc, m = getattr(alloc, "swa_attn_allocator", None), getattr(alloc, "full_to_swa_index_mapping", None)
-        if swa_alloc is not None and m is not None:
+        if swa_alloc is not None and m is not None and not pure:
             ml = m.tolist()
             # the tree's SWA slots: a node's own SWA value, and the SWA slots its full slots still map to
             # (0.5.23 keeps a node's SWA pages through the mapping: SGLang counts them evictable)
@@ -355,6 +362,21 @@ class SchedAdapter:
     def generator(self, rng: random.Random) -> Any:
         from .generator import SchedGen
         return SchedGen(rng, self.lay, self.capacity)
+
+
+def window_freed(req: Any, kv: Any) -> tuple[int, int]:
+    """The positions of a request's row its window eviction freed: from above what the tree owns and
+    the prefill it keeps (`cache_protected_len`, `swa_evict_floor`) up to its SWA eviction cursor
+    (0.5.21+ `get_evicted_seqlen(SWA)`, 0.5.15-0.5.20 `swa_evicted_seqlen`; on the request or its
+    `kv` record by release)."""
+    def field(name: str) -> int:
+        return int(getattr(kv, name, getattr(req, name, 0)) or 0)
+    if hasattr(kv, "get_evicted_seqlen"):
+        from ..compat import component_types
+        hi = int(kv.get_evicted_seqlen(component_types().SWA))
+    else:
+        hi = field("swa_evicted_seqlen")
+    return max(field("cache_protected_len"), field("swa_evict_floor")), hi
 
 
 _PARAM_TYPES = {"r": str, "tokens": list, "toks": list, "times": int, "config": dict}

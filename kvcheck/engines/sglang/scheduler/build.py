@@ -54,8 +54,8 @@ from kvcheck.fuzz.boundary import StandIn
 
 from ..compat import new_allocator, row_pool, swa_pools
 from ..install import SglangUnavailable, load, sglang_version
-from .config import SchedConfig
-from .publish import ONE_RANK, bag, env_setting, init_args, model_dir, parallel_state, publish
+from .config import SchedConfig, all_swa, swa_pool_size
+from .publish import ONE_RANK, bag, env_setting, init_args, model_dir, parallel_state, publish, set_env
 
 # the Scheduler's own init methods that run on CPU, in the order its __init__ calls them
 INITS = ("init_metrics_collector", "init_metrics", "init_running_status", "init_pool_stats_observer", "init_metrics_reporter",
@@ -63,6 +63,8 @@ INITS = ("init_metrics_collector", "init_metrics", "init_running_status", "init_
          "init_dp_attn_adapter", "init_grammar_manager", "init_invariant_checker", "init_beam_coordinator",
          "init_batch_result_processor", "init_kv_event_lora_names", "init_idle_sleeper")
 # the init methods every release kvcheck builds has (0.5.7+); gap() refuses a Scheduler without them
+# the trees the drive reads (tree.py), whichever the release's server builds
+TREES = ("RadixCache", "UnifiedRadixCache", "SWARadixCache", "PureSWARadixCache", "ChunkCache")
 SEQUENCE = ("init_running_status", "init_chunked_prefill", "init_schedule_policy", "init_overlap")
 class _Sink:
     """An observability sink (metrics, KV events, load, output streaming, profiler): every call
@@ -160,33 +162,6 @@ def published(cfg: SchedConfig, page_size: int, disable_radix_cache: bool = Fals
         attention_backend="torch_native", sampling_backend="pytorch")
 
 
-def swa_pool_size(cfg: SchedConfig, lay: Any) -> int:
-    """The SWA pool as SGLang's pool configurator sizes it. An operator's `--swa-full-tokens-ratio`:
-    that share of the full pool, page-aligned, which the server accepts while it exceeds a window
-    and a page (`validate_swa_pool_size`; `pool_too_small` says so), even below one prefill chunk.
-    Otherwise `swa_full_tokens_ratio` (0.8) of the full pool, and never below what its request-cap
-    configurator reserves (one prefill chunk in flight, a window and a page per running request, a
-    page)."""
-    w, ps = lay.window or 0, lay.page_size
-    if cfg.swa_full_tokens_ratio > 0:
-        return int(cfg.capacity * cfg.swa_full_tokens_ratio) // ps * ps
-    chunk = cfg.chunked_prefill_size if cfg.chunked_prefill_size > 0 else cfg.context_length
-    cap = chunk + cfg.max_running_requests * (w + ps) + ps
-    return max(int(cfg.capacity * 0.8), cap, 2 * w)
-
-
-def pool_too_small(cfg: SchedConfig, lay: Any) -> str | None:
-    """Why SGLang's server refuses this SWA pool at start (0.5.23 `validate_swa_pool_size`:
-    it cannot hold one request), None where it accepts it."""
-    if "swa" not in lay.components or not lay.window:
-        return None
-    size = swa_pool_size(cfg, lay)
-    if lay.window + lay.page_size >= size:
-        return (f"an SWA pool of {size} slots cannot hold one request (window {lay.window} + page "
-                f"{lay.page_size}): SGLang's server refuses it at start")
-    return None
-
-
 def _tree_cache(lay: Any, alloc: Any, rows: Any, server_args: Any, mc: Any, tp_worker: Any, chunk: int) -> Any:
     """The tree the release's server would build for this model (its own `create_tree_cache`:
     UnifiedRadixCache with the components the model needs, 0.5.16+), on the Python tree core (the
@@ -194,7 +169,7 @@ def _tree_cache(lay: Any, alloc: Any, rows: Any, server_args: Any, mc: Any, tp_w
     a release without the factory gets the layout's class."""
     from dataclasses import fields
     S = load()
-    swa = "swa" in lay.components
+    swa, pure = "swa" in lay.components, all_swa(lay)
     P = S["CacheInitParams"]
     names = {f.name for f in fields(P)}
     disable = disabled(lay)
@@ -208,14 +183,14 @@ def _tree_cache(lay: Any, alloc: Any, rows: Any, server_args: Any, mc: Any, tp_w
     ctx_names = {f.name for f in fields(TreeCacheBuildContext)}
     ctx = dict(server_args=server_args, params=params, is_hybrid_swa=swa, is_hybrid_ssm=False,
                enable_hierarchical_cache=False, disable_radix_cache=disable, tp_worker=tp_worker, model_config=mc,
-               tp_size=1, tp_rank=0, tp_group=ONE_RANK, full_tokens_per_layer=alloc.size, is_dsa=False,
+               tp_size=1, tp_rank=0, tp_group=ONE_RANK, full_tokens_per_layer=0 if pure else alloc.size, is_dsa=False,
                # the server's own value (kv_cache_builder: the chunked_prefill_size server arg, -1 when off;
                # None only for a multimodal model on the transformers backend)
                effective_chunked_prefill_size=chunk)
     cache = create_tree_cache(TreeCacheBuildContext(**{k: v for k, v in ctx.items() if k in ctx_names}))
-    if type(cache).__name__ not in ("RadixCache", "UnifiedRadixCache", "SWARadixCache", "ChunkCache"):
+    if type(cache).__name__ not in TREES:
         raise SglangUnavailable(f"sglang {sglang_version()} builds a {type(cache).__name__} for the {lay.name} model; "
-                                "the scheduler drive reads RadixCache, SWARadixCache, UnifiedRadixCache and ChunkCache so far")
+                                f"the scheduler drive reads {', '.join(TREES)} so far")
     return cache
 
 
@@ -313,12 +288,13 @@ def build(lay: Any, cfg: SchedConfig, worker: Any) -> Built:
     random.seed(0)
     try:
         server_args = publish(published(cfg, page_size, disabled(lay)), cfg.context_length, undo)
+        set_env("SGLANG_SWA_EVICTION_INTERVAL", str(cfg.swa_eviction_interval), undo)
         get_schedule, get_lora, get_serving = (bag(server_args, g) for g in ("schedule", "lora", "serving"))
         al = S["allocator"]
-        swa = "swa" in lay.components
+        swa, pure = "swa" in lay.components, all_swa(lay)
         size_swa = swa_pool_size(cfg, lay)
         if swa:
-            alloc = swa_pools(cfg.capacity, size_swa)
+            alloc = swa_pools(cfg.capacity, size_swa, pure)
         elif page_size == 1:
             alloc = new_allocator(al.TokenToKVPoolAllocator, cfg.capacity, torch.int64, "cpu", None)
         else:
@@ -326,7 +302,9 @@ def build(lay: Any, cfg: SchedConfig, worker: Any) -> Built:
         rows = row_pool(cfg.max_running_requests + 1, cfg.context_length + 8)
         mc = ModelConfig(model_path=model_dir(cfg.context_length), context_length=cfg.context_length)
         max_req_len = min(mc.context_len - 1, cfg.capacity - 1)      # TpModelWorker.get_worker_info
-        runner = StandIn(attn_backend=StandIn(), prefill_aware_swa=False, canary_manager=None, mambaish_config=None,
+        # an all-SWA model is served prefill-aware (its prompt kept whole through decode), as the one
+        # SGLang serves with PureSWARadixCache is (UnlimitedOCR's `is_prefill_aware_swa`)
+        runner = StandIn(attn_backend=StandIn(), prefill_aware_swa=all_swa(lay), canary_manager=None, mambaish_config=None,
                          ngram_embedding_manager=StandIn(prepare_for_forward=lambda b, chunked_req=None: b),
                          forward_stream=torch.cpu.Stream())
         tp_worker = StandIn(model_runner=runner, register_hicache_layer_transfer_counter=lambda *a: None)
@@ -355,7 +333,7 @@ def build(lay: Any, cfg: SchedConfig, worker: Any) -> Built:
             max_running_requests=cfg.max_running_requests, max_queued_requests=get_schedule().max_queued_requests,
             max_req_len=max_req_len, max_req_input_len=max_req_len - 5, random_seed=0,
             min_free_slots_delayer=None, is_hybrid_swa=swa, is_hybrid_ssm=False,
-            sliding_window_size=lay.window if swa else None, full_tokens_per_layer=cfg.capacity,
+            sliding_window_size=lay.window if swa else None, full_tokens_per_layer=0 if pure else cfg.capacity,
             swa_tokens_per_layer=size_swa if swa else None, disable_radix_cache=disabled(lay),
             hisparse_coordinator=None, decode_offload_manager=None, disaggregation_mode=DisaggregationMode.NULL,
             transfer_backend=None, dynamic_chunk_sizer=None, truncation_align_size=None, require_mlp_sync=False,

@@ -9,13 +9,15 @@ from typing import Any
 from kvcheck.fuzz.prompts import PromptGen
 
 from ..layouts import Layout
-from .config import POLICIES, SchedConfig
+from .config import POLICIES, SchedConfig, all_swa
 from .worker import EOS
 
 VOCAB = 16
 OVERLAP_SHARE = 0.5     # episodes under SGLang's overlap scheduler (its server default)
 MAX_CHUNK = 16384       # SGLang's chunked prefill on large GPUs (8192 by default): a long window's 64 would exceed it
 RATIO_SHARE = 0.25      # SWA episodes with an operator's --swa-full-tokens-ratio (the rest: the server's sizing)
+LONG_SHARE = 0.3        # SWA episodes whose requests decode up to three windows (the rest: up to 24 tokens)
+INTERVAL_SHARE = 0.5    # SWA episodes with an operator's SGLANG_SWA_EVICTION_INTERVAL (the rest: SGLang's 128)
 
 
 class SchedGen(PromptGen):
@@ -26,7 +28,7 @@ class SchedGen(PromptGen):
     def __init__(self, rng: random.Random, lay: Layout, capacity: int) -> None:
         super().__init__(rng, VOCAB - 2, 24, ("submit", "step", "abort"), ("step",))
         ps = lay.page_size
-        w = lay.window if "swa" in lay.components else None
+        w = self.w_ = lay.window if "swa" in lay.components else None
         if w:           # chunk : window as real models have it (SGLang's 8192-token chunk is 64 of gpt-oss's windows)
             chunk = rng.choice([-1, max(ps, int(w * rng.choice([0.25, 0.5, 1, 2, 4, 8, 16, 64])))])
             chunk = min(chunk, MAX_CHUNK)
@@ -41,13 +43,26 @@ class SchedGen(PromptGen):
             capacity=max(16 * ps, unit * rng.choice([1, 2, 3, 4, 8]) // 2) // ps * ps,
             context_length=max(64, unit * 6),
             enable_overlap=rng.random() < OVERLAP_SHARE)
-        if w and (sub := random.Random(zlib.crc32(repr(self.cfg).encode()))).random() < RATIO_SHARE:
+        sub = random.Random(zlib.crc32(repr(self.cfg).encode()))
+        if all_swa(lay):        # its one pool must take a window and a page (the server's floor), and a bit
+            self.cfg = dataclasses.replace(self.cfg, capacity=max(self.cfg.capacity, (w + ps) * 5 // 4 // ps * ps + ps))
+        elif w and sub.random() < RATIO_SHARE:
             # an operator's --swa-full-tokens-ratio: any SWA pool the server accepts (more than a
             # window and a page), below one chunk included. Drawn from a generator of its own, so
             # that every other draw of a seed stays what it was.
             low = (w + ps + 1) / self.cfg.capacity
             if low < 1:
                 self.cfg = dataclasses.replace(self.cfg, swa_full_tokens_ratio=round(sub.uniform(low + 0.01, 1.0), 3))
+        if w and sub.random() < INTERVAL_SHARE:
+            # an operator's SGLANG_SWA_EVICTION_INTERVAL: decode frees the window's tail every that many
+            # forwards (0.5.15-0.5.17) or tokens past the window (0.5.18+); at SGLang's 128 an episode
+            # of a few dozen forwards would never see it on the older releases
+            self.cfg = dataclasses.replace(self.cfg, swa_eviction_interval=sub.choice([1, 2, 4, 16]))
+        # long decodes (as served: hundreds of tokens) in some sliding-window episodes: a window's
+        # tail is freed once a request runs a window past what the tree holds of it
+        self.eos, self.long = 0.05, bool(w) and sub.random() < LONG_SHARE
+        if self.long:
+            self.eos = 0.002
         # prompts SGLang admits (its limit: min(context, pool) - 1 - 5), a third of them past a chunk
         self.max_prompt = max(2, min(self.cfg.capacity - 8, self.cfg.context_length - 8, unit * 3))
         self.bases = [[2 + rng.randrange(VOCAB - 2) for _ in range(self.max_prompt)] for _ in range(3)]
@@ -71,9 +86,14 @@ class SchedGen(PromptGen):
             cut = rng.randint(0, n)
             toks = base[:cut] + [2 + rng.randrange(VOCAB - 2) for _ in range(n - cut)]
             self.n += 1
-            return a, {"r": f"r{self.n}", "tokens": toks, "max_new": rng.randint(1, 24),
+            max_new = rng.randint(1, 24)
+            if self.long:       # up to three windows, within the context
+                max_new = max(1, min(max_new * self.w_ // 8, self.cfg.context_length - n - 8))
+            return a, {"r": f"r{self.n}", "tokens": toks, "max_new": max_new,
                        "priority": rng.randint(0, 3) if self.cfg.enable_priority_scheduling else None}
         if a == "abort":
             return a, {"r": rng.choice(sorted(ad.reqs))}
-        toks = [EOS if rng.random() < 0.05 else 2 + rng.randrange(VOCAB - 2) for _ in range(4)]
+        toks = [EOS if rng.random() < self.eos else 2 + rng.randrange(VOCAB - 2) for _ in range(4)]
+        if self.long:           # several passes of the event loop in one action: a long decode fits an episode
+            return a, {"toks": toks, "times": rng.choice([1, 4, 16, 32])}
         return a, {"toks": toks}

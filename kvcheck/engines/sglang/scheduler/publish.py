@@ -121,6 +121,15 @@ def bag(server_args: Any, group: str) -> Any:
     return getattr(_runtime_context(), f"get_{group}", lambda: server_args)
 
 
+def set_env(name: str, value: str, undo: contextlib.ExitStack) -> None:
+    """An SGLang environment setting for the episode (SGLang reads it as it runs: `envs.X.get()`),
+    so that a trace decides it, not the caller's environment; `undo` puts back what was there."""
+    import os
+    prev = os.environ.get(name)
+    os.environ[name] = value
+    undo.callback(lambda: os.environ.__setitem__(name, prev) if prev is not None else os.environ.pop(name, None))
+
+
 def env_setting(envs: Any, name: str) -> Any:
     """An SGLang environment setting's value, None where the release has no such setting."""
     v = getattr(envs, name, None)

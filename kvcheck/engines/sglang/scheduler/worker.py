@@ -10,8 +10,9 @@ does to the pool, from the batch's own fields (as SGLang's `ForwardBatch` is bui
   then holds the fingerprint of the request's tokens up to and including that position;
 * reads: every request's attention reads its row of `req_to_token` for positions `[0, seq_len)`
   (full attention); on a FULL+SWA model its sliding-window layers read positions
-  `[seq_len - W, seq_len)` through the allocator's full -> SWA slot mapping; each slot read must
-  hold the fingerprint of exactly that request's prefix.
+  `[seq_len - W, seq_len)` through the allocator's full -> SWA slot mapping; on an all-SWA model
+  (no full layer) only that window, through its identity mapping; each slot read must hold the
+  fingerprint of exactly that request's prefix.
 
 Checks (a Violation on the first broken one, kept for the adapter's `extra_checks`):
 * `hit_sound_full` / `hit_sound_swa_window`: a position below `prefix_len` (the prefix-cache hit
@@ -66,6 +67,7 @@ class ModelWorker:
         self.written: dict[int, int] = {}
         self.written_swa: dict[int, int] = {}      # SWA slot -> fingerprint (FULL+SWA models)
         self.window: int | None = None
+        self.all_swa = False                # no full-attention layer: the window is all a forward reads
         self.tree: Any = None
         self.tokens: list[int] = []
         self.broken: Violation | None = None
@@ -82,8 +84,8 @@ class ModelWorker:
         self.disabled = False               # the radix cache disabled: a request's prefix is its own work only
         self.computed: dict[str, int] = {}  # rid -> positions its own extends wrote (a disabled cache's hits)
 
-    def bind(self, cache: Any, rows: Any, tree: Any, window: int | None = None) -> None:
-        self.cache, self.rows, self.tree, self.window = cache, rows, tree, window
+    def bind(self, cache: Any, rows: Any, tree: Any, window: int | None = None, all_swa: bool = False) -> None:
+        self.cache, self.rows, self.tree, self.window, self.all_swa = cache, rows, tree, window, all_swa
         alloc = cache.token_to_kv_pool_allocator
         self.swa_map = getattr(alloc, "full_to_swa_index_mapping", None) if window else None
 
@@ -170,18 +172,29 @@ class ModelWorker:
             return
         for req, row, n, pre, fps in plan:          # attention reads after the batch's writes
             slots = [int(x) for x in self.rows.req_to_token[row, :n].tolist()]
-            for p, slot in enumerate(slots):
+            for p, slot in enumerate(slots if not self.all_swa else ()):    # (no full layer: the window only)
                 if self.written.get(slot) != fps[p]:
                     self._read_fails(req, p, n, pre, extend, f"slot {slot}", slot in self.written, "full")
                     return
             if m is None:
                 continue
-            for p in range(max(0, n - self.window), n):     # SWA layers: the window behind the token
+            for p in self._window(req, n, extend):      # SWA layers: the window behind the token
                 swa = m[slots[p]]
                 if not swa or self.written_swa.get(swa) != fps[p]:
                     self._read_fails(req, p, n, pre, extend, f"SWA slot {swa} (full slot {slots[p]})",
                                      bool(swa) and swa in self.written_swa, "swa_window")
                     return
+
+    def _window(self, req: Any, n: int, extend: bool) -> list[int]:
+        """The positions an SWA layer reads for a sequence of `n`: the window behind its last token;
+        on an all-SWA model served prefill-aware, a decode also reads the whole prefill it keeps
+        (SGLang's `_build_pa_page_table`: `swa_evict_floor` on the request or its `kv` record)."""
+        lo = max(0, n - self.window)
+        if not self.all_swa or extend:
+            return list(range(lo, n))
+        kv = getattr(req, "kv", None) or req
+        floor = int(getattr(kv, "swa_evict_floor", getattr(req, "swa_evict_floor", 0)) or 0)
+        return list(range(min(floor, lo))) + list(range(lo, n))
 
     def _read_fails(self, req: Any, p: int, n: int, pre: int, extend: bool, where: str, known: bool,
                     part: str) -> None:
