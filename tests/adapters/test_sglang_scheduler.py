@@ -636,3 +636,23 @@ def test_an_all_sliding_window_model_runs_where_its_server_exists_and_its_faults
     monkeypatch.setattr(A, "free_swa", lambda self, free_index: None)      # the window's tail never freed
     r = sg.run_campaign(lay.name, steps=2500, seed=1, out_dir=str(tmp_path / "leak"), shrink_s=5)
     assert r["findings"] and r["findings"][0]["check"] == "size_accounting", r["findings"]
+
+
+def test_an_all_swa_model_served_without_prefill_aware_swa_caches_its_freed_window(tmp_path, monkeypatch):
+    """What `pure-swa@sched` would report for an all-SWA model that is not prefill-aware (SGLang
+    serves none: its one such model, UnlimitedOCR, is): PureSWARadixCache limits a finished
+    request's insert to what the window never freed only by `swa_evict_floor`, which only
+    prefill-aware SWA sets, so the tree takes positions `maybe_evict_swa` already freed and the
+    pool gave to later tokens: `tree_content_matches` (seen on 0.5.15, 0.5.18, 0.5.20, 0.5.23).
+    The check sees this class of bug (a tree caching freed window slots); the layout does not
+    report it as SGLang's defect, since no model SGLang serves reaches it."""
+    sg = _drive()
+    try:
+        import sglang.srt.mem_cache.allocator.swa as sw
+        sw.PureSWATokenToKVPoolAllocator
+    except (ImportError, AttributeError):
+        pytest.skip("this release serves no all-sliding-window model (0.5.15+)")
+    from kvcheck.engines.sglang.scheduler import build
+    monkeypatch.setattr(build, "PREFILL_AWARE_ALL_SWA", False)
+    r = sg.run_campaign("pure-swa@sched", budget_s=60, steps=20_000, seed=1, out_dir=str(tmp_path), shrink_s=5)
+    assert r["findings"] and r["findings"][0]["check"] == "tree_content_matches", r["findings"]

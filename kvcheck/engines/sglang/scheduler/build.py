@@ -63,6 +63,11 @@ INITS = ("init_metrics_collector", "init_metrics", "init_running_status", "init_
          "init_dp_attn_adapter", "init_grammar_manager", "init_invariant_checker", "init_beam_coordinator",
          "init_batch_result_processor", "init_kv_event_lora_names", "init_idle_sleeper")
 # the init methods every release kvcheck builds has (0.5.7+); gap() refuses a Scheduler without them
+# an all-SWA model is served prefill-aware (its prompt kept whole through decode), as the one model
+# SGLang serves with PureSWARadixCache is (UnlimitedOCR's `is_prefill_aware_swa`); False: a plain
+# all-SWA model, whose finished requests PureSWARadixCache caches with the window they freed
+# (docs/findings-sglang.md; a test keeps it so)
+PREFILL_AWARE_ALL_SWA = True
 # the trees the drive reads (tree.py), whichever the release's server builds
 TREES = ("RadixCache", "UnifiedRadixCache", "SWARadixCache", "PureSWARadixCache", "ChunkCache")
 SEQUENCE = ("init_running_status", "init_chunked_prefill", "init_schedule_policy", "init_overlap")
@@ -302,9 +307,7 @@ def build(lay: Any, cfg: SchedConfig, worker: Any) -> Built:
         rows = row_pool(cfg.max_running_requests + 1, cfg.context_length + 8)
         mc = ModelConfig(model_path=model_dir(cfg.context_length), context_length=cfg.context_length)
         max_req_len = min(mc.context_len - 1, cfg.capacity - 1)      # TpModelWorker.get_worker_info
-        # an all-SWA model is served prefill-aware (its prompt kept whole through decode), as the one
-        # SGLang serves with PureSWARadixCache is (UnlimitedOCR's `is_prefill_aware_swa`)
-        runner = StandIn(attn_backend=StandIn(), prefill_aware_swa=all_swa(lay), canary_manager=None, mambaish_config=None,
+        runner = StandIn(attn_backend=StandIn(), prefill_aware_swa=all_swa(lay) and PREFILL_AWARE_ALL_SWA, canary_manager=None, mambaish_config=None,
                          ngram_embedding_manager=StandIn(prepare_for_forward=lambda b, chunked_req=None: b),
                          forward_stream=torch.cpu.Stream())
         tp_worker = StandIn(model_runner=runner, register_hicache_layer_transfer_counter=lambda *a: None)
