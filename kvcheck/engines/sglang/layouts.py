@@ -114,8 +114,9 @@ LAYOUTS: dict[str, Layout] = {x.name: x for x in (
            "Gemma 3's attention at its real window (1024; five sliding layers to one global) under SGLang's own "
            "Scheduler: chunks of 1/4 to 16 windows (SGLang's 8192-16384), pools of up to 4 chunks", drive="sched"),
     Layout("pure-swa@sched", "PureSWARadixCache", ("swa",), 1, 128, 4096,
-           "an all-sliding-window model (every layer W = 128, as MiMo-V2's MTP layers are) under SGLang's own "
-           "Scheduler: PureSWARadixCache over one SWA pool, window eviction during decode (0.5.15+)", drive="sched"),
+           "an all-sliding-window model (every layer W = 128), served prefill-aware as SGLang serves its one such "
+           "model (UnlimitedOCR), under SGLang's own Scheduler: PureSWARadixCache over one SWA pool, window "
+           "eviction during decode (0.5.15+)", drive="sched"),
     Layout("nocache@sched", "ChunkCache", ("full",), 1, None, 256,
            "a full-attention model served with --disable-radix-cache under SGLang's own Scheduler (ChunkCache up "
            "to 0.5.21, a disabled UnifiedRadixCache from 0.5.22): chunked prefill and retraction with nothing cached",

@@ -55,7 +55,7 @@ class SchedGen(PromptGen):
                 self.cfg = dataclasses.replace(self.cfg, swa_full_tokens_ratio=round(sub.uniform(low + 0.01, 1.0), 3))
         if w and sub.random() < INTERVAL_SHARE:
             # an operator's SGLANG_SWA_EVICTION_INTERVAL: decode frees the window's tail every that many
-            # forwards (0.5.15-0.5.17) or tokens past the window (0.5.18+); at SGLang's 128 an episode
+            # forwards (0.5.14-0.5.17) or tokens past the window (0.5.18+); at SGLang's 128 an episode
             # of a few dozen forwards would never see it on the older releases
             self.cfg = dataclasses.replace(self.cfg, swa_eviction_interval=sub.choice([1, 2, 4, 16]))
         # long decodes (as served: hundreds of tokens) in some sliding-window episodes: a window's
