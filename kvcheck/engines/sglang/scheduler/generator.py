@@ -16,7 +16,7 @@ VOCAB = 16
 OVERLAP_SHARE = 0.5     # episodes under SGLang's overlap scheduler (its server default)
 MAX_CHUNK = 16384       # SGLang's chunked prefill on large GPUs (8192 by default): a long window's 64 would exceed it
 RATIO_SHARE = 0.25      # SWA episodes with an operator's --swa-full-tokens-ratio (the rest: the server's sizing)
-LONG_SHARE = 0.3        # SWA episodes whose requests decode up to three windows (the rest: up to 24 tokens)
+LONG_SHARE = 0.3        # all-SWA episodes whose requests decode up to three windows (the rest: up to 24 tokens)
 INTERVAL_SHARE = 0.5    # SWA episodes with an operator's SGLANG_SWA_EVICTION_INTERVAL (the rest: SGLang's 128)
 
 
@@ -58,9 +58,10 @@ class SchedGen(PromptGen):
             # forwards (0.5.14-0.5.17) or tokens past the window (0.5.18+); at SGLang's 128 an episode
             # of a few dozen forwards would never see it on the older releases
             self.cfg = dataclasses.replace(self.cfg, swa_eviction_interval=sub.choice([1, 2, 4, 16]))
-        # long decodes (as served: hundreds of tokens) in some sliding-window episodes: a window's
-        # tail is freed once a request runs a window past what the tree holds of it
-        self.eos, self.long = 0.05, bool(w) and sub.random() < LONG_SHARE
+        # long decodes (as served: hundreds of tokens) in some all-SWA episodes: a prefill-aware
+        # model frees only decoded tokens, once a request runs a window past its prompt (a hybrid
+        # model's prompt past the window is freed at its first decodes)
+        self.eos, self.long = 0.05, sub.random() < LONG_SHARE and all_swa(lay)
         if self.long:
             self.eos = 0.002
         # prompts SGLang admits (its limit: min(context, pool) - 1 - 5), a third of them past a chunk
