@@ -43,7 +43,9 @@ class SchedGen(PromptGen):
             capacity=max(16 * ps, unit * rng.choice([1, 2, 3, 4, 8]) // 2) // ps * ps,
             context_length=max(64, unit * 6),
             enable_overlap=rng.random() < OVERLAP_SHARE)
-        sub = random.Random(zlib.crc32(repr(self.cfg).encode()))
+        # the draws below come from a generator of their own, seeded by the configuration's text as it
+        # read before `swa_eviction_interval` existed: every other draw of a seed stays what it was
+        sub = random.Random(zlib.crc32(repr(self.cfg).replace(", swa_eviction_interval=128", "").encode()))
         if all_swa(lay):        # its one pool must take a window and a page (the server's floor), and a bit
             self.cfg = dataclasses.replace(self.cfg, capacity=max(self.cfg.capacity, (w + ps) * 5 // 4 // ps * ps + ps))
         elif w and sub.random() < RATIO_SHARE:
