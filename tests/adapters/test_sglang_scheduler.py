@@ -643,7 +643,8 @@ def test_an_all_swa_model_served_without_prefill_aware_swa_caches_its_freed_wind
     serves none: its one such model, UnlimitedOCR, is): PureSWARadixCache limits a finished
     request's insert to what the window never freed only by `swa_evict_floor`, which only
     prefill-aware SWA sets, so the tree takes positions `maybe_evict_swa` already freed and the
-    pool gave to later tokens: `tree_content_matches` (seen on 0.5.15, 0.5.18, 0.5.20, 0.5.23).
+    pool gives to later tokens: `tree_content_matches` or `no_write_into_cached` (seen on 0.5.15,
+    0.5.18, 0.5.20, 0.5.23).
     The check sees this class of bug (a tree caching freed window slots); the layout does not
     report it as SGLang's defect, since no model SGLang serves reaches it."""
     sg = _drive()
@@ -655,4 +656,7 @@ def test_an_all_swa_model_served_without_prefill_aware_swa_caches_its_freed_wind
     from kvcheck.engines.sglang.scheduler import build
     monkeypatch.setattr(build, "PREFILL_AWARE_ALL_SWA", False)
     r = sg.run_campaign("pure-swa@sched", budget_s=60, steps=20_000, seed=1, out_dir=str(tmp_path), shrink_s=5)
-    assert r["findings"] and r["findings"][0]["check"] == "tree_content_matches", r["findings"]
+    # the tree holding a slot the pool gave again: seen as its content (tree_content_matches) or as
+    # the later forward that writes it (no_write_into_cached), whichever comes first
+    assert r["findings"] and r["findings"][0]["check"] in ("tree_content_matches", "no_write_into_cached"), \
+        r["findings"]
