@@ -625,6 +625,13 @@ def test_an_all_sliding_window_model_runs_where_its_server_exists_and_its_faults
             sg.make_adapter(lay)
         return
     assert row["supported"], row
+    from kvcheck.spec.refusal import ActionRejected
+    ad = sg.make_adapter(lay)
+    try:        # no full pool: an operator's --swa-full-tokens-ratio has nothing to apply to
+        with pytest.raises(ActionRejected, match="swa_full_tokens_ratio does not apply"):
+            ad.apply("start", {"config": {"capacity": 1024, "swa_full_tokens_ratio": 0.5}})
+    finally:
+        ad.close()
     r = sg.run_campaign(lay.name, steps=2500, seed=1, out_dir=str(tmp_path / "clean"))
     assert r["exit_code"] == 0 and r["findings"] == [], r["findings"]
     cov = r["coverage"]

@@ -35,7 +35,7 @@ from .build import Built, build, disabled, gap
 from .config import SchedConfig, all_swa, model_gap, pool_too_small
 from .faults import evict_entries, plant, plantable
 from .tree import Tree
-from .worker import EOS, ModelWorker, fingerprints
+from .worker import EOS, ModelWorker, fingerprints, kv_field
 
 if TYPE_CHECKING:
     from ..layouts import Layout
@@ -369,14 +369,12 @@ def window_freed(req: Any, kv: Any) -> tuple[int, int]:
     the prefill it keeps (`cache_protected_len`, `swa_evict_floor`) up to its SWA eviction cursor
     (0.5.21+ `get_evicted_seqlen(SWA)`, 0.5.15-0.5.20 `swa_evicted_seqlen`; on the request or its
     `kv` record by release)."""
-    def field(name: str) -> int:
-        return int(getattr(kv, name, getattr(req, name, 0)) or 0)
     if hasattr(kv, "get_evicted_seqlen"):
         from ..compat import component_types
         hi = int(kv.get_evicted_seqlen(component_types().SWA))
     else:
-        hi = field("swa_evicted_seqlen")
-    return max(field("cache_protected_len"), field("swa_evict_floor")), hi
+        hi = kv_field(req, "swa_evicted_seqlen")
+    return max(kv_field(req, "cache_protected_len"), kv_field(req, "swa_evict_floor")), hi
 
 
 _PARAM_TYPES = {"r": str, "tokens": list, "toks": list, "times": int, "config": dict}

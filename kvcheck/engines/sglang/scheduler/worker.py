@@ -32,6 +32,12 @@ from ..violation import Violation
 EOS = 1          # the stop token every request carries (stop_token_ids)
 
 
+def kv_field(req: Any, name: str) -> int:
+    """A length SGLang keeps on the request's `kv` record (0.5.19+) or on the request itself."""
+    kv = getattr(req, "kv", None) or req
+    return int(getattr(kv, name, getattr(req, name, 0)) or 0)
+
+
 def fingerprints(tokens: list[int]) -> list[int]:
     """fp[p]: the identity of the prefix tokens[:p+1] (a chained hash: equal iff equal prefixes,
     up to collisions that a 64-bit chain makes negligible at these lengths)."""
@@ -192,9 +198,7 @@ class ModelWorker:
         lo = max(0, n - self.window)
         if not self.all_swa or extend:
             return list(range(lo, n))
-        kv = getattr(req, "kv", None) or req
-        floor = int(getattr(kv, "swa_evict_floor", getattr(req, "swa_evict_floor", 0)) or 0)
-        return list(range(min(floor, lo))) + list(range(lo, n))
+        return list(range(min(kv_field(req, "swa_evict_floor"), lo))) + list(range(lo, n))
 
     def _read_fails(self, req: Any, p: int, n: int, pre: int, extend: bool, where: str, known: bool,
                     part: str) -> None:
